@@ -1,0 +1,288 @@
+package bloom
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+)
+
+// Snapshot format, version 1. All integers are little-endian.
+//
+//	offset size  field
+//	0      4     magic "DSBF"
+//	4      2     format version (1)
+//	6      2     G, Options.Generations
+//	8      8     W, Options.Window in nanoseconds (int64)
+//	16     8     m, bits per generation
+//	24     4     k, hashes per key
+//	28     8     meta, opaque to this package
+//	36     8     cur, current generation index (int64)
+//	44     ...   G+1 generations, indices cur-G .. cur in ascending order, each:
+//	             8 bytes index (int64), 8 bytes add count (uint64),
+//	             ceil(m/64) * 8 bytes of bitset words (bit b of the generation
+//	             is bit b%64 of word b/64)
+//	end-4  4     CRC-32C (Castagnoli) of every byte before it
+//
+// Every length in the format is implied by the options given to
+// ReadSnapshot, so a corrupted snapshot can never make the reader allocate
+// more than those options imply.
+const (
+	snapshotMagic   = "DSBF"
+	snapshotVersion = 1
+	headerSize      = 44
+	genHeaderSize   = 16
+	trailerSize     = 4
+)
+
+// chunkBytes is the size of the encode/decode buffer for bitset words.
+const chunkBytes = 64 << 10
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// SnapshotSize returns the exact size in bytes of a snapshot of a filter
+// built with opts, or an error wrapping ErrBadOptions.
+func SnapshotSize(opts Options) (int64, error) {
+	sz, err := opts.Sizing()
+	if err != nil {
+		return 0, err
+	}
+	return snapshotSize(int64(opts.Generations), wordsFor(sz.BitsPerGeneration)), nil
+}
+
+func snapshotSize(g int64, words int) int64 {
+	return headerSize + (g+1)*(genHeaderSize+8*int64(words)) + trailerSize
+}
+
+// countingWriter counts the bytes its underlying writer accepted.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// WriteSnapshot writes the filter and meta, an opaque value the caller gets
+// back from ReadSnapshot, to w in the format described above, through a
+// bufio.Writer. It returns the number of bytes w accepted. The filter is
+// copied under its read lock and written after the lock is released, so a
+// slow w does not block Add; the copy costs MemoryBytes of transient
+// memory. The snapshot is a consistent cut: it holds every Add that
+// returned before WriteSnapshot was called.
+func (f *Filter) WriteSnapshot(w io.Writer, meta uint64) (int64, error) {
+	nw := wordsFor(uint(f.m))
+	type genCopy struct {
+		index int64
+		adds  uint64
+	}
+	gens := make([]genCopy, f.g+1)
+	words := make([]uint64, int(f.g+1)*nw)
+
+	f.mu.RLock()
+	cur := f.cur
+	for j := range gens {
+		gen := &f.gens[f.slot(cur-f.g+int64(j))]
+		gens[j] = genCopy{gen.index, gen.adds}
+		copy(words[j*nw:(j+1)*nw], gen.bf.BitSet().Words())
+	}
+	f.mu.RUnlock()
+
+	cw := &countingWriter{w: w}
+	bw := bufio.NewWriterSize(cw, chunkBytes)
+	var crc uint32
+	put := func(p []byte) error {
+		crc = crc32.Update(crc, castagnoli, p)
+		_, err := bw.Write(p)
+		return err
+	}
+	fail := func(err error) (int64, error) {
+		return cw.n, fmt.Errorf("bloom: write snapshot: %w", err)
+	}
+
+	hdr := make([]byte, 0, headerSize)
+	hdr = append(hdr, snapshotMagic...)
+	hdr = binary.LittleEndian.AppendUint16(hdr, snapshotVersion)
+	hdr = binary.LittleEndian.AppendUint16(hdr, uint16(f.g))
+	hdr = binary.LittleEndian.AppendUint64(hdr, uint64(f.opts.Window))
+	hdr = binary.LittleEndian.AppendUint64(hdr, f.m)
+	hdr = binary.LittleEndian.AppendUint32(hdr, uint32(f.k))
+	hdr = binary.LittleEndian.AppendUint64(hdr, meta)
+	hdr = binary.LittleEndian.AppendUint64(hdr, uint64(cur))
+	if err := put(hdr); err != nil {
+		return fail(err)
+	}
+
+	buf := make([]byte, chunkBytes)
+	for j, g := range gens {
+		gh := buf[:genHeaderSize]
+		binary.LittleEndian.PutUint64(gh, uint64(g.index))
+		binary.LittleEndian.PutUint64(gh[8:], g.adds)
+		if err := put(gh); err != nil {
+			return fail(err)
+		}
+		ws := words[j*nw : (j+1)*nw]
+		for len(ws) > 0 {
+			n := min(len(ws), chunkBytes/8)
+			for i, x := range ws[:n] {
+				binary.LittleEndian.PutUint64(buf[8*i:], x)
+			}
+			if err := put(buf[:8*n]); err != nil {
+				return fail(err)
+			}
+			ws = ws[n:]
+		}
+	}
+	var tr [trailerSize]byte
+	binary.LittleEndian.PutUint32(tr[:], crc)
+	if _, err := bw.Write(tr[:]); err != nil {
+		return fail(err)
+	}
+	if err := bw.Flush(); err != nil {
+		return fail(err)
+	}
+	return cw.n, nil
+}
+
+// ReadSnapshot reads a snapshot written by WriteSnapshot and returns the
+// filter, built with opts, and the meta value stored with it. It reads
+// exactly the snapshot's bytes from r (no read-ahead), so r may continue
+// with other data.
+//
+// It fails, and returns no filter, with an error wrapping:
+// ErrBadOptions if opts does not validate; ErrBadMagic if r does not start
+// with a snapshot; ErrUnsupportedVersion for another format version;
+// ErrMismatch if the snapshot's Window, Generations, m or k differ from what
+// opts imply; ErrTruncated if r ends early; ErrChecksum if the CRC-32C does not match; ErrCorrupt if the
+// checksum matches but the content is inconsistent. Any other read error
+// from r is returned wrapped.
+//
+// The returned filter's current generation is the one saved; call Advance
+// with the current time before using it.
+func ReadSnapshot(r io.Reader, opts Options) (f *Filter, meta uint64, err error) {
+	sz, err := opts.Sizing()
+	if err != nil {
+		return nil, 0, err
+	}
+	var hdr [headerSize]byte
+	if n, err := io.ReadFull(r, hdr[:len(snapshotMagic)]); err != nil {
+		if !bytes.HasPrefix([]byte(snapshotMagic), hdr[:n]) {
+			return nil, 0, fmt.Errorf("%w: starts with %q", ErrBadMagic, hdr[:n])
+		}
+		return nil, 0, truncated("magic", err)
+	}
+	if string(hdr[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, 0, fmt.Errorf("%w: starts with %q", ErrBadMagic, hdr[:len(snapshotMagic)])
+	}
+	if _, err := io.ReadFull(r, hdr[len(snapshotMagic):]); err != nil {
+		return nil, 0, truncated("header", err)
+	}
+	le := binary.LittleEndian
+	if v := le.Uint16(hdr[4:]); v != snapshotVersion {
+		return nil, 0, fmt.Errorf("%w: version %d, this code reads %d", ErrUnsupportedVersion, v, snapshotVersion)
+	}
+	g := le.Uint16(hdr[6:])
+	window := int64(le.Uint64(hdr[8:]))
+	m := le.Uint64(hdr[16:])
+	k := le.Uint32(hdr[24:])
+	meta = le.Uint64(hdr[28:])
+	cur := int64(le.Uint64(hdr[36:]))
+	switch {
+	case int(g) != opts.Generations:
+		return nil, 0, fmt.Errorf("%w: snapshot Generations %d, options %d", ErrMismatch, g, opts.Generations)
+	case window != int64(opts.Window):
+		return nil, 0, fmt.Errorf("%w: snapshot Window %v, options %v", ErrMismatch, window, opts.Window)
+	case m != uint64(sz.BitsPerGeneration) || uint64(k) != uint64(sz.Hashes):
+		return nil, 0, fmt.Errorf("%w: snapshot m=%d k=%d, options imply m=%d k=%d", ErrMismatch, m, k, sz.BitsPerGeneration, sz.Hashes)
+	}
+
+	f, err = newFilter(opts)
+	if err != nil {
+		return nil, 0, err
+	}
+	crc := crc32.Update(0, castagnoli, hdr[:])
+	type genInfo struct {
+		index   int64
+		adds    uint64
+		nonzero bool
+	}
+	infos := make([]genInfo, len(f.gens))
+	buf := make([]byte, chunkBytes)
+	for j := range f.gens {
+		gh := buf[:genHeaderSize]
+		if _, err := io.ReadFull(r, gh); err != nil {
+			return nil, 0, truncated(fmt.Sprintf("generation %d header", j), err)
+		}
+		crc = crc32.Update(crc, castagnoli, gh)
+		info := genInfo{index: int64(le.Uint64(gh)), adds: le.Uint64(gh[8:])}
+		// Read into the j-th filter for now; moved to its slot below.
+		ws := f.gens[j].bf.BitSet().Words()
+		var or uint64
+		for len(ws) > 0 {
+			n := min(len(ws), chunkBytes/8)
+			b := buf[:8*n]
+			if _, err := io.ReadFull(r, b); err != nil {
+				return nil, 0, truncated(fmt.Sprintf("generation %d bits", j), err)
+			}
+			crc = crc32.Update(crc, castagnoli, b)
+			for i := range ws[:n] {
+				x := le.Uint64(b[8*i:])
+				ws[i] = x
+				or |= x
+			}
+			ws = ws[n:]
+		}
+		info.nonzero = or != 0
+		infos[j] = info
+	}
+	var tr [trailerSize]byte
+	if _, err := io.ReadFull(r, tr[:]); err != nil {
+		return nil, 0, truncated("checksum", err)
+	}
+	if got := le.Uint32(tr[:]); got != crc {
+		return nil, 0, fmt.Errorf("%w: stored %08x, computed %08x", ErrChecksum, got, crc)
+	}
+
+	// The bytes are as written; now check they describe a filter.
+	if cur > maxGen || cur-f.g < minGen {
+		return nil, 0, fmt.Errorf("%w: current generation %d out of range", ErrCorrupt, cur)
+	}
+	if rem := m % 64; rem != 0 {
+		for j := range f.gens {
+			ws := f.gens[j].bf.BitSet().Words()
+			if ws[len(ws)-1]>>rem != 0 {
+				return nil, 0, fmt.Errorf("%w: generation %d has bits set past m=%d", ErrCorrupt, j, m)
+			}
+		}
+	}
+	for j, info := range infos {
+		if want := cur - f.g + int64(j); info.index != want {
+			return nil, 0, fmt.Errorf("%w: generation %d has index %d, want %d", ErrCorrupt, j, info.index, want)
+		}
+		if (info.adds == 0) == info.nonzero {
+			return nil, 0, fmt.Errorf("%w: generation %d has %d adds but bits set is %v", ErrCorrupt, j, info.adds, info.nonzero)
+		}
+	}
+	gens := make([]generation, len(f.gens))
+	for j, info := range infos {
+		gens[f.slot(info.index)] = generation{bf: f.gens[j].bf, index: info.index, adds: info.adds}
+	}
+	f.gens = gens
+	f.cur = cur
+	return f, meta, nil
+}
+
+// truncated returns the error for a read that failed in what: ErrTruncated
+// if the input ended, otherwise the read error itself, wrapped.
+func truncated(what string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: input ends in %s", ErrTruncated, what)
+	}
+	return fmt.Errorf("bloom: read snapshot %s: %w", what, err)
+}
