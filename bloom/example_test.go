@@ -11,7 +11,8 @@ import (
 func Example() {
 	opts := bloom.DefaultOptions(4 * time.Hour)
 	opts.ExpectedKeys = 10_000
-	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	start := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	now := start
 	f, err := bloom.New(opts, now)
 	if err != nil {
 		panic(err)
@@ -23,12 +24,12 @@ func Example() {
 	fmt.Println("never added:", f.Test([]byte("order-2")))
 
 	// Still remembered until W has passed ...
-	now = now.Add(4*time.Hour - time.Nanosecond)
+	now = start.Add(4*time.Hour - time.Nanosecond)
 	f.Advance(now)
 	fmt.Println("W-1ns later:", f.Test([]byte("order-1")))
 
 	// ... and forgotten once W plus one generation span has passed.
-	now = now.Add(time.Hour)
+	now = start.Add(4*time.Hour + f.Span())
 	f.Advance(now)
 	fmt.Println("W+span later:", f.Test([]byte("order-1")))
 
