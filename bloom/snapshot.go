@@ -250,7 +250,7 @@ func ReadSnapshot(r io.Reader, opts Options) (f *Filter, meta uint64, err error)
 	}
 
 	// The bytes are as written; now check they describe a filter.
-	if cur > maxGen || cur-f.g < minGen {
+	if cur > maxGen || cur < minGen {
 		return nil, 0, fmt.Errorf("%w: current generation %d out of range", ErrCorrupt, cur)
 	}
 	if rem := m % 64; rem != 0 {

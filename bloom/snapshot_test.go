@@ -117,6 +117,24 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 }
 
+// TestSnapshotExtremeGenerations round-trips filters positioned at the
+// clamped ends of the generation range and before 1970.
+func TestSnapshotExtremeGenerations(t *testing.T) {
+	for _, now := range []time.Time{{}, time.Unix(-5, 0), time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		f := newTestFilter(t, snapOpts, now)
+		f.Add([]byte("k"), now)
+		b := snapshotBytes(t, f, 3)
+		g, _, err := ReadSnapshot(bytes.NewReader(b), snapOpts)
+		if err != nil {
+			t.Fatalf("now %v (generation %d): %v", now, f.cur, err)
+		}
+		checkRing(t, g, f.cur)
+		if !g.Test([]byte("k")) {
+			t.Fatalf("now %v: key lost", now)
+		}
+	}
+}
+
 func TestSnapshotCorruptByte(t *testing.T) {
 	f, _ := filledFilter(t, snapOpts)
 	b := snapshotBytes(t, f, 7)
@@ -202,7 +220,7 @@ func TestSnapshotErrors(t *testing.T) {
 			resum(b)
 		}), snapOpts, ErrCorrupt},
 		{"current generation out of range", edit(func(b []byte) {
-			cur := int64(minGen)
+			cur := int64(minGen - 1)
 			binary.LittleEndian.PutUint64(b[36:], uint64(cur))
 			resum(b)
 		}), snapOpts, ErrCorrupt},
