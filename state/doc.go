@@ -1,0 +1,58 @@
+// Package state keeps dedupe records: which keys were seen, when first and
+// with which payload fingerprint, over a sliding window W.
+//
+// # Partitions
+//
+// A Store has P partitions. Partition i is its own Badger database in
+// Dir/p%03d with its own windowed Bloom filter (package bloom); it is the
+// unit of ownership, so that it can later move between instances. A key
+// belongs to partition PartitionOf(partitionKey, P) = xxhash64(partitionKey)
+// mod P. Dir/LAYOUT records P; opening with another P is refused
+// (ErrLayout), because keys would route to the wrong partition. One
+// goroutine is expected to own a partition, but every method is safe for
+// concurrent use.
+//
+// # Records
+//
+// A record is stored under 'k'+key (other one-byte prefixes are reserved
+// for other record kinds, such as totals, written in the same transaction)
+// as 17 bytes: version 1, FirstSeen in Unix nanoseconds and the
+// fingerprint, both big endian. Claim records a batch of keys in one Badger
+// transaction (one fsync with SyncWrites): copies inside the batch resolve
+// to one New claim, keys with an unexpired record are repeats.
+//
+// # Logical and physical expiry
+//
+// A record first seen at t is logically expired from t+W on, judged by the
+// injected Clock (window.Window.Inside): Lookup and Claim treat it as absent
+// even while Badger still holds it. Badger drops it physically later: its
+// TTL is W + W/G + 1s (G the filter's generations), on the wall clock, and
+// value-log GC runs every GCInterval.
+//
+// # Filter and restart safety
+//
+// Lookup asks the filter first: "definitely not seen" answers without
+// reading Badger; "maybe" always reads Badger, so a false positive costs one
+// read, never a wrong answer. The filter must therefore answer "maybe" for
+// every unexpired record, also after a restart. Each partition's filter is
+// snapshotted to Dir/p%03d/filter.snap (every SnapshotInterval and at
+// Close) together with the Badger version it covers; the capture holds the
+// partition lock, so every record up to that version is in it. Open loads
+// the snapshot and tops it up with the records written after that version
+// (a crash after the snapshot loses nothing), or rebuilds the filter from a
+// full scan when the snapshot is missing, corrupt, made with other options
+// or ahead of the store. Open returns only when every filter is ready.
+//
+// # Use
+//
+//	opts := state.DefaultOptions("/var/lib/dedupe", w) // w from window.Derive
+//	st, err := state.Open(ctx, opts)
+//	if err != nil { ... }
+//	defer st.Close()
+//	p := st.Partition(state.PartitionOf(key, st.Partitions()))
+//	if r, err := p.Lookup(key); err == nil && r.Found {
+//		// repeat: first seen at r.Record.FirstSeen
+//	}
+//	res, err := p.Claim([]state.Claim{{Key: key, Fingerprint: fp}})
+//	// res[0].New: this call recorded the key
+package state

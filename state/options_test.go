@@ -1,0 +1,100 @@
+package state
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	w := window.Window{W: time.Hour, NearFraction: 0.8}
+	tests := []struct {
+		name   string
+		change func(o *Options)
+		want   string // "" = valid; else a substring of the error
+	}{
+		{"defaults", func(*Options) {}, ""},
+		{"one partition", func(o *Options) { o.Partitions = 1 }, ""},
+		{"max partitions", func(o *Options) { o.Partitions = MaxPartitions }, ""},
+		{"nil clock and logger", func(o *Options) { o.Clock, o.Logger = nil, nil }, ""},
+		{"filter window zero", func(o *Options) { o.Filter.Window = 0 }, ""},
+		{"intervals zero", func(o *Options) { o.GCInterval, o.SnapshotInterval = 0, 0 }, ""},
+		{"bad filter ignored when disabled", func(o *Options) { o.DisableFilter, o.Filter.Generations = true, 0 }, ""},
+		{"empty dir", func(o *Options) { o.Dir = "" }, "Dir is empty"},
+		{"zero partitions", func(o *Options) { o.Partitions = 0 }, "Partitions is 0"},
+		{"too many partitions", func(o *Options) { o.Partitions = MaxPartitions + 1 }, "Partitions is 1025"},
+		{"zero window", func(o *Options) { o.Window.W = 0 }, "Window.W is 0s"},
+		{"negative window", func(o *Options) { o.Window.W = -time.Second }, "Window.W is -1s"},
+		{"small budget", func(o *Options) { o.MemoryBudget = 1 << 20 }, "MemoryBudget is 1048576"},
+		{"negative GC interval", func(o *Options) { o.GCInterval = -time.Second }, "GCInterval is -1s"},
+		{"negative snapshot interval", func(o *Options) { o.SnapshotInterval = -time.Second }, "SnapshotInterval is -1s"},
+		{"filter window differs", func(o *Options) { o.Filter.Window = 2 * time.Hour }, "Filter.Window is 2h0m0s"},
+		{"filter generations", func(o *Options) { o.Filter.Generations = 0 }, "Generations 0"},
+		{"filter rate", func(o *Options) { o.Filter.FalsePositiveRate = 1.5 }, "FalsePositiveRate 1.5"},
+		{"filter keys", func(o *Options) { o.Filter.ExpectedKeys = 0 }, "Filter.ExpectedKeys is 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := DefaultOptions("/tmp/x", w)
+			tt.change(&o)
+			err := o.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrBadOptions) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate() = %v, want ErrBadOptions mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPartitionFilterOptions(t *testing.T) {
+	w := window.Window{W: time.Hour, NearFraction: 0.8}
+	o := DefaultOptions("/tmp/x", w)
+	o.Filter.Window = 0
+	o.Partitions = 8
+	o.Filter.ExpectedKeys = 1000
+	if f := o.partitionFilterOptions(); f.ExpectedKeys != 125 || f.Window != time.Hour {
+		t.Errorf("partition filter options = %+v, want 125 keys over 1h", f)
+	}
+	o.Filter.ExpectedKeys = 3
+	if f := o.partitionFilterOptions(); f.ExpectedKeys != 1 {
+		t.Errorf("partition filter keys = %d for 3 keys over 8 partitions, want 1", f.ExpectedKeys)
+	}
+}
+
+func TestRecordTTL(t *testing.T) {
+	o := DefaultOptions("/tmp/x", window.Window{W: time.Hour, NearFraction: 0.8})
+	o.Filter.Generations = 4
+	if got, want := o.recordTTL(), time.Hour+15*time.Minute+time.Second; got != want {
+		t.Errorf("recordTTL = %v, want %v", got, want)
+	}
+	o.Window.W = maxDuration
+	if got := o.recordTTL(); got != maxDuration {
+		t.Errorf("recordTTL of a huge window = %v, want saturation at %v", got, maxDuration)
+	}
+}
+
+func TestBadgerSizes(t *testing.T) {
+	o := DefaultOptions("/tmp/x", window.Window{W: time.Hour, NearFraction: 0.8})
+	o.MemoryBudget, o.Partitions = 256<<20, 8
+	s := o.badgerSizes()
+	per := int64(32 << 20)
+	if s.NumMemtables != 2 || s.BlockCacheSize != per/4 || s.IndexCacheSize != per/4 {
+		t.Errorf("sizes = %+v for a 32 MiB share", s)
+	}
+	// Memtable arenas are 1.3x MemTableSize; everything fits the share.
+	if total := int64(s.NumMemtables)*s.MemTableSize*13/10 + s.BlockCacheSize + s.IndexCacheSize; total > per {
+		t.Errorf("sizes %+v use %d bytes, more than the %d share", s, total, per)
+	}
+	o.Partitions = MaxPartitions
+	if s := o.badgerSizes(); s.MemTableSize != minBadgerPart || s.BlockCacheSize != minBadgerPart {
+		t.Errorf("sizes = %+v with a tiny share, want the 1 MiB floors", s)
+	}
+}

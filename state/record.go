@@ -1,0 +1,98 @@
+package state
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by the package. Test with errors.Is; returned errors wrap
+// them with the field, directory, partition or key concerned.
+var (
+	// ErrBadOptions means an Options field is invalid.
+	ErrBadOptions = errors.New("state: bad options")
+	// ErrLayout means Dir/LAYOUT (or the partition directories found in
+	// Dir) disagree with Options.Partitions: keys would route to the wrong
+	// partition.
+	ErrLayout = errors.New("state: partition layout mismatch")
+	// ErrLocked means a partition directory is held by another Badger
+	// instance (another process, or another Store in this process).
+	ErrLocked = errors.New("state: directory locked by another process")
+	// ErrClosed means the Store was closed.
+	ErrClosed = errors.New("state: store closed")
+	// ErrCorruptRecord means a stored record cannot be decoded.
+	ErrCorruptRecord = errors.New("state: corrupt record")
+	// ErrBadKey means a key is empty or longer than MaxKeySize.
+	ErrBadKey = errors.New("state: bad key")
+)
+
+// MaxKeySize is the longest accepted key in bytes (Badger's own limit is
+// 65000 bytes including the record prefix).
+const MaxKeySize = 60000
+
+// Badger key prefixes. Every kind of record lives under its own one-byte
+// prefix so that the keyspace can hold more kinds (e.g. totals) next to
+// dedupe records.
+const (
+	// prefixRecord prefixes dedupe records: 'k' + key.
+	prefixRecord byte = 'k'
+)
+
+// Record is what the store keeps for a key.
+type Record struct {
+	// FirstSeen is when the key was first claimed (by the store's Clock),
+	// with nanosecond precision. It is logically expired from FirstSeen+W on.
+	FirstSeen time.Time
+	// Fingerprint is the payload fingerprint given with the first claim; a
+	// later copy with another fingerprint is a copy that differs.
+	Fingerprint uint64
+}
+
+const (
+	recordVersion = 1
+	recordLen     = 1 + 8 + 8
+)
+
+// recordKey returns the Badger key of a dedupe record.
+func recordKey(key []byte) []byte {
+	k := make([]byte, 1+len(key))
+	k[0] = prefixRecord
+	copy(k[1:], key)
+	return k
+}
+
+// encodeRecord encodes r as version byte 1, FirstSeen as Unix nanoseconds
+// (int64 big endian) and the fingerprint (uint64 big endian).
+func encodeRecord(r Record) []byte {
+	b := make([]byte, recordLen)
+	b[0] = recordVersion
+	binary.BigEndian.PutUint64(b[1:9], uint64(r.FirstSeen.UnixNano()))
+	binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
+	return b
+}
+
+// decodeRecord decodes a value written by encodeRecord. Any other length or
+// version is an error wrapping ErrCorruptRecord.
+func decodeRecord(b []byte) (Record, error) {
+	if len(b) != recordLen {
+		return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), recordLen)
+	}
+	if b[0] != recordVersion {
+		return Record{}, fmt.Errorf("%w: version %d, want %d", ErrCorruptRecord, b[0], recordVersion)
+	}
+	return Record{
+		FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
+		Fingerprint: binary.BigEndian.Uint64(b[9:17]),
+	}, nil
+}
+
+func checkKey(key []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("%w: empty", ErrBadKey)
+	}
+	if len(key) > MaxKeySize {
+		return fmt.Errorf("%w: %d bytes, want <= %d", ErrBadKey, len(key), MaxKeySize)
+	}
+	return nil
+}

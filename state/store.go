@@ -1,0 +1,365 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// LayoutFile is the name of the file in Dir that records the partition
+// count, as "partitions N\n".
+const LayoutFile = "LAYOUT"
+
+const (
+	valueThreshold   = 1 << 10  // values are 17 bytes: always inline in the LSM tree
+	valueLogFileSize = 64 << 20 // modest value-log files
+	numCompactors    = 2
+)
+
+// Store is a partitioned dedupe store: P partitions, each its own Badger
+// instance with its own windowed Bloom filter. It is safe for concurrent use.
+type Store struct {
+	opts  Options
+	log   *slog.Logger
+	parts []*Partition
+
+	cancel    context.CancelFunc // stops the background goroutines
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// PartitionOf returns the partition of partitionKey among partitions:
+// xxhash64(partitionKey) % partitions. partitions must be > 0.
+func PartitionOf(partitionKey []byte, partitions int) int {
+	return int(xxhash.Sum64(partitionKey) % uint64(partitions))
+}
+
+// PartitionDir returns the directory of partition i in dir: dir/p%03d.
+func PartitionDir(dir string, i int) string {
+	return filepath.Join(dir, fmt.Sprintf("p%03d", i))
+}
+
+// Open opens (creating if needed) the store in opts.Dir. Before it returns,
+// every partition's filter answers "maybe" for every unexpired key in that
+// partition: the snapshot is loaded and topped up with every record written
+// after the Badger version it covers, or, when the snapshot is missing,
+// corrupt or mismatched, the filter is rebuilt from a full scan (logged at
+// warn with the reason). Partitions open in parallel; if any fails, the
+// others are closed (without writing snapshots) and the error is returned.
+//
+// Errors: invalid options wrap ErrBadOptions; a partition count that
+// differs from Dir/LAYOUT wraps ErrLayout; a partition directory held by
+// another Badger instance wraps ErrLocked; a Dir that cannot be created or
+// written names the directory. Cancelling ctx aborts a filter build and
+// returns ctx's error; ctx is not used after Open returns.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = window.SystemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("state: data dir %q is not usable: %w", opts.Dir, err)
+	}
+	if err := checkLayout(opts.Dir, opts.Partitions); err != nil {
+		return nil, err
+	}
+
+	s := &Store{opts: opts, log: opts.Logger, parts: make([]*Partition, opts.Partitions)}
+	errs := make([]error, opts.Partitions)
+	sem := make(chan struct{}, max(2, runtime.GOMAXPROCS(0)))
+	var wg sync.WaitGroup
+	for i := range s.parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := ctx.Err(); err != nil {
+				errs[i] = fmt.Errorf("state: partition %d: %w", i, err)
+				return
+			}
+			s.parts[i], errs[i] = openPartition(ctx, opts, i)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range s.parts {
+			if p != nil {
+				p.db.Close()
+			}
+		}
+		return nil, err
+	}
+
+	bg, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if opts.GCInterval > 0 {
+		s.every(bg, opts.GCInterval, func(ctx context.Context) {
+			for _, p := range s.parts {
+				p.runGC(ctx)
+			}
+		})
+	}
+	if opts.SnapshotInterval > 0 && !opts.DisableFilter {
+		s.every(bg, opts.SnapshotInterval, func(context.Context) {
+			if err := s.Snapshot(); err != nil {
+				s.log.Warn("state: periodic filter snapshot failed", "err", err)
+			}
+		})
+	}
+	return s, nil
+}
+
+// every runs fn every d until ctx is done.
+func (s *Store) every(ctx context.Context, d time.Duration, fn func(context.Context)) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fn(ctx)
+			}
+		}
+	}()
+}
+
+// openPartition opens partition i's Badger and builds its filter.
+func openPartition(ctx context.Context, opts Options, i int) (*Partition, error) {
+	dir := PartitionDir(opts.Dir, i)
+	log := opts.Logger.With("partition", i)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("state: partition %d: dir %q is not usable: %w", i, dir, err)
+	}
+	db, err := badger.Open(badgerOptions(opts, dir, log))
+	if err != nil {
+		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
+			return nil, fmt.Errorf("%w: partition %d: dir %q: %v", ErrLocked, i, dir, err)
+		}
+		return nil, fmt.Errorf("state: partition %d: open badger in %q: %w", i, dir, err)
+	}
+	p := &Partition{
+		index: i,
+		dir:   dir,
+		db:    db,
+		log:   log,
+		clock: opts.Clock,
+		win:   opts.Window,
+		ttl:   opts.recordTTL(),
+		fopts: opts.partitionFilterOptions(),
+		build: FilterBuild{Source: SourceDisabled},
+	}
+	if !opts.DisableFilter {
+		if err := p.buildFilter(ctx); err != nil {
+			db.Close()
+			return nil, p.wrap(err)
+		}
+	}
+	return p, nil
+}
+
+// badgerOptions returns the options of one partition's Badger: its share of
+// MemoryBudget (see Options.MemoryBudget), values inline, two compactors,
+// 64 MiB value-log files, no conflict detection (the partition lock
+// serialises writers), no expvar metrics, and Badger's warnings and errors
+// routed to log.
+func badgerOptions(opts Options, dir string, log *slog.Logger) badger.Options {
+	sz := opts.badgerSizes()
+	return badger.DefaultOptions(dir).
+		WithSyncWrites(opts.SyncWrites).
+		WithMemTableSize(sz.MemTableSize).
+		WithNumMemtables(sz.NumMemtables).
+		WithBlockCacheSize(sz.BlockCacheSize).
+		WithIndexCacheSize(sz.IndexCacheSize).
+		WithValueThreshold(valueThreshold).
+		WithNumCompactors(numCompactors).
+		WithValueLogFileSize(valueLogFileSize).
+		WithDetectConflicts(false).
+		WithMetricsEnabled(false).
+		WithLogger(badgerLogger{log})
+}
+
+// badgerLogger routes Badger's warnings and errors to slog and drops its
+// info and debug lines.
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any) {
+	b.l.Error("badger: " + strings.TrimSpace(fmt.Sprintf(f, a...)))
+}
+
+func (b badgerLogger) Warningf(f string, a ...any) {
+	b.l.Warn("badger: " + strings.TrimSpace(fmt.Sprintf(f, a...)))
+}
+
+func (badgerLogger) Infof(string, ...any)  {}
+func (badgerLogger) Debugf(string, ...any) {}
+
+var partitionDirRE = regexp.MustCompile(`^p[0-9]{3,}$`)
+
+// checkLayout compares Dir/LAYOUT with partitions, or writes it on first
+// open. Without LAYOUT, partition directories already in dir must number
+// exactly partitions.
+func checkLayout(dir string, partitions int) error {
+	path := filepath.Join(dir, LayoutFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		n, perr := parseLayout(b)
+		if perr != nil {
+			return fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
+		}
+		if n != partitions {
+			return fmt.Errorf("%w: %s says %d partitions, Options.Partitions is %d", ErrLayout, path, n, partitions)
+		}
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+		}
+		found := 0
+		for _, e := range entries {
+			if e.IsDir() && partitionDirRE.MatchString(e.Name()) {
+				found++
+			}
+		}
+		if found > 0 && found != partitions {
+			return fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, Options.Partitions is %d",
+				ErrLayout, path, dir, found, partitions)
+		}
+		if err := writeFileAtomic(path, fmt.Appendf(nil, "partitions %d\n", partitions)); err != nil {
+			return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+		}
+		return nil
+	default:
+		return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+	}
+}
+
+func parseLayout(b []byte) (int, error) {
+	f := strings.Fields(string(b))
+	if len(f) != 2 || f[0] != "partitions" {
+		return 0, fmt.Errorf("want \"partitions N\", got %q", b)
+	}
+	n, err := strconv.Atoi(f[1])
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("bad partition count %q", f[1])
+	}
+	return n, nil
+}
+
+// Partitions returns the number of partitions P.
+func (s *Store) Partitions() int { return len(s.parts) }
+
+// Partition returns partition i. It panics if i is outside 0..P-1.
+func (s *Store) Partition(i int) *Partition { return s.parts[i] }
+
+// Window returns the store's dedupe window.
+func (s *Store) Window() window.Window { return s.opts.Window }
+
+// Find looks for key's record in every partition, in order, and returns the
+// first one found with its partition. found reports whether Badger still
+// holds a record, whatever its logical expiry: judge it with
+// Window().Inside(rec.FirstSeen, now). It bypasses the filters and does
+// not count in Stats. It is meant for inspection.
+func (s *Store) Find(key []byte) (rec Record, partition int, found bool, err error) {
+	if err := checkKey(key); err != nil {
+		return Record{}, 0, false, fmt.Errorf("state: %w", err)
+	}
+	for _, p := range s.parts {
+		rec, ok, err := p.find(key)
+		if err != nil {
+			return Record{}, p.index, false, err
+		}
+		if ok {
+			return rec, p.index, true, nil
+		}
+	}
+	return Record{}, 0, false, nil
+}
+
+// Stats returns the counters and filter figures summed over the partitions
+// (FilterEstimatedFP is their mean).
+func (s *Store) Stats() Stats {
+	var t Stats
+	for _, p := range s.parts {
+		ps := p.Stats()
+		t.Lookups += ps.Lookups
+		t.FilterNegatives += ps.FilterNegatives
+		t.FilterPositives += ps.FilterPositives
+		t.StoreReads += ps.StoreReads
+		t.FalsePositives += ps.FalsePositives
+		t.Claims += ps.Claims
+		t.ClaimsNew += ps.ClaimsNew
+		t.ClaimStoreReads += ps.ClaimStoreReads
+		t.FilterBytes += ps.FilterBytes
+		t.FilterKeys += ps.FilterKeys
+		t.FilterEstimatedFP += ps.FilterEstimatedFP
+	}
+	if len(s.parts) > 0 {
+		t.FilterEstimatedFP /= float64(len(s.parts))
+	}
+	return t
+}
+
+// Snapshot writes every partition's filter snapshot now (atomically: temp
+// file, fsync, rename, fsync of the directory). It is a no-op with
+// DisableFilter and on a closed store. Open also takes snapshots every
+// SnapshotInterval, and Close takes a last one.
+func (s *Store) Snapshot() error {
+	var errs []error
+	for _, p := range s.parts {
+		if err := p.snapshot(false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close stops the GC and snapshot goroutines, writes each partition's
+// filter snapshot and closes each Badger instance. Calls after the first
+// return the first call's result. Claims and lookups after Close return
+// ErrClosed; Stats keeps working.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.cancel()
+		s.wg.Wait()
+		errs := make([]error, len(s.parts))
+		var wg sync.WaitGroup
+		for i, p := range s.parts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = p.close()
+			}()
+		}
+		wg.Wait()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
