@@ -1,0 +1,44 @@
+# dedupe-stage container image: the static binary on an empty base.
+#
+# The binary is built on the host first and copied in, so that building the
+# image needs no base image from a registry (FROM scratch only). Two steps,
+# which deploy/build-images.sh runs for you:
+#
+#   1. CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(git describe --tags --always --dirty)" \
+#          -o deploy/build/dedupe-stage ./cmd/dedupe-stage
+#      mkdir -p deploy/build/rootfs/data          # empty; becomes the /data volume, owned by 65532
+#   2. docker build -f Dockerfile -t dedupe-stage:local deploy/build
+#
+# The build context is deploy/build (git-ignored), not the repository root, so
+# the context holds only what the image needs.
+#
+# Run: docker run -v dedupe-data:/data -p 127.0.0.1:9464:9464 \
+#          -e DEDUPE_NATS_URL=nats://your-nats:4222 dedupe-stage:local run
+# Without DEDUPE_NATS_URL (or --nats-url) the stage starts its embedded
+# nats-server, listening on 127.0.0.1:4222 inside the container only: fine for
+# a try-out, unreachable from outside. deploy/compose.yaml runs a NATS server
+# next to it. The image holds no CA certificates: for NATS over TLS, mount the
+# CA file and set nats.tls.ca_file in the config.
+FROM scratch
+
+COPY dedupe-stage /dedupe-stage
+# /data is created by copying an empty directory with its owner set: scratch
+# has no shell to chown at build or run time. A named volume mounted on /data
+# starts with this owner.
+COPY --chown=65532:65532 rootfs/ /
+
+USER 65532:65532
+ENV DEDUPE_DATA_DIR=/data \
+    DEDUPE_HTTP_ADDR=0.0.0.0:9464
+VOLUME ["/data"]
+# /metrics /healthz /readyz /inspect
+EXPOSE 9464
+
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["/dedupe-stage", "healthcheck", "--http-addr", "127.0.0.1:9464"]
+# SIGTERM finishes the batch in flight, closes the state and exits 0; give it
+# time (docker stop -t, compose stop_grace_period, Kubernetes
+# terminationGracePeriodSeconds) to do so.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/dedupe-stage"]
+CMD ["run"]

@@ -1,0 +1,19 @@
+// Package containertest checks the deployment kit against the real thing.
+//
+// TestContainer builds both images with deploy/build-images.sh (the stage on
+// FROM scratch, and nats-server with JetStream), runs them on a private
+// Docker network and checks the README's guarantee through the containers:
+// each key forwarded once, a clean exit on SIGTERM, nothing forwarded again
+// after a restart on the same volume, a healthy container, and metrics that
+// pass `promtool check metrics`. It is skipped, saying why, when no Docker
+// engine answers.
+//
+// The other tests check the operator's files without Docker: the alert rules
+// (`promtool check rules` and the unit tests in testdata/alerts_test.yml),
+// the Prometheus config, the compose file, the Dockerfiles, and that the
+// Grafana dashboard and the alerts name only metrics the code exports while
+// the dashboard shows every metric of the stage. Tests that need promtool
+// (Debian package prometheus) are skipped, saying why, without it.
+//
+// The package holds tests only.
+package containertest
