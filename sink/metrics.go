@@ -1,0 +1,90 @@
+package sink
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics holds the sink metrics. Build it with NewMetrics and attach it to
+// sinks with Instrument; one Metrics serves any number of sinks, which are
+// told apart by the "sink" label (Sink.Name). It is safe for concurrent use.
+type Metrics struct {
+	writes  *prometheus.CounterVec
+	errors  *prometheus.CounterVec
+	seconds *prometheus.HistogramVec
+}
+
+// NewMetrics creates the sink metrics and registers them with reg (nothing
+// is registered when reg is nil):
+//
+//   - dedupe_sink_writes_total{sink, result}: totals written, by result
+//     "applied" or "stale", and compare-and-set retries as result "retried"
+//     (Result's fields);
+//   - dedupe_sink_write_errors_total{sink}: Write calls that returned an
+//     error;
+//   - dedupe_sink_write_seconds{sink}: duration of Write calls.
+//
+// It panics if the metrics are already registered with reg, like
+// prometheus.MustRegister.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_sink_writes_total",
+			Help: "Totals given to a sink, by result: applied (raised the stored value), stale (already held the same or more); retried counts concurrent-update retries.",
+		}, []string{"sink", "result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_sink_write_errors_total",
+			Help: "Sink Write calls that returned an error.",
+		}, []string{"sink"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dedupe_sink_write_seconds",
+			Help:    "Duration of sink Write calls.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"sink"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.writes, m.errors, m.seconds)
+	}
+	return m
+}
+
+// Instrument returns a Sink that behaves like s and records every Write in
+// m: its Result (also when the Write failed), whether it failed, and how long
+// it took. A nil m returns s unchanged.
+func Instrument(s Sink, m *Metrics) Sink {
+	if m == nil {
+		return s
+	}
+	name := s.Name()
+	return &instrumented{
+		Sink:    s,
+		applied: m.writes.WithLabelValues(name, "applied"),
+		stale:   m.writes.WithLabelValues(name, "stale"),
+		retried: m.writes.WithLabelValues(name, "retried"),
+		errors:  m.errors.WithLabelValues(name),
+		seconds: m.seconds.WithLabelValues(name),
+	}
+}
+
+// instrumented is a Sink that records its Writes; see Instrument.
+type instrumented struct {
+	Sink
+	applied, stale, retried, errors prometheus.Counter
+	seconds                         prometheus.Observer
+}
+
+// Write calls the wrapped sink's Write and records it.
+func (s *instrumented) Write(ctx context.Context, totals []Total) (Result, error) {
+	start := time.Now()
+	res, err := s.Sink.Write(ctx, totals)
+	s.seconds.Observe(time.Since(start).Seconds())
+	s.applied.Add(float64(res.Applied))
+	s.stale.Add(float64(res.Stale))
+	s.retried.Add(float64(res.Retried))
+	if err != nil {
+		s.errors.Inc()
+	}
+	return res, err
+}
