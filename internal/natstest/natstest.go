@@ -1,0 +1,150 @@
+// Package natstest runs a real nats-server with JetStream in process for
+// tests, and reads streams back for assertions. It is for tests only.
+package natstest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// RunServer starts a JetStream server on a random loopback port, storing in
+// dir (t.TempDir() when dir is ""). It is shut down when the test ends.
+func RunServer(tb testing.TB, dir string) *server.Server {
+	tb.Helper()
+	if dir == "" {
+		dir = tb.TempDir()
+	}
+	return RunServerOn(tb, dir, -1)
+}
+
+// RunServerOn is RunServer on a fixed port (-1 for a random one), for tests
+// that restart a server on the same address.
+func RunServerOn(tb testing.TB, dir string, port int) *server.Server {
+	tb.Helper()
+	s, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir,
+		NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		tb.Fatalf("nats-server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		tb.Fatal("nats-server not ready in 10s")
+	}
+	tb.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// Connect connects to s and returns the connection and a JetStream context;
+// both are closed when the test ends.
+func Connect(tb testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		tb.Fatalf("connect %s: %v", url, err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}
+
+// Message is a stored stream message, for assertions.
+type Message struct {
+	Seq     uint64
+	Subject string
+	Header  nats.Header
+	Data    []byte
+}
+
+// ReadAll returns every message in stream, in order.
+func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		tb.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		tb.Fatalf("stream %s info: %v", stream, err)
+	}
+	n := info.State.Msgs
+	var out []Message
+	if n == 0 {
+		return out
+	}
+	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		tb.Fatalf("ordered consumer on %s: %v", stream, err)
+	}
+	for uint64(len(out)) < n {
+		batch, err := c.Fetch(int(min(n-uint64(len(out)), 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			tb.Fatalf("fetch %s: %v", stream, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			md, _ := m.Metadata()
+			out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			got++
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			tb.Fatalf("fetch %s: %v", stream, err)
+		}
+		if got == 0 {
+			tb.Fatalf("stream %s: read %d of %d messages, then nothing", stream, len(out), n)
+		}
+	}
+	return out
+}
+
+// WaitFor polls cond every 20ms until it is true or timeout passes, then
+// fails the test with what.
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WaitDrained waits until consumer on stream has acknowledged every message
+// the stream holds: nothing pending, nothing awaiting an ack, and the ack
+// floor at the stream's last sequence.
+func WaitDrained(tb testing.TB, js jetstream.JetStream, stream, consumer string, timeout time.Duration) {
+	tb.Helper()
+	WaitFor(tb, timeout, "consumer "+consumer+" to ack everything in "+stream, func() bool {
+		ctx := context.Background()
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return false
+		}
+		si, err := st.Info(ctx)
+		if err != nil {
+			return false
+		}
+		c, err := st.Consumer(ctx, consumer)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(ctx)
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream >= si.State.LastSeq
+	})
+}
