@@ -1,0 +1,5 @@
+package stage
+
+// SetBeforePublishHook installs a hook that runs before a partition batch
+// publishes its new messages. For tests only.
+func (s *Stage) SetBeforePublishHook(f func(partition int, batchLen int)) { s.beforePublish = f }

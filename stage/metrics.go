@@ -1,0 +1,170 @@
+package stage
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// Outcomes of judging one message, the values of the outcome label.
+const (
+	outcomeNew        = "new"
+	outcomeRepeat     = "repeat"
+	outcomeDeadLetter = "dead_letter"
+)
+
+// Metrics are the stage's Prometheus metrics, all prefixed dedupe_. Build
+// them with NewMetrics on the registry the caller serves.
+type Metrics struct {
+	Messages            *prometheus.CounterVec
+	DeadLetters         *prometheus.CounterVec
+	RepeatAge           prometheus.Histogram
+	NearWindowEnd       prometheus.Counter
+	FingerprintMismatch prometheus.Counter
+	RepublishDuplicates prometheus.Counter
+	PublishSeconds      prometheus.Histogram
+	CommitSeconds       prometheus.Histogram
+	BatchSize           prometheus.Histogram
+	PublishRetries      prometheus.Counter
+	CommitRetries       prometheus.Counter
+	ConsumerPending     *prometheus.GaugeVec
+	Ready               prometheus.Gauge
+	Healthy             prometheus.Gauge
+	WindowSeconds       prometheus.Gauge
+}
+
+// NewMetrics creates the stage's metrics and registers them on reg. The
+// repeat-age buckets run from one second to past the window w (seconds).
+func NewMetrics(reg prometheus.Registerer, windowSeconds float64) *Metrics {
+	ageBuckets := prometheus.ExponentialBucketsRange(1, max(2, windowSeconds*1.25), 16)
+	m := &Metrics{
+		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_messages_total",
+			Help: "Input messages judged, by partition and outcome (new: forwarded; repeat: recognised and acked; dead_letter: sent to the dead-letter subject). Dead letters that never reach a partition have partition=\"none\".",
+		}, []string{"partition", "outcome"}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_dead_letters_total",
+			Help: "Messages dead-lettered, by reason.",
+		}, []string{"reason"}),
+		RepeatAge: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_repeat_age_seconds",
+			Help:    "Age of caught repeats: now minus the key's first-seen time.",
+			Buckets: ageBuckets,
+		}),
+		NearWindowEnd: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_repeats_near_window_end_total",
+			Help: "Repeats caught past window.near_fraction of the window; they predict repeats that arrive after it.",
+		}),
+		FingerprintMismatch: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_fingerprint_mismatches_total",
+			Help: "Repeats whose payload fingerprint differs from the recorded one: a key reused for a different operation.",
+		}),
+		RepublishDuplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_republish_duplicates_total",
+			Help: "Forwards the output stream reported as duplicates of an id it already held: re-publishes after a crash between publish and commit.",
+		}),
+		PublishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_publish_seconds",
+			Help:    "Time to publish a batch's new messages to the output and receive every PubAck.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}),
+		CommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_commit_seconds",
+			Help:    "Time to commit a batch's claims to the state store.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_batch_size",
+			Help:    "Messages per partition batch.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+		}),
+		PublishRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_publish_retries_total",
+			Help: "Output publishes retried after an error.",
+		}),
+		CommitRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_commit_retries_total",
+			Help: "State commits retried after an error.",
+		}),
+		ConsumerPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_consumer_pending_messages",
+			Help: "Input consumer backlog: kind=pending (not yet delivered) or ack_pending (delivered, not yet acked).",
+		}, []string{"kind"}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_ready",
+			Help: "1 when every partition's filter is ready and the stage is judging messages.",
+		}),
+		Healthy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_healthy",
+			Help: "0 while publishes or commits are failing and being retried.",
+		}),
+		WindowSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_window_seconds",
+			Help: "The dedupe window W derived from the configured slow paths.",
+		}),
+	}
+	reg.MustRegister(m.Messages, m.DeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
+		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchSize, m.PublishRetries,
+		m.CommitRetries, m.ConsumerPending, m.Ready, m.Healthy, m.WindowSeconds)
+	m.WindowSeconds.Set(windowSeconds)
+	m.Healthy.Set(1)
+	return m
+}
+
+// storeCollector exports the state store's per-partition counters.
+type storeCollector struct {
+	store *state.Store
+
+	lookups, filterAnswers, storeReads, falsePositives, claims *prometheus.Desc
+	filterBytes, filterKeys, estFP, observedFP                 *prometheus.Desc
+}
+
+// NewStoreCollector returns a collector for the store's filter and read
+// counters, read from the store at each scrape.
+func NewStoreCollector(s *state.Store) prometheus.Collector {
+	p := []string{"partition"}
+	return &storeCollector{
+		store:          s,
+		lookups:        prometheus.NewDesc("dedupe_lookups_total", "Key lookups (pre-check, then the store where the filter says maybe).", p, nil),
+		filterAnswers:  prometheus.NewDesc("dedupe_filter_answers_total", "Bloom pre-check answers: negative (definitely new, store skipped) or positive (maybe seen, store read).", []string{"partition", "answer"}, nil),
+		storeReads:     prometheus.NewDesc("dedupe_store_reads_total", "Reads of the Badger state store.", p, nil),
+		falsePositives: prometheus.NewDesc("dedupe_filter_false_positives_total", "Pre-check positives the store answered with no unexpired record: each cost one read, never an event.", p, nil),
+		claims:         prometheus.NewDesc("dedupe_claims_total", "Keys claimed in the store, by result (new or existing).", []string{"partition", "result"}, nil),
+		filterBytes:    prometheus.NewDesc("dedupe_filter_bytes", "Memory held by the partition's Bloom filter generations.", p, nil),
+		filterKeys:     prometheus.NewDesc("dedupe_filter_keys", "Keys in the partition filter's live generations.", p, nil),
+		estFP:          prometheus.NewDesc("dedupe_filter_estimated_false_positive_rate", "False-positive rate estimated from the filter's fill.", p, nil),
+		observedFP:     prometheus.NewDesc("dedupe_filter_observed_false_positive_rate", "Observed false positives over lookups of keys not in the window, since start.", p, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.lookups, c.filterAnswers, c.storeReads, c.falsePositives, c.claims, c.filterBytes, c.filterKeys, c.estFP, c.observedFP} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	for i := 0; i < c.store.Partitions(); i++ {
+		st := c.store.Partition(i).Stats()
+		p := strconv.Itoa(i)
+		ch <- prometheus.MustNewConstMetric(c.lookups, prometheus.CounterValue, float64(st.Lookups), p)
+		ch <- prometheus.MustNewConstMetric(c.filterAnswers, prometheus.CounterValue, float64(st.FilterNegatives), p, "negative")
+		ch <- prometheus.MustNewConstMetric(c.filterAnswers, prometheus.CounterValue, float64(st.FilterPositives), p, "positive")
+		ch <- prometheus.MustNewConstMetric(c.storeReads, prometheus.CounterValue, float64(st.StoreReads), p)
+		ch <- prometheus.MustNewConstMetric(c.falsePositives, prometheus.CounterValue, float64(st.FalsePositives), p)
+		ch <- prometheus.MustNewConstMetric(c.claims, prometheus.CounterValue, float64(st.ClaimsNew), p, "new")
+		ch <- prometheus.MustNewConstMetric(c.claims, prometheus.CounterValue, float64(st.Claims-st.ClaimsNew), p, "existing")
+		ch <- prometheus.MustNewConstMetric(c.filterBytes, prometheus.GaugeValue, float64(st.FilterBytes), p)
+		ch <- prometheus.MustNewConstMetric(c.filterKeys, prometheus.GaugeValue, float64(st.FilterKeys), p)
+		ch <- prometheus.MustNewConstMetric(c.estFP, prometheus.GaugeValue, st.FilterEstimatedFP, p)
+		observed := 0.0
+		if absent := st.FalsePositives + st.FilterNegatives; absent > 0 {
+			observed = float64(st.FalsePositives) / float64(absent)
+		}
+		ch <- prometheus.MustNewConstMetric(c.observedFP, prometheus.GaugeValue, observed, p)
+	}
+}

@@ -1,0 +1,363 @@
+// Package stage wires dedupe-stage together: a durable pull consumer on the
+// input stream, key extraction, partitioned workers that consult the windowed
+// Bloom pre-check and the Badger state, a publish to the output stream that
+// carries the key as Nats-Msg-Id, the commit, and the ack.
+//
+// For every message the order is publish -> commit -> ack:
+//
+//   - a crash before the publish redelivers the message and it is judged again;
+//   - a crash after the publish and before the commit redelivers it, it is
+//     published again with the same Nats-Msg-Id, and the output stream's
+//     duplicate window drops the copy (New refuses to start when that window
+//     is shorter than the redelivery wait);
+//   - a crash after the commit and before the ack redelivers it, and the
+//     store recognises it as a repeat.
+//
+// One goroutine owns each partition, so the check and the claim of a key are
+// serial without locks across partitions. Work is batched: a partition's
+// batch publishes its new messages concurrently, commits its claims in one
+// transaction and then acks.
+//
+// Use:
+//
+//	st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: reg})
+//	...
+//	err = st.Run(ctx) // returns after ctx is done and the batch in flight is finished
+//	st.Close()
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// DefaultShutdownTimeout bounds how long a graceful stop may spend finishing
+// the batch in flight when the output or the store keeps failing. What is
+// not finished then is left unacked and comes back after AckWait.
+const DefaultShutdownTimeout = 30 * time.Second
+
+// Options configure New.
+type Options struct {
+	// Config is the validated service configuration.
+	Config config.Config
+	// Conn is the NATS connection to use. Required. The caller closes it
+	// after Close.
+	Conn *nats.Conn
+	// Registry receives the stage's metrics. Default: a new registry that is
+	// not served.
+	Registry prometheus.Registerer
+	// Logger receives the stage's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Clock tells the time for window judgements. Default window.SystemClock.
+	Clock window.Clock
+	// Status, if set, is updated as the stage becomes ready and healthy and
+	// gets the store for inspection. Default: a private one.
+	Status *Status
+	// ShutdownTimeout: default DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+}
+
+// Stage is a running dedupe stage. Run processes messages; Close releases
+// the store. Its methods are safe for concurrent use.
+type Stage struct {
+	cfg     config.Config
+	log     *slog.Logger
+	clock   window.Clock
+	win     window.Window
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	cons    jetstream.Consumer
+	store   *state.Store
+	keyFn   *keys.KeyFunc
+	metrics *Metrics
+	status  *Status
+
+	maxDeliver      int
+	ackWait         time.Duration
+	shutdownTimeout time.Duration
+	dlqRepeatOnFP   bool // treat fingerprint mismatches as repeats instead of dead-lettering them
+
+	beforePublish func(partition, batchLen int) // test hook
+
+	running   atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New checks the configuration against the servers, creates the streams
+// when configured to, binds the durable consumer, checks the output
+// stream's duplicate window and opens the state store. It returns only
+// after every partition's filter answers "maybe" for every unexpired key in
+// the store. On error it releases what it opened.
+func New(ctx context.Context, opts Options) (*Stage, error) {
+	cfg := opts.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if opts.Conn == nil {
+		return nil, errors.New("stage: Options.Conn is nil")
+	}
+	s := &Stage{
+		cfg:             cfg,
+		log:             opts.Logger,
+		clock:           opts.Clock,
+		nc:              opts.Conn,
+		status:          opts.Status,
+		shutdownTimeout: opts.ShutdownTimeout,
+		dlqRepeatOnFP:   cfg.Pipeline.OnFingerprintMismatch == "repeat",
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.clock == nil {
+		s.clock = window.SystemClock{}
+	}
+	if s.status == nil {
+		s.status = &Status{}
+	}
+	if s.shutdownTimeout <= 0 {
+		s.shutdownTimeout = DefaultShutdownTimeout
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var err error
+	if s.win, err = cfg.Window.Derive(); err != nil {
+		return nil, fmt.Errorf("window: %w", err)
+	}
+	s.log.Info("dedupe window derived", "window", s.win.W, "how", s.win.String())
+	if s.keyFn, err = keys.NewKeyFunc(cfg.Key); err != nil {
+		return nil, fmt.Errorf("key: %w", err)
+	}
+	s.js, err = jetstream.New(s.nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.Pipeline.MaxPublishInFlight),
+		jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if cfg.NATS.ShouldCreateStreams() {
+		if err := ensureStreams(ctx, s.js, cfg, s.log); err != nil {
+			return nil, err
+		}
+	}
+	if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
+		return nil, err
+	}
+	cc := s.cons.CachedInfo().Config
+	s.maxDeliver, s.ackWait = cc.MaxDeliver, cc.AckWait
+	if s.maxDeliver > 0 {
+		s.log.Warn("consumer limits deliveries: the last allowed delivery of a message is dead-lettered instead of risking its loss", "max_deliver", s.maxDeliver)
+	}
+	if err := checkDuplicateWindow(ctx, s.js, cfg, cc, s.log); err != nil {
+		return nil, err
+	}
+
+	s.metrics = NewMetrics(reg, s.win.W.Seconds())
+	started := time.Now()
+	fo := bloom.DefaultOptions(s.win.W)
+	fo.ExpectedKeys = uint(cfg.Filter.ExpectedKeys)
+	fo.FalsePositiveRate = cfg.Filter.FalsePositiveRate
+	fo.Generations = cfg.Filter.Generations
+	so := state.DefaultOptions(filepath.Join(cfg.State.DataDir, "state"), s.win)
+	so.Partitions = cfg.State.Partitions
+	so.Clock = s.clock
+	so.Filter = fo
+	so.DisableFilter = !cfg.Filter.Enabled
+	so.MemoryBudget = int64(cfg.State.MemoryBudget)
+	so.SyncWrites = cfg.State.SyncWrites
+	so.GCInterval = cfg.State.GCInterval.D()
+	so.SnapshotInterval = cfg.State.SnapshotInterval.D()
+	so.Logger = s.log.With("component", "state")
+	if s.store, err = state.Open(ctx, so); err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	if err := reg.Register(NewStoreCollector(s.store)); err != nil {
+		s.store.Close()
+		return nil, fmt.Errorf("register store metrics: %w", err)
+	}
+	s.status.setStore(s.store, s.win, s.clock)
+	s.log.Info("state open, filters ready", "dir", so.Dir, "partitions", so.Partitions,
+		"filter", cfg.Filter.Enabled, "keys_in_filters", s.store.Stats().FilterKeys, "took", time.Since(started).Round(time.Millisecond))
+	return s, nil
+}
+
+// Store returns the stage's state store.
+func (s *Stage) Store() *state.Store { return s.store }
+
+// Window returns the derived dedupe window.
+func (s *Stage) Window() window.Window { return s.win }
+
+// item is one message routed to a partition.
+type item struct {
+	msg jetstream.Msg
+	key []byte
+	fp  uint64
+}
+
+// deadLetter is a message on its way to the dead-letter subject.
+type deadLetter struct {
+	msg       jetstream.Msg
+	reason    string
+	detail    string
+	partition string
+}
+
+// Run consumes the input until ctx is done, then stops fetching, finishes
+// the batches in flight (publish, commit, ack), and returns nil. Run may be
+// called once.
+func (s *Stage) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("stage: Run called twice")
+	}
+	// Work in flight runs on its own context: a stop finishes it, and only
+	// the shutdown timeout abandons it (unacked, so it comes back).
+	work, abandon := context.WithCancel(context.Background())
+	defer abandon()
+	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(s.shutdownTimeout, abandon) })
+	defer stopTimer()
+
+	parts := make([]chan item, s.store.Partitions())
+	dlq := make(chan deadLetter, 1024)
+	var workers, dlqWorker sync.WaitGroup
+	for i := range parts {
+		parts[i] = make(chan item, s.cfg.Pipeline.BatchSize)
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			s.partitionWorker(work, s.store.Partition(i), parts[i], dlq)
+		}()
+	}
+	dlqWorker.Add(1)
+	go func() {
+		defer dlqWorker.Done()
+		s.deadLetterWorker(work, dlq)
+	}()
+	go s.pollPending(ctx)
+
+	s.status.setReady(true)
+	s.metrics.Ready.Set(1)
+	s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
+		"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.SubjectPrefix+".<input subject>")
+	s.consume(ctx, parts, dlq)
+
+	s.status.setReady(false)
+	s.metrics.Ready.Set(0)
+	for _, ch := range parts {
+		close(ch)
+	}
+	workers.Wait()
+	close(dlq)
+	dlqWorker.Wait()
+	s.log.Info("stopped: batches in flight finished")
+	return nil
+}
+
+// consume pulls messages and routes them until ctx is done. A broken
+// subscription (consumer deleted, server restarted) is re-made with backoff.
+func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
+	pull := min(s.cfg.Input.MaxAckPending, max(s.cfg.Pipeline.BatchSize*len(parts), 256))
+	b := newBackoff()
+	for ctx.Err() == nil {
+		iter, err := s.cons.Messages(jetstream.PullMaxMessages(pull))
+		if err != nil {
+			s.log.Warn("pull subscription failed, retrying", "err", err)
+			b.wait(ctx)
+			continue
+		}
+		stop := context.AfterFunc(ctx, iter.Drain)
+		for {
+			msg, err := iter.Next()
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() == nil {
+					s.log.Warn("pull subscription ended, re-subscribing", "err", err)
+				}
+				break
+			}
+			b.reset()
+			s.dispatch(msg, parts, dlq)
+		}
+		stop()
+		iter.Stop()
+		if ctx.Err() == nil {
+			b.wait(ctx)
+		}
+	}
+}
+
+// dispatch judges what can be judged without state (limits, key) and routes
+// the message to its partition.
+func (s *Stage) dispatch(msg jetstream.Msg, parts []chan item, dlq chan<- deadLetter) {
+	data := msg.Data()
+	if s.maxDeliver > 0 {
+		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {
+			dlq <- deadLetter{msg: msg, reason: "max_deliver", partition: "none",
+				detail: fmt.Sprintf("delivery %d of at most %d: dead-lettered so the server cannot drop it", md.NumDelivered, s.maxDeliver)}
+			return
+		}
+	}
+	if max := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > max {
+		dlq <- deadLetter{msg: msg, reason: "oversized", partition: "none",
+			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), max)}
+		return
+	}
+	key, err := s.keyFn.Key(msg.Subject(), msg.Headers(), data)
+	if err != nil {
+		reason, detail := "no_key", err.Error()
+		var ke *keys.Error
+		if errors.As(err, &ke) {
+			reason, detail = ke.Reason, ke.Detail
+		}
+		dlq <- deadLetter{msg: msg, reason: reason, detail: detail, partition: "none"}
+		return
+	}
+	p := state.PartitionOf(key, len(parts))
+	parts[p] <- item{msg: msg, key: key, fp: fingerprint(data)}
+}
+
+// pollPending exports the consumer's backlog every few seconds.
+func (s *Stage) pollPending(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		info, err := s.cons.Info(ctx)
+		if err == nil {
+			s.metrics.ConsumerPending.WithLabelValues("pending").Set(float64(info.NumPending))
+			s.metrics.ConsumerPending.WithLabelValues("ack_pending").Set(float64(info.NumAckPending))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close closes the state store, writing each filter's snapshot. It does not
+// close the NATS connection. It is safe to call twice.
+func (s *Stage) Close() error {
+	s.closeOnce.Do(func() {
+		s.status.setReady(false)
+		s.status.setStore(nil, s.win, s.clock)
+		if s.store != nil {
+			s.closeErr = s.store.Close()
+		}
+	})
+	return s.closeErr
+}
