@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// binary is the dedupe-stage binary built once for the black-box tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dedupe-stage-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "dedupe-stage")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building dedupe-stage:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// proc is the stage running as a subprocess.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the process has exited
+	err    error         // its exit status, once exited is closed
+	log    *os.File
+}
+
+// startStage runs the binary with a config that keys on the Event-Id header.
+func startStage(t *testing.T, natsURL, dataDir, httpAddr string) *proc {
+	t.Helper()
+	cfgPath := filepath.Join(t.TempDir(), "stage.yaml")
+	cfg := fmt.Sprintf(`nats:
+  url: %s
+  create_streams: true
+key:
+  source: header
+  header: Event-Id
+input:
+  ack_wait: 2s
+state:
+  data_dir: %s
+  partitions: 4
+  memory_budget: 64MiB
+filter:
+  expected_keys: 100000
+http:
+  addr: %s
+log:
+  format: json
+`, natsURL, dataDir, httpAddr)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.CreateTemp(t.TempDir(), "stage-log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "run", "--config", cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), log: logf}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("stage log:\n%s", tail(string(b), 4000))
+		}
+	})
+	natstest.WaitFor(t, 60*time.Second, "the stage to be ready", func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func outputCount(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	st, err := js.Stream(context.Background(), "EVENTS_DEDUPED")
+	if err != nil {
+		return 0
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
+}
+
+func drained(t *testing.T, js jetstream.JetStream, timeout time.Duration) {
+	t.Helper()
+	natstest.WaitDrained(t, js, "EVENTS", "dedupe-stage", timeout)
+}
+
+// publishWithRepeats publishes n events over n*(1-r) keys; every fifth
+// event repeats a recent or an old key.
+func publishWithRepeats(t *testing.T, js jetstream.JetStream, prefix string, n int) map[string]bool {
+	t.Helper()
+	unique := map[string]bool{}
+	var keys []string
+	for i := 0; i < n; i++ {
+		var k string
+		if i%5 == 4 && len(keys) > 0 {
+			k = keys[(i*7919)%len(keys)]
+		} else {
+			k = fmt.Sprintf("%s-%d", prefix, i)
+			keys = append(keys, k)
+			unique[k] = true
+		}
+		m := &nats.Msg{Subject: "events.kill", Header: nats.Header{"Event-Id": {k}}, Data: []byte("payload-" + k)}
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		t.Fatal("input publishes not acknowledged")
+	}
+	return unique
+}
+
+func assertOutputOnce(t *testing.T, js jetstream.JetStream, unique map[string]bool) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, m := range natstest.ReadAll(t, js, "EVENTS_DEDUPED") {
+		seen[m.Header.Get(jetstream.MsgIDHeader)]++
+	}
+	for k := range unique {
+		if seen[k] != 1 {
+			t.Errorf("key %s forwarded %d times, want 1", k, seen[k])
+		}
+	}
+	if len(seen) != len(unique) {
+		t.Errorf("output holds %d keys, want %d", len(seen), len(unique))
+	}
+}
+
+func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	dataDir := t.TempDir()
+	addr := freeAddr(t)
+
+	p := startStage(t, srv.ClientURL(), dataDir, addr)
+	done := make(chan map[string]bool, 1)
+	go func() { done <- publishWithRepeats(t, js, "k", 20_000) }()
+	natstest.WaitFor(t, 60*time.Second, "some events forwarded", func() bool { return outputCount(t, js) > 2000 })
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	unique := <-done
+	if n := outputCount(t, js); n >= uint64(len(unique)) {
+		t.Logf("the stage had forwarded everything (%d) before the kill; the restart still has to recognise every repeat", n)
+	}
+
+	startStage(t, srv.ClientURL(), dataDir, addr)
+	drained(t, js, 90*time.Second)
+	assertOutputOnce(t, js, unique)
+
+	// Everything again: nothing new.
+	before := outputCount(t, js)
+	publishWithRepeats(t, js, "k", 20_000)
+	drained(t, js, 90*time.Second)
+	if after := outputCount(t, js); after != before {
+		t.Errorf("republishing after the crash forwarded %d more", after-before)
+	}
+}
+
+func TestSIGTERMExitsCleanly(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	addr := freeAddr(t)
+	p := startStage(t, srv.ClientURL(), t.TempDir(), addr)
+	publishWithRepeats(t, js, "term", 2000)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		if p.err != nil {
+			t.Fatalf("exit after SIGTERM: %v", p.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("still running 10s after SIGTERM")
+	}
+	b, _ := os.ReadFile(p.log.Name())
+	if !strings.Contains(string(b), "stopped cleanly") {
+		t.Errorf("log does not say it stopped cleanly:\n%s", tail(string(b), 2000))
+	}
+}
+
+func TestCheckConfigAndBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("window:\n  paths:\n    - {name: webhook-retry, max: 72h}\n"), 0o644)
+	os.WriteFile(bad, []byte("state:\n  partitions: 0\n"), 0o644)
+	var out, errb strings.Builder
+	if code := realMain([]string{"check-config", good}, &out, &errb); code != 0 {
+		t.Fatalf("check-config good: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "webhook-retry") {
+		t.Errorf("check-config does not say how the window was derived:\n%s", out.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := realMain([]string{"check-config", bad}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "state.partitions") {
+		t.Errorf("check-config bad: exit %d, stderr %q; want non-zero naming state.partitions", code, errb.String())
+	}
+}
+
+func TestUnreachableServerIsAClearError(t *testing.T) {
+	var out, errb strings.Builder
+	code := realMain([]string{"run", "--nats-url", "nats://127.0.0.1:1", "--data-dir", t.TempDir(), "--http-addr", ""}, &out, &errb)
+	if code == 0 || !strings.Contains(errb.String(), "nats://127.0.0.1:1") {
+		t.Errorf("exit %d, stderr %q; want a non-zero exit naming the server", code, errb.String())
+	}
+}
