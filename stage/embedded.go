@@ -44,10 +44,11 @@ func StartEmbedded(cfg config.Embedded, dataDir string, log *slog.Logger) (*serv
 	return s, nil
 }
 
-// serverLogger routes nats-server's logs to slog. Notices become info.
+// serverLogger routes nats-server's logs to slog. Its notices (the start-up
+// banner among them) become debug: the stage logs what an operator needs.
 type serverLogger struct{ log *slog.Logger }
 
-func (l serverLogger) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
+func (l serverLogger) Noticef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
 func (l serverLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
