@@ -1,0 +1,75 @@
+package keys
+
+import (
+	"fmt"
+
+	"gopkg.in/yaml.v3"
+)
+
+// fieldSpecNames are the YAML names of FieldSpec's fields.
+var fieldSpecNames = map[string]bool{"source": true, "header": true, "json_path": true, "subject_token": true}
+
+// UnmarshalYAML decodes a key configuration over the current value of c
+// (normally DefaultKeyConfig), with one rule that plain field-by-field
+// decoding lacks: a field spec is replaced as a whole. If the mapping names
+// any of source, header, json_path or subject_token, the key field is
+// rebuilt from those names alone, and a scope mapping rebuilds the scope
+// alone; max_length is kept unless given. So `key: {json_path: id}` is
+// rejected for its missing source instead of silently keeping the default
+// header source with a stray path.
+//
+// Unknown names are errors, as with yaml.v3's Decoder.KnownFields(true)
+// (which does not reach into custom unmarshalers). Merge keys ("<<") are not
+// supported here.
+func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if n.Kind != yaml.MappingNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: key: want a mapping, found %s", n.Line, n.ShortTag())}}
+	}
+	var errs []string
+	fieldGiven := false
+	var scopeNode *yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		switch {
+		case fieldSpecNames[k.Value]:
+			fieldGiven = true
+		case k.Value == "scope":
+			scopeNode = v
+		case k.Value == "max_length":
+		default:
+			errs = append(errs, fmt.Sprintf("line %d: field %s not found in type keys.KeyConfig", k.Line, k.Value))
+		}
+	}
+	if scopeNode != nil {
+		s := scopeNode
+		if s.Kind == yaml.AliasNode && s.Alias != nil {
+			s = s.Alias
+		}
+		if s.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(s.Content); i += 2 {
+				if k := s.Content[i]; !fieldSpecNames[k.Value] {
+					errs = append(errs, fmt.Sprintf("line %d: field %s not found in type keys.FieldSpec", k.Line, k.Value))
+				}
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return &yaml.TypeError{Errors: errs}
+	}
+	type plain KeyConfig // without this method
+	out := plain(*c)
+	if fieldGiven {
+		out.Field = FieldSpec{}
+	}
+	if scopeNode != nil {
+		out.Scope = FieldSpec{}
+	}
+	if err := n.Decode(&out); err != nil {
+		return err
+	}
+	*c = KeyConfig(out)
+	return nil
+}
