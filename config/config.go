@@ -1,0 +1,450 @@
+// Package config holds the configuration of the dedupe-stage service: where
+// it reads and writes (NATS, streams), how it recognises a repeat (key,
+// window), how it remembers (state, filter) and how it runs (pipeline, HTTP,
+// logs).
+//
+// A configuration is built in layers, later layers winning:
+//
+//	cfg, err := config.Load(path)        // Default(), then the YAML file
+//	err = cfg.ApplyEnv(os.Getenv)        // DEDUPE_* environment variables
+//	fs := flag.NewFlagSet("dedupe-stage", flag.ExitOnError)
+//	cfg.RegisterFlags(fs)                // flags write straight into cfg
+//	err = fs.Parse(os.Args[1:])
+//	err = cfg.Validate()                 // every problem, each naming its field
+//	fmt.Println(cfg.Summary())           // what `check-config` prints
+//
+// The YAML file is strict: an unknown field is an error naming it. A null
+// or empty value (`url:` with nothing after it) keeps the default, except
+// for lists, which it empties. configs/README.md documents every field.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/window"
+	"gopkg.in/yaml.v3"
+)
+
+// Errors returned by this package.
+var (
+	// ErrInvalid wraps every error of Validate (each a *FieldError).
+	ErrInvalid = errors.New("config: invalid")
+	// ErrParse wraps every error of Parse and Load about the YAML text.
+	ErrParse = errors.New("config: cannot parse")
+	// ErrEnv wraps every error of ApplyEnv.
+	ErrEnv = errors.New("config: bad environment variable")
+)
+
+// Values of Pipeline.OnFingerprintMismatch.
+const (
+	// FingerprintDeadLetter dead-letters a copy whose payload fingerprint
+	// differs from the first copy's (reason "fingerprint_mismatch").
+	FingerprintDeadLetter = "dead-letter"
+	// FingerprintRepeat treats such a copy as an ordinary repeat (acked and
+	// counted, not forwarded).
+	FingerprintRepeat = "repeat"
+)
+
+// Config is the whole service configuration. Default returns a valid one.
+type Config struct {
+	NATS       NATS           `yaml:"nats"`
+	Input      Input          `yaml:"input"`
+	Output     Output         `yaml:"output"`
+	DeadLetter DeadLetter     `yaml:"dead_letter"`
+	Key        keys.KeyConfig `yaml:"key"`
+	Window     Window         `yaml:"window"`
+	State      State          `yaml:"state"`
+	Filter     Filter         `yaml:"filter"`
+	Pipeline   Pipeline       `yaml:"pipeline"`
+	HTTP       HTTP           `yaml:"http"`
+	Log        Log            `yaml:"log"`
+}
+
+// NATS says which NATS server to use and how to authenticate.
+type NATS struct {
+	// URL of an existing server (or a comma-separated list of URLs of one
+	// cluster). Empty (default) runs an embedded nats-server in the process.
+	URL string `yaml:"url"`
+	// CreateStreams: create the input, output and dead-letter streams and
+	// the consumer when missing. Unset (null, the default) means true with
+	// the embedded server and false with URL; see ShouldCreateStreams.
+	CreateStreams *bool `yaml:"create_streams"`
+	// User and Password authenticate with a user name and password.
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+	// Token authenticates with a token.
+	Token string `yaml:"token"`
+	// NKeySeedFile is a file holding an NKey seed to authenticate with.
+	NKeySeedFile string `yaml:"nkey_seed_file"`
+	// CredsFile is a .creds file (user JWT and NKey seed).
+	CredsFile string `yaml:"creds_file"`
+	// TLS configures TLS to the server.
+	TLS TLS `yaml:"tls"`
+	// ConnectTimeout bounds each connection attempt. Default 5s.
+	ConnectTimeout Duration `yaml:"connect_timeout"`
+	// Embedded configures the embedded server (used when URL is empty).
+	Embedded Embedded `yaml:"embedded"`
+}
+
+// TLS configures TLS from the client to the NATS server. All empty
+// (default) means plain connections unless the URL says tls://.
+type TLS struct {
+	// CAFile is a PEM bundle of CAs that verify the server.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and its key, for
+	// mutual TLS; set both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Embedded configures the nats-server run inside the process when NATS.URL
+// is empty.
+type Embedded struct {
+	// Host to listen on. Default "127.0.0.1" (not reachable from other
+	// machines).
+	Host string `yaml:"host"`
+	// Port to listen on. Default 4222; -1 picks a free port (tests).
+	Port int `yaml:"port"`
+	// StoreDir is JetStream's storage directory. Default "" means
+	// <state.data_dir>/nats.
+	StoreDir string `yaml:"store_dir"`
+	// SyncAlways: fsync every JetStream write before acknowledging it.
+	// Default true. False uses JetStream's default of flushing every two
+	// minutes, which is faster but can lose acknowledged messages (input,
+	// output and dead letters) on a power failure or kernel crash.
+	SyncAlways bool `yaml:"sync_always"`
+}
+
+// Input is the stream the stage consumes.
+type Input struct {
+	// Stream is the input stream's name. Default "EVENTS".
+	Stream string `yaml:"stream"`
+	// Subjects of the input stream, used only when creating it. Default
+	// ["events.>"].
+	Subjects []string `yaml:"subjects"`
+	// Consumer is the durable pull consumer's name. Default "dedupe-stage".
+	Consumer string `yaml:"consumer"`
+	// FilterSubject restricts the consumer to a subset of the stream's
+	// subjects. Default "" (all).
+	FilterSubject string `yaml:"filter_subject"`
+	// AckWait is how long a fetched message may stay unacknowledged before
+	// JetStream redelivers it. Default 10s.
+	AckWait Duration `yaml:"ack_wait"`
+	// MaxAckPending bounds the messages delivered and not yet acknowledged.
+	// Default 4096; at least pipeline.batch_size.
+	MaxAckPending int `yaml:"max_ack_pending"`
+	// MaxDeliver bounds deliveries of one message; -1 (default) is
+	// unlimited. Only used when creating the consumer. A limit means a
+	// message that keeps failing is eventually dropped by JetStream.
+	MaxDeliver int `yaml:"max_deliver"`
+}
+
+// Output is the stream that receives each intent once.
+type Output struct {
+	// Stream is the output stream's name. Default "EVENTS_DEDUPED".
+	Stream string `yaml:"stream"`
+	// SubjectPrefix: a message read on subject S is written to
+	// SubjectPrefix + "." + S. Default "deduped".
+	SubjectPrefix string `yaml:"subject_prefix"`
+	// DuplicateWindow of the output stream, used only when creating it.
+	// Default 0 means computed: see Config.OutputDuplicateWindow.
+	DuplicateWindow Duration `yaml:"duplicate_window"`
+	// RestartMargin is how long a crash and restart may take; the output
+	// stream's duplicate window must cover input.ack_wait plus this.
+	// Default 1m.
+	RestartMargin Duration `yaml:"restart_margin"`
+	// AllowShortDuplicateWindow: when the output stream's duplicate window
+	// is shorter than input.ack_wait + restart_margin, warn instead of
+	// refusing to start. Default false.
+	AllowShortDuplicateWindow bool `yaml:"allow_short_duplicate_window"`
+}
+
+// Subject returns the output subject for a message read on inputSubject.
+func (o Output) Subject(inputSubject string) string { return o.SubjectPrefix + "." + inputSubject }
+
+// DeadLetter is where messages that cannot be judged go.
+type DeadLetter struct {
+	// Subject: a dead letter with reason R is published to Subject + "." + R.
+	// Default "dedupe.dlq".
+	Subject string `yaml:"subject"`
+	// Stream holding dead letters, created with subjects Subject + ".>" when
+	// streams are created. Default "DEDUPE_DLQ".
+	Stream string `yaml:"stream"`
+}
+
+// SubjectFor returns the dead-letter subject for reason.
+func (d DeadLetter) SubjectFor(reason string) string { return d.Subject + "." + reason }
+
+// Window derives the dedupe window W from named slow paths.
+type Window struct {
+	// Paths are the slow paths a repeat can take; W is the longest plus
+	// Margin. Default client-retry 10m and redelivery 1h.
+	Paths []Path `yaml:"paths"`
+	// Margin added to the longest path. Default 10m.
+	Margin Duration `yaml:"margin"`
+	// NearFraction: a repeat caught at an age of at least NearFraction*W is
+	// counted as near the end of the window. Default 0.8.
+	NearFraction float64 `yaml:"near_fraction"`
+}
+
+// Path is one named slow path.
+type Path struct {
+	// Name of the path, e.g. "webhook-retry".
+	Name string `yaml:"name"`
+	// Max is the latest a copy can arrive on this path after the first.
+	Max Duration `yaml:"max"`
+}
+
+// Derive returns the window derived from w's paths and margin, with w's
+// NearFraction.
+func (w Window) Derive() (window.Window, error) {
+	paths := make([]window.Path, len(w.Paths))
+	for i, p := range w.Paths {
+		paths[i] = window.Path{Name: p.Name, Max: p.Max.D()}
+	}
+	ww, err := window.Derive(paths, w.Margin.D())
+	if err != nil {
+		return window.Window{}, err
+	}
+	ww.NearFraction = w.NearFraction
+	if err := ww.Validate(); err != nil {
+		return window.Window{}, err
+	}
+	return ww, nil
+}
+
+// State configures the Badger store of first-seen keys.
+type State struct {
+	// DataDir holds everything on disk: Badger state under
+	// <data_dir>/state and, by default, the embedded server's JetStream
+	// store under <data_dir>/nats. Default "./data".
+	DataDir string `yaml:"data_dir"`
+	// Partitions is the number of partitions, each one Badger instance and
+	// one goroutine. Default 8; 1..1024. Existing state records its count
+	// and refuses to open with another.
+	Partitions int `yaml:"partitions"`
+	// MemoryBudget is the total memory for all Badger instances (memtables,
+	// caches), divided between partitions. Default 256MiB; at least 8MiB per
+	// partition, so that Badger's per-instance floors stay inside it.
+	MemoryBudget ByteSize `yaml:"memory_budget"`
+	// SyncWrites: fsync each commit before acknowledging the input. Default
+	// true. False is faster, but a power failure can forget keys whose
+	// input was already acknowledged, so their later copies are forwarded
+	// again.
+	SyncWrites bool `yaml:"sync_writes"`
+	// GCInterval is how often expired keys are collected from disk
+	// (value-log GC). Default 10m; 0 disables it (the disk then only grows).
+	GCInterval Duration `yaml:"gc_interval"`
+	// SnapshotInterval is how often the Bloom filters are snapshotted to
+	// speed up the rebuild after a restart. Default 1m; 0 snapshots only at
+	// a clean shutdown.
+	SnapshotInterval Duration `yaml:"snapshot_interval"`
+}
+
+// Dir returns the Badger state directory, <data_dir>/state.
+func (s State) Dir() string { return filepath.Join(s.DataDir, "state") }
+
+// Filter configures the windowed Bloom pre-check.
+type Filter struct {
+	// Enabled: consult the filter before the store. Default true. Disabled,
+	// every message costs a store read.
+	Enabled bool `yaml:"enabled"`
+	// ExpectedKeys is the number of distinct keys expected per window W,
+	// across all partitions. Default 1000000.
+	ExpectedKeys uint64 `yaml:"expected_keys"`
+	// FalsePositiveRate is the target rate of "maybe seen" answers for new
+	// keys (each costs one store read, never an event). Default 0.01.
+	FalsePositiveRate float64 `yaml:"false_positive_rate"`
+	// Generations G: the filter is a ring of G+1 generations, each covering
+	// W/G. Default 4.
+	Generations int `yaml:"generations"`
+}
+
+// Pipeline configures batching and limits.
+type Pipeline struct {
+	// BatchSize is the most messages fetched and judged together. Default
+	// 256; 1..10000.
+	BatchSize int `yaml:"batch_size"`
+	// BatchLinger is how long a partition waits for more messages to fill a
+	// batch before judging what it has. Default 1ms; 0 does not wait.
+	BatchLinger Duration `yaml:"batch_linger"`
+	// MaxPublishInFlight bounds output publishes awaiting their PubAck.
+	// Default 1024.
+	MaxPublishInFlight int `yaml:"max_publish_in_flight"`
+	// MaxMessageBytes: larger payloads are dead-lettered with reason
+	// "oversized". Default 1MiB.
+	MaxMessageBytes ByteSize `yaml:"max_message_bytes"`
+	// OnFingerprintMismatch: what to do with a copy of a key whose payload
+	// differs from the first copy's: "dead-letter" (default) or "repeat".
+	OnFingerprintMismatch string `yaml:"on_fingerprint_mismatch"`
+}
+
+// HTTP configures the HTTP server for /metrics, /healthz, /readyz and
+// /inspect.
+type HTTP struct {
+	// Addr to listen on. Default "127.0.0.1:9464"; "" disables the server.
+	Addr string `yaml:"addr"`
+}
+
+// Log configures logging (log/slog).
+type Log struct {
+	// Level: debug, info (default), warn or error.
+	Level string `yaml:"level"`
+	// Format: text (default) or json.
+	Format string `yaml:"format"`
+}
+
+// Default returns the default configuration: an embedded nats-server on
+// 127.0.0.1:4222 that gets its streams created, keys from the Nats-Msg-Id
+// header, W = 1h10m (redelivery 1h + margin 10m), 8 partitions under ./data.
+// It passes Validate.
+func Default() Config {
+	return Config{
+		NATS: NATS{
+			ConnectTimeout: Duration(5 * time.Second),
+			Embedded: Embedded{
+				Host:       "127.0.0.1",
+				Port:       4222,
+				SyncAlways: true,
+			},
+		},
+		Input: Input{
+			Stream:        "EVENTS",
+			Subjects:      []string{"events.>"},
+			Consumer:      "dedupe-stage",
+			AckWait:       Duration(10 * time.Second),
+			MaxAckPending: 4096,
+			MaxDeliver:    -1,
+		},
+		Output: Output{
+			Stream:        "EVENTS_DEDUPED",
+			SubjectPrefix: "deduped",
+			RestartMargin: Duration(time.Minute),
+		},
+		DeadLetter: DeadLetter{
+			Subject: "dedupe.dlq",
+			Stream:  "DEDUPE_DLQ",
+		},
+		Key: keys.DefaultKeyConfig(),
+		Window: Window{
+			Paths: []Path{
+				{Name: "client-retry", Max: Duration(10 * time.Minute)},
+				{Name: "redelivery", Max: Duration(time.Hour)},
+			},
+			Margin:       Duration(10 * time.Minute),
+			NearFraction: window.DefaultNearFraction,
+		},
+		State: State{
+			DataDir:          "./data",
+			Partitions:       8,
+			MemoryBudget:     256 * MiB,
+			SyncWrites:       true,
+			GCInterval:       Duration(10 * time.Minute),
+			SnapshotInterval: Duration(time.Minute),
+		},
+		Filter: Filter{
+			Enabled:           true,
+			ExpectedKeys:      1_000_000,
+			FalsePositiveRate: 0.01,
+			Generations:       4,
+		},
+		Pipeline: Pipeline{
+			BatchSize:             256,
+			BatchLinger:           Duration(time.Millisecond),
+			MaxPublishInFlight:    1024,
+			MaxMessageBytes:       MiB,
+			OnFingerprintMismatch: FingerprintDeadLetter,
+		},
+		HTTP: HTTP{Addr: "127.0.0.1:9464"},
+		Log:  Log{Level: "info", Format: "text"},
+	}
+}
+
+// Load returns Default() overlaid with the YAML file at path; an empty path
+// returns Default(). It does not validate: call Validate after ApplyEnv and
+// flags.
+func Load(path string) (Config, error) {
+	if path == "" {
+		return Default(), nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse returns Default() overlaid with the YAML document data. Unknown
+// fields, values of the wrong type, more than one document and a top level
+// that is not a mapping are errors wrapping ErrParse. An empty document
+// gives Default(). It does not validate.
+func Parse(data []byte) (Config, error) {
+	c := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Default(), nil
+		}
+		return Config{}, fmt.Errorf("%w: %w", ErrParse, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("%w: more than one YAML document", ErrParse)
+	}
+	return c, nil
+}
+
+// ShouldCreateStreams reports whether missing streams and the consumer are
+// created: CreateStreams when set, else true exactly when the embedded
+// server is used (URL empty).
+func (n NATS) ShouldCreateStreams() bool {
+	if n.CreateStreams != nil {
+		return *n.CreateStreams
+	}
+	return n.URL == ""
+}
+
+// IsEmbedded reports whether the embedded nats-server is used (URL empty).
+func (n NATS) IsEmbedded() bool { return n.URL == "" }
+
+// EmbeddedStoreDir returns the embedded server's JetStream directory:
+// nats.embedded.store_dir, or <state.data_dir>/nats when that is empty.
+func (c Config) EmbeddedStoreDir() string {
+	if c.NATS.Embedded.StoreDir != "" {
+		return c.NATS.Embedded.StoreDir
+	}
+	return filepath.Join(c.State.DataDir, "nats")
+}
+
+// MinDuplicateWindow is the shortest output duplicate window that still
+// drops the copy republished after a crash between publish and commit:
+// input.ack_wait + output.restart_margin.
+func (c Config) MinDuplicateWindow() time.Duration {
+	return c.Input.AckWait.D() + c.Output.RestartMargin.D()
+}
+
+// DefaultDuplicateWindow is JetStream's own default duplicate window, the
+// floor of a computed one.
+const DefaultDuplicateWindow = 2 * time.Minute
+
+// OutputDuplicateWindow is the duplicate window to create the output stream
+// with: output.duplicate_window when set, else twice MinDuplicateWindow and
+// at least DefaultDuplicateWindow (2m20s with the defaults).
+func (c Config) OutputDuplicateWindow() time.Duration {
+	if c.Output.DuplicateWindow > 0 {
+		return c.Output.DuplicateWindow.D()
+	}
+	return max(DefaultDuplicateWindow, 2*c.MinDuplicateWindow())
+}

@@ -1,0 +1,132 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+)
+
+// envVar is one environment variable ApplyEnv reads.
+type envVar struct {
+	name  string
+	field string // YAML path it overrides
+	set   func(c *Config, v string) error
+}
+
+func setString(p func(c *Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error { *p(c) = v; return nil }
+}
+
+// envVars lists every variable ApplyEnv reads, in the order applied.
+var envVars = []envVar{
+	{"DEDUPE_NATS_URL", "nats.url", setString(func(c *Config) *string { return &c.NATS.URL })},
+	{"DEDUPE_NATS_USER", "nats.user", setString(func(c *Config) *string { return &c.NATS.User })},
+	{"DEDUPE_NATS_PASSWORD", "nats.password", setString(func(c *Config) *string { return &c.NATS.Password })},
+	{"DEDUPE_NATS_TOKEN", "nats.token", setString(func(c *Config) *string { return &c.NATS.Token })},
+	{"DEDUPE_NATS_CREDS", "nats.creds_file", setString(func(c *Config) *string { return &c.NATS.CredsFile })},
+	{"DEDUPE_NATS_NKEY", "nats.nkey_seed_file", setString(func(c *Config) *string { return &c.NATS.NKeySeedFile })},
+	{"DEDUPE_CREATE_STREAMS", "nats.create_streams", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q, want true or false", v)
+		}
+		c.NATS.CreateStreams = &b
+		return nil
+	}},
+	{"DEDUPE_INPUT_STREAM", "input.stream", setString(func(c *Config) *string { return &c.Input.Stream })},
+	{"DEDUPE_OUTPUT_STREAM", "output.stream", setString(func(c *Config) *string { return &c.Output.Stream })},
+	{"DEDUPE_DATA_DIR", "state.data_dir", setString(func(c *Config) *string { return &c.State.DataDir })},
+	{"DEDUPE_PARTITIONS", "state.partitions", func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%q, want an integer", v)
+		}
+		c.State.Partitions = n
+		return nil
+	}},
+	{"DEDUPE_SYNC_WRITES", "state.sync_writes", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q, want true or false", v)
+		}
+		c.State.SyncWrites = b
+		return nil
+	}},
+	{"DEDUPE_HTTP_ADDR", "http.addr", setString(func(c *Config) *string { return &c.HTTP.Addr })},
+	{"DEDUPE_LOG_LEVEL", "log.level", setString(func(c *Config) *string { return &c.Log.Level })},
+	{"DEDUPE_LOG_FORMAT", "log.format", setString(func(c *Config) *string { return &c.Log.Format })},
+}
+
+// EnvVars returns the names of the environment variables ApplyEnv reads,
+// each with the YAML field it overrides.
+func EnvVars() map[string]string {
+	m := make(map[string]string, len(envVars))
+	for _, e := range envVars {
+		m[e.name] = e.field
+	}
+	return m
+}
+
+// ApplyEnv overrides fields from environment variables read with getenv
+// (normally os.Getenv); see EnvVars for the list. A variable that is unset
+// or empty changes nothing, so an environment variable cannot clear a field
+// (a flag can). Unparsable values are errors naming the variable, all
+// reported, wrapping ErrEnv; the other variables are still applied.
+func (c *Config) ApplyEnv(getenv func(string) string) error {
+	var errs []error
+	for _, e := range envVars {
+		v := getenv(e.name)
+		if v == "" {
+			continue
+		}
+		if err := e.set(c, v); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s: %w", ErrEnv, e.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RegisterFlags defines flags on fs that write straight into c:
+//
+//	--nats-url, --data-dir, --http-addr, --partitions, --log-level,
+//	--log-format, --input-stream, --output-stream, --create-streams,
+//	--sync-writes
+//
+// The flags' defaults are c's current values, so call it after Load and
+// ApplyEnv and then fs.Parse: flags given on the command line win. c must
+// stay alive (and not be copied) until fs.Parse returns.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URL; empty runs an embedded server (nats.url, $DEDUPE_NATS_URL)")
+	fs.StringVar(&c.State.DataDir, "data-dir", c.State.DataDir, "data directory for state and the embedded server (state.data_dir, $DEDUPE_DATA_DIR)")
+	fs.StringVar(&c.HTTP.Addr, "http-addr", c.HTTP.Addr, "listen address for /metrics, /healthz, /readyz, /inspect; empty disables (http.addr, $DEDUPE_HTTP_ADDR)")
+	fs.IntVar(&c.State.Partitions, "partitions", c.State.Partitions, "number of state partitions, 1..1024 (state.partitions, $DEDUPE_PARTITIONS)")
+	fs.StringVar(&c.Log.Level, "log-level", c.Log.Level, "debug, info, warn or error (log.level, $DEDUPE_LOG_LEVEL)")
+	fs.StringVar(&c.Log.Format, "log-format", c.Log.Format, "text or json (log.format, $DEDUPE_LOG_FORMAT)")
+	fs.StringVar(&c.Input.Stream, "input-stream", c.Input.Stream, "input stream name (input.stream, $DEDUPE_INPUT_STREAM)")
+	fs.StringVar(&c.Output.Stream, "output-stream", c.Output.Stream, "output stream name (output.stream, $DEDUPE_OUTPUT_STREAM)")
+	fs.Var(&optBool{p: &c.NATS.CreateStreams}, "create-streams", "create missing streams and the consumer; default: true when embedded, false with a URL (nats.create_streams, $DEDUPE_CREATE_STREAMS)")
+	fs.BoolVar(&c.State.SyncWrites, "sync-writes", c.State.SyncWrites, "fsync every state commit before acknowledging (state.sync_writes, $DEDUPE_SYNC_WRITES)")
+}
+
+// optBool is a boolean flag writing a *bool, which stays nil ("auto") until
+// the flag is given.
+type optBool struct{ p **bool }
+
+func (o *optBool) String() string {
+	if o == nil || o.p == nil || *o.p == nil {
+		return "auto"
+	}
+	return strconv.FormatBool(**o.p)
+}
+
+func (o *optBool) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*o.p = &b
+	return nil
+}
+
+func (o *optBool) IsBoolFlag() bool { return true }

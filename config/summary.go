@@ -1,0 +1,218 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bits-and-blooms/bloom/v3"
+)
+
+// FilterSizing is the memory the windowed Bloom filter needs for a Filter
+// configuration: a ring of G+1 generations, each sized for ceil(N/G) keys
+// with a per-generation false-positive rate chosen so that asking all G+1
+// generations meets the target rate.
+type FilterSizing struct {
+	// Generations is G; the ring holds G+1 filters.
+	Generations int
+	// KeysPerGeneration is n_g = ceil(N/G).
+	KeysPerGeneration uint64
+	// FalsePositivePerGeneration is p_g = 1-(1-p)^(1/(G+1)).
+	FalsePositivePerGeneration float64
+	// BitsPerGeneration (m) and HashFunctions (k) are
+	// bloom.EstimateParameters(n_g, p_g).
+	BitsPerGeneration uint64
+	HashFunctions     uint64
+	// BitsPerKey is m / n_g, the bits each key costs in its generation.
+	BitsPerKey float64
+	// TotalBytes is (G+1) * m / 8, rounded up: all generations.
+	TotalBytes uint64
+}
+
+// Sizing computes the filter's size with bits-and-blooms/bloom's formulas.
+// It returns the zero FilterSizing when ExpectedKeys, FalsePositiveRate or
+// Generations is out of range (see Validate).
+func (f Filter) Sizing() FilterSizing {
+	if f.ExpectedKeys < 1 || f.ExpectedKeys > MaxExpectedKeys || f.Generations < 1 || f.Generations > MaxGenerations ||
+		!(f.FalsePositiveRate > 0 && f.FalsePositiveRate < 1) {
+		return FilterSizing{}
+	}
+	g := uint64(f.Generations)
+	n := (f.ExpectedKeys + g - 1) / g
+	// 1-(1-p)^(1/(G+1)), computed without losing small rates to rounding.
+	p := -math.Expm1(math.Log1p(-f.FalsePositiveRate) / float64(g+1))
+	m, k := bloom.EstimateParameters(uint(n), p)
+	return FilterSizing{
+		Generations:                f.Generations,
+		KeysPerGeneration:          n,
+		FalsePositivePerGeneration: p,
+		BitsPerGeneration:          uint64(m),
+		HashFunctions:              uint64(k),
+		BitsPerKey:                 float64(m) / float64(n),
+		TotalBytes:                 (g + 1) * ((uint64(m) + 7) / 8),
+	}
+}
+
+// Summary describes the configuration in words for `dedupe-stage
+// check-config`: how the window was derived, the key, partitions, the
+// filter's sizing, memory, durability and its risks, the NATS target and the
+// streams. It never prints secrets. It works on invalid configurations too,
+// marking what cannot be computed.
+func (c Config) Summary() string {
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "%-12s %s\n", label+":", fmt.Sprintf(format, args...))
+	}
+	more := func(format string, args ...any) {
+		fmt.Fprintf(&b, "%-12s %s\n", "", fmt.Sprintf(format, args...))
+	}
+
+	if w, err := c.Window.Derive(); err != nil {
+		line("window", "invalid: %v", err)
+	} else {
+		line("window", "W %v", w)
+		more("repeats caught after %v (near_fraction %v of W) count as near the end of the window", Duration(time.Duration(w.NearFraction*float64(w.W))), w.NearFraction)
+	}
+	line("key", "%v", c.Key)
+
+	line("partitions", "%d", c.State.Partitions)
+
+	f := c.Filter
+	sz := f.Sizing()
+	filterBytes := uint64(0)
+	switch {
+	case sz.Generations == 0:
+		line("filter", "invalid sizing (expected_keys %d, false_positive_rate %v, generations %d)", f.ExpectedKeys, f.FalsePositiveRate, f.Generations)
+	default:
+		state := "enabled"
+		if !f.Enabled {
+			state = "DISABLED (every message reads the store); sizing if enabled"
+		}
+		line("filter", "%s: %d keys per window, target false-positive rate %v, %d+1 generations of %d keys",
+			state, f.ExpectedKeys, f.FalsePositiveRate, f.Generations, sz.KeysPerGeneration)
+		more("per generation: p=%.3g, m=%d bits, k=%d hash functions, %.2f bits per key",
+			sz.FalsePositivePerGeneration, sz.BitsPerGeneration, sz.HashFunctions, sz.BitsPerKey)
+		more("total %s (%.2f bits per expected key), split across %d partitions",
+			humanBytes(sz.TotalBytes), float64(sz.TotalBytes)*8/float64(f.ExpectedKeys), max(c.State.Partitions, 1))
+		if f.Enabled {
+			filterBytes = sz.TotalBytes
+		}
+	}
+
+	per := "n/a"
+	if c.State.Partitions > 0 {
+		per = humanBytes(uint64(max(c.State.MemoryBudget, 0)) / uint64(c.State.Partitions))
+	}
+	line("memory", "state.memory_budget %v (%s per partition) + filter %s", c.State.MemoryBudget, per, humanBytes(filterBytes))
+
+	if c.State.SyncWrites {
+		line("durability", "state.sync_writes=true: each commit of keys is fsynced before the input is acknowledged")
+	} else {
+		line("durability", "state.sync_writes=false: RISK: a power failure or kernel crash can forget recently recorded keys; their later copies are forwarded again")
+	}
+	if c.NATS.IsEmbedded() {
+		if c.NATS.Embedded.SyncAlways {
+			more("nats.embedded.sync_always=true: JetStream fsyncs every message before acknowledging it")
+		} else {
+			more("nats.embedded.sync_always=false: RISK: JetStream flushes every 2 minutes; a power failure can lose acknowledged input, output and dead-letter messages")
+		}
+	} else {
+		more("JetStream durability is the external server's (its sync_interval setting)")
+	}
+
+	if c.NATS.IsEmbedded() {
+		e := c.NATS.Embedded
+		port := strconv.Itoa(e.Port)
+		if e.Port == -1 {
+			port = "<free port>"
+		}
+		line("nats", "embedded nats-server on %s, JetStream store %s", net.JoinHostPort(e.Host, port), c.EmbeddedStoreDir())
+	} else {
+		line("nats", "server %s (%s)", c.NATS.URL, c.authSummary())
+	}
+
+	in, out, dl := c.Input, c.Output, c.DeadLetter
+	create := c.NATS.ShouldCreateStreams()
+	filter := ""
+	if in.FilterSubject != "" {
+		filter = ", filter " + in.FilterSubject
+	}
+	maxDeliver := "unlimited"
+	if in.MaxDeliver != -1 {
+		maxDeliver = strconv.Itoa(in.MaxDeliver)
+	}
+	line("input", "stream %s (subjects %s), consumer %s%s, ack_wait %v, max_ack_pending %d, max_deliver %s",
+		in.Stream, strings.Join(in.Subjects, " "), in.Consumer, filter, in.AckWait, in.MaxAckPending, maxDeliver)
+	dup := fmt.Sprintf("duplicate window %v", out.DuplicateWindow)
+	if out.DuplicateWindow == 0 {
+		dup = fmt.Sprintf("duplicate window %v (computed)", Duration(c.OutputDuplicateWindow()))
+	}
+	if !create {
+		dup += " if created"
+	}
+	onShort := "refuses to start"
+	if out.AllowShortDuplicateWindow {
+		onShort = "only warns"
+	}
+	line("output", "stream %s (subjects %s.>), %s", out.Stream, out.SubjectPrefix, dup)
+	more("a crash needs a duplicate window >= %v (ack_wait + restart_margin); with a shorter one the stage %s",
+		Duration(c.MinDuplicateWindow()), onShort)
+	line("dead letter", "stream %s (subjects %s.>, e.g. %s)", dl.Stream, dl.Subject, dl.SubjectFor("no_key"))
+	if create {
+		more("missing streams and the consumer are created")
+	} else {
+		more("streams and the consumer must exist (nats.create_streams is false)")
+	}
+
+	p := c.Pipeline
+	line("pipeline", "batch %d, linger %v, %d publishes in flight, max message %v, fingerprint mismatch: %s",
+		p.BatchSize, p.BatchLinger, p.MaxPublishInFlight, p.MaxMessageBytes, p.OnFingerprintMismatch)
+	if c.HTTP.Addr == "" {
+		line("http", "disabled")
+	} else {
+		line("http", "%s (/metrics /healthz /readyz /inspect)", c.HTTP.Addr)
+	}
+	line("log", "%s, %s", c.Log.Level, c.Log.Format)
+	return b.String()
+}
+
+// authSummary names the authentication configured, without secrets.
+func (c Config) authSummary() string {
+	n := c.NATS
+	var parts []string
+	switch {
+	case n.CredsFile != "":
+		parts = append(parts, "creds file "+n.CredsFile)
+	case n.NKeySeedFile != "":
+		parts = append(parts, "nkey seed file "+n.NKeySeedFile)
+	case n.Token != "":
+		parts = append(parts, "token")
+	case n.User != "":
+		parts = append(parts, "user "+n.User)
+	default:
+		parts = append(parts, "no authentication")
+	}
+	if n.TLS.CAFile != "" || n.TLS.CertFile != "" {
+		parts = append(parts, "TLS")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// humanBytes formats n in binary units with two decimals, e.g. "1.55 MiB".
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v := float64(n)
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		v /= unit
+		if v < unit {
+			return fmt.Sprintf("%.2f %s", v, u)
+		}
+	}
+	return fmt.Sprintf("%.2f PiB", v/unit)
+}

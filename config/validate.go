@@ -1,0 +1,442 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
+)
+
+// Limits enforced by Validate.
+const (
+	MaxPartitions         = 1024
+	MaxBatchSize          = 10000
+	MaxPublishInFlight    = 65536
+	MaxGenerations        = ringbloom.MaxGenerations
+	MaxExpectedKeys       = 100_000_000_000
+	MaxMessageBytes       = 64 * MiB // NATS's hard payload limit
+	MaxBatchLinger        = Duration(time.Second)
+	MaxAckWait            = Duration(12 * time.Hour)
+	MaxRestartMargin      = Duration(24 * time.Hour)
+	MinMemoryPerPartition = 8 * MiB
+)
+
+// FieldError is one problem with one field. Its message starts with the
+// field's YAML path and names the value, e.g.
+// `pipeline.batch_size: 0, want 1..10000`. It wraps ErrInvalid.
+type FieldError struct {
+	// Field is the YAML path, e.g. "window.paths[1].max".
+	Field string
+	// Msg is the value and what was wanted.
+	Msg string
+}
+
+// Error returns Field + ": " + Msg.
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Unwrap returns ErrInvalid.
+func (e *FieldError) Unwrap() error { return ErrInvalid }
+
+// keyError carries an error of keys.KeyConfig.Validate (which names its
+// field) so that it also wraps ErrInvalid.
+type keyError struct{ err error }
+
+func (e keyError) Error() string   { return e.err.Error() }
+func (e keyError) Unwrap() []error { return []error{e.err, ErrInvalid} }
+
+// validator collects errors.
+type validator struct{ errs []error }
+
+func (v *validator) add(field, format string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// Validate checks the whole configuration and reports every problem found,
+// joined with errors.Join; each is a *FieldError (or, for the key section, an
+// error from keys) naming the YAML field and its value, and wraps
+// ErrInvalid. nil means the configuration is usable.
+func (c Config) Validate() error {
+	v := &validator{}
+	c.validateNATS(v)
+	c.validateStreams(v)
+	if err := c.Key.Validate("key"); err != nil {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				v.errs = append(v.errs, keyError{e})
+			}
+		} else {
+			v.errs = append(v.errs, keyError{err})
+		}
+	}
+	c.validateWindow(v)
+	c.validateState(v)
+	c.validatePipeline(v)
+	if a := c.HTTP.Addr; a != "" {
+		if msg := checkHostPort(a); msg != "" {
+			v.add("http.addr", "%q: %s", a, msg)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		v.add("log.level", "%q, want debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		v.add("log.format", "%q, want text or json", c.Log.Format)
+	}
+	return errors.Join(v.errs...)
+}
+
+func (c Config) validateNATS(v *validator) {
+	n := c.NATS
+	if n.URL != "" {
+		for _, u := range strings.Split(n.URL, ",") {
+			if msg := checkNATSURL(strings.TrimSpace(u)); msg != "" {
+				v.add("nats.url", "%q: %s", n.URL, msg)
+				break
+			}
+		}
+	}
+	if n.ConnectTimeout <= 0 {
+		v.add("nats.connect_timeout", "%v, want > 0", n.ConnectTimeout)
+	}
+	if n.Password != "" && n.User == "" {
+		v.add("nats.password", "set while nats.user is empty")
+	}
+	if n.User != "" && n.Password == "" {
+		v.add("nats.user", "%q set while nats.password is empty", n.User)
+	}
+	// One authentication method at most.
+	type method struct{ field, name string }
+	var methods []method
+	if n.User != "" || n.Password != "" {
+		methods = append(methods, method{"nats.user", "user/password"})
+	}
+	if n.Token != "" {
+		methods = append(methods, method{"nats.token", "token"})
+	}
+	if n.NKeySeedFile != "" {
+		methods = append(methods, method{"nats.nkey_seed_file", "nkey seed"})
+	}
+	if n.CredsFile != "" {
+		methods = append(methods, method{"nats.creds_file", "creds file"})
+	}
+	for i := 1; i < len(methods); i++ {
+		v.add(methods[i].field, "set together with %s (%s); configure one authentication method", methods[0].field, methods[0].name)
+	}
+	if n.TLS.CertFile != "" && n.TLS.KeyFile == "" {
+		v.add("nats.tls.key_file", "empty while nats.tls.cert_file is %q; set both or neither", n.TLS.CertFile)
+	}
+	if n.TLS.KeyFile != "" && n.TLS.CertFile == "" {
+		v.add("nats.tls.cert_file", "empty while nats.tls.key_file is %q; set both or neither", n.TLS.KeyFile)
+	}
+	e := n.Embedded
+	if n.IsEmbedded() {
+		if e.Host == "" {
+			v.add("nats.embedded.host", "empty, want an address to listen on such as 127.0.0.1")
+		}
+		if e.Port != -1 && (e.Port < 1 || e.Port > 65535) {
+			v.add("nats.embedded.port", "%d, want 1..65535 (or -1 for a free port)", e.Port)
+		}
+	}
+}
+
+func (c Config) validateStreams(v *validator) {
+	in, out, dl := c.Input, c.Output, c.DeadLetter
+	checkName(v, "input.stream", in.Stream)
+	checkName(v, "input.consumer", in.Consumer)
+	checkName(v, "output.stream", out.Stream)
+	checkName(v, "dead_letter.stream", dl.Stream)
+	if in.Stream != "" && in.Stream == out.Stream {
+		v.add("output.stream", "%q, the same as input.stream", out.Stream)
+	}
+	if dl.Stream != "" && (dl.Stream == in.Stream || dl.Stream == out.Stream) {
+		v.add("dead_letter.stream", "%q, the same as the input or output stream", dl.Stream)
+	}
+
+	// Subjects the input stream holds, as far as the configuration knows.
+	var inputs []string
+	if len(in.Subjects) == 0 && c.NATS.ShouldCreateStreams() {
+		v.add("input.subjects", "empty, want at least one subject to create the input stream with")
+	}
+	for i, s := range in.Subjects {
+		if msg := checkSubject(s, true); msg != "" {
+			v.add(fmt.Sprintf("input.subjects[%d]", i), "%q: %s", s, msg)
+			continue
+		}
+		inputs = append(inputs, s)
+	}
+	if f := in.FilterSubject; f != "" {
+		if msg := checkSubject(f, true); msg != "" {
+			v.add("input.filter_subject", "%q: %s", f, msg)
+		} else {
+			if c.NATS.ShouldCreateStreams() && len(inputs) > 0 && !overlapsAny(f, inputs) {
+				v.add("input.filter_subject", "%q matches none of input.subjects %q", f, inputs)
+			}
+			inputs = append(inputs, f)
+		}
+	}
+	if in.AckWait <= 0 || in.AckWait > MaxAckWait {
+		v.add("input.ack_wait", "%v, want > 0 and <= %v", in.AckWait, MaxAckWait)
+	}
+	if in.MaxAckPending < c.Pipeline.BatchSize || in.MaxAckPending < 1 {
+		v.add("input.max_ack_pending", "%d, want >= pipeline.batch_size (%d) and >= 1", in.MaxAckPending, c.Pipeline.BatchSize)
+	}
+	if in.MaxDeliver != -1 && in.MaxDeliver < 1 {
+		v.add("input.max_deliver", "%d, want -1 (unlimited) or >= 1", in.MaxDeliver)
+	}
+
+	prefixOK := true
+	if msg := checkSubject(out.SubjectPrefix, false); msg != "" {
+		v.add("output.subject_prefix", "%q: %s", out.SubjectPrefix, msg)
+		prefixOK = false
+	}
+	if out.DuplicateWindow < 0 {
+		v.add("output.duplicate_window", "%v, want >= 0 (0 = computed)", out.DuplicateWindow)
+	}
+	if out.RestartMargin < 0 || out.RestartMargin > MaxRestartMargin {
+		v.add("output.restart_margin", "%v, want 0..%v", out.RestartMargin, MaxRestartMargin)
+	}
+	if floor := c.MinDuplicateWindow(); out.DuplicateWindow > 0 && out.DuplicateWindow.D() < floor && !out.AllowShortDuplicateWindow {
+		v.add("output.duplicate_window", "%v, want >= input.ack_wait + output.restart_margin (%v), or 0 to compute it; "+
+			"a shorter window lets a copy republished after a crash through (set output.allow_short_duplicate_window to accept)",
+			out.DuplicateWindow, Duration(floor))
+	}
+	outputs := out.SubjectPrefix + ".>"
+	if prefixOK {
+		for _, s := range inputs {
+			if subjectsOverlap(outputs, s) {
+				v.add("output.subject_prefix", "%q: output subjects %q overlap input subject %q", out.SubjectPrefix, outputs, s)
+			}
+		}
+	}
+	if msg := checkSubject(dl.Subject, false); msg != "" {
+		v.add("dead_letter.subject", "%q: %s", dl.Subject, msg)
+	} else {
+		dead := dl.Subject + ".>"
+		for _, s := range inputs {
+			if subjectsOverlap(dead, s) {
+				v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap input subject %q", dl.Subject, dead, s)
+			}
+		}
+		if prefixOK && subjectsOverlap(dead, outputs) {
+			v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap output subjects %q", dl.Subject, dead, outputs)
+		}
+	}
+}
+
+func (c Config) validateWindow(v *validator) {
+	w := c.Window
+	before := len(v.errs)
+	if len(w.Paths) == 0 {
+		v.add("window.paths", "empty, want at least one slow path (name and max)")
+	}
+	seen := map[string]int{}
+	for i, p := range w.Paths {
+		f := fmt.Sprintf("window.paths[%d]", i)
+		if strings.TrimSpace(p.Name) == "" {
+			v.add(f+".name", "%q, want a name such as webhook-retry", p.Name)
+		} else if j, dup := seen[p.Name]; dup {
+			v.add(f+".name", "%q, already the name of window.paths[%d]", p.Name, j)
+		} else {
+			seen[p.Name] = i
+		}
+		if p.Max <= 0 {
+			v.add(f+".max", "%v, want > 0", p.Max)
+		}
+	}
+	if w.Margin < 0 {
+		v.add("window.margin", "%v, want >= 0", w.Margin)
+	}
+	if !(w.NearFraction > 0 && w.NearFraction <= 1) {
+		v.add("window.near_fraction", "%v, want in (0, 1]", w.NearFraction)
+	}
+	if len(v.errs) == before {
+		if _, err := w.Derive(); err != nil {
+			v.add("window.paths", "%v", err)
+		}
+	}
+}
+
+func (c Config) validateState(v *validator) {
+	s := c.State
+	if strings.TrimSpace(s.DataDir) == "" {
+		v.add("state.data_dir", "%q, want a directory", s.DataDir)
+	}
+	if s.Partitions < 1 || s.Partitions > MaxPartitions {
+		v.add("state.partitions", "%d, want 1..%d", s.Partitions, MaxPartitions)
+	} else if need := MinMemoryPerPartition * ByteSize(s.Partitions); s.MemoryBudget < need {
+		v.add("state.memory_budget", "%v, want >= %v (%v per partition, %d partitions)", s.MemoryBudget, need, MinMemoryPerPartition, s.Partitions)
+	}
+	if s.GCInterval < 0 {
+		v.add("state.gc_interval", "%v, want >= 0 (0 disables value-log GC)", s.GCInterval)
+	}
+	if s.SnapshotInterval < 0 {
+		v.add("state.snapshot_interval", "%v, want >= 0 (0 snapshots only at shutdown)", s.SnapshotInterval)
+	}
+	f := c.Filter
+	if f.ExpectedKeys < 1 || f.ExpectedKeys > MaxExpectedKeys {
+		v.add("filter.expected_keys", "%d, want 1..%d", f.ExpectedKeys, uint64(MaxExpectedKeys))
+	}
+	if !(f.FalsePositiveRate > 0 && f.FalsePositiveRate < 1) {
+		v.add("filter.false_positive_rate", "%v, want in (0, 1), e.g. 0.01", f.FalsePositiveRate)
+	} else if f.FalsePositiveRate < 1e-9 {
+		v.add("filter.false_positive_rate", "%v, want >= 1e-9", f.FalsePositiveRate)
+	}
+	if f.Generations < 1 || f.Generations > MaxGenerations {
+		v.add("filter.generations", "%d, want 1..%d", f.Generations, MaxGenerations)
+	}
+	if sz := f.Sizing(); sz.Generations > 0 {
+		if sz.TotalBytes > ringbloom.MaxMemoryBytes {
+			v.add("filter.expected_keys", "%d at false_positive_rate %v needs %s of filter, more than the %s limit",
+				f.ExpectedKeys, f.FalsePositiveRate, humanBytes(sz.TotalBytes), humanBytes(ringbloom.MaxMemoryBytes))
+		}
+		if sz.HashFunctions > ringbloom.MaxHashes {
+			v.add("filter.false_positive_rate", "%v needs %d hash functions, more than %d", f.FalsePositiveRate, sz.HashFunctions, ringbloom.MaxHashes)
+		}
+	}
+}
+
+func (c Config) validatePipeline(v *validator) {
+	p := c.Pipeline
+	if p.BatchSize < 1 || p.BatchSize > MaxBatchSize {
+		v.add("pipeline.batch_size", "%d, want 1..%d", p.BatchSize, MaxBatchSize)
+	}
+	if p.BatchLinger < 0 || p.BatchLinger > MaxBatchLinger {
+		v.add("pipeline.batch_linger", "%v, want 0..%v", p.BatchLinger, MaxBatchLinger)
+	}
+	if p.MaxPublishInFlight < 1 || p.MaxPublishInFlight > MaxPublishInFlight {
+		v.add("pipeline.max_publish_in_flight", "%d, want 1..%d", p.MaxPublishInFlight, MaxPublishInFlight)
+	}
+	if p.MaxMessageBytes < 1 || p.MaxMessageBytes > MaxMessageBytes {
+		v.add("pipeline.max_message_bytes", "%v, want 1B..%v", p.MaxMessageBytes, MaxMessageBytes)
+	}
+	switch p.OnFingerprintMismatch {
+	case FingerprintDeadLetter, FingerprintRepeat:
+	default:
+		v.add("pipeline.on_fingerprint_mismatch", "%q, want %q or %q", p.OnFingerprintMismatch, FingerprintDeadLetter, FingerprintRepeat)
+	}
+}
+
+// checkName returns a problem with a JetStream stream or consumer name.
+func checkName(v *validator, field, name string) {
+	if name == "" {
+		v.add(field, `"", want a name`)
+		return
+	}
+	if len(name) > 255 {
+		v.add(field, "%q is %d bytes, want at most 255", name, len(name))
+		return
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c <= ' ' || c == 0x7f, c == '.', c == '*', c == '>', c == '/', c == '\\':
+			v.add(field, "%q: byte %d (%q) not allowed in a name (no whitespace, '.', '*', '>', '/' or '\\\\')", name, i, c)
+			return
+		}
+	}
+}
+
+// checkSubject returns "" when s is a valid subject, a pattern with whole
+// token wildcards if wildcards, else why not.
+func checkSubject(s string, wildcards bool) string {
+	if s == "" {
+		return "empty, want a subject"
+	}
+	toks := strings.Split(s, ".")
+	for i, t := range toks {
+		if t == "" {
+			return "empty token"
+		}
+		for j := 0; j < len(t); j++ {
+			if c := t[j]; c <= ' ' || c == 0x7f {
+				return "whitespace or control character"
+			}
+		}
+		switch {
+		case (t == "*" || t == ">") && !wildcards:
+			return "wildcards not allowed here"
+		case t == ">" && i != len(toks)-1:
+			return "'>' must be the last token"
+		}
+	}
+	return ""
+}
+
+// subjectsOverlap reports whether some subject matches both patterns a and b
+// ('*' matches one token, '>' one or more trailing tokens).
+func subjectsOverlap(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		switch {
+		case i == len(at) && i == len(bt):
+			return true
+		case i == len(at) || i == len(bt):
+			return false
+		case at[i] == ">" || bt[i] == ">":
+			return true
+		case at[i] == "*" || bt[i] == "*" || at[i] == bt[i]:
+			continue
+		default:
+			return false
+		}
+	}
+}
+
+func overlapsAny(s string, list []string) bool {
+	for _, l := range list {
+		if subjectsOverlap(s, l) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkNATSURL returns "" when u is a usable server URL, else why not.
+func checkNATSURL(u string) string {
+	if u == "" {
+		return "empty URL in the list"
+	}
+	if !strings.Contains(u, "://") {
+		u = "nats://" + u
+	}
+	p, err := url.Parse(u)
+	if err != nil {
+		return err.Error()
+	}
+	switch p.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Sprintf("scheme %q, want nats, tls, ws or wss", p.Scheme)
+	}
+	if p.Hostname() == "" {
+		return "no host"
+	}
+	if port := p.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Sprintf("port %q, want 1..65535", port)
+		}
+	}
+	return ""
+}
+
+// checkHostPort returns "" when a is host:port with a numeric port, else why
+// not.
+func checkHostPort(a string) string {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return "want host:port, e.g. 127.0.0.1:9464 or :9464"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > math.MaxUint16 {
+		return fmt.Sprintf("port %q, want 0..65535", port)
+	}
+	return ""
+}
