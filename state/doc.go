@@ -21,6 +21,19 @@
 // transaction (one fsync with SyncWrites): copies inside the batch resolve
 // to one New claim, keys with an unexpired record are repeats.
 //
+// # Totals
+//
+// With Options.TotalsBucket set, a Claim may carry a Contribution: a New
+// claim adds its Value to the total of its (group, time bucket), stored
+// under 't' + bucket + group, in the same Badger transaction that records
+// its key, so a crash never keeps a key without its contribution nor a
+// contribution without its key. Repeats (and copies inside one batch) add
+// nothing. The partition remembers in memory which pairs changed;
+// TakeDirtyTotals returns their absolute values for a flush, and
+// MarkTotalsDirty hands them back when the flush fails. That set is empty
+// after Open: ScanTotals reads every total still kept, for a re-flush. A
+// total's Badger TTL runs to its bucket's end + W + TotalsKeep.
+//
 // # Logical and physical expiry
 //
 // A record first seen at t is logically expired from t+W on, judged by the

@@ -24,6 +24,8 @@ const (
 	DefaultGCInterval = 10 * time.Minute
 	// DefaultSnapshotInterval is the default period of filter snapshots.
 	DefaultSnapshotInterval = time.Minute
+	// MaxTotalsBucket is the longest accepted TotalsBucket: 366 days.
+	MaxTotalsBucket = 366 * 24 * time.Hour
 )
 
 // Options configure a Store. Build them with DefaultOptions and change what
@@ -87,6 +89,18 @@ type Options struct {
 	// DefaultSnapshotInterval.
 	SnapshotInterval time.Duration
 
+	// Totals.
+
+	// TotalsBucket is the length of a totals bucket: a whole number of
+	// seconds, at most MaxTotalsBucket. 0 (default) means totals are off,
+	// and a Claim carrying a Contribution fails with ErrBadTotal.
+	TotalsBucket time.Duration
+	// TotalsKeep is how long a total is kept after its bucket closes (the
+	// bucket's end + W): a total's Badger TTL runs to bucket end + W +
+	// TotalsKeep, and is never shorter than a record's. ScanTotals finds
+	// only totals still kept. Default DefaultTotalsKeep.
+	TotalsKeep time.Duration
+
 	// Logger receives the store's logs and Badger's warnings and errors.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -107,6 +121,7 @@ func DefaultOptions(dir string, w window.Window) Options {
 		SyncWrites:       true,
 		GCInterval:       DefaultGCInterval,
 		SnapshotInterval: DefaultSnapshotInterval,
+		TotalsKeep:       DefaultTotalsKeep,
 		Logger:           slog.Default(),
 	}
 }
@@ -128,6 +143,10 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: GCInterval is %v, want >= 0", ErrBadOptions, o.GCInterval)
 	case o.SnapshotInterval < 0:
 		return fmt.Errorf("%w: SnapshotInterval is %v, want >= 0", ErrBadOptions, o.SnapshotInterval)
+	case o.TotalsBucket < 0 || o.TotalsBucket > MaxTotalsBucket || o.TotalsBucket%time.Second != 0:
+		return fmt.Errorf("%w: TotalsBucket is %v, want 0 (off) or a whole number of seconds up to %v", ErrBadOptions, o.TotalsBucket, MaxTotalsBucket)
+	case o.TotalsKeep < 0:
+		return fmt.Errorf("%w: TotalsKeep is %v, want >= 0", ErrBadOptions, o.TotalsKeep)
 	}
 	if o.DisableFilter {
 		return nil

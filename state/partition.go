@@ -66,6 +66,9 @@ type Claim struct {
 	Key []byte
 	// Fingerprint identifies the payload; it is stored with a new record.
 	Fingerprint uint64
+	// Total, when Total.Group is set, is added to its (group, bucket) total
+	// if the claim is New, in the same transaction that records the key.
+	Total Contribution
 }
 
 // ClaimResult is the outcome of one Claim.
@@ -75,6 +78,9 @@ type ClaimResult struct {
 	New bool
 	// Existing is the record that made the claim a repeat; zero when New.
 	Existing Record
+	// Total is the absolute total of the claim's (group, bucket) after its
+	// contribution, when New and the claim carried one; 0 otherwise.
+	Total int64
 }
 
 // LookupResult is the outcome of a Lookup.
@@ -147,6 +153,12 @@ type Partition struct {
 	// valid when snapOnDisk; guarded by snapMu.
 	snapVersion uint64
 	snapOnDisk  bool
+
+	totalsBucket time.Duration // Options.TotalsBucket; 0 = totals off
+	totalsKeep   time.Duration // Options.TotalsKeep
+	// dirty holds the Badger keys of the totals changed since the last
+	// TakeDirtyTotals; guarded by mu.
+	dirty map[string]struct{}
 
 	lookups, filterNeg, filterPos, storeReads, falsePos atomic.Uint64
 	claims, claimsNew, claimStoreReads                  atomic.Uint64
@@ -276,6 +288,9 @@ func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
 		if err := checkKey(claims[i].Key); err != nil {
 			return nil, p.wrap(fmt.Errorf("claim %d: %w", i, err))
 		}
+		if err := checkContribution(claims[i].Total, p.totalsBucket); err != nil {
+			return nil, p.wrap(fmt.Errorf("claim %d: %w", i, err))
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -315,12 +330,16 @@ type batch struct {
 	// groups hold the writes of each New claim. A group commits whole: it
 	// never straddles two commits of a split batch.
 	groups []group
+	// totals maps the Badger key of each total the batch wrote to its new
+	// absolute value.
+	totals map[string]int64
 }
 
 // group is everything one New claim writes.
 type group struct {
 	key    []byte // the claim's key, added to the filter after commit
 	writes []write
+	total  string // Badger key of the total the claim added to, or ""
 }
 
 // write is one Badger write.
@@ -357,10 +376,20 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint}
 	b.results[i] = ClaimResult{New: true}
 	b.inBatch[string(c.Key)] = rec
-	b.groups = append(b.groups, group{
+	g := group{
 		key:    c.Key,
 		writes: []write{{key: recordKey(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
-	})
+	}
+	if c.Total.Group != "" {
+		v, w, err := p.addTotal(rtxn, b, c.Total, now)
+		if err != nil {
+			return fmt.Errorf("claim %d: %w", i, err)
+		}
+		g.writes = append(g.writes, w)
+		g.total = string(w.key)
+		b.results[i].Total = v
+	}
+	b.groups = append(b.groups, g)
 	return nil
 }
 
@@ -377,6 +406,7 @@ func (p *Partition) commit(b *batch, now time.Time) error {
 				p.filter.Add(g.key, now)
 			}
 		}
+		p.markDirty(b.groups[start:end])
 		start = end
 	}
 	return nil

@@ -25,6 +25,9 @@ var (
 	ErrCorruptRecord = errors.New("state: corrupt record")
 	// ErrBadKey means a key is empty or longer than MaxKeySize.
 	ErrBadKey = errors.New("state: bad key")
+	// ErrBadTotal means a Claim's Contribution is invalid (see
+	// Contribution), or carries a group while totals are off.
+	ErrBadTotal = errors.New("state: bad total contribution")
 )
 
 // MaxKeySize is the longest accepted key in bytes (Badger's own limit is
@@ -37,6 +40,8 @@ const MaxKeySize = 60000
 const (
 	// prefixRecord prefixes dedupe records: 'k' + key.
 	prefixRecord byte = 'k'
+	// prefixTotal prefixes totals: 't' + bucket + group (see totalKey).
+	prefixTotal byte = 't'
 )
 
 // Record is what the store keeps for a key.

@@ -173,6 +173,9 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 		ttl:   opts.recordTTL(),
 		fopts: opts.partitionFilterOptions(),
 		build: FilterBuild{Source: SourceDisabled},
+
+		totalsBucket: opts.TotalsBucket,
+		totalsKeep:   opts.TotalsKeep,
 	}
 	if !opts.DisableFilter {
 		if err := p.buildFilter(ctx); err != nil {
