@@ -65,6 +65,7 @@ type Config struct {
 	Pipeline   Pipeline       `yaml:"pipeline"`
 	HTTP       HTTP           `yaml:"http"`
 	Log        Log            `yaml:"log"`
+	Totals     Totals         `yaml:"totals"`
 }
 
 // NATS says which NATS server to use and how to authenticate.
@@ -362,8 +363,9 @@ func Default() Config {
 			MaxMessageBytes:       MiB,
 			OnFingerprintMismatch: FingerprintDeadLetter,
 		},
-		HTTP: HTTP{Addr: "127.0.0.1:9464"},
-		Log:  Log{Level: "info", Format: "text"},
+		HTTP:   HTTP{Addr: "127.0.0.1:9464"},
+		Log:    Log{Level: "info", Format: "text"},
+		Totals: DefaultTotals(),
 	}
 }
 

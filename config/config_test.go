@@ -408,13 +408,15 @@ func TestEnvOverridesFile(t *testing.T) {
 		"DEDUPE_OUTPUT_STREAM":  "OUT",
 		"DEDUPE_CREATE_STREAMS": "true",
 		"DEDUPE_SYNC_WRITES":    "false",
+
+		"DEDUPE_TOTALS_POSTGRES_DSN": "postgres://env/db",
 	}
 	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	want := mustParse(t, "nats: {url: 'nats://env:4222', user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true}\n"+
 		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999'}\nlog: {level: debug, format: json}\n"+
-		"input: {stream: IN}\noutput: {stream: OUT}\n")
+		"input: {stream: IN}\noutput: {stream: OUT}\ntotals: {sinks: {postgres: {dsn: 'postgres://env/db'}}}\n")
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("after ApplyEnv:\n got %+v\nwant %+v", c, want)
 	}

@@ -56,6 +56,7 @@ var envVars = []envVar{
 	{"DEDUPE_HTTP_ADDR", "http.addr", setString(func(c *Config) *string { return &c.HTTP.Addr })},
 	{"DEDUPE_LOG_LEVEL", "log.level", setString(func(c *Config) *string { return &c.Log.Level })},
 	{"DEDUPE_LOG_FORMAT", "log.format", setString(func(c *Config) *string { return &c.Log.Format })},
+	{"DEDUPE_TOTALS_POSTGRES_DSN", "totals.sinks.postgres.dsn", setString(func(c *Config) *string { return &c.Totals.Sinks.Postgres.DSN })},
 }
 
 // EnvVars returns the names of the environment variables ApplyEnv reads,

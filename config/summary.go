@@ -176,6 +176,13 @@ func (c Config) Summary() string {
 		line("http", "%s (/metrics /healthz /readyz /inspect)", c.HTTP.Addr)
 	}
 	line("log", "%s, %s", c.Log.Level, c.Log.Format)
+	for i, s := range c.totalsSummary() {
+		if i == 0 {
+			line("totals", "%s", s)
+		} else {
+			more("%s", s)
+		}
+	}
 	return b.String()
 }
 

@@ -77,6 +77,7 @@ func (c Config) Validate() error {
 	c.validateWindow(v)
 	c.validateState(v)
 	c.validatePipeline(v)
+	c.validateTotals(v)
 	if a := c.HTTP.Addr; a != "" {
 		if msg := checkHostPort(a); msg != "" {
 			v.add("http.addr", "%q: %s", a, msg)
