@@ -60,8 +60,10 @@ func PartitionDir(dir string, i int) string {
 // partition: the snapshot is loaded and topped up with every record written
 // after the Badger version it covers, or, when the snapshot is missing,
 // corrupt or mismatched, the filter is rebuilt from a full scan (logged at
-// warn with the reason). Partitions open in parallel; if any fails, the
-// others are closed (without writing snapshots) and the error is returned.
+// warn with the reason). Zero-length Badger memtable and value-log files,
+// which a kill can leave behind, are removed first (logged at warn).
+// Partitions open in parallel; if any fails, the others are closed (without
+// writing snapshots) and the error is returned.
 //
 // Errors: invalid options wrap ErrBadOptions; a partition count that
 // differs from Dir/LAYOUT wraps ErrLayout; a partition directory held by
@@ -155,6 +157,13 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 	log := opts.Logger.With("partition", i)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state: partition %d: dir %q is not usable: %w", i, dir, err)
+	}
+	removed, err := removeEmptyLogFiles(dir)
+	if err != nil {
+		return nil, fmt.Errorf("state: partition %d: dir %q is not usable: %w", i, dir, err)
+	}
+	if len(removed) > 0 {
+		log.Warn("state: removed empty Badger log files left by a crash", "files", removed)
 	}
 	db, err := badger.Open(badgerOptions(opts, dir, log))
 	if err != nil {
