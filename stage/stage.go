@@ -87,6 +87,7 @@ type Stage struct {
 	keyFn   *keys.KeyFunc
 	metrics *Metrics
 	status  *Status
+	totals  *totals // nil when totals are off
 
 	maxDeliver      int
 	ackWait         time.Duration
@@ -185,12 +186,22 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	so.GCInterval = cfg.State.GCInterval.D()
 	so.SnapshotInterval = cfg.State.SnapshotInterval.D()
 	so.Logger = s.log.With("component", "state")
+	if cfg.Totals.Enabled {
+		so.TotalsBucket = cfg.Totals.Bucket.D()
+	}
+	if err := checkRouting(so.Dir, so.Partitions, routing(cfg)); err != nil {
+		return nil, err
+	}
 	if s.store, err = state.Open(ctx, so); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
 	if err := reg.Register(NewStoreCollector(s.store)); err != nil {
 		s.store.Close()
 		return nil, fmt.Errorf("register store metrics: %w", err)
+	}
+	if err := s.openTotals(ctx, reg); err != nil {
+		s.store.Close()
+		return nil, err
 	}
 	s.status.setStore(s.store, s.win, s.clock)
 	s.log.Info("state open, filters ready", "dir", so.Dir, "partitions", so.Partitions,
@@ -209,6 +220,7 @@ type item struct {
 	msg jetstream.Msg
 	key []byte
 	fp  uint64
+	tot state.Contribution // what it adds to its total when new; zero when totals are off
 }
 
 // deadLetter is a message on its way to the dead-letter subject.
@@ -250,6 +262,7 @@ func (s *Stage) Run(ctx context.Context) error {
 		s.deadLetterWorker(work, dlq)
 	}()
 	go s.pollPending(ctx)
+	flushTotals := s.startTotals()
 
 	s.status.setReady(true)
 	s.metrics.Ready.Set(1)
@@ -265,6 +278,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	workers.Wait()
 	close(dlq)
 	dlqWorker.Wait()
+	flushTotals()
 	s.log.Info("stopped: batches in flight finished")
 	return nil
 }
@@ -327,8 +341,19 @@ func (s *Stage) dispatch(msg jetstream.Msg, parts []chan item, dlq chan<- deadLe
 		dlq <- deadLetter{msg: msg, reason: reason, detail: detail, partition: "none"}
 		return
 	}
-	p := state.PartitionOf(key, len(parts))
-	parts[p] <- item{msg: msg, key: key, fp: fingerprint(data)}
+	route := key
+	var tot state.Contribution
+	if s.totals != nil {
+		// The group routes: every copy of a key carries the same group.
+		var dl *deadLetter
+		if tot, dl = s.totals.extract(msg, data); dl != nil {
+			dlq <- *dl
+			return
+		}
+		route = []byte(tot.Group)
+	}
+	p := state.PartitionOf(route, len(parts))
+	parts[p] <- item{msg: msg, key: key, fp: fingerprint(data), tot: tot}
 }
 
 // pollPending exports the consumer's backlog every few seconds.
@@ -355,6 +380,9 @@ func (s *Stage) Close() error {
 	s.closeOnce.Do(func() {
 		s.status.setReady(false)
 		s.status.setStore(nil, s.win, s.clock)
+		if s.totals != nil {
+			s.totals.close()
+		}
 		if s.store != nil {
 			s.closeErr = s.store.Close()
 		}

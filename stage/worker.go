@@ -134,6 +134,9 @@ func (w *batchWork) process(ctx context.Context, batch []item) {
 			w.repeat(i, batch, res.Record, now)
 			continue
 		}
+		if s.totals != nil && s.totals.late(w, i, batch, now) {
+			continue
+		}
 		w.firstIdx[string(it.key)] = i
 		w.newIdx = append(w.newIdx, i)
 	}
@@ -150,7 +153,7 @@ func (w *batchWork) process(ctx context.Context, batch []item) {
 
 		claims := make([]state.Claim, len(w.newIdx))
 		for k, i := range w.newIdx {
-			claims[k] = state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp}
+			claims[k] = state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot}
 		}
 		t = time.Now()
 		var results []state.ClaimResult
