@@ -328,17 +328,24 @@ func checkGroup(g []byte) string {
 }
 
 // parseEventTime reads RFC 3339 text, or a non-negative decimal integer as
-// Unix seconds (below unixMillisFrom) or Unix milliseconds.
+// Unix seconds (below unixMillisFrom) or Unix milliseconds. Times after the
+// year 9999 are refused: the sinks cannot store them.
 func parseEventTime(b []byte) (time.Time, error) {
+	var at time.Time
 	if n, ok := parseDigits(b); ok {
 		if n < unixMillisFrom {
-			return time.Unix(n, 0), nil
+			at = time.Unix(n, 0)
+		} else {
+			at = time.UnixMilli(n)
 		}
-		return time.UnixMilli(n), nil
+	} else {
+		var err error
+		if at, err = time.Parse(time.RFC3339Nano, string(b)); err != nil {
+			return time.Time{}, errors.New("want RFC 3339 text or Unix seconds or milliseconds")
+		}
 	}
-	at, err := time.Parse(time.RFC3339Nano, string(b))
-	if err != nil {
-		return time.Time{}, errors.New("want RFC 3339 text or Unix seconds or milliseconds")
+	if at.UTC().Year() > 9999 {
+		return time.Time{}, errors.New("after the year 9999")
 	}
 	return at, nil
 }

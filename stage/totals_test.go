@@ -537,6 +537,7 @@ func TestTotalsBadFields(t *testing.T) {
 		{"bad_time", `{"campaign":"c","ts":"yesterday","amount":1}`},
 		{"bad_time", `{"campaign":"c","amount":1}`},
 		{"bad_time", `{"campaign":"c","ts":-5,"amount":1}`},
+		{"bad_time", `{"campaign":"c","ts":9999999999999999,"amount":1}`}, // milliseconds: year 318857
 		{"bad_value", fmt.Sprintf(`{"campaign":"c","ts":%d,"amount":1.5}`, sec)},
 		{"bad_value", fmt.Sprintf(`{"campaign":"c","ts":%d,"amount":-3}`, sec)},
 		{"bad_value", fmt.Sprintf(`{"campaign":"c","ts":%d,"amount":"many"}`, sec)},
