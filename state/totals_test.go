@@ -489,3 +489,49 @@ func TestTotalsClosed(t *testing.T) {
 		t.Errorf("ScanTotals after Close = %v, want ErrClosed", err)
 	}
 }
+
+// BenchmarkClaimTotals compares batches of 256 new keys claimed without
+// totals, with one contribution each spread over 100 groups, and all into
+// one group (one hot total read and rewritten per claim).
+func BenchmarkClaimTotals(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		groups int // 0: no totals
+	}{
+		{"totals=off", 0},
+		{"groups=100", 100},
+		{"groups=1", 1},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			opts := benchOptions(b.TempDir(), 1, 4_000_000)
+			opts.TotalsBucket = time.Minute
+			s := openStore(b, opts)
+			p := s.Partition(0)
+			bucket := BucketOf(time.Now(), time.Minute)
+			groups := make([]string, max(bc.groups, 1))
+			for i := range groups {
+				groups[i] = fmt.Sprintf("campaign-%03d", i)
+			}
+			claims := make([]Claim, 256)
+			next := 0
+			for b.Loop() {
+				for j := range claims {
+					claims[j] = Claim{Key: benchKey("tot", next), Fingerprint: uint64(next)}
+					if bc.groups > 0 {
+						claims[j].Total = Contribution{Group: groups[next%len(groups)], Bucket: bucket, Value: 1}
+					}
+					next++
+				}
+				if _, err := p.Claim(claims); err != nil {
+					b.Fatal(err)
+				}
+				if bc.groups > 0 && next%(256*64) == 0 {
+					if _, err := p.TakeDirtyTotals(); err != nil { // as the flusher does
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(next), "ns/key")
+		})
+	}
+}
