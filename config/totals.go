@@ -65,8 +65,11 @@ type Totals struct {
 // TotalsSinks lists the sinks totals are written to. A sink is used when
 // its first field (kv.bucket, stream.stream, postgres.dsn) is set.
 type TotalsSinks struct {
-	KV       KVSink       `yaml:"kv"`
-	Stream   StreamSink   `yaml:"stream"`
+	// KV is the JetStream key-value sink.
+	KV KVSink `yaml:"kv"`
+	// Stream is the JetStream stream sink.
+	Stream StreamSink `yaml:"stream"`
+	// Postgres is the PostgreSQL sink.
 	Postgres PostgresSink `yaml:"postgres"`
 }
 
@@ -279,9 +282,6 @@ func (c Config) totalsSummary() []string {
 // redactDSN returns a PostgreSQL DSN with its password replaced by "xxxxx".
 func redactDSN(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
 		q := u.Query()
 		if q.Has("password") {
 			q.Set("password", "xxxxx")
