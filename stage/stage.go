@@ -121,7 +121,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		nc:              opts.Conn,
 		status:          opts.Status,
 		shutdownTimeout: opts.ShutdownTimeout,
-		dlqRepeatOnFP:   cfg.Pipeline.OnFingerprintMismatch == "repeat",
+		dlqRepeatOnFP:   cfg.Pipeline.OnFingerprintMismatch == config.FingerprintRepeat,
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -103,21 +103,16 @@ type event struct {
 
 func (e *env) publish(evs []event) {
 	e.t.Helper()
+	msgs := make([]*nats.Msg, len(evs))
 	for i, ev := range evs {
 		m := &nats.Msg{Subject: "events.orders", Header: nats.Header{}, Data: ev.payload}
 		if ev.key != "" {
 			m.Header.Set("Event-Id", ev.key)
 		}
 		m.Header.Set("Trace", "t-"+ev.key)
-		if _, err := e.js.PublishMsgAsync(m); err != nil {
-			e.t.Fatalf("publish %d: %v", i, err)
-		}
+		msgs[i] = m
 	}
-	select {
-	case <-e.js.PublishAsyncComplete():
-	case <-time.After(60 * time.Second):
-		e.t.Fatal("input publishes not acknowledged in 60s")
-	}
+	natstest.PublishAll(e.t, e.js, msgs)
 }
 
 // drained waits until the stage's consumer has acked everything.

@@ -148,6 +148,7 @@ func publishWithRepeats(t *testing.T, js jetstream.JetStream, prefix string, n i
 	t.Helper()
 	unique := map[string]bool{}
 	var keys []string
+	msgs := make([]*nats.Msg, 0, n)
 	for i := 0; i < n; i++ {
 		var k string
 		if i%5 == 4 && len(keys) > 0 {
@@ -157,16 +158,9 @@ func publishWithRepeats(t *testing.T, js jetstream.JetStream, prefix string, n i
 			keys = append(keys, k)
 			unique[k] = true
 		}
-		m := &nats.Msg{Subject: "events.kill", Header: nats.Header{"Event-Id": {k}}, Data: []byte("payload-" + k)}
-		if _, err := js.PublishMsgAsync(m); err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, &nats.Msg{Subject: "events.kill", Header: nats.Header{"Event-Id": {k}}, Data: []byte("payload-" + k)})
 	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(60 * time.Second):
-		t.Fatal("input publishes not acknowledged")
-	}
+	natstest.PublishAll(t, js, msgs)
 	return unique
 }
 
@@ -194,13 +188,20 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 
 	p := startStage(t, srv.ClientURL(), dataDir, addr)
 	done := make(chan map[string]bool, 1)
-	go func() { done <- publishWithRepeats(t, js, "k", 20_000) }()
+	go func() {
+		var unique map[string]bool
+		defer func() { done <- unique }() // also when a failed publish ends this goroutine
+		unique = publishWithRepeats(t, js, "k", 20_000)
+	}()
 	natstest.WaitFor(t, 60*time.Second, "some events forwarded", func() bool { return outputCount(t, js) > 2000 })
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-p.exited
 	unique := <-done
+	if unique == nil {
+		t.FailNow() // publishing failed and said why
+	}
 	if n := outputCount(t, js); n >= uint64(len(unique)) {
 		t.Logf("the stage had forwarded everything (%d) before the kill; the restart still has to recognise every repeat", n)
 	}

@@ -148,3 +148,33 @@ func WaitDrained(tb testing.TB, js jetstream.JetStream, stream, consumer string,
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream >= si.State.LastSeq
 	})
 }
+
+// PublishAll publishes msgs with JetStream, at most 256 unacknowledged at a
+// time, and fails the test unless every one is stored within a minute.
+func PublishAll(tb testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
+	tb.Helper()
+	const window = 256
+	futures := make([]jetstream.PubAckFuture, 0, window)
+	wait := func() {
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				tb.Fatalf("publish to %s: %v", f.Msg().Subject, err)
+			case <-time.After(time.Minute):
+				tb.Fatalf("publish to %s: no ack in a minute", f.Msg().Subject)
+			}
+		}
+		futures = futures[:0]
+	}
+	for _, m := range msgs {
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			tb.Fatalf("publish to %s: %v", m.Subject, err)
+		}
+		if futures = append(futures, f); len(futures) == window {
+			wait()
+		}
+	}
+	wait()
+}
