@@ -397,3 +397,35 @@ func TestRefusesShortDuplicateWindow(t *testing.T) {
 		t.Fatalf("New with a 1s output duplicate window: %v, want a duplicate window error", err)
 	}
 }
+
+func TestLastAllowedDeliveryIsDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Input.AckWait = config.Duration(time.Second)
+	e.cfg.Output.RestartMargin = config.Duration(10 * time.Second)
+	// An operator's consumer that gives up after two deliveries.
+	st, err := e.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: e.cfg.Input.Stream, Subjects: e.cfg.Input.Subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreateConsumer(context.Background(), jetstream.ConsumerConfig{
+		Durable: e.cfg.Input.Consumer, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 2,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.start()
+	var once sync.Once
+	r.st.SetBeforePublishHook(func(int, int) {
+		// Hold the first delivery past AckWait: the second is the last one
+		// the server will make.
+		once.Do(func() { time.Sleep(2500 * time.Millisecond) })
+	})
+	e.publish([]event{{key: "md-1", payload: []byte("p")}})
+	e.drained(30 * time.Second)
+	dl := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
+	if len(dl) != 1 || dl[0].Header.Get(stage.HeaderReason) != "max_deliver" || string(dl[0].Data) != "p" {
+		t.Fatalf("dead letters %+v, want the message once with reason max_deliver", dl)
+	}
+	if n := len(e.outputByKey()["md-1"]); n > 1 {
+		t.Fatalf("output holds md-1 %d times", n)
+	}
+}
