@@ -1,0 +1,25 @@
+// Package faults holds black-box fault tests of dedupe-stage: each test runs
+// the real binary (cmd/dedupe-stage, built by TestMain) as a subprocess with
+// a YAML configuration, against a real nats-server process (built from the
+// nats-server module, JetStream with sync_interval: always, restartable on
+// the same port and store), breaks something underneath it, and checks the
+// two promises at the end: every key is in the output stream exactly once,
+// and the dead letters are exactly the bad inputs.
+//
+// The faults:
+//
+//   - TestKill9AtRandomMoments: SIGKILL at seeded random moments, during
+//     the filter rebuild at start and while forwarding (DEDUPE_FAULTS_SEED
+//     picks another seed);
+//   - TestNATSServerRestart: the nats-server stopped (SIGTERM, then SIGKILL)
+//     and restarted under the running stage;
+//   - TestOutputRefusesPublishes: the output stream at its message limit
+//     with discard-new, then deleted, then back;
+//   - TestDataDirFull: the data directory's file system (a small tmpfs,
+//     root only) full while running and at start;
+//   - TestFilterSnapshotCorruptOrMissing: filter snapshots removed,
+//     corrupted, truncated, emptied, replaced by garbage or by stale ones.
+//
+// docs/faults.md tabulates what the stage did and how to reproduce each.
+// The package has no code outside its tests.
+package faults

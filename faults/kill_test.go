@@ -1,0 +1,204 @@
+package faults
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Log lines (JSON, log.format: json) the tests look for.
+const (
+	logRebuilding  = `"msg":"state: filter snapshot unusable, rebuilding the filter from the store"`
+	logFilterReady = `"msg":"state: filter ready"`
+	logJudging     = `"msg":"judging messages"`
+	logClaimMissed = `"msg":"claim found a key the lookup did not"`
+)
+
+// testSeed is the seed of the tests' random choices: DEDUPE_FAULTS_SEED when
+// set, else a fixed one, so that a failure can be replayed.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(20260601)
+	if v := os.Getenv("DEDUPE_FAULTS_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("DEDUPE_FAULTS_SEED=%q: %v", v, err)
+		}
+		seed = s
+	}
+	t.Logf("seed %d (set DEDUPE_FAULTS_SEED to choose another)", seed)
+	return seed
+}
+
+// TestKill9AtRandomMoments kills the stage with SIGKILL at seeded random
+// moments, at least 20 times, while inputs with repeats and bad inputs keep
+// arriving: every third kill lands while the filters are being rebuilt at
+// start (the snapshots are removed and 400k keys are preloaded, so the
+// rebuild takes visible time, and the kill comes before /readyz is 200),
+// the others while messages are being forwarded, judged, committed and
+// acked. Each restart reuses the data directory. Then late copies (older
+// than the output stream's 30s duplicate window, so only the stage's store
+// can recognise them), copies with a changed payload and more bad inputs
+// arrive through three more kills. At the end every key is in the output
+// exactly once and the dead letters are exactly the bad inputs.
+func TestKill9AtRandomMoments(t *testing.T) {
+	const (
+		preloadKeys = 400_000
+		mainEvents  = 16_000
+		mainRate    = 500 // inputs per second: ~32s of publishing
+		minKills    = 24
+		lateKills   = 3
+	)
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	srv := startNATS(t)
+	cfg := defaultStageConfig(t, srv.URL())
+	cfg.ExpectedKeys = 600_000
+	cfg.SnapshotInterval = 2 * time.Second // some restarts load a snapshot and top it up
+	w := newWorkload(seed, "kill", cfg.MaxMessageBytes)
+	preload(t, cfg, w, preloadKeys)
+	js := publisherJS(t, srv.URL())
+	s := newStage(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	type published struct {
+		acks map[int]pubAck
+		err  error
+	}
+	events := w.mix(mainEvents, 0.25, 0.01, 0.02)
+	pubDone := make(chan published, 1)
+	go func() {
+		a, err := publish(ctx, js, events, "main", mainRate, 150*time.Second)
+		pubDone <- published{a, err}
+	}()
+
+	var (
+		kills, rebuildKills, flowKills int
+		republished                    float64 // re-publishes the output dropped: kills between publish and commit
+		main                           *published
+	)
+	// flowKill runs the stage until it has forwarded a random number of
+	// messages (or a random time passed), then kills it.
+	flowKill := func() {
+		if rng.IntN(3) == 0 {
+			removeSnapshots(t, cfg)
+		}
+		p := s.startReady()
+		base := streamMsgs(js, outputStream)
+		want := base + 20 + uint64(rng.IntN(1500))
+		deadline := time.Now().Add(time.Duration(300+rng.IntN(2000)) * time.Millisecond)
+		for streamMsgs(js, outputStream) < want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		republished += s.metric("dedupe_republish_duplicates_total")
+		if streamMsgs(js, outputStream) > base {
+			flowKills++
+		}
+		p.kill(t)
+		kills++
+	}
+
+	for round := 0; round < 80; round++ {
+		if main == nil {
+			select {
+			case r := <-pubDone:
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				main = &r
+			default:
+			}
+		}
+		if kills >= minKills && main != nil {
+			break
+		}
+		if round%3 != 0 {
+			flowKill()
+			continue
+		}
+		// Kill during the rebuild of the filters.
+		removeSnapshots(t, cfg)
+		p := s.start()
+		if !p.waitLog(logRebuilding, 30*time.Second) {
+			t.Fatalf("run %d never said it was rebuilding its filters:\n%s", len(s.runs), tail(p.log(), 3000))
+		}
+		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
+		p.kill(t)
+		kills++
+		log := p.log()
+		if strings.Count(log, logFilterReady) < cfg.Partitions && !strings.Contains(log, logJudging) {
+			rebuildKills++
+		}
+	}
+	if main == nil {
+		t.Fatalf("inputs still being published after %d kills", kills)
+	}
+
+	// All of it judged by a stage that is left alone.
+	p := s.startReady()
+	waitDrained(t, js, 90*time.Second)
+	republished += s.metric("dedupe_republish_duplicates_total")
+	p.kill(t)
+
+	// Late copies of keys first published longer ago than the output's
+	// duplicate window, changed payloads, more of everything; three more kills.
+	var firsts []event // first copies, in order of publication
+	for _, e := range events {
+		if e.bad == "" && w.firstID[e.key] == e.id {
+			firsts = append(firsts, e)
+		}
+	}
+	const nOld = 1000
+	time.Sleep(time.Until(main.acks[firsts[nOld].id].at.Add(cfg.DuplicateWindow + time.Second)))
+	var old []string
+	for _, e := range firsts {
+		if time.Since(main.acks[e.id].at) > cfg.DuplicateWindow+time.Second {
+			old = append(old, e.key)
+		}
+	}
+	var late []event
+	for range 1500 {
+		late = append(late, w.copyOf(old[rng.IntN(len(old))]))
+	}
+	for range 100 {
+		late = append(late, w.mismatch(old[rng.IntN(len(old))]))
+	}
+	late = append(late, w.mix(2000, 0.2, 0.02, 0.05)...)
+	rng.Shuffle(len(late), func(i, j int) { late[i], late[j] = late[j], late[i] })
+	go func() {
+		a, err := publish(ctx, js, late, "late", 1000, 60*time.Second)
+		pubDone <- published{a, err}
+	}()
+	for range lateKills {
+		flowKill()
+	}
+	if r := <-pubDone; r.err != nil {
+		t.Fatal(r.err)
+	}
+	p = s.startReady()
+	waitDrained(t, js, 90*time.Second)
+	republished += s.metric("dedupe_republish_duplicates_total")
+	p.kill(t)
+
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	for i, r := range s.runs {
+		if strings.Contains(r.log(), logClaimMissed) {
+			t.Errorf("run %d logged %s", i+1, logClaimMissed)
+		}
+	}
+	t.Logf("%d kills: %d during the filter rebuild, %d while forwarding; %d runs; %d re-publishes dropped by the output window; %d keys forwarded, %d dead letters, %d preloaded keys",
+		kills, rebuildKills, flowKills, len(s.runs), int(republished), len(w.forward), len(w.dead), w.npreloaded)
+	if republished == 0 {
+		t.Error("no kill landed between a publish and its commit: the output dropped no re-publish")
+	}
+	if kills < 20 || rebuildKills < 3 || flowKills < 10 {
+		t.Errorf("the kills did not land where they should: %d in all (want >= 20), %d during the rebuild (want >= 3), %d while forwarding (want >= 10)",
+			kills, rebuildKills, flowKills)
+	}
+}

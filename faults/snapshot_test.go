@@ -1,0 +1,186 @@
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// logRecord is one JSON log line of the stage.
+type logRecord map[string]any
+
+// logRecords returns the JSON log lines of log whose msg is msg.
+func logRecords(log, msg string) []logRecord {
+	var out []logRecord
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		var r logRecord
+		if json.Unmarshal([]byte(line), &r) == nil && r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// partitionRecord returns the record of partition p among rs, or nil.
+func partitionRecord(rs []logRecord, p int) logRecord {
+	for _, r := range rs {
+		if n, ok := r["partition"].(float64); ok && int(n) == p {
+			return r
+		}
+	}
+	return nil
+}
+
+// stopClean stops the stage with SIGTERM and fails unless it exits 0 after
+// saying it stopped cleanly (having written its filter snapshots).
+func stopClean(tb testing.TB, p *process) {
+	tb.Helper()
+	p.signal(tb, syscall.SIGTERM, 30*time.Second)
+	if p.err != nil || !strings.Contains(p.log(), `"msg":"stopped cleanly"`) {
+		tb.Fatalf("stage did not stop cleanly: %v\n%s", p.err, crashReport(p.log()))
+	}
+}
+
+// TestFilterSnapshotCorruptOrMissing damages every partition's filter
+// snapshot between two runs, one way per subtest, and checks that the stage
+// says in its log that it rebuilds the filter from the store (or, for a
+// stale snapshot, tops it up), and that republishing every good input then
+// forwards nothing: each is judged a repeat by the stage itself, not
+// dropped by the output stream's duplicate window.
+func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 5))
+	srv := startNATS(t)
+	cfg := defaultStageConfig(t, srv.URL())
+	js := publisherJS(t, srv.URL())
+	s := newStage(t, cfg)
+	w := newWorkload(seed, "snap", cfg.MaxMessageBytes)
+
+	// Two runs, so that the snapshots of the first are stale after the second.
+	p := s.startReady()
+	events := w.mix(3000, 0.2, 0.02, 0)
+	mustPublish(t, js, events, "first")
+	waitDrained(t, js, 60*time.Second)
+	stopClean(t, p)
+	stale := make([][]byte, cfg.Partitions)
+	for i := range stale {
+		b, err := os.ReadFile(snapshotPath(cfg, i))
+		if err != nil {
+			t.Fatalf("no snapshot after a clean stop: %v", err)
+		}
+		stale[i] = b
+	}
+	p = s.startReady()
+	more := w.mix(1000, 0.2, 0.02, 0)
+	mustPublish(t, js, more, "second")
+	waitDrained(t, js, 60*time.Second)
+	stopClean(t, p)
+	events = append(events, more...)
+	var good []event
+	for _, e := range events {
+		if e.bad == "" {
+			good = append(good, e)
+		}
+	}
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	forwarded := streamMsgs(js, outputStream)
+
+	rewrite := func(f func(b []byte) []byte) func(t *testing.T, path string, _ int) {
+		return func(t *testing.T, path string, _ int) {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, f(b), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, c := range []struct {
+		name    string
+		damage  func(t *testing.T, path string, partition int)
+		source  string // how the filter must be built
+		wantErr string // in the log's reason for the rebuild
+	}{
+		{"removed", func(t *testing.T, path string, _ int) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}, "rebuild", "no such file or directory"},
+		{"one byte flipped", rewrite(func(b []byte) []byte { b[len(b)/2] ^= 0x10; return b }), "rebuild", "checksum"},
+		{"truncated", rewrite(func(b []byte) []byte { return b[:len(b)/2] }), "rebuild", "truncated"},
+		{"empty", rewrite(func([]byte) []byte { return nil }), "rebuild", "truncated"},
+		{"garbage", rewrite(func(b []byte) []byte {
+			for i := range b {
+				b[i] = byte(rng.Uint32())
+			}
+			return b
+		}), "rebuild", "not a filter snapshot"},
+		{"stale", func(t *testing.T, path string, p int) {
+			if err := os.WriteFile(path, stale[p], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "snapshot+topup", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for part := range cfg.Partitions {
+				c.damage(t, snapshotPath(cfg, part), part)
+			}
+			p := s.startReady()
+			log := p.log()
+			rebuilding := logRecords(log, "state: filter snapshot unusable, rebuilding the filter from the store")
+			ready := logRecords(log, "state: filter ready")
+			for part := range cfg.Partitions {
+				r := partitionRecord(ready, part)
+				if r == nil {
+					t.Errorf("partition %d: no %q line", part, "state: filter ready")
+					continue
+				}
+				if r["source"] != c.source {
+					t.Errorf("partition %d: filter built from %v, want %s", part, r["source"], c.source)
+				}
+				if n, _ := r["scanned"].(float64); n == 0 {
+					t.Errorf("partition %d: the filter build scanned no records", part)
+				}
+				rb := partitionRecord(rebuilding, part)
+				switch {
+				case c.source != "rebuild" && rb != nil:
+					t.Errorf("partition %d: rebuilt the filter (%v), want the snapshot topped up", part, rb["err"])
+				case c.source == "rebuild" && rb == nil:
+					t.Errorf("partition %d: the log does not say the filter is rebuilt from the store", part)
+				case c.source == "rebuild":
+					if e, _ := rb["err"].(string); !strings.Contains(e, c.wantErr) || rb["path"] != snapshotPath(cfg, part) {
+						t.Errorf("partition %d: rebuild reason %q for %v, want %q for %s", part, e, rb["path"], c.wantErr, snapshotPath(cfg, part))
+					}
+				}
+			}
+
+			mustPublish(t, js, good, fmt.Sprintf("again-%d", i))
+			waitDrained(t, js, 60*time.Second)
+			if n := s.metric("dedupe_messages_total", `outcome="new"`); n != 0 {
+				t.Errorf("%v republished inputs judged new, want 0", n)
+			}
+			if n := s.metric("dedupe_messages_total", `outcome="repeat"`); int(n) != len(good) {
+				t.Errorf("%v republished inputs judged repeats, want %d", n, len(good))
+			}
+			if n := s.metric("dedupe_republish_duplicates_total"); n != 0 {
+				t.Errorf("%v forwards dropped by the output's duplicate window, want 0", n)
+			}
+			if n := streamMsgs(js, outputStream); n != forwarded {
+				t.Errorf("output holds %d messages, want still %d", n, forwarded)
+			}
+			stopClean(t, p)
+		})
+	}
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+}
