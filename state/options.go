@@ -24,6 +24,8 @@ const (
 	DefaultGCInterval = 10 * time.Minute
 	// DefaultSnapshotInterval is the default period of filter snapshots.
 	DefaultSnapshotInterval = time.Minute
+	// DefaultMinFreeBytes is the default MinFreeBytes: 64 MiB.
+	DefaultMinFreeBytes = 64 << 20
 	// MaxTotalsBucket is the longest accepted TotalsBucket: 366 days.
 	MaxTotalsBucket = 366 * 24 * time.Hour
 )
@@ -88,6 +90,16 @@ type Options struct {
 	// filter.snap). 0 means a snapshot only at Close. Default
 	// DefaultSnapshotInterval.
 	SnapshotInterval time.Duration
+	// MinFreeBytes is the space that must stay available on the file system
+	// holding a partition (statfs f_bavail, on Linux and macOS; elsewhere it
+	// is not checked): while less is available, Claim writes nothing and
+	// returns an error wrapping ErrDiskFull, so that the caller can report
+	// it and retry, and Open fails the same way. Badger writes its log and
+	// tables through memory-mapped files, and a write into a full file
+	// system kills the process with SIGBUS instead of returning an error;
+	// the reserve keeps Badger's memtable flushes and compactions clear of
+	// that. 0 disables the check. Default DefaultMinFreeBytes.
+	MinFreeBytes int64
 
 	// Totals.
 
@@ -121,6 +133,7 @@ func DefaultOptions(dir string, w window.Window) Options {
 		SyncWrites:       true,
 		GCInterval:       DefaultGCInterval,
 		SnapshotInterval: DefaultSnapshotInterval,
+		MinFreeBytes:     DefaultMinFreeBytes,
 		TotalsKeep:       DefaultTotalsKeep,
 		Logger:           slog.Default(),
 	}
@@ -143,6 +156,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: GCInterval is %v, want >= 0", ErrBadOptions, o.GCInterval)
 	case o.SnapshotInterval < 0:
 		return fmt.Errorf("%w: SnapshotInterval is %v, want >= 0", ErrBadOptions, o.SnapshotInterval)
+	case o.MinFreeBytes < 0:
+		return fmt.Errorf("%w: MinFreeBytes is %d, want >= 0 (0 disables the check)", ErrBadOptions, o.MinFreeBytes)
 	case o.TotalsBucket < 0 || o.TotalsBucket > MaxTotalsBucket || o.TotalsBucket%time.Second != 0:
 		return fmt.Errorf("%w: TotalsBucket is %v, want 0 (off) or a whole number of seconds up to %v", ErrBadOptions, o.TotalsBucket, MaxTotalsBucket)
 	case o.TotalsKeep < 0:

@@ -143,6 +143,8 @@ type Partition struct {
 	ttl   time.Duration
 	fopts bloom.Options // the partition's filter options
 
+	minFree int64 // Options.MinFreeBytes; 0 = not checked
+
 	mu     sync.Mutex // held across Lookup, Claim and the snapshot's capture
 	filter *bloom.Filter
 	closed bool
@@ -278,6 +280,10 @@ func (p *Partition) find(key []byte) (Record, bool, error) {
 // filter proves new skip the Badger read. After the commit succeeds the new
 // keys are added to the filter.
 //
+// When the file system holding the partition has less than
+// Options.MinFreeBytes available, Claim writes nothing and returns an error
+// wrapping ErrDiskFull.
+//
 // With Options.SyncWrites the commit is fsynced before Claim returns. A
 // batch too big for one Badger transaction is split into several commits,
 // each holding whole claims; if a later commit fails, the earlier ones stay
@@ -396,6 +402,11 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 // commit writes b's groups in as few transactions as Badger accepts and adds
 // each committed group's key to the filter with FirstSeen now.
 func (p *Partition) commit(b *batch, now time.Time) error {
+	if len(b.groups) > 0 && p.minFree > 0 {
+		if err := checkFreeSpace(p.dir, p.minFree); err != nil {
+			return err
+		}
+	}
 	for start := 0; start < len(b.groups); {
 		end, err := p.commitFrom(b.groups, start)
 		if err != nil {

@@ -25,6 +25,9 @@ var (
 	ErrCorruptRecord = errors.New("state: corrupt record")
 	// ErrBadKey means a key is empty or longer than MaxKeySize.
 	ErrBadKey = errors.New("state: bad key")
+	// ErrDiskFull means the file system holding a partition has less space
+	// available than Options.MinFreeBytes: Claim wrote nothing.
+	ErrDiskFull = errors.New("state: too little free disk space")
 	// ErrBadTotal means a Claim's Contribution is invalid (see
 	// Contribution), or carries a group while totals are off.
 	ErrBadTotal = errors.New("state: bad total contribution")

@@ -67,9 +67,10 @@ func PartitionDir(dir string, i int) string {
 //
 // Errors: invalid options wrap ErrBadOptions; a partition count that
 // differs from Dir/LAYOUT wraps ErrLayout; a partition directory held by
-// another Badger instance wraps ErrLocked; a Dir that cannot be created or
-// written names the directory. Cancelling ctx aborts a filter build and
-// returns ctx's error; ctx is not used after Open returns.
+// another Badger instance wraps ErrLocked; a file system with less than
+// Options.MinFreeBytes available wraps ErrDiskFull; a Dir that cannot be
+// created or written names the directory. Cancelling ctx aborts a filter
+// build and returns ctx's error; ctx is not used after Open returns.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -165,6 +166,12 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 	if len(removed) > 0 {
 		log.Warn("state: removed empty Badger log files left by a crash", "files", removed)
 	}
+	if opts.MinFreeBytes > 0 {
+		// Badger writes while it opens; on a full file system that is a SIGBUS.
+		if err := checkFreeSpace(dir, opts.MinFreeBytes); err != nil {
+			return nil, fmt.Errorf("state: partition %d: %w", i, err)
+		}
+	}
 	db, err := badger.Open(badgerOptions(opts, dir, log))
 	if err != nil {
 		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
@@ -182,6 +189,8 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 		ttl:   opts.recordTTL(),
 		fopts: opts.partitionFilterOptions(),
 		build: FilterBuild{Source: SourceDisabled},
+
+		minFree: opts.MinFreeBytes,
 
 		totalsBucket: opts.TotalsBucket,
 		totalsKeep:   opts.TotalsKeep,
