@@ -53,8 +53,10 @@
 // partition lock, so every record up to that version is in it. Open loads
 // the snapshot and tops it up with the records written after that version
 // (a crash after the snapshot loses nothing), or rebuilds the filter from a
-// full scan when the snapshot is missing, corrupt, made with other options
-// or ahead of the store. Open returns only when every filter is ready.
+// full scan when the snapshot is missing, corrupt, made with other options,
+// ahead of the store, or lacking a sample of the records it covers (a
+// snapshot of another partition). Open returns only when every filter is
+// ready.
 //
 // # Use
 //

@@ -504,9 +504,12 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 			err = fmt.Errorf("snapshot covers store version %d but the store ends at version %d (writes lost after the snapshot?)", meta, maxV)
 		}
 	}
-	var b FilterBuild
 	if err == nil {
 		f.Advance(now)
+		err = snapshotHolds(p.db, f, meta, p.win, now)
+	}
+	var b FilterBuild
+	if err == nil {
 		b = FilterBuild{Source: SourceSnapshot, SnapshotVersion: meta}
 		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, meta, p.win, now, p.log); err != nil {
 			return fmt.Errorf("top up filter from version %d: %w", meta, err)

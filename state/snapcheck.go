@@ -1,0 +1,51 @@
+package state
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// Bounds of snapshotHolds: records checked, records visited.
+const (
+	snapshotCheckRecords = 256
+	snapshotCheckVisits  = 4096
+)
+
+// snapshotHolds checks a loaded snapshot f, covering store version meta,
+// against the store: the first snapshotCheckRecords records in key order
+// written at a version up to meta, readable and inside the window at now,
+// must each test "maybe" in f, as they did in the filter the snapshot was
+// taken of. An intact snapshot of another partition or store passes the
+// checksum and the version check but fails this one.
+func snapshotHolds(db *badger.DB, f *bloom.Filter, meta uint64, win window.Window, now time.Time) error {
+	txn := db.NewTransaction(false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}})
+	defer it.Close()
+	checked, visited := 0, 0
+	for it.Rewind(); it.Valid() && checked < snapshotCheckRecords && visited < snapshotCheckVisits; it.Next() {
+		visited++
+		item := it.Item()
+		if item.Version() > meta {
+			continue
+		}
+		var rec Record
+		err := item.Value(func(v []byte) (derr error) {
+			rec, derr = decodeRecord(v)
+			return derr
+		})
+		if err != nil || !win.Inside(rec.FirstSeen, now) {
+			continue
+		}
+		checked++
+		if key := item.Key()[1:]; !f.Test(key) {
+			return fmt.Errorf("snapshot lacks key %q, recorded at store version %d (the snapshot covers %d): it is not this partition's", key, item.Version(), meta)
+		}
+	}
+	return nil
+}
