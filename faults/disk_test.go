@@ -98,6 +98,8 @@ func TestDataDirFull(t *testing.T) {
 	})
 	if _, body := s.get("/healthz"); !strings.Contains(body, "commit") {
 		t.Errorf("/healthz does not name the failing commit: %s", body)
+	} else {
+		t.Logf("/healthz: 503 %s", strings.TrimSpace(body))
 	}
 	floor := consumerInfo(t, js).AckFloor.Stream
 	time.Sleep(3 * cfg.AckWait)
@@ -154,6 +156,7 @@ func TestDataDirFull(t *testing.T) {
 	if !errors.As(p.err, &exit) || exit.ExitCode() != 1 || !strings.Contains(p.log(), "too little free disk space") {
 		t.Fatalf("start on a full disk: %v, want exit status 1 saying there is too little free disk space:\n%s", p.err, crashReport(p.log()))
 	}
+	t.Logf("start on a full disk: %v after %v: %s", p.err, time.Since(p.started).Round(time.Millisecond), strings.TrimSpace(tail(p.log(), 300)))
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}

@@ -101,6 +101,8 @@ func TestOutputRefusesPublishes(t *testing.T) {
 		})
 		if _, body := s.get("/healthz"); !strings.Contains(body, "publish") {
 			t.Errorf("/healthz does not name the failing publish: %s", body)
+		} else {
+			t.Logf("/healthz: 503 %s", strings.TrimSpace(body))
 		}
 		if code, _ := s.get("/readyz"); code != http.StatusServiceUnavailable {
 			t.Errorf("/readyz answers %d while publishes fail, want 503", code)
