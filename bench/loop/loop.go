@@ -1,0 +1,310 @@
+// Package loop is the minimal consume -> publish -> ack loop that the
+// benchmarks measure dedupe-stage against: the same durable pull consumer,
+// the same routing to workers, the same batches with a linger, the same
+// asynchronous publishes awaited as a batch before the batch is acked, and
+// no dedupe state at all.
+//
+// With Options.MsgID set it becomes "JetStream's own dedupe": every forward
+// carries that id as Nats-Msg-Id and the output stream's duplicate window
+// drops the repeats.
+//
+// Use:
+//
+//	st, err := loop.Run(ctx, loop.DefaultOptions(cons, js, func(s string) string { return "out." + s }))
+//	// Run returns after ctx is done and the batches in flight are acked.
+package loop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors returned by Run.
+var (
+	// ErrBadOptions means an Options field is invalid; the message names it.
+	ErrBadOptions = errors.New("loop: bad options")
+)
+
+// Options configure Run. Build them with DefaultOptions.
+type Options struct {
+	// Consumer is the durable pull consumer to drain. Required.
+	Consumer jetstream.Consumer
+	// JS publishes the forwards. Required. Its PublishAsyncMaxPending
+	// bounds publishes in flight (the stage uses 1024).
+	JS jetstream.JetStream
+	// Subject maps an input subject to the output subject. Required.
+	Subject func(in string) string
+	// MsgID, if set, returns the Nats-Msg-Id of a forward; a message for
+	// which it fails is acked and counted in Stats.Skipped, never
+	// forwarded. Nil (default) forwards without an id.
+	MsgID func(m jetstream.Msg) (string, error)
+	// Workers is the number of batching goroutines; with MsgID messages
+	// are routed by xxhash64(id) mod Workers, without it round robin.
+	// Default 8 (the stage's default partitions).
+	Workers int
+	// BatchSize is the most messages a worker publishes and acks together.
+	// Default 256.
+	BatchSize int
+	// Linger is how long a worker waits for more messages to fill a batch.
+	// Default 1ms.
+	Linger time.Duration
+	// PullMax is the pull subscription's buffer (PullMaxMessages). Default
+	// min(4096, BatchSize*Workers), as the stage does with its defaults.
+	PullMax int
+}
+
+// DefaultOptions returns options with the stage's batching defaults: 8
+// workers, batches of 256, 1ms linger.
+func DefaultOptions(cons jetstream.Consumer, js jetstream.JetStream, subject func(string) string) Options {
+	return Options{
+		Consumer:  cons,
+		JS:        js,
+		Subject:   subject,
+		Workers:   8,
+		BatchSize: 256,
+		Linger:    time.Millisecond,
+		PullMax:   2048,
+	}
+}
+
+// Validate reports the first invalid field.
+func (o Options) Validate() error {
+	switch {
+	case o.Consumer == nil:
+		return fmt.Errorf("%w: Consumer is nil", ErrBadOptions)
+	case o.JS == nil:
+		return fmt.Errorf("%w: JS is nil", ErrBadOptions)
+	case o.Subject == nil:
+		return fmt.Errorf("%w: Subject is nil", ErrBadOptions)
+	case o.Workers < 1:
+		return fmt.Errorf("%w: Workers is %d, want >= 1", ErrBadOptions, o.Workers)
+	case o.BatchSize < 1:
+		return fmt.Errorf("%w: BatchSize is %d, want >= 1", ErrBadOptions, o.BatchSize)
+	case o.Linger < 0:
+		return fmt.Errorf("%w: Linger is %v, want >= 0", ErrBadOptions, o.Linger)
+	case o.PullMax < 1:
+		return fmt.Errorf("%w: PullMax is %d, want >= 1", ErrBadOptions, o.PullMax)
+	}
+	return nil
+}
+
+// Stats count what Run did. Read them with Load while Run works.
+type Stats struct {
+	// Forwarded counts PubAcks received (duplicates included).
+	Forwarded atomic.Uint64
+	// Duplicates counts PubAcks that said the output stream dropped the
+	// forward as a duplicate of an id it holds.
+	Duplicates atomic.Uint64
+	// Skipped counts messages MsgID failed on (acked, not forwarded).
+	Skipped atomic.Uint64
+	// PublishErrors counts publishes that failed and were retried.
+	PublishErrors atomic.Uint64
+}
+
+// Run drains the consumer until ctx is done, then stops pulling, finishes
+// the batches in flight (publish, await every PubAck, ack) and returns. A
+// failed publish is retried (with the same id) until it succeeds or ctx is
+// done; what is not acknowledged then comes back after AckWait. stats may
+// be nil.
+func Run(ctx context.Context, opts Options, stats *Stats) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	if stats == nil {
+		stats = &Stats{}
+	}
+	ins := make([]chan item, opts.Workers)
+	var wg sync.WaitGroup
+	for i := range ins {
+		ins[i] = make(chan item, opts.BatchSize)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			worker(ctx, opts, ins[i], stats)
+		}()
+	}
+	defer func() {
+		for _, c := range ins {
+			close(c)
+		}
+		wg.Wait()
+	}()
+
+	next := 0
+	for ctx.Err() == nil {
+		iter, err := opts.Consumer.Messages(jetstream.PullMaxMessages(opts.PullMax))
+		if err != nil {
+			return fmt.Errorf("loop: pull: %w", err)
+		}
+		stop := context.AfterFunc(ctx, iter.Drain)
+		for {
+			m, err := iter.Next()
+			if err != nil {
+				break
+			}
+			it := item{msg: m}
+			w := next
+			if opts.MsgID != nil {
+				// Route by the id so that copies meet in one worker, as
+				// the stage routes keys to partitions.
+				if it.id, err = opts.MsgID(m); err != nil {
+					stats.Skipped.Add(1)
+					_ = m.Ack()
+					continue
+				}
+				w = int(xxhash.Sum64String(it.id) % uint64(opts.Workers))
+			} else {
+				next = (next + 1) % opts.Workers
+			}
+			ins[w] <- it
+		}
+		stop()
+		iter.Stop()
+	}
+	return nil
+}
+
+// item is a message on its way to a worker, with its id when Options.MsgID
+// is set.
+type item struct {
+	msg jetstream.Msg
+	id  string
+}
+
+// worker gathers batches like the stage's partition worker and forwards
+// them.
+func worker(ctx context.Context, opts Options, in <-chan item, stats *Stats) {
+	batch := make([]item, 0, opts.BatchSize)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	futures := make([]jetstream.PubAckFuture, 0, opts.BatchSize)
+	for {
+		m, ok := <-in
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], m)
+		open := true
+		if opts.Linger > 0 {
+			timer.Reset(opts.Linger)
+		}
+	fill:
+		for len(batch) < cap(batch) {
+			if opts.Linger <= 0 {
+				select {
+				case m, ok := <-in:
+					if !ok {
+						open = false
+						break fill
+					}
+					batch = append(batch, m)
+				default:
+					break fill
+				}
+				continue
+			}
+			select {
+			case m, ok := <-in:
+				if !ok {
+					open = false
+					break fill
+				}
+				batch = append(batch, m)
+			case <-timer.C:
+				break fill
+			}
+		}
+		if opts.Linger > 0 && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		futures = forward(ctx, opts, batch, futures[:0], stats)
+		clear(batch)
+		if !open {
+			return
+		}
+	}
+}
+
+// forward publishes the batch, awaits every PubAck (retrying failures while
+// ctx lasts), then acks the batch. On ctx done with publishes failing, the
+// batch is left unacked.
+func forward(ctx context.Context, opts Options, batch []item, futures []jetstream.PubAckFuture, stats *Stats) []jetstream.PubAckFuture {
+	out := make([]*nats.Msg, len(batch))
+	for i := range batch {
+		out[i] = outMsg(opts, &batch[i])
+	}
+	pending := make([]int, len(batch))
+	for i := range pending {
+		pending[i] = i
+	}
+	for len(pending) > 0 {
+		futures = futures[:0]
+		for _, i := range pending {
+			f, err := opts.JS.PublishMsgAsync(out[i], jetstream.WithStallWait(5*time.Second))
+			if err != nil {
+				f = nil
+			}
+			futures = append(futures, f)
+		}
+		failed := pending[:0]
+		for k, i := range pending {
+			f := futures[k]
+			if f == nil {
+				failed = append(failed, i)
+				continue
+			}
+			select {
+			case ack := <-f.Ok():
+				stats.Forwarded.Add(1)
+				if ack.Duplicate {
+					stats.Duplicates.Add(1)
+				}
+			case <-f.Err():
+				failed = append(failed, i)
+			}
+		}
+		pending = failed
+		if len(pending) > 0 {
+			stats.PublishErrors.Add(uint64(len(pending)))
+			select {
+			case <-ctx.Done():
+				return futures
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	for _, it := range batch {
+		_ = it.msg.Ack()
+	}
+	return futures
+}
+
+// outMsg copies the message's headers (without Nats-Expected-*) and payload to the
+// output subject, with the id when MsgID is set: the same work the stage's
+// forward does.
+func outMsg(opts Options, it *item) *nats.Msg {
+	in := it.msg.Headers()
+	h := make(nats.Header, len(in)+1)
+	for k, v := range in {
+		if strings.HasPrefix(k, "Nats-Expected-") {
+			continue
+		}
+		h[k] = v
+	}
+	if opts.MsgID != nil {
+		h[jetstream.MsgIDHeader] = []string{it.id}
+	}
+	return &nats.Msg{Subject: opts.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
+}

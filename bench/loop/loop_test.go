@@ -1,0 +1,151 @@
+package loop_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/bench/loop"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// setup starts a server with an input stream holding n messages (message
+// i carries key i%keys in header Key), an output stream with duplicate
+// window dup, and a durable consumer on the input. It returns the
+// harness's JetStream and the loop's options bound to their own
+// connection.
+func setup(t *testing.T, n, keys int, dup time.Duration) (jetstream.JetStream, loop.Options) {
+	t.Helper()
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	nc, _ := natstest.Connect(t, srv.ClientURL())
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "IN", Subjects: []string{"in.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: dup}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		m := &nats.Msg{Subject: "in.a", Header: nats.Header{"Key": []string{fmt.Sprint("k", i%keys)}, "Nats-Expected-Stream": []string{"IN"}}, Data: []byte{byte(i)}}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, "IN", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	rjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := rjs.Consumer(ctx, "IN", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, loop.DefaultOptions(cons, rjs, func(s string) string { return "out." + s })
+}
+
+// drain runs the loop until the consumer has acked n messages, stops it
+// and returns the output stream's messages.
+func drain(t *testing.T, js jetstream.JetStream, opts loop.Options, n int, stats *loop.Stats) []natstest.Message {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx, opts, stats) }()
+	natstest.WaitFor(t, 30*time.Second, "the loop to ack everything", func() bool {
+		c, err := js.Consumer(context.Background(), "IN", "c")
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(context.Background())
+		return err == nil && ci.AckFloor.Stream >= uint64(n) && ci.NumAckPending == 0
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	return natstest.ReadAll(t, js, "OUT")
+}
+
+func TestForwardsEveryMessage(t *testing.T) {
+	const n = 500
+	js, opts := setup(t, n, 50, 0)
+	var stats loop.Stats
+	out := drain(t, js, opts, n, &stats)
+	if len(out) != n || stats.Forwarded.Load() != n {
+		t.Fatalf("output %d, forwarded %d; want %d each", len(out), stats.Forwarded.Load(), n)
+	}
+	seen := map[byte]bool{}
+	for _, m := range out {
+		if m.Subject != "out.in.a" {
+			t.Fatalf("subject %q, want out.in.a", m.Subject)
+		}
+		if m.Header.Get("Key") == "" || m.Header.Get("Nats-Expected-Stream") != "" || m.Header.Get(jetstream.MsgIDHeader) != "" {
+			t.Fatalf("headers %v: want Key kept, Nats-Expected-* dropped, no id", m.Header)
+		}
+		seen[m.Data[0]] = true
+	}
+	if len(seen) != 256 {
+		t.Fatalf("%d distinct payload bytes, want 256", len(seen))
+	}
+}
+
+func TestMsgIDDedupesInTheOutputStream(t *testing.T) {
+	const n, keys = 600, 40
+	js, opts := setup(t, n, keys, time.Hour)
+	opts.MsgID = func(m jetstream.Msg) (string, error) {
+		if k := m.Headers().Get("Key"); k != "k7" {
+			return k, nil
+		}
+		return "", errors.New("no key") // skipped and acked
+	}
+	var stats loop.Stats
+	out := drain(t, js, opts, n, &stats)
+	if len(out) != keys-1 {
+		t.Fatalf("output %d, want %d (one per key but k7)", len(out), keys-1)
+	}
+	for _, m := range out {
+		if m.Header.Get(jetstream.MsgIDHeader) != m.Header.Get("Key") {
+			t.Fatalf("id %q for key %q", m.Header.Get(jetstream.MsgIDHeader), m.Header.Get("Key"))
+		}
+	}
+	skipped := uint64(n / keys)
+	if stats.Skipped.Load() != skipped || stats.Duplicates.Load() != n-skipped-(keys-1) {
+		t.Fatalf("skipped %d, duplicates %d; want %d, %d", stats.Skipped.Load(), stats.Duplicates.Load(), skipped, n-skipped-(keys-1))
+	}
+}
+
+func TestValidate(t *testing.T) {
+	_, base := setup(t, 0, 1, 0)
+	for _, tc := range []struct {
+		name string
+		edit func(*loop.Options)
+	}{
+		{"no consumer", func(o *loop.Options) { o.Consumer = nil }},
+		{"no js", func(o *loop.Options) { o.JS = nil }},
+		{"no subject", func(o *loop.Options) { o.Subject = nil }},
+		{"workers", func(o *loop.Options) { o.Workers = 0 }},
+		{"batch", func(o *loop.Options) { o.BatchSize = 0 }},
+		{"linger", func(o *loop.Options) { o.Linger = -1 }},
+		{"pull", func(o *loop.Options) { o.PullMax = 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := base
+			tc.edit(&opts)
+			if err := loop.Run(context.Background(), opts, nil); !errors.Is(err, loop.ErrBadOptions) {
+				t.Fatalf("Run = %v, want ErrBadOptions", err)
+			}
+		})
+	}
+}

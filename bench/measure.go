@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// MemSnap is the process's memory at one moment.
+type MemSnap struct {
+	// RSS is VmRSS from /proc/self/status: resident memory of the whole
+	// process (Go heap, stacks, mapped files such as Badger's tables).
+	RSS int64 `json:"rss_bytes"`
+	// RSSAnon is RssAnon: the anonymous (not file-backed) part of RSS.
+	RSSAnon int64 `json:"rss_anon_bytes"`
+	// PeakRSS is VmHWM: the peak RSS since the last resetPeak.
+	PeakRSS int64 `json:"peak_rss_bytes"`
+	// Heap is the Go heap's live bytes (HeapAlloc) after a forced GC.
+	Heap int64 `json:"go_heap_bytes"`
+}
+
+// readMem forces a GC (twice, so that finalizers' garbage goes too),
+// returns free memory to the OS and reads the process's memory.
+func readMem() MemSnap {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s := MemSnap{Heap: int64(ms.HeapAlloc)}
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return s
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(val), " kB"), 10, 64)
+		switch name {
+		case "VmRSS":
+			s.RSS = kb << 10
+		case "RssAnon":
+			s.RSSAnon = kb << 10
+		case "VmHWM":
+			s.PeakRSS = kb << 10
+		}
+	}
+	return s
+}
+
+// resetPeak resets VmHWM to the current RSS (Linux: clear_refs 5). It is
+// best effort: without it PeakRSS is the peak since the process started.
+func resetPeak() bool {
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+}
+
+// diskUsage returns the bytes allocated on disk (st_blocks * 512, as du
+// counts) and the apparent size of the regular files under dir. Badger
+// preallocates sparse value-log files, so allocated is the honest figure.
+func diskUsage(dir string) (allocated, apparent int64) {
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		apparent += info.Size()
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			allocated += st.Blocks * 512
+		} else {
+			allocated += info.Size()
+		}
+		return nil
+	})
+	return allocated, apparent
+}
+
+// percentiles returns the p-quantiles (0..1) of ds, which it sorts.
+func percentiles(ds []time.Duration, ps ...float64) []time.Duration {
+	out := make([]time.Duration, len(ps))
+	if len(ds) == 0 {
+		return out
+	}
+	slices.Sort(ds)
+	for i, p := range ps {
+		k := int(p*float64(len(ds))+0.5) - 1
+		out[i] = ds[min(max(k, 0), len(ds)-1)]
+	}
+	return out
+}
+
+// ms returns d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// CPUSnap is the CPU time used so far by this process and by the machine.
+type CPUSnap struct {
+	at         time.Time
+	self       time.Duration // user + system time of this process
+	busy, wait float64       // machine-wide busy and iowait seconds (/proc/stat)
+}
+
+// clockTicks is USER_HZ, the unit of /proc/stat (100 on Linux).
+const clockTicks = 100
+
+func readCPU() CPUSnap {
+	s := CPUSnap{at: time.Now()}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return s
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return s
+	}
+	v := make([]float64, len(f)-1)
+	for i := range v {
+		v[i], _ = strconv.ParseFloat(f[i+1], 64)
+	}
+	// user nice system idle iowait irq softirq steal
+	s.busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / clockTicks
+	s.wait = v[4] / clockTicks
+	return s
+}
+
+// CPUUse is what happened between two CPUSnaps.
+type CPUUse struct {
+	// Seconds is this process's CPU time (every goroutine: the system under
+	// test, the in-process nats-server and the harness's polling).
+	Seconds float64 `json:"cpu_seconds"`
+	// Cores is Seconds over the wall time.
+	Cores float64 `json:"cpu_cores"`
+	// OtherCores is the CPU the rest of the machine used meanwhile, in
+	// cores: other processes competing for the same CPUs.
+	OtherCores float64 `json:"other_processes_cores"`
+	// IOWaitCores is the machine's iowait, in cores.
+	IOWaitCores float64 `json:"iowait_cores"`
+}
+
+func cpuSince(a CPUSnap) CPUUse {
+	b := readCPU()
+	wall := b.at.Sub(a.at).Seconds()
+	if wall <= 0 {
+		return CPUUse{}
+	}
+	self := (b.self - a.self).Seconds()
+	return CPUUse{
+		Seconds:     self,
+		Cores:       self / wall,
+		OtherCores:  max(0, (b.busy-a.busy)-self) / wall,
+		IOWaitCores: (b.wait - a.wait) / wall,
+	}
+}

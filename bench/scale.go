@@ -1,0 +1,319 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// ScalePoint is the state at N tracked keys, measured in a fresh process
+// so that RSS belongs to this point only.
+type ScalePoint struct {
+	Keys       int     `json:"keys"`
+	Partitions int     `json:"partitions"`
+	FillSec    float64 `json:"fill_seconds"`
+	FillPerSec float64 `json:"fill_keys_per_sec"`
+	// Baseline is the process before the store opens.
+	Baseline MemSnap `json:"mem_baseline"`
+	// AfterFill is with the store open right after claiming N keys.
+	AfterFill MemSnap `json:"mem_after_fill"`
+	// AfterOpen is after reopening the store from its snapshots: the
+	// memory a restarted stage holds for N keys.
+	AfterOpen MemSnap `json:"mem_after_open"`
+	// RSSPerKey is (AfterOpen.RSS - Baseline.RSS) / Keys.
+	RSSPerKey float64 `json:"rss_bytes_per_key"`
+	// HeapPerKey is (AfterOpen.Heap - Baseline.Heap) / Keys.
+	HeapPerKey   float64 `json:"heap_bytes_per_key"`
+	FilterBytes  uint64  `json:"filter_bytes"`
+	FilterPerKey float64 `json:"filter_bytes_per_key"`
+	DiskBytes    int64   `json:"disk_bytes"`
+	DiskApparent int64   `json:"disk_apparent_bytes"`
+	DiskPerKey   float64 `json:"disk_bytes_per_key"`
+	// StartupSnapshotMs is state.Open with the snapshots in place;
+	// StartupRebuildMs with them removed (a full scan).
+	StartupSnapshotMs float64 `json:"startup_snapshot_ms"`
+	StartupRebuildMs  float64 `json:"startup_rebuild_ms"`
+	RebuildScanned    uint64  `json:"rebuild_scanned"`
+	// Extrapolated marks a point that did not finish within the timeout;
+	// its figures are extrapolated from the largest measured point.
+	Extrapolated bool   `json:"extrapolated,omitempty"`
+	Note         string `json:"note,omitempty"`
+}
+
+// runScale measures each scale point in its own process, in order.
+func runScale(ctx context.Context, f *flags, dir string) ([]*ScalePoint, error) {
+	var pts []*ScalePoint
+	var errs []error
+	for s := range strings.SplitSeq(f.scale, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(strings.ReplaceAll(s, "_", "")))
+		if err != nil || n < 1 {
+			return pts, fmt.Errorf("--scale: bad key count %q", s)
+		}
+		exe, err := os.Executable()
+		if err != nil {
+			return pts, err
+		}
+		pdir := filepath.Join(dir, fmt.Sprintf("scale-%d", n))
+		args := []string{"--scale-point", strconv.Itoa(n), "--scale-dir", pdir,
+			"--partitions", strconv.Itoa(f.partitions), "--sync-writes=" + strconv.FormatBool(f.syncWrites),
+			"--progress", f.progressEvery.String()}
+		if f.window > 0 {
+			args = append(args, "--window", f.window.String())
+		}
+		fmt.Fprintf(logOut, "== scale: %d keys (own process, timeout %v)\n", n, f.scaleTimeout)
+		pctx, cancel := context.WithTimeout(ctx, f.scaleTimeout)
+		cmd := exec.CommandContext(pctx, exe, args...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, os.Stderr
+		err = cmd.Run()
+		timedOut := pctx.Err() != nil
+		cancel()
+		if !f.keep {
+			os.RemoveAll(pdir)
+		}
+		if timedOut && ctx.Err() == nil {
+			p := extrapolate(pts, n)
+			if p != nil {
+				p.Note = fmt.Sprintf("did not finish within %v on this machine; extrapolated linearly from the %d-key point", f.scaleTimeout, pts[len(pts)-1].Keys)
+				pts = append(pts, p)
+			}
+			fmt.Fprintf(logOut, "  scale %d: timed out after %v\n", n, f.scaleTimeout)
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("scale point %d: %w", n, err))
+			continue
+		}
+		var p ScalePoint
+		if err := json.Unmarshal(out.Bytes(), &p); err != nil {
+			errs = append(errs, fmt.Errorf("scale point %d: %w", n, err))
+			continue
+		}
+		pts = append(pts, &p)
+		fmt.Fprintf(logOut, "  scale %d: fill %.0fs, RSS after open %s MiB (%.1f B/key), disk %.1f B/key, start-up %.0f ms from snapshot, %.0f ms rebuild\n",
+			n, p.FillSec, mib(p.AfterOpen.RSS), p.RSSPerKey, p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs)
+	}
+	return pts, errors.Join(errs...)
+}
+
+// extrapolate scales the largest measured point linearly to n keys: the
+// per-key figures stay, the fixed part (baseline) stays.
+func extrapolate(pts []*ScalePoint, n int) *ScalePoint {
+	var last *ScalePoint
+	for _, p := range pts {
+		if !p.Extrapolated {
+			last = p
+		}
+	}
+	if last == nil {
+		return nil
+	}
+	k := float64(n) / float64(last.Keys)
+	grow := func(m MemSnap) MemSnap {
+		return MemSnap{
+			RSS:  last.Baseline.RSS + int64(float64(m.RSS-last.Baseline.RSS)*k),
+			Heap: last.Baseline.Heap + int64(float64(m.Heap-last.Baseline.Heap)*k),
+		}
+	}
+	return &ScalePoint{
+		Keys: n, Partitions: last.Partitions, Extrapolated: true,
+		FillSec: last.FillSec * k, FillPerSec: last.FillPerSec,
+		Baseline: last.Baseline, AfterFill: grow(last.AfterFill), AfterOpen: grow(last.AfterOpen),
+		RSSPerKey: last.RSSPerKey, HeapPerKey: last.HeapPerKey,
+		FilterBytes: uint64(float64(last.FilterBytes) * k), FilterPerKey: last.FilterPerKey,
+		DiskBytes: int64(float64(last.DiskBytes) * k), DiskPerKey: last.DiskPerKey,
+		StartupSnapshotMs: last.StartupSnapshotMs * k, StartupRebuildMs: last.StartupRebuildMs * k,
+	}
+}
+
+// marginalPerKey is the RSS slope between the two largest measured scale
+// points: what one more tracked key costs, without the fixed part.
+func marginalPerKey(pts []*ScalePoint) float64 {
+	var m []*ScalePoint
+	for _, p := range pts {
+		if !p.Extrapolated {
+			m = append(m, p)
+		}
+	}
+	if len(m) < 2 {
+		return 0
+	}
+	a, b := m[len(m)-2], m[len(m)-1]
+	if b.Keys == a.Keys {
+		return 0
+	}
+	return float64((b.AfterOpen.RSS-b.Baseline.RSS)-(a.AfterOpen.RSS-a.Baseline.RSS)) / float64(b.Keys-a.Keys)
+}
+
+// runScalePoint is the child process of one scale point: it fills a store
+// with N keys spread over the window, measures it open, closes it,
+// measures the disk, and times two reopenings (snapshot, rebuild). It
+// prints the ScalePoint as JSON on stdout.
+func runScalePoint(f *flags) int {
+	p, err := scalePoint(context.Background(), f)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: scale point:", err)
+		return 1
+	}
+	b, _ := json.Marshal(p)
+	fmt.Println(string(b))
+	return 0
+}
+
+func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
+	n := f.scalePoint
+	cfg := config.Default()
+	if f.window > 0 {
+		cfg.Window.Paths = []config.Path{{Name: "bench", Max: config.Duration(f.window)}}
+		cfg.Window.Margin = 0
+	}
+	win, err := cfg.Window.Derive()
+	if err != nil {
+		return nil, err
+	}
+	p := &ScalePoint{Keys: n, Partitions: f.partitions}
+	p.Baseline = readMem()
+
+	clock := window.NewManualClock(time.Now().Truncate(time.Second))
+	opts := state.DefaultOptions(f.scaleDir, win)
+	opts.Partitions = f.partitions
+	opts.Clock = clock
+	opts.Filter.ExpectedKeys = uint(n)
+	opts.Filter.FalsePositiveRate = cfg.Filter.FalsePositiveRate
+	opts.Filter.Generations = cfg.Filter.Generations
+	opts.MemoryBudget = int64(cfg.State.MemoryBudget)
+	opts.SyncWrites = f.syncWrites
+	opts.GCInterval = 0
+	opts.SnapshotInterval = 0
+	opts.Logger = warnLogger(os.Stderr)
+	st, err := state.Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+
+	// Fill: chunks of keys, each chunk claimed per partition (two
+	// goroutines, one per core), the clock moved between chunks so that
+	// the first-seen times spread over 99% of W as steady traffic would.
+	const chunk = 1 << 14
+	steps := (n + chunk - 1) / chunk
+	step := win.W / 100 * 99 / time.Duration(steps)
+	prog := startProgress(fmt.Sprintf("scale %d fill", n), uint64(n), f.progressEvery, nil)
+	start := time.Now()
+	claims := make([][]state.Claim, opts.Partitions)
+	for from := 0; from < n; from += chunk {
+		for i := range claims {
+			claims[i] = claims[i][:0]
+		}
+		for i := from; i < min(n, from+chunk); i++ {
+			k := []byte(KeyString("scl", 7, i))
+			pi := state.PartitionOf(k, opts.Partitions)
+			claims[pi] = append(claims[pi], state.Claim{Key: k, Fingerprint: uint64(i)})
+		}
+		if err := claimParallel(st, claims, 2); err != nil {
+			st.Close()
+			prog.end()
+			return nil, err
+		}
+		clock.Advance(step)
+		prog.done.Store(uint64(min(n, from+chunk)))
+	}
+	prog.end()
+	p.FillSec = time.Since(start).Seconds()
+	p.FillPerSec = float64(n) / p.FillSec
+	p.AfterFill = readMem()
+	if err := st.Close(); err != nil {
+		return nil, err
+	}
+	p.DiskBytes, p.DiskApparent = diskUsage(f.scaleDir)
+	p.DiskPerKey = float64(p.DiskBytes) / float64(n)
+
+	// Reopen from the snapshots: the start-up of a stage with N keys.
+	start = time.Now()
+	st, err = state.Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	p.StartupSnapshotMs = ms(time.Since(start))
+	p.AfterOpen = readMem()
+	p.FilterBytes = st.Stats().FilterBytes
+	p.FilterPerKey = float64(p.FilterBytes) / float64(n)
+	p.RSSPerKey = float64(p.AfterOpen.RSS-p.Baseline.RSS) / float64(n)
+	p.HeapPerKey = float64(p.AfterOpen.Heap-p.Baseline.Heap) / float64(n)
+	if err := st.Close(); err != nil {
+		return nil, err
+	}
+
+	// Reopen without snapshots: a full rebuild.
+	for i := range opts.Partitions {
+		if err := os.Remove(filepath.Join(state.PartitionDir(f.scaleDir, i), state.SnapshotFile)); err != nil {
+			return nil, err
+		}
+	}
+	start = time.Now()
+	st, err = state.Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	p.StartupRebuildMs = ms(time.Since(start))
+	for i := range st.Partitions() {
+		p.RebuildScanned += st.Partition(i).FilterBuild().Scanned
+	}
+	if err := st.Close(); err != nil {
+		return nil, err
+	}
+	if p.RebuildScanned != uint64(n) {
+		return nil, fmt.Errorf("rebuild scanned %d records, want %d", p.RebuildScanned, n)
+	}
+	return p, nil
+}
+
+// claimParallel claims each partition's batch, `workers` partitions at a
+// time, and fails unless every claim is New.
+func claimParallel(st *state.Store, claims [][]state.Claim, workers int) error {
+	next := make(chan int, len(claims))
+	for i := range claims {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	errs := make([]error, len(claims))
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if len(claims[i]) == 0 {
+					continue
+				}
+				res, err := st.Partition(i).Claim(claims[i])
+				if err != nil {
+					errs[i] = err
+					continue
+				}
+				for j, r := range res {
+					if !r.New {
+						errs[i] = fmt.Errorf("partition %d: key %q claimed twice", i, claims[i][j].Key)
+						break
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func mib(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }

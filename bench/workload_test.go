@@ -1,0 +1,231 @@
+package main
+
+import (
+	"encoding/xml"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testSpec() Spec {
+	mix, err := ParseMix("burst=0.2,immediate=0.3,seconds=0.3,near=0.1,past=0.1")
+	if err != nil {
+		panic(err)
+	}
+	w := 70 * time.Minute
+	return Spec{Prefix: "thr", Seed: 1, Events: 20_000, Keys: 18_000, Mix: mix, BurstSize: 3, PayloadSize: 256, W: w, Span: w * 9 / 10}
+}
+
+func TestGenerateIsReproducible(t *testing.T) {
+	a, err := Generate(testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Generate(testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(a.Main, b.Main) || !slices.Equal(a.Late, b.Late) {
+		t.Fatal("same spec gave different events")
+	}
+	other := testSpec()
+	other.Seed = 2
+	c, err := Generate(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Equal(a.Main, c.Main) {
+		t.Fatal("another seed gave the same events")
+	}
+}
+
+func TestGenerateShape(t *testing.T) {
+	s := testSpec()
+	wl, err := Generate(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wl.Events(); got != s.Events {
+		t.Fatalf("events = %d, want %d", got, s.Events)
+	}
+	if wl.ByClass[ClassFirst] != s.Keys {
+		t.Fatalf("first copies = %d, want %d", wl.ByClass[ClassFirst], s.Keys)
+	}
+	repeats := s.Events - s.Keys
+	for c := ClassBurst; c < numClasses; c++ {
+		want := float64(repeats) * s.Mix[c]
+		if math.Abs(float64(wl.ByClass[c])-want) > 5 {
+			t.Errorf("%s copies = %d, want about %.0f", c, wl.ByClass[c], want)
+		}
+	}
+	firstSeen := make([]bool, s.Keys)
+	for i, e := range wl.Main {
+		if i > 0 && e.At < wl.Main[i-1].At {
+			t.Fatalf("main event %d at %v before event %d at %v", i, e.At, i-1, wl.Main[i-1].At)
+		}
+		if e.At >= s.Span {
+			t.Fatalf("main event %d at %v, not inside the span %v", i, e.At, s.Span)
+		}
+		switch e.Class {
+		case ClassFirst:
+			firstSeen[e.Key] = true
+		case ClassBurst:
+			prev := wl.Main[i-1]
+			if prev.Key != e.Key || prev.At != e.At {
+				t.Fatalf("burst copy %d does not follow its key's copy: %+v after %+v", i, e, prev)
+			}
+		}
+		if !firstSeen[e.Key] {
+			t.Fatalf("event %d (%s) comes before its key's first copy", i, e.Class)
+		}
+		if e.Class == ClassNear || e.Class == ClassPast {
+			t.Fatalf("main event %d is %s", i, e.Class)
+		}
+	}
+	for _, e := range wl.Late {
+		lo, hi := ageRange(e.Class, s.W)
+		if age := wl.Age(e); age < lo || age > hi {
+			t.Fatalf("late %s copy has age %v, want %v..%v", e.Class, age, lo, hi)
+		}
+		if e.At < s.Span {
+			t.Fatalf("late copy at %v, before the span ends at %v", e.At, s.Span)
+		}
+	}
+}
+
+func TestKeyRoundTrip(t *testing.T) {
+	for _, i := range []int{0, 1, 899_999, 1 << 30} {
+		k := KeyString("thr", 9, i)
+		if len(k) != keyLen {
+			t.Fatalf("key %q has %d bytes, want %d", k, len(k), keyLen)
+		}
+		p, j, ok := ParseKey(k)
+		if !ok || p != "thr" || j != i {
+			t.Fatalf("ParseKey(%q) = %q, %d, %v; want thr, %d, true", k, p, j, ok, i)
+		}
+	}
+	if KeyString("thr", 1, 5) == KeyString("thr", 2, 5) {
+		t.Fatal("keys do not depend on the seed")
+	}
+	if !strings.Contains(string(Payload("abc", 3, 256)), `"id":"abc"`) || len(Payload("abc", 3, 256)) != 256 {
+		t.Fatalf("payload %q", Payload("abc", 3, 256))
+	}
+}
+
+func TestParseMix(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		wantErr bool
+	}{
+		{"burst=1", false},
+		{"near=2,past=2", false},
+		{"", true},
+		{"first=1", true},
+		{"burst=-1", true},
+		{"burst", true},
+		{"bogus=1", true},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			m, err := ParseMix(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("ParseMix(%q) error = %v, want error %v", tc.in, err, tc.wantErr)
+			}
+			if err == nil {
+				sum := 0.0
+				for _, v := range m {
+					sum += v
+				}
+				if math.Abs(sum-1) > 1e-9 {
+					t.Fatalf("shares sum to %v", sum)
+				}
+			}
+		})
+	}
+}
+
+// TestLateGroundTruth checks the late phase's judgement on a hand-made
+// case: a past copy is forwarded again and becomes the key's last forward,
+// so a second past copy right after it is a repeat; a near copy is a
+// repeat caught near the end.
+func TestLateGroundTruth(t *testing.T) {
+	w := time.Hour
+	wl := &Workload{Spec: Spec{W: w}, First: []time.Duration{0, 0}}
+	wl.Late = []Event{
+		{Key: 0, Class: ClassNear, At: 50 * time.Minute},
+		{Key: 1, Class: ClassPast, At: 70 * time.Minute},
+		{Key: 1, Class: ClassPast, At: 71 * time.Minute},
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	lag := 2 * time.Minute // the stage recorded the first copies 2m late
+	first := func(int32) time.Time { return t0.Add(lag) }
+	groups := GroupLate(wl, first, 30*time.Second, t0)
+	if len(groups) != 3 {
+		t.Fatalf("%d groups, want 3", len(groups))
+	}
+	if want := t0.Add(lag + 50*time.Minute); !groups[0].At.Equal(want) {
+		t.Fatalf("first group at %v, want %v", groups[0].At, want)
+	}
+	last := map[int32]time.Time{0: first(0), 1: first(1)}
+	forwards := []uint8{1, 1}
+	again, near := JudgeLate(groups, w, 0.8, last, forwards)
+	if again != 1 || near != 1 || forwards[0] != 1 || forwards[1] != 2 {
+		t.Fatalf("again %d, near %d, forwards %v; want 1, 1, [1 2]", again, near, forwards)
+	}
+	if want := t0.Add(lag + 70*time.Minute); !last[1].Equal(want) {
+		t.Fatalf("key 1 last forwarded at %v, want %v", last[1], want)
+	}
+	// A group cannot go back in time: notBefore holds it.
+	late := GroupLate(wl, first, 30*time.Second, t0.Add(3*time.Hour))
+	for _, g := range late {
+		if g.At.Before(t0.Add(3 * time.Hour)) {
+			t.Fatalf("group at %v before notBefore", g.At)
+		}
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	var ds []time.Duration
+	for i := 1000; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	p := percentiles(ds, 0.5, 0.99, 0.999, 1)
+	want := []time.Duration{500 * time.Millisecond, 990 * time.Millisecond, 999 * time.Millisecond, time.Second}
+	if !slices.Equal(p, want) {
+		t.Fatalf("percentiles = %v, want %v", p, want)
+	}
+	if got := percentiles(nil, 0.5); got[0] != 0 {
+		t.Fatalf("percentiles of nothing = %v", got)
+	}
+}
+
+func TestSVGIsWellFormed(t *testing.T) {
+	res := &Results{
+		Machine:  Machine{NumCPU: 2, CPUModel: "test <cpu>"},
+		Workload: &WorkloadInfo{Events: 100, Repeats: 10, Window: "1h"},
+		Results: []*Result{
+			{Config: "raw", EventsPerSec: 100, Correctness: Correct{OK: true}},
+			{Config: "jetstream", EventsPerSec: 80, RAMPerKey: 140, Correctness: Correct{OK: true}},
+			{Config: "stage-bloom", EventsPerSec: 90, RAMPerKey: 3, Correctness: Correct{OK: true}},
+			{Config: "stage-nofilter", EventsPerSec: 70, RAMPerKey: 3, Correctness: Correct{Lost: 1}},
+		},
+		Scale: []*ScalePoint{{Keys: 1_000_000, RSSPerKey: 70}, {Keys: 50_000_000, RSSPerKey: 5, Extrapolated: true}},
+	}
+	svg := renderSVG(res)
+	dec := xml.NewDecoder(strings.NewReader(string(svg)))
+	for {
+		_, err := dec.Token()
+		if err != nil {
+			if err.Error() == "EOF" {
+				break
+			}
+			t.Fatalf("SVG is not well-formed XML: %v\n%s", err, svg)
+		}
+	}
+	for _, want := range []string{"stage-bloom", "INCORRECT", "50M keys*", "140.0 B"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+}
