@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -31,59 +32,10 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 // partitionWorker owns one partition: it gathers batches from in and
 // processes them one after another until in is closed.
 func (s *Stage) partitionWorker(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
-	batch := make([]item, 0, s.cfg.Pipeline.BatchSize)
-	linger := s.cfg.Pipeline.BatchLinger.D()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
 	w := &batchWork{s: s, p: p, label: strconv.Itoa(p.Index()), dlq: dlq}
-	for {
-		it, ok := <-in
-		if !ok {
-			return
-		}
-		batch = append(batch[:0], it)
-		open := true
-		if linger > 0 {
-			timer.Reset(linger)
-		}
-	fill:
-		for len(batch) < cap(batch) {
-			if linger <= 0 {
-				select {
-				case it, ok := <-in:
-					if !ok {
-						open = false
-						break fill
-					}
-					batch = append(batch, it)
-				default:
-					break fill
-				}
-				continue
-			}
-			select {
-			case it, ok := <-in:
-				if !ok {
-					open = false
-					break fill
-				}
-				batch = append(batch, it)
-			case <-timer.C:
-				break fill
-			}
-		}
-		if linger > 0 && !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+	batcher.Run(in, s.cfg.Pipeline.BatchSize, s.cfg.Pipeline.BatchLinger.D(), func(batch []item) {
 		w.process(ctx, batch)
-		clear(batch)
-		if !open {
-			return
-		}
-	}
+	})
 }
 
 // batchWork processes the batches of one partition.

@@ -4,9 +4,10 @@
 // asynchronous publishes awaited as a batch before the batch is acked, and
 // no dedupe state at all.
 //
-// With Options.MsgID set it becomes "JetStream's own dedupe": every forward
-// carries that id as Nats-Msg-Id and the output stream's duplicate window
-// drops the repeats.
+// With Options.Key set, messages are routed to workers by their key, as the
+// stage routes keys to partitions. With Options.KeyAsMsgID as well it
+// becomes "JetStream's own dedupe": every forward carries its key as
+// Nats-Msg-Id and the output stream's duplicate window drops the repeats.
 //
 // Use:
 //
@@ -26,6 +27,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 )
 
 // Errors returned by Run.
@@ -43,13 +46,17 @@ type Options struct {
 	JS jetstream.JetStream
 	// Subject maps an input subject to the output subject. Required.
 	Subject func(in string) string
-	// MsgID, if set, returns the Nats-Msg-Id of a forward; a message for
-	// which it fails is acked and counted in Stats.Skipped, never
-	// forwarded. Nil (default) forwards without an id.
-	MsgID func(m jetstream.Msg) (string, error)
-	// Workers is the number of batching goroutines; with MsgID messages
-	// are routed by xxhash64(id) mod Workers, without it round robin.
-	// Default 8 (the stage's default partitions).
+	// Key, if set, returns a message's key: messages are routed to
+	// workers by xxhash64(key) mod Workers, so that copies of a key meet
+	// in one worker, and a message for which it fails is acked and
+	// counted in Stats.Skipped, never forwarded. Nil (default) routes
+	// round robin.
+	Key func(m jetstream.Msg) (string, error)
+	// KeyAsMsgID carries the key as Nats-Msg-Id on every forward. It
+	// requires Key. Default false: forwards carry no id.
+	KeyAsMsgID bool
+	// Workers is the number of batching goroutines. Default 8 (the
+	// stage's default partitions).
 	Workers int
 	// BatchSize is the most messages a worker publishes and acks together.
 	// Default 256.
@@ -85,6 +92,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: JS is nil", ErrBadOptions)
 	case o.Subject == nil:
 		return fmt.Errorf("%w: Subject is nil", ErrBadOptions)
+	case o.KeyAsMsgID && o.Key == nil:
+		return fmt.Errorf("%w: KeyAsMsgID is set and Key is nil", ErrBadOptions)
 	case o.Workers < 1:
 		return fmt.Errorf("%w: Workers is %d, want >= 1", ErrBadOptions, o.Workers)
 	case o.BatchSize < 1:
@@ -104,7 +113,7 @@ type Stats struct {
 	// Duplicates counts PubAcks that said the output stream dropped the
 	// forward as a duplicate of an id it holds.
 	Duplicates atomic.Uint64
-	// Skipped counts messages MsgID failed on (acked, not forwarded).
+	// Skipped counts messages Key failed on (acked, not forwarded).
 	Skipped atomic.Uint64
 	// PublishErrors counts publishes that failed and were retried.
 	PublishErrors atomic.Uint64
@@ -153,10 +162,8 @@ func Run(ctx context.Context, opts Options, stats *Stats) error {
 			}
 			it := item{msg: m}
 			w := next
-			if opts.MsgID != nil {
-				// Route by the id so that copies meet in one worker, as
-				// the stage routes keys to partitions.
-				if it.id, err = opts.MsgID(m); err != nil {
+			if opts.Key != nil {
+				if it.id, err = opts.Key(m); err != nil {
 					stats.Skipped.Add(1)
 					_ = m.Ack()
 					continue
@@ -173,68 +180,20 @@ func Run(ctx context.Context, opts Options, stats *Stats) error {
 	return nil
 }
 
-// item is a message on its way to a worker, with its id when Options.MsgID
+// item is a message on its way to a worker, with its key when Options.Key
 // is set.
 type item struct {
 	msg jetstream.Msg
 	id  string
 }
 
-// worker gathers batches like the stage's partition worker and forwards
-// them.
+// worker gathers batches as the stage's partition worker does (the same
+// batcher) and forwards them.
 func worker(ctx context.Context, opts Options, in <-chan item, stats *Stats) {
-	batch := make([]item, 0, opts.BatchSize)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
 	futures := make([]jetstream.PubAckFuture, 0, opts.BatchSize)
-	for {
-		m, ok := <-in
-		if !ok {
-			return
-		}
-		batch = append(batch[:0], m)
-		open := true
-		if opts.Linger > 0 {
-			timer.Reset(opts.Linger)
-		}
-	fill:
-		for len(batch) < cap(batch) {
-			if opts.Linger <= 0 {
-				select {
-				case m, ok := <-in:
-					if !ok {
-						open = false
-						break fill
-					}
-					batch = append(batch, m)
-				default:
-					break fill
-				}
-				continue
-			}
-			select {
-			case m, ok := <-in:
-				if !ok {
-					open = false
-					break fill
-				}
-				batch = append(batch, m)
-			case <-timer.C:
-				break fill
-			}
-		}
-		if opts.Linger > 0 && !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+	batcher.Run(in, opts.BatchSize, opts.Linger, func(batch []item) {
 		futures = forward(ctx, opts, batch, futures[:0], stats)
-		clear(batch)
-		if !open {
-			return
-		}
-	}
+	})
 }
 
 // forward publishes the batch, awaits every PubAck (retrying failures while
@@ -292,8 +251,8 @@ func forward(ctx context.Context, opts Options, batch []item, futures []jetstrea
 }
 
 // outMsg copies the message's headers (without Nats-Expected-*) and payload to the
-// output subject, with the id when MsgID is set: the same work the stage's
-// forward does.
+// output subject, with the key as Nats-Msg-Id when KeyAsMsgID is set: the
+// same work the stage's forward does.
 func outMsg(opts Options, it *item) *nats.Msg {
 	in := it.msg.Headers()
 	h := make(nats.Header, len(in)+1)
@@ -303,7 +262,7 @@ func outMsg(opts Options, it *item) *nats.Msg {
 		}
 		h[k] = v
 	}
-	if opts.MsgID != nil {
+	if opts.KeyAsMsgID {
 		h[jetstream.MsgIDHeader] = []string{it.id}
 	}
 	return &nats.Msg{Subject: opts.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
