@@ -60,7 +60,7 @@ func (k Kind) isStage() bool { return k == KindStageBloom || k == KindStageNoFil
 func (k Kind) describe() string {
 	switch k {
 	case KindRaw:
-		return "consume -> publish -> ack, no dedupe (the ceiling)"
+		return "consume -> publish -> ack, routed by key, no dedupe (the ceiling)"
 	case KindJetStream:
 		return "the same loop, Nats-Msg-Id = key, output duplicate window = W"
 	case KindStageBloom:
@@ -556,16 +556,17 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 	lo.BatchSize = cfg.Pipeline.BatchSize
 	lo.Linger = cfg.Pipeline.BatchLinger.D()
 	lo.PullMax = min(cfg.Input.MaxAckPending, max(cfg.Pipeline.BatchSize*cfg.State.Partitions, 256))
-	if kind == KindJetStream {
-		kf, err := keys.NewKeyFunc(cfg.Key)
-		if err != nil {
-			return nil, err
-		}
-		lo.MsgID = func(m jetstream.Msg) (string, error) {
-			k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
-			return string(k), err
-		}
+	// Both loops route by key, as the stage routes keys to partitions;
+	// jetstream carries it as Nats-Msg-Id.
+	kf, err := keys.NewKeyFunc(cfg.Key)
+	if err != nil {
+		return nil, err
 	}
+	lo.Key = func(m jetstream.Msg) (string, error) {
+		k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
+		return string(k), err
+	}
+	lo.KeyAsMsgID = kind == KindJetStream
 	s.run = func(ctx context.Context) error { return loop.Run(ctx, lo, s.loopStats) }
 	return s, nil
 }

@@ -170,9 +170,9 @@ func BenchmarkPipeline(b *testing.B) {
 }
 
 // BenchmarkPublishLoop drains b.N events through the plain consume ->
-// publish -> ack loop with the stage's batching (bench/loop), without
-// dedupe: the ceiling BenchmarkPipeline compares with. It forwards every
-// event, repeats included.
+// publish -> ack loop with the stage's batching and routing by key
+// (bench/loop), without dedupe: the ceiling BenchmarkPipeline compares
+// with. It forwards every event, repeats included.
 func BenchmarkPublishLoop(b *testing.B) {
 	p := newBenchPipe(b, b.N, false)
 	ctx := context.Background()
@@ -197,6 +197,14 @@ func BenchmarkPublishLoop(b *testing.B) {
 	prefix := cfg.Output.SubjectPrefix + "."
 	opts := loop.DefaultOptions(cons, rjs, func(in string) string { return prefix + in })
 	opts.Workers, opts.BatchSize, opts.Linger = cfg.State.Partitions, cfg.Pipeline.BatchSize, cfg.Pipeline.BatchLinger.D()
+	kf, err := keys.NewKeyFunc(cfg.Key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts.Key = func(m jetstream.Msg) (string, error) {
+		k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
+		return string(k), err
+	}
 	var stats loop.Stats
 	p.drain(b, b.N, func(ctx context.Context) error { return loop.Run(ctx, opts, &stats) })
 	if got := p.outputCount(b); got != b.N {

@@ -104,7 +104,8 @@ func TestForwardsEveryMessage(t *testing.T) {
 func TestMsgIDDedupesInTheOutputStream(t *testing.T) {
 	const n, keys = 600, 40
 	js, opts := setup(t, n, keys, time.Hour)
-	opts.MsgID = func(m jetstream.Msg) (string, error) {
+	opts.KeyAsMsgID = true
+	opts.Key = func(m jetstream.Msg) (string, error) {
 		if k := m.Headers().Get("Key"); k != "k7" {
 			return k, nil
 		}
@@ -139,6 +140,7 @@ func TestValidate(t *testing.T) {
 		{"batch", func(o *loop.Options) { o.BatchSize = 0 }},
 		{"linger", func(o *loop.Options) { o.Linger = -1 }},
 		{"pull", func(o *loop.Options) { o.PullMax = 0 }},
+		{"id without key", func(o *loop.Options) { o.KeyAsMsgID, o.Key = true, nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := base
