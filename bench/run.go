@@ -192,6 +192,9 @@ type Correct struct {
 	Lost int `json:"lost"`
 	// Duplicated is forwards beyond the ground truth.
 	Duplicated int `json:"duplicated"`
+	// Redelivered is, for raw only, events forwarded more than once
+	// because JetStream redelivered them: raw has no dedupe.
+	Redelivered int `json:"redelivered_forwarded_again,omitempty"`
 	// DeadLettered is messages in the dead-letter stream.
 	DeadLettered int  `json:"dead_lettered"`
 	OK           bool `json:"ok"`
@@ -408,6 +411,12 @@ func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	// 7. Verify the output against the ground truth, and the latency.
 	if err := r.verify(ctx, kind, hjs, n, res, s); err != nil {
 		return nil, err
+	}
+
+	if s.loopStats != nil {
+		if n := s.loopStats.PublishErrors.Load(); n > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("%d forwards failed (PubAck timeout or error) and were retried", n))
+		}
 	}
 
 	// 8. Heap held by the output stream's dedupe map.
