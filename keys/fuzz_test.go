@@ -11,12 +11,14 @@ import (
 // maxFuzzInput bounds fuzz inputs so that each run stays fast.
 const maxFuzzInput = 4 << 10
 
-// FuzzExtractJSON checks the scanner against encoding/json: whenever
-// encoding/json decodes the payload into a map, holds no duplicate member
-// names (where the scanner keeps the first and encoding/json the last) and
-// the path resolves, the scanner must find the same string or number; where
-// the path does not resolve, it must say no_key; where it resolves to another
-// type, bad_key_type. It never panics and only returns documented reasons.
+// FuzzExtractJSON checks the scanner against encoding/json: a payload that
+// is not exactly one valid JSON value is bad_payload; a valid one with
+// duplicate member names is either answered or refused for a duplicate
+// member (never for its syntax); a valid one without duplicates is never
+// bad_payload, and where the path resolves the scanner must find the same
+// string or number; where the path does not resolve, it must say no_key;
+// where it resolves to another type, bad_key_type. It never panics and only
+// returns documented reasons.
 func FuzzExtractJSON(f *testing.F) {
 	f.Add([]byte(`{"id":"evt_1"}`), "id")
 	f.Add([]byte(`{"meta":{"event_id":"e\u00e9\ud83d\udd11"}}`), "meta.event_id")
@@ -50,11 +52,29 @@ func FuzzExtractJSON(f *testing.F) {
 		}
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.UseNumber()
-		var m map[string]any
-		if dec.Decode(&m) != nil || m == nil || hasDuplicateNames(data) {
+		var v any
+		if dec.Decode(&v) != nil || dec.InputOffset() != int64(len(bytes.TrimRight(data, " \t\r\n"))) {
+			// Not one valid JSON value (encoding/json's Decoder stops after
+			// the first value; Unmarshal would also refuse trailing data).
+			if json.Valid(data) {
+				t.Fatalf("decoder and json.Valid disagree on %q", data)
+			}
+			if reason != ReasonBadPayload {
+				t.Fatalf("invalid JSON: got %q, %v; want bad_payload", got, gerr)
+			}
 			return
 		}
-		var v any = m
+		if hasDuplicateNames(data) {
+			// A duplicate on the path is bad_payload; one elsewhere changes
+			// nothing. Either way, never a syntax complaint.
+			if reason == ReasonBadPayload && !strings.Contains(gerr.Error(), "duplicate member") {
+				t.Fatalf("valid JSON with duplicates: got %v; want a duplicate member detail or an answer", gerr)
+			}
+			return
+		}
+		if reason == ReasonBadPayload {
+			t.Fatalf("valid JSON without duplicates: got %v", gerr)
+		}
 		for _, seg := range strings.Split(path, ".") {
 			obj, ok := v.(map[string]any)
 			if !ok {

@@ -7,17 +7,23 @@ import (
 )
 
 // This file holds the JSON path scanner. It walks the payload once, from the
-// start, comparing member names of the objects on the path and skipping
-// every other value, and stops at the wanted value: nothing is decoded into
-// maps and nothing is allocated except, rarely, a nesting stack deeper than
-// 64 levels while skipping or an escaped member name longer than 64 bytes.
+// start to the end, comparing member names of the objects on the path and
+// skipping every other value: nothing is decoded into maps and nothing is
+// allocated except, rarely, a nesting stack deeper than 64 levels while
+// skipping or an escaped member name longer than 64 bytes.
 //
 // What it reads it checks against the JSON grammar (RFC 8259): strings with
 // their escapes and the absence of raw control characters, numbers, the
-// literals, and the structure of skipped objects and arrays. Bytes after the
-// wanted value (past the delimiter that follows it) are not read, so trailing
-// garbage is not detected; and the UTF-8 validity of skipped strings is not
+// literals, the structure of objects and arrays, and nothing but whitespace
+// after the top-level value. The UTF-8 validity of skipped strings is not
 // checked.
+//
+// An object on the key's path that names the path's member twice is refused
+// (ReasonBadPayload) rather than resolved: encoding/json and most other
+// parsers take the last duplicate, a scanner that stopped at the first would
+// take the first, and two readers of one message would then disagree about
+// its key. Duplicates elsewhere in the document cannot change the key and
+// are not looked for.
 
 // strSpecial marks the bytes that end the fast path inside a string: the
 // closing quote, a backslash and the control characters JSON forbids raw.
@@ -260,12 +266,24 @@ func (s *scanner) skip() *Error {
 
 // findJSON finds the value at path in data. pathStr is the dotted path, for
 // messages.
+//
+// It reads the whole document: after the wanted value (or after learning
+// that it is absent) it finishes every object on the path, refusing a second
+// member with the path's name there, and then refuses anything but
+// whitespace after the top-level value. Either is ReasonBadPayload, and so is
+// a syntax error anywhere; otherwise the answer for the path stands.
 func findJSON(data []byte, path []string, pathStr string) (view, *Error) {
 	s := scanner{data: data}
 	s.ws()
 	if s.i >= len(data) {
 		return view{}, newError(ReasonBadPayload, "payload is empty, want a JSON object")
 	}
+	// open counts the objects on the path that were entered and not yet
+	// closed: the object at depth d holds path[d].
+	open := 0
+	var v view
+	var answer *Error
+descend:
 	for depth, seg := range path {
 		// The cursor is at the value that should be an object holding seg.
 		if c := s.peek(); c != '{' {
@@ -276,22 +294,27 @@ func findJSON(data []byte, path []string, pathStr string) (view, *Error) {
 				return view{}, err
 			}
 			if depth == 0 {
-				return view{}, newError(ReasonNoKey, "json %q absent: payload is not a JSON object", pathStr)
+				answer = newError(ReasonNoKey, "json %q absent: payload is not a JSON object", pathStr)
+			} else {
+				answer = newError(ReasonNoKey, "json %q absent: %q is not an object", pathStr, joinPath(path[:depth]))
 			}
-			return view{}, newError(ReasonNoKey, "json %q absent: %q is not an object", pathStr, joinPath(path[:depth]))
+			break
 		}
 		s.i++
 		s.ws()
 		if s.peek() == '}' {
-			return view{}, newError(ReasonNoKey, "json %q absent", pathStr)
+			s.i++
+			answer = newError(ReasonNoKey, "json %q absent", pathStr)
+			break
 		}
+		open++
 		for {
 			name, escaped, err := s.memberName()
 			if err != nil {
 				return view{}, err
 			}
 			if nameEquals(name, escaped, seg) {
-				break
+				continue descend
 			}
 			if err := s.skip(); err != nil {
 				return view{}, err
@@ -302,18 +325,58 @@ func findJSON(data []byte, path []string, pathStr string) (view, *Error) {
 				s.i++
 				continue
 			case '}':
-				return view{}, newError(ReasonNoKey, "json %q absent", pathStr)
+				s.i++
+				open--
+				answer = newError(ReasonNoKey, "json %q absent", pathStr)
+				break descend
 			}
 			return view{}, s.syntax("',' or '}'")
 		}
 	}
-	return s.leaf(pathStr)
+	if open == len(path) {
+		v, answer = s.leaf(pathStr)
+		if answer != nil && answer.Reason == ReasonBadPayload {
+			return view{}, answer
+		}
+	}
+	// Finish the objects still open, innermost first: the cursor is after
+	// the value of path[d] (or of another member) in the object at depth d.
+	for d := open - 1; d >= 0; d-- {
+		for {
+			s.ws()
+			switch s.peek() {
+			case ',':
+				s.i++
+				name, escaped, err := s.memberName()
+				if err != nil {
+					return view{}, err
+				}
+				if nameEquals(name, escaped, path[d]) {
+					return view{}, newError(ReasonBadPayload, "duplicate member %q on the path %q: readers would disagree about which one counts", path[d], pathStr)
+				}
+				if err := s.skip(); err != nil {
+					return view{}, err
+				}
+				continue
+			case '}':
+				s.i++
+			default:
+				return view{}, s.syntax("',' or '}'")
+			}
+			break
+		}
+	}
+	s.ws()
+	if s.i < len(data) {
+		return view{}, newError(ReasonBadPayload, "invalid JSON at byte %d: data after the top-level value", s.i)
+	}
+	return v, answer
 }
 
-// leaf reads the wanted value at the cursor and checks that it is followed
-// by a delimiter.
+// leaf reads the wanted value at the cursor and leaves the cursor after it.
+// A value of the wrong type is read too (skipped), so that the rest of the
+// document can still be checked; the error says what it was.
 func (s *scanner) leaf(pathStr string) (view, *Error) {
-	var v view
 	switch c := s.peek(); {
 	case c == '"':
 		raw, escaped, err := s.str()
@@ -323,17 +386,22 @@ func (s *scanner) leaf(pathStr string) (view, *Error) {
 		if len(raw) == 0 {
 			return view{}, newError(ReasonNoKey, "json %q is an empty string", pathStr)
 		}
-		v = view{raw: raw, isJSON: true, jsonStr: true, escaped: escaped}
+		return view{raw: raw, isJSON: true, jsonStr: true, escaped: escaped}, nil
 	case c == '-' || isDigit(c):
 		raw, err := s.number()
 		if err != nil {
 			return view{}, err
 		}
-		v = view{raw: raw, isJSON: true}
-	case c == '{':
-		return view{}, newError(ReasonBadKeyType, "json %q is an object, want a string or a number", pathStr)
-	case c == '[':
-		return view{}, newError(ReasonBadKeyType, "json %q is an array, want a string or a number", pathStr)
+		return view{raw: raw, isJSON: true}, nil
+	case c == '{' || c == '[':
+		if err := s.skip(); err != nil {
+			return view{}, err
+		}
+		kind := "an object"
+		if c == '[' {
+			kind = "an array"
+		}
+		return view{}, newError(ReasonBadKeyType, "json %q is %s, want a string or a number", pathStr, kind)
 	default:
 		lit, err := s.literal()
 		if err != nil {
@@ -345,11 +413,6 @@ func (s *scanner) leaf(pathStr string) (view, *Error) {
 		}
 		return view{}, newError(ReasonBadKeyType, "json %q is %s, want a string or a number", pathStr, kind)
 	}
-	s.ws()
-	if c := s.peek(); c != ',' && c != '}' {
-		return view{}, s.syntax("',' or '}' after the value")
-	}
-	return v, nil
 }
 
 // nameEquals reports whether the member name raw (escaped or not) equals seg.

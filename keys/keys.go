@@ -27,8 +27,9 @@
 //
 // Extraction runs once per message, so it is written not to allocate beyond
 // the returned key: headers are looked up in place, subjects are scanned in
-// place, and JSON payloads are walked by a small scanner that stops at the
-// wanted field instead of decoding the whole document.
+// place, and JSON payloads are walked by a small scanner that compares member
+// names on the path and skips everything else instead of decoding the
+// document into maps.
 package keys
 
 import (
@@ -76,8 +77,9 @@ const (
 	// an empty string, a JSON object on the path is missing, or the subject
 	// has too few tokens.
 	ReasonNoKey = "no_key"
-	// ReasonBadPayload: the payload is not valid JSON where the scanner had
-	// to read it to find the path.
+	// ReasonBadPayload: the payload is not valid JSON (including data after
+	// the top-level value), or an object on the path names the path's member
+	// twice, so that parsers would disagree about which one is the key.
 	ReasonBadPayload = "bad_payload"
 	// ReasonBadKeyType: the JSON value at the path is an object, an array, a
 	// boolean or null.
@@ -319,10 +321,10 @@ func (e *Extractor) Spec() FieldSpec { return e.spec }
 
 // Extract returns the field's value as a new slice. It fails with an *Error
 // whose Reason is ReasonNoKey, ReasonBadPayload, ReasonBadKeyType or (for a
-// JSON string that is not valid UTF-8) ReasonBadKey. The payload is read
-// only as far as needed: malformed JSON after the wanted field is not
-// detected. The value is not checked for whitespace or length; KeyFunc does
-// that for the final key.
+// JSON string that is not valid UTF-8) ReasonBadKey. A JSON payload is read
+// to its end: malformed JSON anywhere, data after the top-level value or a
+// member named twice on the path is ReasonBadPayload. The value is not
+// checked for whitespace or length; KeyFunc does that for the final key.
 func (e *Extractor) Extract(subject string, hdr nats.Header, data []byte) ([]byte, error) {
 	v, err := e.find(subject, hdr, data)
 	if err != nil {

@@ -127,8 +127,9 @@ func TestExtractJSON(t *testing.T) {
 		{"deeply nested", "a.b.c", `{"a":{"x":{"c":"no"},"b":{"c":"yes"}}}`, "yes", ""},
 		{"skip arrays of objects", "id", `{"list":[{"id":"no"},[["id"]],[]],"id":"yes"}`, "yes", ""},
 		{"skip literals", "id", `{"t":true,"f":false,"n":null,"e":{},"a":[],"id":"yes"}`, "yes", ""},
-		{"duplicate: first wins", "id", `{"id":"first","id":"second"}`, "first", ""},
-		{"duplicate nested: first wins", "m.id", `{"m":{"id":"first"},"m":{"id":"second"}}`, "first", ""},
+		{"duplicate off the path", "m.id", `{"x":1,"x":2,"m":{"y":1,"y":2,"id":"k"},"n":{"id":1,"id":2}}`, "k", ""},
+		{"duplicate inside a skipped array", "id", `{"a":[{"id":1,"id":2}],"id":"k"}`, "k", ""},
+		{"same name at another depth", "m.id", `{"id":"top","m":{"id":"k","m":1}}`, "k", ""},
 		{"escaped quote and backslash", "id", `{"id":"a\"b\\c\/d"}`, `a"b\c/d`, ""},
 		{"escaped controls", "id", `{"id":"a\tb\nc\rd\be\ff"}`, "a\tb\nc\rd\be\ff", ""},
 		{"unicode escape", "id", `{"id":"caf\u00e9"}`, "café", ""},
@@ -142,7 +143,7 @@ func TestExtractJSON(t *testing.T) {
 		{"negative float exponent", "n", `{"n":-1.50e+3}`, "-1.50e+3", ""},
 		{"zero", "n", `{"n":0}`, "0", ""},
 		{"number before brace", "n", `{"n":7}`, "7", ""},
-		{"trailing garbage after value not read", "id", `{"id":"x"} garbage`, "x", ""},
+		{"trailing whitespace", "id", "{\"id\":\"x\"} \r\n\t", "x", ""},
 
 		{"absent", "id", `{"other":"x"}`, "", ReasonNoKey},
 		{"empty object", "id", `{}`, "", ReasonNoKey},
@@ -174,6 +175,25 @@ func TestExtractJSON(t *testing.T) {
 		{"number then junk", "n", `{"n":12abc}`, "", ReasonBadPayload},
 		{"leading plus", "n", `{"n":+1}`, "", ReasonBadPayload},
 		{"bad root", "id", `nope`, "", ReasonBadPayload},
+		{"trailing garbage after value", "id", `{"id":"x"} garbage`, "", ReasonBadPayload},
+		{"second top-level value", "id", `{"id":"x"}{"id":"y"}`, "", ReasonBadPayload},
+		{"trailing after absent key", "id", `{"a":1} x`, "", ReasonBadPayload},
+		{"trailing after non-object root", "id", `[1] ]`, "", ReasonBadPayload},
+		{"trailing after wrong type", "id", `{"id":null}}`, "", ReasonBadPayload},
+		{"malformed after the value", "id", `{"id":"x","a":tru}`, "", ReasonBadPayload},
+		{"unclosed after the value", "id", `{"id":"x","a":1`, "", ReasonBadPayload},
+		{"unclosed parent after the value", "m.id", `{"m":{"id":"x"}`, "", ReasonBadPayload},
+		{"duplicate key member", "id", `{"id":"first","id":"second"}`, "", ReasonBadPayload},
+		{"duplicate key member, same value", "id", `{"id":"k","id":"k"}`, "", ReasonBadPayload},
+		{"duplicate key member, escaped", "id", `{"id":"first","\u0069d":"second"}`, "", ReasonBadPayload},
+		{"duplicate key member of another type", "id", `{"id":"first","id":null}`, "", ReasonBadPayload},
+		{"duplicate parent", "m.id", `{"m":{"id":"first"},"m":{"id":"second"}}`, "", ReasonBadPayload},
+		{"duplicate parent without the key", "m.id", `{"m":{"x":1},"m":{"id":"second"}}`, "", ReasonBadPayload},
+		{"duplicate parent, first not an object", "m.id", `{"m":1,"m":{"id":"second"}}`, "", ReasonBadPayload},
+		{"duplicate parent, first empty", "m.id", `{"m":{},"m":{"id":"second"}}`, "", ReasonBadPayload},
+		{"duplicate key member deep", "a.b.c", `{"a":{"b":{"c":"x","d":[],"c":"y"}}}`, "", ReasonBadPayload},
+		{"duplicate middle parent", "a.b.c", `{"a":{"b":{"c":"x"},"b":{"c":"y"}}}`, "", ReasonBadPayload},
+		{"duplicate after wrong type", "id", `{"id":{"a":1},"id":"k"}`, "", ReasonBadPayload},
 
 		{"object", "id", `{"id":{"a":1}}`, "", ReasonBadKeyType},
 		{"array", "id", `{"id":["a"]}`, "", ReasonBadKeyType},
@@ -193,6 +213,25 @@ func TestExtractJSON(t *testing.T) {
 			got, err := e.Extract("s", nil, []byte(tt.payload))
 			checkResult(t, got, err, tt.want, tt.wantReason)
 		})
+	}
+}
+
+func TestExtractJSONDuplicateDetail(t *testing.T) {
+	tests := []struct {
+		path, payload, want string
+	}{
+		{"id", `{"id":"first","id":"second"}`, `duplicate member "id" on the path "id"`},
+		{"meta.id", `{"meta":{"id":"a"},"other":1,"meta":{"id":"b"}}`, `duplicate member "meta" on the path "meta.id"`},
+		{"meta.id", `{"meta":{"id":"a","\u0069d":"b"}}`, `duplicate member "id" on the path "meta.id"`},
+		{"id", `{"id":"x"} {}`, "data after the top-level value"},
+	}
+	for _, tt := range tests {
+		e := mustExtractor(t, FieldSpec{Source: SourceJSON, JSONPath: tt.path})
+		_, err := e.Extract("s", nil, []byte(tt.payload))
+		var kerr *Error
+		if !errors.As(err, &kerr) || kerr.Reason != ReasonBadPayload || !strings.Contains(kerr.Detail, tt.want) {
+			t.Errorf("Extract(%s) at %q: %v; want %s with %q in the detail", tt.payload, tt.path, err, ReasonBadPayload, tt.want)
+		}
 	}
 }
 
