@@ -29,7 +29,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/window"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Errors returned by this package.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/dedupe-stage/dedupe-stage/keys"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // mustParse parses src or fails the test.

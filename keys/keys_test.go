@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // mustExtractor compiles spec or fails the test.

@@ -3,7 +3,7 @@ package keys
 import (
 	"fmt"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // fieldSpecNames are the YAML names of FieldSpec's fields.
