@@ -4,7 +4,7 @@
 # image needs no base image from a registry (FROM scratch only). Two steps,
 # which deploy/build-images.sh runs for you:
 #
-#   1. CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(git describe --tags --always --dirty)" \
+#   1. CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(git describe --tags --always --dirty) -X main.revision=$(git rev-parse HEAD)" \
 #          -o deploy/build/dedupe-stage ./cmd/dedupe-stage
 #      mkdir -p deploy/build/rootfs/data          # empty; becomes the /data volume, owned by 65532
 #   2. docker build -f Dockerfile -t dedupe-stage:local deploy/build

@@ -11,7 +11,8 @@
 #   STAGE_IMAGE  stage image name (default dedupe-stage)
 #   NATS_IMAGE   nats-server image name (default dedupe-stage-nats)
 #   BUILD_DIR    where binaries and the build context go (default deploy/build, git-ignored)
-#   VERSION      version stamped into the binary (default: git describe, else "dev")
+#   VERSION      version stamped into the binary (default: git describe, else "unknown")
+#   REVISION     VCS revision stamped into the binary (default: git rev-parse HEAD)
 #   GOARCH       target architecture (default: the Docker engine's)
 #   ONLY         "stage" or "nats" to build one image
 set -euo pipefail
@@ -23,7 +24,8 @@ tag=${TAG:-local}
 stage_image=${STAGE_IMAGE:-dedupe-stage}
 nats_image=${NATS_IMAGE:-dedupe-stage-nats}
 build_dir=${BUILD_DIR:-$root/deploy/build}
-version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
+version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo unknown)}
+revision=${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 only=${ONLY:-}
 
 # Binaries for the engine's OS and architecture, which may not be the host's
@@ -40,7 +42,7 @@ chmod 0755 "$build_dir/rootfs" "$build_dir/rootfs/data"
 
 if [ "$only" != "nats" ]; then
   echo "--- go build dedupe-stage $version ($GOOS/$GOARCH)"
-  go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$build_dir/dedupe-stage" ./cmd/dedupe-stage
+  go build -trimpath -ldflags "-s -w -X main.version=$version -X main.revision=$revision" -o "$build_dir/dedupe-stage" ./cmd/dedupe-stage
   echo "--- docker build $stage_image:$tag"
   docker build -q -f "$root/Dockerfile" -t "$stage_image:$tag" \
     --label "org.opencontainers.image.version=$version" "$build_dir"

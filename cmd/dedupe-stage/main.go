@@ -32,9 +32,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 const usage = `dedupe-stage: forwards each intent once from an input JetStream stream to an output stream.
 
 Usage:
@@ -67,7 +64,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "healthcheck":
 		err = healthcheckCmd(args[1:], stdout)
 	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "dedupe-stage", version)
+		ver, rev := binaryVersion()
+		fmt.Fprintf(stdout, "dedupe-stage %s (revision %s)\n", ver, rev)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:
@@ -134,6 +132,8 @@ func runCmd(args []string, stderr io.Writer) error {
 	}
 	log := newLogger(cfg.Log, stderr)
 	slog.SetDefault(log)
+	ver, rev := binaryVersion()
+	log.Info("dedupe-stage starting", "version", ver, "revision", rev)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -152,6 +152,7 @@ func runCmd(args []string, stderr io.Writer) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
+		newBuildInfo(ver, rev),
 	)
 	status := &stage.Status{}
 	var srv *http.Server
