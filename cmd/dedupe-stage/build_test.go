@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
 	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
 func TestBuildVersionFromBuildInfo(t *testing.T) {
@@ -57,5 +63,32 @@ func TestVersionCommandIsNotDev(t *testing.T) {
 	want := "dedupe-stage " + ver + " (revision " + rev + ")\n"
 	if out.String() != want || strings.Contains(out.String(), " dev ") {
 		t.Errorf("version printed %q, want %q", out.String(), want)
+	}
+}
+
+func TestJSONLogsPrintDurationsAsStrings(t *testing.T) {
+	for _, format := range []string{"json", "text"} {
+		t.Run(format, func(t *testing.T) {
+			var buf bytes.Buffer
+			log := newLogger(config.Log{Level: "info", Format: format}, &buf)
+			log.Info("dedupe window derived", "window", 70*time.Minute, slog.Group("g", "ack_wait", 10*time.Second))
+			line := buf.String()
+			if format == "json" {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatalf("not JSON: %v: %s", err, line)
+				}
+				if m["window"] != "1h10m0s" {
+					t.Errorf(`"window" is %#v, want "1h10m0s": %s`, m["window"], line)
+				}
+				if g, _ := m["g"].(map[string]any); g["ack_wait"] != "10s" {
+					t.Errorf(`"g.ack_wait" is %#v, want "10s": %s`, g["ack_wait"], line)
+				}
+				return
+			}
+			if !strings.Contains(line, "window=1h10m0s") || !strings.Contains(line, "g.ack_wait=10s") {
+				t.Errorf("text log %q lacks window=1h10m0s and g.ack_wait=10s", line)
+			}
+		})
 	}
 }

@@ -115,14 +115,25 @@ func loadConfig(name string, args []string) (config.Config, *flag.FlagSet, error
 	return cfg, fs, nil
 }
 
+// newLogger returns the logger cfg asks for. Durations print as Go
+// duration strings ("1h10m0s") in both formats, not as nanoseconds.
 func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.Level))
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsStrings}
 	if cfg.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// durationsAsStrings is a slog ReplaceAttr that writes time.Duration values
+// as strings.
+func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 func runCmd(args []string, stderr io.Writer) error {
