@@ -20,6 +20,12 @@ func Connect(cfg config.NATS, embedded *server.Server, log *slog.Logger) (*nats.
 		nats.RetryOnFailedConnect(false),
 		nats.Timeout(cfg.ConnectTimeout.D()),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			// A nil error is the connection being closed on purpose (a clean
+			// stop): nothing to warn about.
+			if err == nil {
+				log.Debug("nats connection closed")
+				return
+			}
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {

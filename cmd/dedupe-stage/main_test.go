@@ -117,6 +117,17 @@ log:
 	return p
 }
 
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
@@ -225,6 +236,13 @@ func TestSIGTERMExitsCleanly(t *testing.T) {
 	addr := freeAddr(t)
 	p := startStage(t, srv.ClientURL(), t.TempDir(), addr)
 	publishWithRepeats(t, js, "term", 2000)
+	metrics, err := httpGet("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(metrics, "dedupe_build_info{revision=") || !strings.Contains(metrics, ",version=") {
+		t.Errorf("/metrics has no dedupe_build_info{revision,version}:\n%s", grepLines(metrics, "build_info"))
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -239,6 +257,9 @@ func TestSIGTERMExitsCleanly(t *testing.T) {
 	b, _ := os.ReadFile(p.log.Name())
 	if !strings.Contains(string(b), "stopped cleanly") {
 		t.Errorf("log does not say it stopped cleanly:\n%s", tail(string(b), 2000))
+	}
+	if strings.Contains(string(b), "nats disconnected") {
+		t.Errorf("a clean stop logs a disconnect warning:\n%s", grepLines(string(b), "disconnected"))
 	}
 }
 
