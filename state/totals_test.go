@@ -1,13 +1,19 @@
 package state
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
-	"path/filepath"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -317,50 +323,85 @@ func TestTotalsSplitTxn(t *testing.T) {
 	}
 }
 
-// TestTotalsMatchKeysAfterCrash copies the store while claims are being
-// committed, as a kill -9 would leave it, and checks that in the copy every
-// total equals the number of keys recorded for it: a key is never recorded
-// without its contribution, nor counted without its key.
+// TestTotalsMatchKeysAfterCrash kills a process with SIGKILL while it commits
+// claims with totals, then opens what it left and checks that every total
+// equals the number of keys recorded for it (a key is never recorded without
+// its contribution, nor counted without its key) and that every batch the
+// process saw committed survived.
+//
+// The crash image is the real one: the test binary re-runs itself as the
+// writer and is killed mid-run, so the directory is exactly what the kernel
+// holds at that instant. (Copying a live directory file by file is not a
+// crash image: Badger flushes and deletes memtable files, and rewrites its
+// MANIFEST, while the copy walks.)
 func TestTotalsMatchKeysAfterCrash(t *testing.T) {
-	opts, clock := totalsOptions(t, t.TempDir(), 1)
-	opts.SyncWrites = true
-	s := openStore(t, opts)
-	p := s.Partition(0)
-	b := BucketOf(clock.Now(), time.Minute)
-
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	wg.Add(1)
+	if dir := os.Getenv(crashWriterDirEnv); dir != "" {
+		runCrashWriter(t, dir)
+		return
+	}
+	dir := t.TempDir()
+	now := time.Now()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTotalsMatchKeysAfterCrash$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), crashWriterDirEnv+"="+dir, crashWriterNowEnv+"="+strconv.FormatInt(now.UnixNano(), 10))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr, stdout bytes.Buffer // stdout: the writer's other lines, written until done
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Read "committed N" lines until enough batches are in, then kill.
+	seed := time.Now().UnixNano()
+	killDelay := time.Duration(rand.New(rand.NewPCG(uint64(seed), 0)).IntN(20_000)) * time.Microsecond
+	t.Logf("seed %d: kill %v after batch %d commits", seed, killDelay, crashWriterKillAfter)
+	committed := -1
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
-		for n := 0; ; n++ {
-			select {
-			case <-stop:
-				return
-			default:
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			n, ok := strings.CutPrefix(sc.Text(), "committed ")
+			if !ok && stdout.Len() < 64<<10 {
+				stdout.WriteString(sc.Text() + "\n") // the writer's test output, for a failure
 			}
-			claims := make([]Claim, 64)
-			for i := range claims {
-				k := n*64 + i
-				claims[i] = Claim{Key: fmt.Appendf(nil, "g%d/k%d", k%5, k), Total: Contribution{Group: fmt.Sprintf("g%d", k%5), Bucket: b, Value: 1}}
-			}
-			if _, err := p.Claim(claims); err != nil {
-				t.Errorf("Claim: %v", err)
-				return
+			if ok {
+				v, err := strconv.Atoi(n)
+				if err != nil || v < crashWriterKillAfter {
+					continue
+				}
+				// Land the kill at a varying point of the next commits.
+				time.Sleep(killDelay)
+				if cmd.Process.Signal(syscall.SIGKILL) == nil {
+					committed = v
+					break
+				}
 			}
 		}
+		_, _ = io.Copy(io.Discard, out)
 	}()
-	time.Sleep(200 * time.Millisecond)
-	copied := filepath.Join(t.TempDir(), "copy")
-	copyDir(t, opts.Dir, copied)
-	close(stop)
-	wg.Wait()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("the writer did not commit %d batches within 2m", crashWriterKillAfter)
+	}
+	err = cmd.Wait()
+	if committed < 0 {
+		t.Fatalf("the writer ended before it was killed: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the writer was not killed by SIGKILL: %v\n%s", err, stderr.String())
+	}
 
-	copyOpts := opts
-	copyOpts.Dir = copied
-	c := openStore(t, copyOpts)
+	opts, _ := totalsOptions(t, dir, 1)
+	opts.Clock = window.NewManualClock(now)
+	c := openStore(t, opts)
+	b := BucketOf(now, time.Minute)
 	keysPerGroup := map[string]int64{}
-	err := c.Partition(0).db.View(func(txn *badger.Txn) error {
+	err = c.Partition(0).db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -377,14 +418,58 @@ func TestTotalsMatchKeysAfterCrash(t *testing.T) {
 		name := fmt.Sprintf("g%d", g)
 		v, _ := mustTotal(t, c.Partition(0), name, b)
 		if v != keysPerGroup[name] {
-			t.Errorf("copy: total of %s is %d, but %d of its keys are recorded", name, v, keysPerGroup[name])
+			t.Errorf("after the kill: total of %s is %d, but %d of its keys are recorded", name, v, keysPerGroup[name])
 		}
 		keys += keysPerGroup[name]
 	}
-	if keys == 0 {
-		t.Fatal("the copy holds no keys: the test did not exercise a crash mid-run")
+	// Every batch the writer saw committed survives (sync writes; a process
+	// kill keeps the page cache anyway); the batches after it, which the
+	// kill may have caught in flight, are whole or absent.
+	if least := int64(committed) * crashWriterBatch; keys < least || keys%crashWriterBatch != 0 {
+		t.Errorf("after the kill: %d keys recorded; want a whole number of %d-key batches, at least the %d committed", keys, crashWriterBatch, least)
 	}
-	t.Logf("copy taken with %d keys recorded", keys)
+	t.Logf("killed after %d committed batches; %d keys recorded", committed, keys)
+}
+
+// The writer process of TestTotalsMatchKeysAfterCrash.
+const (
+	crashWriterDirEnv    = "DEDUPE_STATE_CRASH_WRITER_DIR"
+	crashWriterNowEnv    = "DEDUPE_STATE_CRASH_WRITER_NOW"
+	crashWriterBatch     = 64
+	crashWriterKillAfter = 40
+)
+
+// runCrashWriter claims 64-key batches with totals into dir and prints
+// "committed N" after each, until it is killed (or, bounded, after 100000
+// batches or a minute).
+func runCrashWriter(t *testing.T, dir string) {
+	ns, err := strconv.ParseInt(os.Getenv(crashWriterNowEnv), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", crashWriterNowEnv, err)
+	}
+	now := time.Unix(0, ns)
+	opts, _ := totalsOptions(t, dir, 1)
+	opts.Clock = window.NewManualClock(now)
+	opts.SyncWrites = true
+	s, err := Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.Partition(0)
+	b := BucketOf(now, time.Minute)
+	deadline := time.Now().Add(time.Minute)
+	for n := 0; n < 100_000 && time.Now().Before(deadline); n++ {
+		claims := make([]Claim, crashWriterBatch)
+		for i := range claims {
+			k := n*crashWriterBatch + i
+			claims[i] = Claim{Key: fmt.Appendf(nil, "g%d/k%d", k%5, k), Total: Contribution{Group: fmt.Sprintf("g%d", k%5), Bucket: b, Value: 1}}
+		}
+		if _, err := p.Claim(claims); err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		fmt.Printf("committed %d\n", n+1)
+	}
+	t.Fatal("the writer was not killed")
 }
 
 func TestTotalsBadContribution(t *testing.T) {
