@@ -3,10 +3,12 @@ package state
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,9 +128,68 @@ func assertSources(tb testing.TB, s *Store, want FilterSource) {
 
 // copyDir copies the regular files under src to dst, as a backup tool or a
 // kill -9 followed by a restart would leave them.
+//
+// A kill -9 leaves the directory as it was at one instant. A copy taken file
+// by file is that only if nothing changed while it was taken: Badger may
+// still flush a memtable (deleting its file) or rewrite its MANIFEST, and a
+// periodic snapshot may be renamed into place. So the copy is retried until
+// one pass starts and ends with the same listing (names, sizes, modification
+// times) and met no file that vanished.
 func copyDir(tb testing.TB, src, dst string) {
 	tb.Helper()
-	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+	var last error
+	for range 50 {
+		before, err := listDir(src)
+		if err != nil {
+			tb.Fatalf("list %s: %v", src, err)
+		}
+		if err := os.RemoveAll(dst); err != nil {
+			tb.Fatal(err)
+		}
+		err = copyDirOnce(src, dst)
+		if err == nil {
+			after, lerr := listDir(src)
+			if lerr != nil {
+				tb.Fatalf("list %s: %v", src, lerr)
+			}
+			if maps.Equal(before, after) {
+				return
+			}
+			err = errors.New("the directory changed during the copy")
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			tb.Fatalf("copy %s to %s: %v", src, dst, err)
+		}
+		last = err
+		time.Sleep(10 * time.Millisecond)
+	}
+	tb.Fatalf("copy %s to %s: no consistent copy in 50 attempts: %v", src, dst, last)
+}
+
+// listDir returns every regular file under dir with its size and
+// modification time.
+func listDir(dir string) (map[string]string, error) {
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			out[path] = "vanished" // differs from any listing that has it
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out[path] = fmt.Sprintf("%d %d", info.Size(), info.ModTime().UnixNano())
+		return nil
+	})
+	return out, err
+}
+
+// copyDirOnce copies the files under src to dst in one pass.
+func copyDirOnce(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -155,9 +216,6 @@ func copyDir(tb testing.TB, src, dst string) {
 		}
 		return out.Close()
 	})
-	if err != nil {
-		tb.Fatalf("copy %s to %s: %v", src, dst, err)
-	}
 }
 
 // copySparse copies in to out, seeking over all-zero blocks instead of
