@@ -121,6 +121,25 @@ func (e *env) drained(timeout time.Duration) {
 	natstest.WaitDrained(e.t, e.js, e.cfg.Input.Stream, e.cfg.Input.Consumer, timeout)
 }
 
+// holdUntilRedelivered blocks until the server has delivered an input
+// message a second time (its AckWait expired), polling the consumer, for at
+// most 30s. It is called from the stage's own goroutines (hooks), so it
+// reports a timeout with Errorf.
+func (e *env) holdUntilRedelivered() {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := e.js.Consumer(context.Background(), e.cfg.Input.Stream, e.cfg.Input.Consumer)
+		if err == nil {
+			info, err := c.Info(context.Background())
+			if err == nil && info.Delivered.Consumer > info.Delivered.Stream {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Errorf("no input message was redelivered within 30s")
+}
+
 // outputByKey reads the output stream and groups it by Nats-Msg-Id.
 func (e *env) outputByKey() map[string][]natstest.Message {
 	e.t.Helper()
@@ -243,8 +262,8 @@ func TestRedeliveryWhileFirstDeliveryInFlight(t *testing.T) {
 	r := e.start()
 	var once sync.Once
 	r.st.SetBeforePublishHook(func(int, int) {
-		// Hold the first batch past AckWait so the server redelivers it.
-		once.Do(func() { time.Sleep(2500 * time.Millisecond) })
+		// Hold the first batch past AckWait, until the server redelivers it.
+		once.Do(e.holdUntilRedelivered)
 	})
 	e.publish([]event{{key: "slow-1", payload: []byte("p")}})
 	e.drained(30 * time.Second)
@@ -415,9 +434,9 @@ func TestLastAllowedDeliveryIsDeadLettered(t *testing.T) {
 	r := e.start()
 	var once sync.Once
 	r.st.SetBeforePublishHook(func(int, int) {
-		// Hold the first delivery past AckWait: the second is the last one
-		// the server will make.
-		once.Do(func() { time.Sleep(2500 * time.Millisecond) })
+		// Hold the first delivery past AckWait, until the server makes the
+		// second, the last one it will make.
+		once.Do(e.holdUntilRedelivered)
 	})
 	e.publish([]event{{key: "md-1", payload: []byte("p")}})
 	e.drained(30 * time.Second)
