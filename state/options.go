@@ -178,6 +178,16 @@ func (o Options) Validate() error {
 	return nil
 }
 
+// FilterSizing is the sizing of each partition's filter, the same for every
+// partition: bloom's sizing of the store's window and ExpectedKeys/Partitions
+// (at least 1) keys. The whole store holds Partitions of them. The error
+// wraps bloom.ErrBadOptions when the filter options cannot build a filter.
+// It is what Open builds; callers that describe a store (check-config) call
+// it instead of sizing the filter themselves.
+func (o Options) FilterSizing() (bloom.Sizing, error) {
+	return o.partitionFilterOptions().Sizing()
+}
+
 // partitionFilterOptions returns the filter options of one partition: the
 // store's window and ExpectedKeys/Partitions (at least 1).
 func (o Options) partitionFilterOptions() bloom.Options {

@@ -2,10 +2,14 @@ package state
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
+	bbloom "github.com/bits-and-blooms/bloom/v3"
+
+	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -96,5 +100,52 @@ func TestBadgerSizes(t *testing.T) {
 	o.Partitions = MaxPartitions
 	if s := o.badgerSizes(); s.MemTableSize != minBadgerPart || s.BlockCacheSize != minBadgerPart {
 		t.Errorf("sizes = %+v with a tiny share, want the 1 MiB floors", s)
+	}
+}
+
+// TestFilterSizing checks the sizing of the filters a store builds (moved
+// here from config, which now asks the store's options for it): each
+// partition's filter is sized for ExpectedKeys/Partitions keys spread over
+// G generations, at a per-generation rate whose union over G+1 generations
+// meets the target.
+func TestFilterSizing(t *testing.T) {
+	o := DefaultOptions("/tmp/x", window.Window{W: time.Hour, NearFraction: 0.8})
+	o.Partitions = 1
+	o.Filter = bloom.Options{ExpectedKeys: 1_000_000, FalsePositiveRate: 0.01, Generations: 4}
+	sz, err := o.FilterSizing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sz.KeysPerGeneration != 250_000 {
+		t.Fatalf("keys per generation %d, want 250000", sz.KeysPerGeneration)
+	}
+	// The union of G+1 generations meets the target rate.
+	if union := 1 - math.Pow(1-sz.FalsePositiveRatePerGeneration, 5); math.Abs(union-0.01) > 1e-12 {
+		t.Fatalf("union false-positive rate %v, want 0.01", union)
+	}
+	m, k := bbloom.EstimateParameters(250_000, sz.FalsePositiveRatePerGeneration)
+	if sz.BitsPerGeneration != m || sz.Hashes != k {
+		t.Fatalf("m=%d k=%d, want bloom's m=%d k=%d", sz.BitsPerGeneration, sz.Hashes, m, k)
+	}
+	// All G+1 bit arrays, each in whole 64-bit words.
+	if want := 5 * 8 * ((uint64(m) + 63) / 64); sz.MemoryBytes != want {
+		t.Fatalf("total %d bytes, want %d", sz.MemoryBytes, want)
+	}
+	if bpk := float64(sz.BitsPerGeneration) / float64(sz.KeysPerGeneration); bpk < 12 || bpk > 14 {
+		t.Fatalf("bits per key %v, want about 12.9 for p_g of about 0.002", bpk)
+	}
+	// ceil(N/G).
+	o.Filter.ExpectedKeys = 10
+	if sz, _ := o.FilterSizing(); sz.KeysPerGeneration != 3 {
+		t.Fatalf("ceil(10/4) = %d, want 3", sz.KeysPerGeneration)
+	}
+	// Each partition's filter takes its share of the keys.
+	o.Filter.ExpectedKeys, o.Partitions = 1_000_000, 8
+	if sz, _ := o.FilterSizing(); sz.KeysPerGeneration != 31_250 {
+		t.Fatalf("8 partitions: keys per generation %d, want 1000000/8/4 = 31250", sz.KeysPerGeneration)
+	}
+	o.Filter.FalsePositiveRate = 0
+	if _, err := o.FilterSizing(); !errors.Is(err, bloom.ErrBadOptions) {
+		t.Fatalf("FilterSizing with a zero false-positive rate = %v, want ErrBadOptions", err)
 	}
 }

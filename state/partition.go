@@ -169,6 +169,17 @@ type Partition struct {
 // Index returns the partition's number, 0..Partitions-1.
 func (p *Partition) Index() int { return p.index }
 
+// FilterOptions returns the options the partition's filter was built with;
+// false when Options.DisableFilter is set (there is no filter).
+func (p *Partition) FilterOptions() (bloom.Options, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.filter == nil {
+		return bloom.Options{}, false
+	}
+	return p.filter.Options(), true
+}
+
 // Dir returns the partition's directory.
 func (p *Partition) Dir() string { return p.dir }
 
