@@ -186,17 +186,35 @@ func ParseID(id string) (group string, bucket time.Time, err error) {
 	return t.Group, t.Bucket, nil
 }
 
+// CheckGroup reports why group cannot be a Total's Group, or nil: it must
+// be non-empty, at most MaxGroupLen bytes of valid UTF-8 without control
+// characters. The message names the byte at fault, not the group.
+func CheckGroup(group string) error {
+	if group == "" {
+		return errors.New("empty")
+	}
+	if len(group) > MaxGroupLen {
+		return fmt.Errorf("%d bytes, want at most %d", len(group), MaxGroupLen)
+	}
+	for i := 0; i < len(group); {
+		r, size := utf8.DecodeRuneInString(group[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			return fmt.Errorf("not valid UTF-8 at byte %d", i)
+		case isControl(r):
+			return fmt.Errorf("control character at byte %d", i)
+		}
+		i += size
+	}
+	return nil
+}
+
 // validate reports why t cannot be written, or nil.
 func (t Total) validate() error {
+	if err := CheckGroup(t.Group); err != nil {
+		return fmt.Errorf("group %q: %w", t.Group, err)
+	}
 	switch {
-	case t.Group == "":
-		return errors.New("empty group")
-	case len(t.Group) > MaxGroupLen:
-		return fmt.Errorf("group of %d bytes is longer than %d", len(t.Group), MaxGroupLen)
-	case !utf8.ValidString(t.Group):
-		return fmt.Errorf("group %q is not valid UTF-8", t.Group)
-	case strings.ContainsFunc(t.Group, isControl):
-		return fmt.Errorf("group %q contains a control character", t.Group)
 	case t.Bucket.IsZero():
 		return fmt.Errorf("group %q: zero bucket", t.Group)
 	case t.Bucket.Nanosecond() != 0:

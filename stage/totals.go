@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -239,7 +238,7 @@ func ensureTotalsStream(ctx context.Context, js jetstream.JetStream, c config.St
 		return fmt.Errorf("totals.sinks.stream.stream %s: %w (create it, or set totals.sinks.stream.create)", c.Stream, err)
 	}
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: c.Stream, Subjects: []string{c.SubjectPrefix + ".>"}, Storage: jetstream.FileStorage,
+		Name: c.Stream, Subjects: []string{c.Subjects()}, Storage: jetstream.FileStorage,
 		Description: "dedupe-stage totals: the largest value per (group, bucket) is current",
 	})
 	if err != nil {
@@ -276,8 +275,8 @@ func (t *totals) extract(msg jetstream.Msg, data []byte) (state.Contribution, *d
 			return dl(ReasonBadGroup, "group (%v): %v", t.cfg.Group, err)
 		}
 	}
-	if msg := checkGroup(g); msg != "" {
-		return dl(ReasonBadGroup, "group (%v) %q: %s", t.cfg.Group, g, msg)
+	if err := sink.CheckGroup(string(g)); err != nil {
+		return dl(ReasonBadGroup, "group (%v) %q: %v", t.cfg.Group, g, err)
 	}
 	var at time.Time
 	if t.time == nil {
@@ -306,25 +305,6 @@ func (t *totals) extract(msg jetstream.Msg, data []byte) (state.Contribution, *d
 		}
 	}
 	return state.Contribution{Group: string(g), Bucket: state.BucketOf(at, t.bucket), Value: v}, nil
-}
-
-// checkGroup returns "" when g can be a total's group (see sink.Total),
-// else why not.
-func checkGroup(g []byte) string {
-	if len(g) > sink.MaxGroupLen {
-		return fmt.Sprintf("%d bytes, want at most %d", len(g), sink.MaxGroupLen)
-	}
-	for i := 0; i < len(g); {
-		r, size := utf8.DecodeRune(g[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			return fmt.Sprintf("not valid UTF-8 at byte %d", i)
-		case r < 0x20 || (r >= 0x7f && r < 0xa0):
-			return fmt.Sprintf("control character at byte %d", i)
-		}
-		i += size
-	}
-	return ""
 }
 
 // parseEventTime reads RFC 3339 text, or a non-negative decimal integer as
