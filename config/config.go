@@ -170,6 +170,9 @@ type Output struct {
 // Subject returns the output subject for a message read on inputSubject.
 func (o Output) Subject(inputSubject string) string { return o.SubjectPrefix + "." + inputSubject }
 
+// Subjects returns the subjects of the output stream: SubjectPrefix + ".>".
+func (o Output) Subjects() string { return o.SubjectPrefix + ".>" }
+
 // DeadLetter is where messages that cannot be judged go.
 type DeadLetter struct {
 	// Subject: a dead letter with reason R is published to Subject + "." + R.
@@ -182,6 +185,9 @@ type DeadLetter struct {
 
 // SubjectFor returns the dead-letter subject for reason.
 func (d DeadLetter) SubjectFor(reason string) string { return d.Subject + "." + reason }
+
+// Subjects returns the subjects of the dead-letter stream: Subject + ".>".
+func (d DeadLetter) Subjects() string { return d.Subject + ".>" }
 
 // Window derives the dedupe window W from named slow paths.
 type Window struct {
@@ -424,17 +430,37 @@ func (n NATS) IsEmbedded() bool { return n.URL == "" }
 // EmbeddedStoreDir returns the embedded server's JetStream directory:
 // nats.embedded.store_dir, or <state.data_dir>/nats when that is empty.
 func (c Config) EmbeddedStoreDir() string {
-	if c.NATS.Embedded.StoreDir != "" {
-		return c.NATS.Embedded.StoreDir
+	return c.NATS.Embedded.StoreDirIn(c.State.DataDir)
+}
+
+// StoreDirIn returns the embedded server's JetStream directory when the
+// state lives in dataDir: StoreDir, or dataDir/nats when that is empty.
+func (e Embedded) StoreDirIn(dataDir string) string {
+	if e.StoreDir != "" {
+		return e.StoreDir
 	}
-	return filepath.Join(c.State.DataDir, "nats")
+	return filepath.Join(dataDir, "nats")
+}
+
+// RequiredDuplicateWindow is the longest time a message can wait for
+// redelivery after a crash between its publish and its commit: ackWait (the
+// server redelivers what the dead run held after it) or the longest
+// consumer backoff, whichever is longer, plus the time a restart may take.
+// The output stream's duplicate window must cover it.
+func RequiredDuplicateWindow(ackWait time.Duration, backoff []time.Duration, restartMargin time.Duration) time.Duration {
+	longest := ackWait
+	for _, b := range backoff {
+		longest = max(longest, b)
+	}
+	return longest + restartMargin
 }
 
 // MinDuplicateWindow is the shortest output duplicate window that still
 // drops the copy republished after a crash between publish and commit:
-// input.ack_wait + output.restart_margin.
+// input.ack_wait + output.restart_margin (RequiredDuplicateWindow of a
+// consumer without backoff, which is what the stage creates).
 func (c Config) MinDuplicateWindow() time.Duration {
-	return c.Input.AckWait.D() + c.Output.RestartMargin.D()
+	return RequiredDuplicateWindow(c.Input.AckWait.D(), nil, c.Output.RestartMargin.D())
 }
 
 // DefaultDuplicateWindow is JetStream's own default duplicate window, the

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"go.yaml.in/yaml/v3"
 )
@@ -690,35 +689,6 @@ func TestConfigYAMLRoundTrip(t *testing.T) {
 		if !reflect.DeepEqual(back, c) {
 			t.Fatalf("%s: round trip differs:\n got %+v\nwant %+v\n%s", f, back, c, b)
 		}
-	}
-}
-
-func TestFilterSizing(t *testing.T) {
-	f := Filter{Enabled: true, ExpectedKeys: 1_000_000, FalsePositiveRate: 0.01, Generations: 4}
-	sz := f.Sizing()
-	if sz.KeysPerGeneration != 250_000 {
-		t.Fatalf("keys per generation %d, want 250000", sz.KeysPerGeneration)
-	}
-	// The union of G+1 generations meets the target rate.
-	if union := 1 - math.Pow(1-sz.FalsePositivePerGeneration, 5); math.Abs(union-0.01) > 1e-12 {
-		t.Fatalf("union false-positive rate %v, want 0.01", union)
-	}
-	m, k := bloom.EstimateParameters(250_000, sz.FalsePositivePerGeneration)
-	if sz.BitsPerGeneration != uint64(m) || sz.HashFunctions != uint64(k) {
-		t.Fatalf("m=%d k=%d, want bloom's m=%d k=%d", sz.BitsPerGeneration, sz.HashFunctions, m, k)
-	}
-	if want := 5 * ((uint64(m) + 7) / 8); sz.TotalBytes != want {
-		t.Fatalf("total %d bytes, want %d", sz.TotalBytes, want)
-	}
-	if sz.BitsPerKey < 12 || sz.BitsPerKey > 14 {
-		t.Fatalf("bits per key %v, want about 12.9 for p_g of about 0.002", sz.BitsPerKey)
-	}
-	// ceil(N/G).
-	if got := (Filter{ExpectedKeys: 10, FalsePositiveRate: 0.01, Generations: 4}).Sizing().KeysPerGeneration; got != 3 {
-		t.Fatalf("ceil(10/4) = %d, want 3", got)
-	}
-	if (Filter{ExpectedKeys: 0, FalsePositiveRate: 0.01, Generations: 4}).Sizing() != (FilterSizing{}) {
-		t.Fatal("invalid filter config must give the zero sizing")
 	}
 }
 

@@ -23,7 +23,6 @@ func FuzzLoad(f *testing.F) {
 		}
 		verr := c.Validate()
 		_ = c.Summary()
-		_ = c.Filter.Sizing()
 		if verr != nil {
 			return
 		}

@@ -2,59 +2,13 @@ package config
 
 import (
 	"fmt"
-	"math"
 	"net"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/bits-and-blooms/bloom/v3"
+	"github.com/dedupe-stage/dedupe-stage/bloom"
 )
-
-// FilterSizing is the memory the windowed Bloom filter needs for a Filter
-// configuration: a ring of G+1 generations, each sized for ceil(N/G) keys
-// with a per-generation false-positive rate chosen so that asking all G+1
-// generations meets the target rate.
-type FilterSizing struct {
-	// Generations is G; the ring holds G+1 filters.
-	Generations int
-	// KeysPerGeneration is n_g = ceil(N/G).
-	KeysPerGeneration uint64
-	// FalsePositivePerGeneration is p_g = 1-(1-p)^(1/(G+1)).
-	FalsePositivePerGeneration float64
-	// BitsPerGeneration (m) and HashFunctions (k) are
-	// bloom.EstimateParameters(n_g, p_g).
-	BitsPerGeneration uint64
-	HashFunctions     uint64
-	// BitsPerKey is m / n_g, the bits each key costs in its generation.
-	BitsPerKey float64
-	// TotalBytes is (G+1) * m / 8, rounded up: all generations.
-	TotalBytes uint64
-}
-
-// Sizing computes the filter's size with bits-and-blooms/bloom's formulas.
-// It returns the zero FilterSizing when ExpectedKeys, FalsePositiveRate or
-// Generations is out of range (see Validate).
-func (f Filter) Sizing() FilterSizing {
-	if f.ExpectedKeys < 1 || f.ExpectedKeys > MaxExpectedKeys || f.Generations < 1 || f.Generations > MaxGenerations ||
-		!(f.FalsePositiveRate > 0 && f.FalsePositiveRate < 1) {
-		return FilterSizing{}
-	}
-	g := uint64(f.Generations)
-	n := (f.ExpectedKeys + g - 1) / g
-	// 1-(1-p)^(1/(G+1)), computed without losing small rates to rounding.
-	p := -math.Expm1(math.Log1p(-f.FalsePositiveRate) / float64(g+1))
-	m, k := bloom.EstimateParameters(uint(n), p)
-	return FilterSizing{
-		Generations:                f.Generations,
-		KeysPerGeneration:          n,
-		FalsePositivePerGeneration: p,
-		BitsPerGeneration:          uint64(m),
-		HashFunctions:              uint64(k),
-		BitsPerKey:                 float64(m) / float64(n),
-		TotalBytes:                 (g + 1) * ((uint64(m) + 7) / 8),
-	}
-}
 
 // Summary describes the configuration in words for `dedupe-stage
 // check-config`: how the window was derived, the key, partitions, the
@@ -81,24 +35,25 @@ func (c Config) Summary() string {
 	line("partitions", "%d", c.State.Partitions)
 
 	f := c.Filter
-	sz := f.Sizing()
-	filterBytes := uint64(0)
-	switch {
-	case sz.Generations == 0:
-		line("filter", "invalid sizing (expected_keys %d, false_positive_rate %v, generations %d)", f.ExpectedKeys, f.FalsePositiveRate, f.Generations)
-	default:
+	filterTotal := uint64(0)
+	if sz, err := c.filterSizing(); err != nil {
+		line("filter", "invalid sizing (expected_keys %d, false_positive_rate %v, generations %d): %v", f.ExpectedKeys, f.FalsePositiveRate, f.Generations, err)
+	} else {
 		state := "enabled"
 		if !f.Enabled {
 			state = "DISABLED (every message reads the store); sizing if enabled"
 		}
+		parts := c.State.Partitions
+		total := filterBytes(sz, parts)
 		line("filter", "%s: %d keys per window, target false-positive rate %v, %d+1 generations of %d keys",
-			state, f.ExpectedKeys, f.FalsePositiveRate, f.Generations, sz.KeysPerGeneration)
-		more("per generation: p=%.3g, m=%d bits, k=%d hash functions, %.2f bits per key",
-			sz.FalsePositivePerGeneration, sz.BitsPerGeneration, sz.HashFunctions, sz.BitsPerKey)
+			state, f.ExpectedKeys, f.FalsePositiveRate, f.Generations, uint64(sz.KeysPerGeneration)*uint64(parts))
+		more("each of %d partitions: %d+1 generations of %d keys, p=%.3g, m=%d bits, k=%d hash functions, %.2f bits per key, %s",
+			parts, f.Generations, sz.KeysPerGeneration, sz.FalsePositiveRatePerGeneration, sz.BitsPerGeneration, sz.Hashes,
+			float64(sz.BitsPerGeneration)/float64(sz.KeysPerGeneration), humanBytes(sz.MemoryBytes))
 		more("total %s (%.2f bits per expected key), split across %d partitions",
-			humanBytes(sz.TotalBytes), float64(sz.TotalBytes)*8/float64(f.ExpectedKeys), max(c.State.Partitions, 1))
+			humanBytes(total), float64(total)*8/float64(f.ExpectedKeys), parts)
 		if f.Enabled {
-			filterBytes = sz.TotalBytes
+			filterTotal = total
 		}
 	}
 
@@ -106,7 +61,7 @@ func (c Config) Summary() string {
 	if c.State.Partitions > 0 {
 		per = humanBytes(uint64(max(c.State.MemoryBudget, 0)) / uint64(c.State.Partitions))
 	}
-	line("memory", "state.memory_budget %v (%s per partition) + filter %s", c.State.MemoryBudget, per, humanBytes(filterBytes))
+	line("memory", "state.memory_budget %v (%s per partition) + filter %s", c.State.MemoryBudget, per, humanBytes(filterTotal))
 
 	if c.State.SyncWrites {
 		line("durability", "state.sync_writes=true: each commit of keys is fsynced before the input is acknowledged")
@@ -157,10 +112,10 @@ func (c Config) Summary() string {
 	if out.AllowShortDuplicateWindow {
 		onShort = "only warns"
 	}
-	line("output", "stream %s (subjects %s.>), %s", out.Stream, out.SubjectPrefix, dup)
+	line("output", "stream %s (subjects %s), %s", out.Stream, out.Subjects(), dup)
 	more("a crash needs a duplicate window >= %v (ack_wait + restart_margin); with a shorter one the stage %s",
 		Duration(c.MinDuplicateWindow()), onShort)
-	line("dead letter", "stream %s (subjects %s.>, e.g. %s)", dl.Stream, dl.Subject, dl.SubjectFor("no_key"))
+	line("dead letter", "stream %s (subjects %s, e.g. %s)", dl.Stream, dl.Subjects(), dl.SubjectFor("no_key"))
 	if create {
 		more("missing streams and the consumer are created")
 	} else {
@@ -184,6 +139,19 @@ func (c Config) Summary() string {
 		}
 	}
 	return b.String()
+}
+
+// filterSizing is the sizing of each partition's filter, from the state
+// options `run` opens the store with.
+func (c Config) filterSizing() (bloom.Sizing, error) {
+	if c.State.Partitions < 1 || c.State.Partitions > MaxPartitions {
+		return bloom.Sizing{}, fmt.Errorf("state.partitions %d, want 1..%d", c.State.Partitions, MaxPartitions)
+	}
+	w, err := c.Window.Derive()
+	if err != nil {
+		return bloom.Sizing{}, fmt.Errorf("needs a valid window: %w", err)
+	}
+	return c.StateOptions(w).FilterSizing()
 }
 
 // authSummary names the authentication configured, without secrets.

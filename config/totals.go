@@ -101,6 +101,9 @@ type StreamSink struct {
 // Enabled reports whether the stream sink is configured.
 func (s StreamSink) Enabled() bool { return s.Stream != "" }
 
+// Subjects returns the subjects of the totals stream: SubjectPrefix + ".>".
+func (s StreamSink) Subjects() string { return s.SubjectPrefix + ".>" }
+
 // PostgresSink writes totals to a PostgreSQL table.
 type PostgresSink struct {
 	// DSN is the connection string (postgres://user:pass@host/db?... or
@@ -204,7 +207,7 @@ func (c Config) validateTotalsStream(v *validator) {
 		v.add("totals.sinks.stream.subject_prefix", "%q: %s", s.SubjectPrefix, msg)
 		return
 	}
-	totals := s.SubjectPrefix + ".>"
+	totals := s.Subjects()
 	others := append([]string(nil), c.Input.Subjects...)
 	if c.Input.FilterSubject != "" {
 		others = append(others, c.Input.FilterSubject)
@@ -214,11 +217,11 @@ func (c Config) validateTotalsStream(v *validator) {
 			v.add("totals.sinks.stream.subject_prefix", "%q: totals subjects %q overlap input subject %q: the stage would read its own totals", s.SubjectPrefix, totals, in)
 		}
 	}
-	if checkSubject(c.Output.SubjectPrefix, false) == "" && subjectsOverlap(totals, c.Output.SubjectPrefix+".>") {
-		v.add("totals.sinks.stream.subject_prefix", "%q: totals subjects %q overlap output subjects %q", s.SubjectPrefix, totals, c.Output.SubjectPrefix+".>")
+	if checkSubject(c.Output.SubjectPrefix, false) == "" && subjectsOverlap(totals, c.Output.Subjects()) {
+		v.add("totals.sinks.stream.subject_prefix", "%q: totals subjects %q overlap output subjects %q", s.SubjectPrefix, totals, c.Output.Subjects())
 	}
-	if checkSubject(c.DeadLetter.Subject, false) == "" && subjectsOverlap(totals, c.DeadLetter.Subject+".>") {
-		v.add("totals.sinks.stream.subject_prefix", "%q: totals subjects %q overlap dead-letter subjects %q", s.SubjectPrefix, totals, c.DeadLetter.Subject+".>")
+	if checkSubject(c.DeadLetter.Subject, false) == "" && subjectsOverlap(totals, c.DeadLetter.Subjects()) {
+		v.add("totals.sinks.stream.subject_prefix", "%q: totals subjects %q overlap dead-letter subjects %q", s.SubjectPrefix, totals, c.DeadLetter.Subjects())
 	}
 }
 
@@ -267,7 +270,7 @@ func (c Config) totalsSummary() []string {
 		out = append(out, fmt.Sprintf("sink kv: bucket %s%s", s.KV.Bucket, create(s.KV.Create)))
 	}
 	if s.Stream.Enabled() {
-		out = append(out, fmt.Sprintf("sink stream: %s (subjects %s.>)%s", s.Stream.Stream, s.Stream.SubjectPrefix, create(s.Stream.Create)))
+		out = append(out, fmt.Sprintf("sink stream: %s (subjects %s)%s", s.Stream.Stream, s.Stream.Subjects(), create(s.Stream.Create)))
 	}
 	if s.Postgres.Enabled() {
 		tbl := "must exist"

@@ -11,11 +11,12 @@ import (
 	"time"
 
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // Limits enforced by Validate.
 const (
-	MaxPartitions         = 1024
+	MaxPartitions         = state.MaxPartitions
 	MaxBatchSize          = 10000
 	MaxPublishInFlight    = 65536
 	MaxGenerations        = ringbloom.MaxGenerations
@@ -211,7 +212,7 @@ func (c Config) validateStreams(v *validator) {
 			"a shorter window lets a copy republished after a crash through (set output.allow_short_duplicate_window to accept)",
 			out.DuplicateWindow, Duration(floor))
 	}
-	outputs := out.SubjectPrefix + ".>"
+	outputs := out.Subjects()
 	if prefixOK {
 		for _, s := range inputs {
 			if subjectsOverlap(outputs, s) {
@@ -222,7 +223,7 @@ func (c Config) validateStreams(v *validator) {
 	if msg := checkSubject(dl.Subject, false); msg != "" {
 		v.add("dead_letter.subject", "%q: %s", dl.Subject, msg)
 	} else {
-		dead := dl.Subject + ".>"
+		dead := dl.Subjects()
 		for _, s := range inputs {
 			if subjectsOverlap(dead, s) {
 				v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap input subject %q", dl.Subject, dead, s)
@@ -268,6 +269,7 @@ func (c Config) validateWindow(v *validator) {
 }
 
 func (c Config) validateState(v *validator) {
+	before := len(v.errs)
 	s := c.State
 	if strings.TrimSpace(s.DataDir) == "" {
 		v.add("state.data_dir", "%q, want a directory", s.DataDir)
@@ -295,15 +297,34 @@ func (c Config) validateState(v *validator) {
 	if f.Generations < 1 || f.Generations > MaxGenerations {
 		v.add("filter.generations", "%d, want 1..%d", f.Generations, MaxGenerations)
 	}
-	if sz := f.Sizing(); sz.Generations > 0 {
-		if sz.TotalBytes > ringbloom.MaxMemoryBytes {
-			v.add("filter.expected_keys", "%d at false_positive_rate %v needs %s of filter, more than the %s limit",
-				f.ExpectedKeys, f.FalsePositiveRate, humanBytes(sz.TotalBytes), humanBytes(ringbloom.MaxMemoryBytes))
-		}
-		if sz.HashFunctions > ringbloom.MaxHashes {
-			v.add("filter.false_positive_rate", "%v needs %d hash functions, more than %d", f.FalsePositiveRate, sz.HashFunctions, ringbloom.MaxHashes)
-		}
+	if len(v.errs) > before {
+		return
 	}
+	// What the state section and the filter build: state and bloom own
+	// these checks and the sizing; ask them rather than recompute.
+	w, err := c.Window.Derive()
+	if err != nil {
+		return // reported by validateWindow
+	}
+	so := c.StateOptions(w)
+	sz, err := so.FilterSizing()
+	switch {
+	case err != nil:
+		v.add("filter.expected_keys", "%d at false_positive_rate %v with generations %d is outside the filter's limits (%d partitions): %v",
+			f.ExpectedKeys, f.FalsePositiveRate, f.Generations, s.Partitions, err)
+	case filterBytes(sz, s.Partitions) > ringbloom.MaxMemoryBytes:
+		v.add("filter.expected_keys", "%d at false_positive_rate %v needs %s of filter, more than the %s limit",
+			f.ExpectedKeys, f.FalsePositiveRate, humanBytes(filterBytes(sz, s.Partitions)), humanBytes(ringbloom.MaxMemoryBytes))
+	}
+	if err := so.Validate(); err != nil && len(v.errs) == before {
+		v.add("state", "%v", err)
+	}
+}
+
+// filterBytes is the memory of the filters of all partitions, each sized
+// as sz.
+func filterBytes(sz ringbloom.Sizing, partitions int) uint64 {
+	return sz.MemoryBytes * uint64(max(partitions, 0))
 }
 
 func (c Config) validatePipeline(v *validator) {

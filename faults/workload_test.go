@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -446,15 +445,10 @@ func preloadStore(cfgPath, prefix string, n int) error {
 	if err != nil {
 		return err
 	}
-	opts := state.DefaultOptions(c.State.Dir(), win)
-	opts.Partitions = c.State.Partitions
-	opts.MemoryBudget = int64(c.State.MemoryBudget)
+	opts := c.StateOptions(win) // the store the stage opens
 	opts.SyncWrites = false
 	opts.GCInterval, opts.SnapshotInterval = 0, 0
 	opts.Logger = slog.New(slog.DiscardHandler)
-	fo := bloom.DefaultOptions(win.W)
-	fo.ExpectedKeys = uint(c.Filter.ExpectedKeys)
-	opts.Filter = fo
 	st, err := state.Open(context.Background(), opts)
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package stage
 import (
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -17,10 +16,7 @@ import (
 // when cfg.SyncAlways is set. The server does not install signal handlers, so
 // the process keeps its own. The caller shuts it down.
 func StartEmbedded(cfg config.Embedded, dataDir string, log *slog.Logger) (*server.Server, error) {
-	storeDir := cfg.StoreDir
-	if storeDir == "" {
-		storeDir = filepath.Join(dataDir, "nats")
-	}
+	storeDir := cfg.StoreDirIn(dataDir)
 	opts := &server.Options{
 		ServerName: "dedupe-stage-embedded",
 		Host:       cfg.Host,

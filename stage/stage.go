@@ -31,7 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +39,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -172,23 +170,9 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 
 	s.metrics = NewMetrics(reg, s.win.W.Seconds())
 	started := time.Now()
-	fo := bloom.DefaultOptions(s.win.W)
-	fo.ExpectedKeys = uint(cfg.Filter.ExpectedKeys)
-	fo.FalsePositiveRate = cfg.Filter.FalsePositiveRate
-	fo.Generations = cfg.Filter.Generations
-	so := state.DefaultOptions(filepath.Join(cfg.State.DataDir, "state"), s.win)
-	so.Partitions = cfg.State.Partitions
+	so := cfg.StateOptions(s.win)
 	so.Clock = s.clock
-	so.Filter = fo
-	so.DisableFilter = !cfg.Filter.Enabled
-	so.MemoryBudget = int64(cfg.State.MemoryBudget)
-	so.SyncWrites = cfg.State.SyncWrites
-	so.GCInterval = cfg.State.GCInterval.D()
-	so.SnapshotInterval = cfg.State.SnapshotInterval.D()
 	so.Logger = s.log.With("component", "state")
-	if cfg.Totals.Enabled {
-		so.TotalsBucket = cfg.Totals.Bucket.D()
-	}
 	if err := checkRouting(so.Dir, so.Partitions, routing(cfg)); err != nil {
 		return nil, err
 	}
@@ -267,7 +251,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	s.status.setReady(true)
 	s.metrics.Ready.Set(1)
 	s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
-		"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.SubjectPrefix+".<input subject>")
+		"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.Subject("<input subject>"))
 	s.consume(ctx, parts, dlq)
 
 	s.status.setReady(false)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,33 +15,13 @@ import (
 // to drop the re-publish that follows a crash between publish and commit.
 var ErrDuplicateWindow = errors.New("output stream duplicate window too short")
 
-// minDuplicateWindow is the smallest duplicate window the stage creates an
-// output stream with: JetStream's own default.
-const minDuplicateWindow = 2 * time.Minute
-
-// RequiredDuplicateWindow is the longest time a message can wait for
-// redelivery after a crash between its publish and its commit: AckWait (the
-// server redelivers what the dead run held after it) plus the longest
-// consumer backoff plus the time a restart may take.
-func RequiredDuplicateWindow(ackWait time.Duration, backoff []time.Duration, restartMargin time.Duration) time.Duration {
-	longest := ackWait
-	for _, b := range backoff {
-		longest = max(longest, b)
-	}
-	return longest + restartMargin
-}
-
 // ensureStreams creates the input, output and dead-letter streams that are
 // missing. It never changes a stream that exists.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) error {
-	dupWindow := cfg.Output.DuplicateWindow.D()
-	if dupWindow == 0 {
-		dupWindow = max(minDuplicateWindow, 2*RequiredDuplicateWindow(cfg.Input.AckWait.D(), nil, cfg.Output.RestartMargin.D()))
-	}
 	wanted := []jetstream.StreamConfig{
 		{Name: cfg.Input.Stream, Subjects: cfg.Input.Subjects, Storage: jetstream.FileStorage},
-		{Name: cfg.Output.Stream, Subjects: []string{cfg.Output.SubjectPrefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: dupWindow},
-		{Name: cfg.DeadLetter.Stream, Subjects: []string{cfg.DeadLetter.Subject + ".>"}, Storage: jetstream.FileStorage},
+		{Name: cfg.Output.Stream, Subjects: []string{cfg.Output.Subjects()}, Storage: jetstream.FileStorage, Duplicates: cfg.OutputDuplicateWindow()},
+		{Name: cfg.DeadLetter.Stream, Subjects: []string{cfg.DeadLetter.Subjects()}, Storage: jetstream.FileStorage},
 	}
 	for _, sc := range wanted {
 		_, err := js.Stream(ctx, sc.Name)
@@ -102,7 +81,7 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 		return fmt.Errorf("output stream %s: %w", cfg.Output.Stream, err)
 	}
 	have := st.CachedInfo().Config.Duplicates
-	need := RequiredDuplicateWindow(cc.AckWait, cc.BackOff, cfg.Output.RestartMargin.D())
+	need := config.RequiredDuplicateWindow(cc.AckWait, cc.BackOff, cfg.Output.RestartMargin.D())
 	if have >= need {
 		log.Info("output duplicate window covers a crash between publish and commit", "stream", cfg.Output.Stream, "duplicate_window", have, "required", need)
 		return nil

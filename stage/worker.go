@@ -278,7 +278,7 @@ func (s *Stage) outputMsg(it *item) *nats.Msg {
 		h[k] = v
 	}
 	h[jetstream.MsgIDHeader] = []string{string(it.key)}
-	return &nats.Msg{Subject: s.cfg.Output.SubjectPrefix + "." + it.msg.Subject(), Header: h, Data: it.msg.Data()}
+	return &nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 }
 
 // deadLetterWorker publishes dead letters, waiting for the stream to store
@@ -342,7 +342,7 @@ func (s *Stage) deadLetterMsg(dl deadLetter) *nats.Msg {
 		h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: too large to dead-letter; read it from the original stream and sequence", len(data)))
 		data = nil
 	}
-	return &nats.Msg{Subject: s.cfg.DeadLetter.Subject + "." + dl.reason, Header: h, Data: data}
+	return &nats.Msg{Subject: s.cfg.DeadLetter.SubjectFor(dl.reason), Header: h, Data: data}
 }
 
 // backoff is exponential backoff with jitter, from 50ms to 5s.

@@ -1,0 +1,29 @@
+package config
+
+import (
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// StateOptions returns the options of the state store that `run` opens for
+// this configuration with window w: state.DefaultOptions in State.Dir(),
+// overlaid with the state and filter sections (and the totals bucket when
+// totals are on). Clock and Logger keep their defaults; the caller sets
+// them. check-config sizes the filter and checks the partition limits
+// through these same options, so what it prints is what `run` builds.
+func (c Config) StateOptions(w window.Window) state.Options {
+	so := state.DefaultOptions(c.State.Dir(), w)
+	so.Partitions = c.State.Partitions
+	so.Filter.ExpectedKeys = uint(c.Filter.ExpectedKeys)
+	so.Filter.FalsePositiveRate = c.Filter.FalsePositiveRate
+	so.Filter.Generations = c.Filter.Generations
+	so.DisableFilter = !c.Filter.Enabled
+	so.MemoryBudget = int64(c.State.MemoryBudget)
+	so.SyncWrites = c.State.SyncWrites
+	so.GCInterval = c.State.GCInterval.D()
+	so.SnapshotInterval = c.State.SnapshotInterval.D()
+	if c.Totals.Enabled {
+		so.TotalsBucket = c.Totals.Bucket.D()
+	}
+	return so
+}
