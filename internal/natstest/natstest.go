@@ -27,10 +27,19 @@ func RunServer(tb testing.TB, dir string) *server.Server {
 // that restart a server on the same address.
 func RunServerOn(tb testing.TB, dir string, port int) *server.Server {
 	tb.Helper()
-	s, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir,
+	return RunServerWith(tb, func(o *server.Options) { o.StoreDir, o.Port = dir, port })
+}
+
+// RunServerWith is RunServer with the options changed by edit first (for
+// limits such as MaxPayload).
+func RunServerWith(tb testing.TB, edit func(*server.Options)) *server.Server {
+	tb.Helper()
+	o := &server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: tb.TempDir(),
 		NoLog: true, NoSigs: true,
-	})
+	}
+	edit(o)
+	s, err := server.NewServer(o)
 	if err != nil {
 		tb.Fatalf("nats-server: %v", err)
 	}

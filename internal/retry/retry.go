@@ -1,0 +1,229 @@
+// Package retry decides whether a failed operation is worth trying again
+// and, when it is, tries again with backoff. It is the one place where the
+// stage classifies its failures and the one retry loop its paths share.
+//
+// A failure is transient when the same operation can succeed later without
+// anything about the message changing: a timeout, no responders while a
+// stream's leader moves, a server restarting, a stream at its limits, a
+// disk that fills and empties. It is permanent when no retry changes the
+// answer: a message or its headers larger than the server or the stream
+// accept, an invalid subject, a sealed stream, a JetStream API error the
+// server answers with "bad request". Unknown errors are transient: retrying
+// one that turns out permanent costs health and time, while treating a
+// transient one as permanent would turn away a good message.
+//
+// Use:
+//
+//	err := retry.Do(ctx, "commit", func() error { return store.Commit(batch) }, retry.Options{Reporter: status})
+//	if retry.IsPermanent(err) { /* dead-letter, do not retry */ }
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// Class says whether trying a failed operation again can succeed.
+type Class int
+
+// Classes of failures.
+const (
+	// None is the class of a nil error.
+	None Class = iota
+	// Transient failures may succeed when tried again unchanged.
+	Transient
+	// Permanent failures give the same answer however often they are
+	// tried: the operation must be given up and its input handled another
+	// way (dead-lettered, recorded).
+	Permanent
+)
+
+// String returns "none", "transient" or "permanent".
+func (c Class) String() string {
+	switch c {
+	case Transient:
+		return "transient"
+	case Permanent:
+		return "permanent"
+	}
+	return "none"
+}
+
+// JetStream API error codes the publish path can meet, from nats-server's
+// server/jetstream_errors_generated.go.
+const (
+	// CodeMessageTooLarge: the message exceeds the stream's max_msg_size
+	// or the server's max_payload (JSStreamMessageExceedsMaximumErr).
+	CodeMessageTooLarge jetstream.ErrorCode = 10054
+	// CodeHeaderTooLarge: the headers exceed 64 KiB - 1, the most
+	// JetStream stores (JSStreamHeaderExceedsMaximumErr).
+	CodeHeaderTooLarge jetstream.ErrorCode = 10097
+	// CodeStreamSealed: the stream is sealed (JSStreamSealedErr).
+	CodeStreamSealed jetstream.ErrorCode = 10109
+	// CodeStoreFailed: the store refused the message, for example a
+	// stream at max_msgs or max_bytes with discard new
+	// (JSStreamStoreFailedF); it clears when the stream has room again.
+	CodeStoreFailed jetstream.ErrorCode = 10077
+)
+
+// MaxHeaderBytes is the largest header block JetStream stores (nats-server
+// refuses more than math.MaxUint16 bytes with CodeHeaderTooLarge).
+const MaxHeaderBytes = 65535
+
+// permanentError marks an error as permanent.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// MarkPermanent returns err marked so that Classify reports it Permanent.
+// It returns nil for nil.
+func MarkPermanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// Classify tells whether err is worth retrying. The table, with where each
+// error occurs and what the stage does, is docs/failures.md.
+func Classify(err error) Class {
+	if err == nil {
+		return None
+	}
+	var pe *permanentError
+	if errors.As(err, &pe) {
+		return Permanent
+	}
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload), // client side: larger than the server's max_payload
+		errors.Is(err, nats.ErrBadSubject),
+		errors.Is(err, jetstream.ErrInvalidSubject),
+		errors.Is(err, nats.ErrHeadersNotSupported),
+		errors.Is(err, nats.ErrBadHeaderMsg),
+		errors.Is(err, state.ErrBadKey),
+		errors.Is(err, state.ErrBadTotal),
+		errors.Is(err, state.ErrCorruptRecord),
+		errors.Is(err, state.ErrClosed):
+		return Permanent
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case CodeMessageTooLarge, CodeHeaderTooLarge, CodeStreamSealed:
+			return Permanent
+		}
+		// 400 is the server's "bad request": the request itself is at
+		// fault (an input header the output stream refuses, such as a
+		// Nats-TTL it does not allow). 5xx, 404 (a stream being
+		// recreated), 408 and 429 can clear.
+		if api.Code == 400 || api.Code == 413 {
+			return Permanent
+		}
+	}
+	return Transient
+}
+
+// IsPermanent reports whether Classify(err) is Permanent.
+func IsPermanent(err error) bool { return Classify(err) == Permanent }
+
+// Reporter receives the outcome of every attempt of a component's
+// operation. A Status implements it; the stage derives its health from it.
+type Reporter interface {
+	// Failed records a failed attempt (transient: it is retried).
+	Failed(component string, err error)
+	// Succeeded records a successful attempt; retried says whether
+	// attempts failed before it.
+	Succeeded(component string, retried bool)
+}
+
+// Options configure Do. The zero value retries silently.
+type Options struct {
+	// Reporter is told about every attempt. Default: nobody.
+	Reporter Reporter
+	// Pause, if set, runs before and after each backoff wait: the stage
+	// tells the server the messages are still being worked on.
+	Pause func()
+	// OnRetry, if set, runs after each transient failure with the attempt
+	// number (from 1), before the wait: for logs and metrics.
+	OnRetry func(attempt int, err error)
+}
+
+// Do runs op until it succeeds, fails permanently, or ctx is done. Between
+// transient failures it backs off (NewBackoff). It returns nil; op's
+// permanent error as is (IsPermanent is true); or, when ctx ends first, an
+// error wrapping ctx.Err() that names the last failure. A permanent failure
+// is not reported as a failure of the component: the component works, the
+// input is at fault.
+func Do(ctx context.Context, component string, op func() error, o Options) error {
+	b := NewBackoff()
+	for attempt := 1; ; attempt++ {
+		err := op()
+		if err == nil || IsPermanent(err) {
+			if o.Reporter != nil {
+				o.Reporter.Succeeded(component, attempt > 1)
+			}
+			return err
+		}
+		if o.Reporter != nil {
+			o.Reporter.Failed(component, err)
+		}
+		if o.OnRetry != nil {
+			o.OnRetry(attempt, err)
+		}
+		if o.Pause != nil {
+			o.Pause()
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", component, attempt, werr, err)
+		}
+		if o.Pause != nil {
+			o.Pause()
+		}
+	}
+}
+
+// Backoff is exponential backoff with jitter, from 50ms up to 5s. It is
+// not safe for concurrent use.
+type Backoff struct {
+	start time.Time
+	next  time.Duration
+}
+
+// Backoff bounds.
+const (
+	minWait = 50 * time.Millisecond
+	maxWait = 5 * time.Second
+)
+
+// NewBackoff returns a backoff at its first step.
+func NewBackoff() *Backoff { return &Backoff{start: time.Now(), next: minWait} }
+
+// Reset returns to the first step.
+func (b *Backoff) Reset() { b.next = minWait }
+
+// Since returns the time since NewBackoff.
+func (b *Backoff) Since() time.Duration { return time.Since(b.start) }
+
+// Wait sleeps for the next step (a random time between half of it and all
+// of it) or until ctx is done, and returns ctx.Err().
+func (b *Backoff) Wait(ctx context.Context) error {
+	d := b.next/2 + rand.N(b.next/2+1)
+	b.next = min(2*b.next, maxWait)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,223 @@
+package retry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// runServer starts a JetStream server with the given max_payload (0: the
+// default) and returns a JetStream context on it.
+func runServer(t *testing.T, maxPayload int32) (*server.Server, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.RunServerWith(t, func(o *server.Options) { o.MaxPayload = maxPayload })
+	_, js := natstest.Connect(t, s.ClientURL())
+	return s, js
+}
+
+// TestClassifyRealServerErrors checks every row of the classification
+// table in docs/failures.md that a NATS server produces: the error a real
+// server (and client) gives for each case, synchronous and asynchronous,
+// is classified as the table says.
+func TestClassifyRealServerErrors(t *testing.T) {
+	_, js := runServer(t, 8192)
+	ctx := context.Background()
+	streams := []jetstream.StreamConfig{
+		{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 100},
+		{Name: "SEALED", Subjects: []string{"sealed.>"}},
+		{Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew},
+		{Name: "FULLBYTES", Subjects: []string{"fullbytes.>"}, MaxBytes: 400, Discard: jetstream.DiscardNew},
+		{Name: "PLAIN", Subjects: []string{"plain.>"}},
+	}
+	for _, sc := range streams {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "full.a", Data: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := js.Stream(ctx, "SEALED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := sealed.CachedInfo().Config
+	sc.Sealed = true
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		msg  *nats.Msg
+		want retry.Class
+		code jetstream.ErrorCode // the API error code expected, 0 for none
+		is   error               // a sentinel the error is expected to match
+	}{
+		{"larger than the stream's max_msg_size", &nats.Msg{Subject: "small.a", Data: make([]byte, 200)}, retry.Permanent, retry.CodeMessageTooLarge, nil},
+		{"stream sealed", &nats.Msg{Subject: "sealed.a", Data: []byte("x")}, retry.Permanent, retry.CodeStreamSealed, nil},
+		{"per-message TTL the stream does not allow", &nats.Msg{Subject: "plain.a", Header: nats.Header{"Nats-TTL": {"1s"}}, Data: []byte("x")}, retry.Permanent, 0, nil},
+		{"larger than the server's max_payload", &nats.Msg{Subject: "plain.a", Data: make([]byte, 9000)}, retry.Permanent, 0, nats.ErrMaxPayload},
+		{"headers larger than the server's max_payload", &nats.Msg{Subject: "plain.a", Header: nats.Header{"X": {strings.Repeat("h", 9000)}}}, retry.Permanent, 0, nats.ErrMaxPayload},
+		{"stream at max_msgs, discard new", &nats.Msg{Subject: "full.a", Data: []byte("x")}, retry.Transient, retry.CodeStoreFailed, nil},
+		{"stream at max_bytes, discard new", &nats.Msg{Subject: "fullbytes.a", Data: make([]byte, 500)}, retry.Transient, retry.CodeStoreFailed, nil},
+		{"no stream (deleted, or its leader moving)", &nats.Msg{Subject: "nostream.a", Data: []byte("x")}, retry.Transient, 0, jetstream.ErrNoStreamResponse},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			check := func(how string, err error) {
+				t.Helper()
+				if err == nil {
+					t.Fatalf("%s: publish succeeded", how)
+				}
+				if got := retry.Classify(err); got != tc.want {
+					t.Errorf("%s: Classify(%v) = %v, want %v", how, err, got, tc.want)
+				}
+				var api *jetstream.APIError
+				if tc.code != 0 && (!errors.As(err, &api) || api.ErrorCode != tc.code) {
+					t.Errorf("%s: %v is not API error code %d", how, err, tc.code)
+				}
+				if tc.is != nil && !errors.Is(err, tc.is) {
+					t.Errorf("%s: %v is not %v", how, err, tc.is)
+				}
+			}
+			_, err := js.PublishMsg(ctx, tc.msg)
+			check("sync", err)
+			f, err := js.PublishMsgAsync(tc.msg)
+			if err == nil {
+				select {
+				case <-f.Ok():
+				case err = <-f.Err():
+				case <-time.After(10 * time.Second):
+					t.Fatal("async: no answer in 10s")
+				}
+			}
+			check("async", err)
+		})
+	}
+}
+
+// TestClassifyHeaderLimit checks that JetStream's 64 KiB header limit is
+// refused with its own code, classified permanent, and that MaxHeaderBytes
+// is the largest header block it stores.
+func TestClassifyHeaderLimit(t *testing.T) {
+	_, js := runServer(t, 1<<20)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	// "NATS/1.0\r\n" + "X: " + v + "\r\n" + "\r\n" is len(v) + 17 bytes.
+	fits := &nats.Msg{Subject: "s.a", Header: nats.Header{"X": {strings.Repeat("h", retry.MaxHeaderBytes-17)}}}
+	if _, err := js.PublishMsg(ctx, fits); err != nil {
+		t.Fatalf("headers of exactly MaxHeaderBytes: %v", err)
+	}
+	over := &nats.Msg{Subject: "s.a", Header: nats.Header{"X": {strings.Repeat("h", retry.MaxHeaderBytes-16)}}}
+	_, err := js.PublishMsg(ctx, over)
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != retry.CodeHeaderTooLarge {
+		t.Fatalf("headers of MaxHeaderBytes+1: %v, want API error %d", err, retry.CodeHeaderTooLarge)
+	}
+	if retry.Classify(err) != retry.Permanent {
+		t.Errorf("Classify(%v) = %v, want permanent", err, retry.Classify(err))
+	}
+}
+
+// TestClassifyOther checks the rows that do not need a server's answer.
+func TestClassifyOther(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want retry.Class
+	}{
+		{nil, retry.None},
+		{nats.ErrTimeout, retry.Transient},
+		{nats.ErrNoResponders, retry.Transient},
+		{jetstream.ErrNoStreamResponse, retry.Transient},
+		{jetstream.ErrAsyncPublishTimeout, retry.Transient},
+		{jetstream.ErrTooManyStalledMsgs, retry.Transient},
+		{nats.ErrConnectionClosed, retry.Transient},
+		{nats.ErrDisconnected, retry.Transient},
+		{context.DeadlineExceeded, retry.Transient},
+		{&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, retry.Transient},
+		{&jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}, retry.Transient},
+		{&jetstream.APIError{Code: 500, ErrorCode: 10047, Description: "insufficient storage resources available"}, retry.Transient},
+		{fmt.Errorf("claim: %w", state.ErrDiskFull), retry.Transient},
+		{errors.New("write /data/p000/000001.vlog: no space left on device"), retry.Transient},
+		{nats.ErrBadSubject, retry.Permanent},
+		{nats.ErrHeadersNotSupported, retry.Permanent},
+		{&jetstream.APIError{Code: 400, ErrorCode: 10097, Description: "header size exceeds maximum allowed of 64k"}, retry.Permanent},
+		{fmt.Errorf("lookup: %w", state.ErrCorruptRecord), retry.Permanent},
+		{fmt.Errorf("claim: %w", state.ErrBadKey), retry.Permanent},
+		{fmt.Errorf("claim: %w", state.ErrBadTotal), retry.Permanent},
+		{state.ErrClosed, retry.Permanent},
+		{retry.MarkPermanent(errors.New("anything")), retry.Permanent},
+	} {
+		if got := retry.Classify(tc.err); got != tc.want {
+			t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// reporter records what Do reports, for tests only.
+type reporter struct {
+	mu        sync.Mutex
+	failed    int
+	succeeded []bool
+}
+
+func (r *reporter) Failed(string, error) { r.mu.Lock(); r.failed++; r.mu.Unlock() }
+func (r *reporter) Succeeded(_ string, retried bool) {
+	r.mu.Lock()
+	r.succeeded = append(r.succeeded, retried)
+	r.mu.Unlock()
+}
+
+func TestDo(t *testing.T) {
+	ctx := context.Background()
+	t.Run("transient then success", func(t *testing.T) {
+		var r reporter
+		n, pauses := 0, 0
+		err := retry.Do(ctx, "op", func() error {
+			if n++; n < 3 {
+				return nats.ErrTimeout
+			}
+			return nil
+		}, retry.Options{Reporter: &r, Pause: func() { pauses++ }})
+		if err != nil || n != 3 || r.failed != 2 || len(r.succeeded) != 1 || !r.succeeded[0] || pauses != 4 {
+			t.Errorf("err %v, %d calls, %d failures reported, successes %v, %d pauses; want nil, 3, 2, [true], 4", err, n, r.failed, r.succeeded, pauses)
+		}
+	})
+	t.Run("permanent is returned at once", func(t *testing.T) {
+		var r reporter
+		n := 0
+		perm := &jetstream.APIError{Code: 400, ErrorCode: retry.CodeStreamSealed}
+		err := retry.Do(ctx, "op", func() error { n++; return perm }, retry.Options{Reporter: &r})
+		if !errors.Is(err, perm) || n != 1 || r.failed != 0 {
+			t.Errorf("err %v after %d calls, %d failures reported; want the permanent error after 1 call, none reported", err, n, r.failed)
+		}
+		if !retry.IsPermanent(err) {
+			t.Errorf("IsPermanent(%v) = false", err)
+		}
+	})
+	t.Run("ctx ends the retries", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		err := retry.Do(ctx, "op", func() error { return nats.ErrTimeout }, retry.Options{})
+		if !errors.Is(err, context.DeadlineExceeded) || retry.IsPermanent(err) {
+			t.Errorf("err %v, want one wrapping context.DeadlineExceeded and not permanent", err)
+		}
+		if !strings.Contains(err.Error(), nats.ErrTimeout.Error()) {
+			t.Errorf("err %q does not name the last failure", err)
+		}
+	})
+}
