@@ -3,3 +3,6 @@ package stage
 // SetBeforePublishHook installs a hook that runs before a partition batch
 // publishes its new messages. For tests only.
 func (s *Stage) SetBeforePublishHook(f func(partition int, batchLen int)) { s.beforePublish = f }
+
+// SetReady marks st ready or not. For tests only.
+func SetReady(st *Status, r bool) { st.setReady(r) }

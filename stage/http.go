@@ -5,79 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/dedupe-stage/dedupe-stage/state"
-	"github.com/dedupe-stage/dedupe-stage/window"
 )
-
-// Status is what the HTTP endpoints report: whether the stage is ready
-// (every filter rebuilt, judging messages), whether it is healthy (no
-// publish, commit or dead-letter failing), and the store for /inspect. The
-// zero value is a stage that is starting. It is safe for concurrent use.
-type Status struct {
-	mu      sync.Mutex
-	ready   bool
-	failing map[string]string // what -> last error
-	store   *state.Store
-	win     window.Window
-	clock   window.Clock
-}
-
-func (st *Status) setReady(r bool) {
-	st.mu.Lock()
-	st.ready = r
-	st.mu.Unlock()
-}
-
-func (st *Status) setStore(s *state.Store, w window.Window, c window.Clock) {
-	st.mu.Lock()
-	st.store, st.win, st.clock = s, w, c
-	st.mu.Unlock()
-}
-
-func (st *Status) setUnhealthy(what string, err error) {
-	st.mu.Lock()
-	if st.failing == nil {
-		st.failing = make(map[string]string)
-	}
-	st.failing[what] = fmt.Sprint(err)
-	st.mu.Unlock()
-}
-
-func (st *Status) setHealthy(what string) {
-	st.mu.Lock()
-	delete(st.failing, what)
-	st.mu.Unlock()
-}
-
-// Ready reports whether the stage is judging messages.
-func (st *Status) Ready() bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.ready
-}
-
-// Healthy returns nil, or an error listing what keeps failing.
-func (st *Status) Healthy() error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if len(st.failing) == 0 {
-		return nil
-	}
-	var parts []string
-	for what, err := range st.failing {
-		parts = append(parts, what+": "+err)
-	}
-	sort.Strings(parts)
-	return errors.New("failing, retrying: " + strings.Join(parts, "; "))
-}
 
 // Inspection is the answer of /inspect for one key.
 type Inspection struct {

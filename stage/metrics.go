@@ -30,14 +30,17 @@ type Metrics struct {
 	PublishRetries      prometheus.Counter
 	CommitRetries       prometheus.Counter
 	ConsumerPending     *prometheus.GaugeVec
-	Ready               prometheus.Gauge
-	Healthy             prometheus.Gauge
 	WindowSeconds       prometheus.Gauge
+	// DeadLettersUnstorable counts dead letters the dead-letter stream
+	// refused even shrunk: the input was acked and stays in its stream.
+	DeadLettersUnstorable *prometheus.CounterVec
 }
 
 // NewMetrics creates the stage's metrics and registers them on reg. The
 // repeat-age buckets run from one second to past the window w (seconds).
-func NewMetrics(reg prometheus.Registerer, windowSeconds float64) *Metrics {
+// dedupe_ready, dedupe_healthy and dedupe_component_healthy are read from
+// st at each scrape.
+func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *Metrics {
 	ageBuckets := prometheus.ExponentialBucketsRange(1, max(2, windowSeconds*1.25), 16)
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -92,25 +95,54 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64) *Metrics {
 			Name: "dedupe_consumer_pending_messages",
 			Help: "Input consumer backlog: kind=pending (not yet delivered) or ack_pending (delivered, not yet acked).",
 		}, []string{"kind"}),
-		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "dedupe_ready",
-			Help: "1 when every partition's filter is ready and the stage is judging messages.",
-		}),
-		Healthy: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "dedupe_healthy",
-			Help: "0 while publishes or commits are failing and being retried.",
-		}),
+		DeadLettersUnstorable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_dead_letters_unstorable_total",
+			Help: "Dead letters the dead-letter stream refused even without payload, by reason: logged with the input's stream and sequence, acked, and kept in the input stream.",
+		}, []string{"reason"}),
 		WindowSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "dedupe_window_seconds",
 			Help: "The dedupe window W derived from the configured slow paths.",
 		}),
 	}
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dedupe_ready",
+		Help: "1 when every partition's filter is ready and the stage is judging messages.",
+	}, func() float64 { return b2f(st.Ready()) })
+	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dedupe_healthy",
+		Help: "1 while no component keeps failing (what /healthz answers 200 to); 0 while one is failing and being retried.",
+	}, func() float64 { return b2f(st.Healthy() == nil) })
 	reg.MustRegister(m.Messages, m.DeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
 		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchSize, m.PublishRetries,
-		m.CommitRetries, m.ConsumerPending, m.Ready, m.Healthy, m.WindowSeconds)
+		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable,
+		ready, healthy, componentCollector{st: st})
 	m.WindowSeconds.Set(windowSeconds)
-	m.Healthy.Set(1)
 	return m
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// componentHealthy describes dedupe_component_healthy.
+var componentHealthy = prometheus.NewDesc("dedupe_component_healthy",
+	"1 while the component's operation works, 0 after it failed three times in a row and until it succeeds again. Components: publish, dead_letter, lookup, commit, totals_flush.",
+	[]string{"component"}, nil)
+
+// componentCollector exports each component's health from the Status.
+type componentCollector struct{ st *Status }
+
+// Describe implements prometheus.Collector.
+func (c componentCollector) Describe(ch chan<- *prometheus.Desc) { ch <- componentHealthy }
+
+// Collect implements prometheus.Collector.
+func (c componentCollector) Collect(ch chan<- prometheus.Metric) {
+	for comp, ok := range c.st.Components() {
+		ch <- prometheus.MustNewConstMetric(componentHealthy, prometheus.GaugeValue, b2f(ok), comp)
+	}
 }
 
 // storeCollector exports the state store's per-partition counters.

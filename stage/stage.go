@@ -40,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -87,10 +88,10 @@ type Stage struct {
 	status  *Status
 	totals  *totals // nil when totals are off
 
-	maxDeliver      int
-	ackWait         time.Duration
-	shutdownTimeout time.Duration
-	dlqRepeatOnFP   bool // treat fingerprint mismatches as repeats instead of dead-lettering them
+	maxDeliver         int
+	ackWait            time.Duration
+	shutdownTimeout    time.Duration
+	fpMismatchIsRepeat bool // treat fingerprint mismatches as repeats instead of dead-lettering them
 
 	beforePublish func(partition, batchLen int) // test hook
 
@@ -113,13 +114,13 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, errors.New("stage: Options.Conn is nil")
 	}
 	s := &Stage{
-		cfg:             cfg,
-		log:             opts.Logger,
-		clock:           opts.Clock,
-		nc:              opts.Conn,
-		status:          opts.Status,
-		shutdownTimeout: opts.ShutdownTimeout,
-		dlqRepeatOnFP:   cfg.Pipeline.OnFingerprintMismatch == config.FingerprintRepeat,
+		cfg:                cfg,
+		log:                opts.Logger,
+		clock:              opts.Clock,
+		nc:                 opts.Conn,
+		status:             opts.Status,
+		shutdownTimeout:    opts.ShutdownTimeout,
+		fpMismatchIsRepeat: cfg.Pipeline.OnFingerprintMismatch == config.FingerprintRepeat,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -168,7 +169,12 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, err
 	}
 
-	s.metrics = NewMetrics(reg, s.win.W.Seconds())
+	s.status.declare(CompPublish, CompDeadLetter, CompLookup, CompCommit)
+	if cfg.Totals.Enabled {
+		s.status.declare(CompTotalsFlush)
+	}
+	s.metrics = NewMetrics(reg, s.win.W.Seconds(), s.status)
+	s.log.Info("server limits", "max_payload", s.nc.MaxPayload(), "max_header_bytes", retry.MaxHeaderBytes)
 	started := time.Now()
 	so := cfg.StateOptions(s.win)
 	so.Clock = s.clock
@@ -237,7 +243,7 @@ func (s *Stage) Run(ctx context.Context) error {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			s.partitionWorker(work, s.store.Partition(i), parts[i], dlq)
+			s.runPartition(work, s.store.Partition(i), parts[i], dlq)
 		}()
 	}
 	dlqWorker.Add(1)
@@ -249,13 +255,11 @@ func (s *Stage) Run(ctx context.Context) error {
 	flushTotals := s.startTotals()
 
 	s.status.setReady(true)
-	s.metrics.Ready.Set(1)
 	s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
 		"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.Subject("<input subject>"))
 	s.consume(ctx, parts, dlq)
 
 	s.status.setReady(false)
-	s.metrics.Ready.Set(0)
 	for _, ch := range parts {
 		close(ch)
 	}
@@ -271,12 +275,12 @@ func (s *Stage) Run(ctx context.Context) error {
 // subscription (consumer deleted, server restarted) is re-made with backoff.
 func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
 	pull := min(s.cfg.Input.MaxAckPending, max(s.cfg.Pipeline.BatchSize*len(parts), 256))
-	b := newBackoff()
+	b := retry.NewBackoff()
 	for ctx.Err() == nil {
 		iter, err := s.cons.Messages(jetstream.PullMaxMessages(pull))
 		if err != nil {
 			s.log.Warn("pull subscription failed, retrying", "err", err)
-			b.wait(ctx)
+			b.Wait(ctx)
 			continue
 		}
 		stop := context.AfterFunc(ctx, iter.Drain)
@@ -288,13 +292,13 @@ func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadL
 				}
 				break
 			}
-			b.reset()
+			b.Reset()
 			s.dispatch(msg, parts, dlq)
 		}
 		stop()
 		iter.Stop()
 		if ctx.Err() == nil {
-			b.wait(ctx)
+			b.Wait(ctx)
 		}
 	}
 }
@@ -310,9 +314,9 @@ func (s *Stage) dispatch(msg jetstream.Msg, parts []chan item, dlq chan<- deadLe
 			return
 		}
 	}
-	if max := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > max {
-		dlq <- deadLetter{msg: msg, reason: "oversized", partition: "none",
-			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), max)}
+	if limit := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > limit {
+		dlq <- deadLetter{msg: msg, reason: ReasonOversized, partition: "none",
+			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 		return
 	}
 	key, err := s.keyFn.Key(msg.Subject(), msg.Headers(), data)

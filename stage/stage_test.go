@@ -34,7 +34,12 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv := natstest.RunServer(t, "")
+	return newEnvOn(t, natstest.RunServer(t, ""))
+}
+
+// newEnvOn is newEnv on a server the test started.
+func newEnvOn(t *testing.T, srv *server.Server) *env {
+	t.Helper()
 	nc, js := natstest.Connect(t, srv.ClientURL())
 	cfg := config.Default()
 	yes := true
@@ -56,6 +61,7 @@ func newEnv(t *testing.T) *env {
 // running is a stage running in the background.
 type running struct {
 	st     *stage.Stage
+	status *stage.Status
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
 	done   chan error
@@ -64,12 +70,13 @@ type running struct {
 func (e *env) start() *running {
 	e.t.Helper()
 	reg := prometheus.NewRegistry()
-	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock})
+	status := &stage.Status{}
+	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock, Status: status})
 	if err != nil {
 		e.t.Fatalf("stage.New: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{st: st, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	r := &running{st: st, status: status, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- st.Run(ctx) }()
 	e.t.Cleanup(func() { r.stop(e.t) })
 	return r

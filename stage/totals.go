@@ -57,10 +57,6 @@ const unixMillisFrom = 100_000_000_000
 // flushChunk is the most totals given to one sink Write.
 const flushChunk = 1000
 
-// flushFailuresUnhealthy is how many failed flushes in a row mark the stage
-// unhealthy.
-const flushFailuresUnhealthy = 3
-
 // totals aggregates new events per (group, bucket) and flushes the
 // absolute totals to the sinks. Built by newTotals when totals are on.
 type totals struct {
@@ -361,7 +357,7 @@ func (t *totals) closes(bucket time.Time) time.Time {
 // late handles batch[i] if it is a new event for a closed bucket (its end +
 // W before now): it counts it and dead-letters it, or acks and drops it,
 // and returns true. Otherwise it returns false and the event goes on.
-func (t *totals) late(w *batchWork, i int, batch []item, now time.Time) bool {
+func (t *totals) late(w *worker, i int, batch []item, now time.Time) bool {
 	it := &batch[i]
 	closes := t.closes(it.tot.Bucket)
 	if !closes.Before(now) {
@@ -483,27 +479,21 @@ func (t *totals) flush(ctx context.Context) error {
 	return err
 }
 
-// health tracks failed flushes in a row: after flushFailuresUnhealthy of
-// them the stage reports totals_flush as failing, until a flush succeeds.
+// health reports the flush to the stage's status: totals_flush fails after
+// three failed flushes in a row, until a flush succeeds.
 func (t *totals) health(err error, pairs int) {
 	s := t.s
 	if err == nil {
 		if t.failures > 0 {
 			s.log.Info("totals flush recovered", "pairs", pairs, "failed_before", t.failures)
-			s.status.setHealthy("totals_flush")
-			if s.status.Healthy() == nil {
-				s.metrics.Healthy.Set(1)
-			}
 		}
 		t.failures = 0
+		s.status.Succeeded(CompTotalsFlush, false)
 		return
 	}
 	t.failures++
 	s.log.Warn("totals flush failed; the changed totals are kept and sent again at the next flush", "pairs", pairs, "attempt", t.failures, "err", err)
-	if t.failures >= flushFailuresUnhealthy {
-		s.status.setUnhealthy("totals_flush", err)
-		s.metrics.Healthy.Set(0)
-	}
+	s.status.Failed(CompTotalsFlush, err)
 }
 
 // openTotals builds the totals when they are on and marks every total the

@@ -2,8 +2,9 @@ package stage
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"math/rand/v2"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -24,63 +27,90 @@ const (
 	HeaderOriginalStream   = "Dedupe-Original-Stream"
 	HeaderOriginalSequence = "Dedupe-Original-Sequence"
 	HeaderPayloadOmitted   = "Dedupe-Payload-Omitted"
+	// HeaderHeadersTruncated is set on a dead letter shrunk to fit: it says
+	// how many of the input's headers were kept and how they were cut.
+	HeaderHeadersTruncated = "Dedupe-Headers-Truncated"
+)
+
+// Dead-letter reasons of the forward and state paths (docs/failures.md).
+const (
+	// ReasonOversized: the message, or its forwarded copy with the
+	// stage's headers, does not fit the server's limits.
+	ReasonOversized = "oversized"
+	// ReasonOutputRejected: the output stream refused the forward with an
+	// error no retry changes; the detail carries the server's error.
+	ReasonOutputRejected = "output_rejected"
+	// ReasonStateRejected: the state store refused the key's lookup or
+	// claim with an error no retry changes.
+	ReasonStateRejected = "state_rejected"
 )
 
 // fingerprint is the payload fingerprint stored with each key.
 func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 
-// partitionWorker owns one partition: it gathers batches from in and
-// processes them one after another until in is closed.
-func (s *Stage) partitionWorker(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
-	w := &batchWork{s: s, p: p, label: strconv.Itoa(p.Index()), dlq: dlq}
+// runPartition owns one partition: it gathers batches from in and has its
+// worker process them one after another until in is closed.
+func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
+	label := strconv.Itoa(p.Index())
+	w := &worker{s: s, p: p, label: label, dlq: dlq, health: s.reporter(label)}
 	batcher.Run(in, s.cfg.Pipeline.BatchSize, s.cfg.Pipeline.BatchLinger.D(), func(batch []item) {
 		w.process(ctx, batch)
 	})
 }
 
-// batchWork processes the batches of one partition.
-type batchWork struct {
-	s     *Stage
-	p     *state.Partition
-	label string
-	dlq   chan<- deadLetter
+// worker processes the batches of one partition.
+type worker struct {
+	s      *Stage
+	p      *state.Partition
+	label  string
+	dlq    chan<- deadLetter
+	health retry.Reporter // reports this partition's lookup, publish, commit
 
 	// per batch, reused
-	firstIdx map[string]int
-	newIdx   []int
-	acks     []int
-	started  time.Time
-	touched  time.Time
+	firstIdx   map[string]int
+	newIdx     []int
+	copies     [][2]int // {copy, first}: a key new in this batch, seen again in it
+	acks       []int
+	out        []*nats.Msg
+	res        []forward.Result
+	lastSignal time.Time // when the batch last told the server it is being worked on
 }
 
 // process judges one batch: look up every key, publish the new ones, commit
-// their claims in one transaction, then ack. If ctx is cancelled while the
-// output or the store keeps failing, the batch is left unacked: the server
-// redelivers it after AckWait and it is judged again.
-func (w *batchWork) process(ctx context.Context, batch []item) {
+// their claims in one transaction, then ack. A message no retry can forward
+// or record is dead-lettered and the rest of the batch proceeds. If ctx is
+// cancelled while the output or the store keeps failing, the batch is left
+// unacked: the server redelivers it after AckWait and it is judged again.
+func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
-	w.started, w.touched = time.Now(), time.Now()
+	w.lastSignal = time.Now()
 	if w.firstIdx == nil {
 		w.firstIdx = make(map[string]int, len(batch))
 	}
 	clear(w.firstIdx)
-	w.newIdx, w.acks = w.newIdx[:0], w.acks[:0]
+	w.newIdx, w.copies, w.acks, w.out = w.newIdx[:0], w.copies[:0], w.acks[:0], w.out[:0]
 	now := s.clock.Now()
+	maxPayload := s.nc.MaxPayload()
 
 	for i := range batch {
 		it := &batch[i]
 		if j, ok := w.firstIdx[string(it.key)]; ok {
-			// A copy of a key that is new in this same batch.
-			w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now)
+			w.copies = append(w.copies, [2]int{i, j})
 			continue
 		}
 		var res state.LookupResult
-		if err := w.retry(ctx, batch, "lookup", func() (err error) {
+		err := retry.Do(ctx, CompLookup, func() (err error) {
 			res, err = w.p.Lookup(it.key)
 			return err
-		}); err != nil {
-			return
+		}, w.retryOpts(batch, "state lookup"))
+		if err != nil {
+			if !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed) {
+				w.stopping(batch, err)
+				return
+			}
+			w.deadLetter(it, ReasonStateRejected, fmt.Sprintf("the state store cannot look up key %q: %v", it.key, err))
+			continue
 		}
 		if res.Found {
 			w.repeat(i, batch, res.Record, now)
@@ -89,51 +119,165 @@ func (w *batchWork) process(ctx context.Context, batch []item) {
 		if s.totals != nil && s.totals.late(w, i, batch, now) {
 			continue
 		}
+		m := s.outputMsg(it)
+		if err := forward.CheckSize(m, maxPayload); err != nil {
+			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
+			continue
+		}
 		w.firstIdx[string(it.key)] = i
 		w.newIdx = append(w.newIdx, i)
+		w.out = append(w.out, m)
 	}
 
 	if len(w.newIdx) > 0 {
 		if s.beforePublish != nil {
 			s.beforePublish(w.p.Index(), len(batch))
 		}
-		t := time.Now()
-		if err := w.publish(ctx, batch); err != nil {
+		if !w.publish(ctx, batch) {
 			return
 		}
-		s.metrics.PublishSeconds.Observe(time.Since(t).Seconds())
-
-		claims := make([]state.Claim, len(w.newIdx))
+		claims := make([]state.Claim, 0, len(w.newIdx))
 		for k, i := range w.newIdx {
-			claims[k] = state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot}
+			if err := w.res[k].Err; err != nil {
+				w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
+				continue
+			}
+			claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
 		}
-		t = time.Now()
-		var results []state.ClaimResult
-		if err := w.retry(ctx, batch, "commit", func() (err error) {
-			results, err = w.p.Claim(claims)
-			return err
-		}); err != nil {
+		if !w.commit(ctx, batch, claims) {
 			return
 		}
-		s.metrics.CommitSeconds.Observe(time.Since(t).Seconds())
-		for k, r := range results {
-			if !r.New {
-				// Only this goroutine claims in this partition, so the
-				// lookup above saw everything. Forwarded and recorded once
-				// all the same; say so loudly.
-				s.log.Error("claim found a key the lookup did not", "partition", w.label, "key", string(claims[k].Key))
-			}
+	}
+	for _, c := range w.copies {
+		i, j := c[0], c[1]
+		if k := w.indexOfNew(j); k >= 0 && w.res[k].Err != nil {
+			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+describe(w.res[k].Err))
+			continue
 		}
-		s.metrics.Messages.WithLabelValues(w.label, outcomeNew).Add(float64(len(w.newIdx)))
-		w.acks = append(w.acks, w.newIdx...)
+		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now)
 	}
 	for _, i := range w.acks {
 		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
 	}
 }
 
+// publish forwards w.out, many in flight, and waits for every PubAck.
+// Transient failures are retried with backoff (the same Nats-Msg-Id, so a
+// publish that did land is dropped as a duplicate); permanent ones end in
+// w.res. It returns false when ctx ended first.
+func (w *worker) publish(ctx context.Context, batch []item) bool {
+	s := w.s
+	w.res = append(w.res[:0], make([]forward.Result, len(w.out))...)
+	t := time.Now()
+	o := forward.Options{
+		Component: CompPublish,
+		Retry:     w.retryOpts(batch, "output publish"),
+		OnRetry: func(attempt, failed int, err error) {
+			s.metrics.PublishRetries.Add(float64(failed))
+			s.log.Warn("output publish failed, retrying", "partition", w.label, "messages", failed, "attempt", attempt, "err", err)
+		},
+	}
+	if err := forward.Batch(ctx, s.js, w.out, w.res, o); err != nil {
+		w.stopping(batch, err)
+		return false
+	}
+	s.metrics.PublishSeconds.Observe(time.Since(t).Seconds())
+	for _, r := range w.res {
+		if r.Duplicate {
+			s.metrics.RepublishDuplicates.Inc()
+		}
+	}
+	return true
+}
+
+// commit claims the forwarded keys in one transaction, retrying transient
+// failures, and queues their acks. When the store refuses the transaction
+// permanently, each claim is tried alone and the ones it refuses are
+// dead-lettered. It returns false when ctx ended first.
+func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim) bool {
+	s := w.s
+	if len(claims) == 0 {
+		return true
+	}
+	t := time.Now()
+	var results []state.ClaimResult
+	err := retry.Do(ctx, CompCommit, func() (err error) {
+		results, err = w.p.Claim(claims)
+		return err
+	}, w.retryOpts(batch, "state commit"))
+	if err != nil && (!retry.IsPermanent(err) || errors.Is(err, state.ErrClosed)) {
+		w.stopping(batch, err)
+		return false
+	}
+	byKey := make(map[string]int, len(claims))
+	for _, i := range w.newIdx {
+		byKey[string(batch[i].key)] = i
+	}
+	if err != nil {
+		s.log.Error("the state store refused a batch's claims; claiming them one by one", "partition", w.label, "claims", len(claims), "err", err)
+		results = results[:0]
+		for _, c := range claims {
+			var r []state.ClaimResult
+			err := retry.Do(ctx, CompCommit, func() (err error) {
+				r, err = w.p.Claim([]state.Claim{c})
+				return err
+			}, w.retryOpts(batch, "state commit"))
+			switch {
+			case err == nil:
+				results = append(results, r[0])
+				w.acks = append(w.acks, byKey[string(c.Key)])
+			case !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed):
+				w.stopping(batch, err)
+				return false
+			default:
+				w.deadLetter(&batch[byKey[string(c.Key)]], ReasonStateRejected,
+					fmt.Sprintf("forwarded to the output, but the state store refused the claim of key %q: %v; a later copy of the key is forwarded again", c.Key, err))
+			}
+		}
+	} else {
+		for _, c := range claims {
+			w.acks = append(w.acks, byKey[string(c.Key)])
+		}
+	}
+	s.metrics.CommitSeconds.Observe(time.Since(t).Seconds())
+	for k, r := range results {
+		if !r.New {
+			// Only this goroutine claims in this partition, so the lookup
+			// above saw everything. Forwarded and recorded once all the
+			// same; say so loudly.
+			s.log.Error("claim found a key the lookup did not", "partition", w.label, "key", string(claims[k].Key))
+		}
+	}
+	s.metrics.Messages.WithLabelValues(w.label, outcomeNew).Add(float64(len(results)))
+	return true
+}
+
+// indexOfNew returns the position in w.newIdx (and w.res) of batch index
+// i, or -1.
+func (w *worker) indexOfNew(i int) int {
+	for k, j := range w.newIdx {
+		if j == i {
+			return k
+		}
+	}
+	return -1
+}
+
+// stopping logs that the batch is left unacked because ctx ended (or the
+// store closed) while an operation kept failing.
+func (w *worker) stopping(batch []item, err error) {
+	w.s.log.Warn("stopping with a batch unfinished; it stays unacked and comes back after ack_wait",
+		"partition", w.label, "messages", len(batch), "err", err)
+}
+
+// deadLetter sends batch item it to the dead-letter worker; it acks it
+// once stored.
+func (w *worker) deadLetter(it *item, reason, detail string) {
+	w.dlq <- deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail}
+}
+
 // repeat handles a message whose key the window already holds.
-func (w *batchWork) repeat(i int, batch []item, rec state.Record, now time.Time) {
+func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 	s, it := w.s, &batch[i]
 	age := s.win.Age(rec.FirstSeen, now)
 	s.metrics.RepeatAge.Observe(age.Seconds())
@@ -142,10 +286,10 @@ func (w *batchWork) repeat(i int, batch []item, rec state.Record, now time.Time)
 	}
 	if rec.Fingerprint != it.fp {
 		s.metrics.FingerprintMismatch.Inc()
-		if !s.dlqRepeatOnFP {
-			w.dlq <- deadLetter{msg: it.msg, reason: "fingerprint_mismatch", partition: w.label,
-				detail: fmt.Sprintf("key %q first seen %s with payload fingerprint %016x; this payload has %016x: the key was reused for a different operation",
-					it.key, rec.FirstSeen.UTC().Format(time.RFC3339Nano), rec.Fingerprint, it.fp)}
+		if !s.fpMismatchIsRepeat {
+			w.deadLetter(it, "fingerprint_mismatch",
+				fmt.Sprintf("key %q first seen %s with payload fingerprint %016x; this payload has %016x: the key was reused for a different operation",
+					it.key, rec.FirstSeen.UTC().Format(time.RFC3339Nano), rec.Fingerprint, it.fp))
 			return
 		}
 		s.log.Warn("fingerprint mismatch treated as a repeat", "key", string(it.key), "first_seen", rec.FirstSeen)
@@ -154,116 +298,32 @@ func (w *batchWork) repeat(i int, batch []item, rec state.Record, now time.Time)
 	w.acks = append(w.acks, i)
 }
 
-// publish forwards the batch's new messages to the output, many in flight,
-// and waits for every PubAck. Failed publishes are retried with backoff
-// (the same Nats-Msg-Id, so a publish that did land is dropped as a
-// duplicate) until they succeed or ctx is cancelled.
-func (w *batchWork) publish(ctx context.Context, batch []item) error {
-	s := w.s
-	pending := append([]int(nil), w.newIdx...)
-	futures := make([]jetstream.PubAckFuture, len(pending))
-	b := newBackoff()
-	for attempt := 0; ; attempt++ {
-		var lastErr error
-		futures = futures[:len(pending)]
-		for k, i := range pending {
-			f, err := s.js.PublishMsgAsync(s.outputMsg(&batch[i]), jetstream.WithStallWait(5*time.Second))
-			if err != nil {
-				futures[k], lastErr = nil, err
-				continue
+// retryOpts are the retry options of the batch's operations: health
+// reported for this partition, the batch kept from redelivery between
+// attempts, and what (for the logs) names the operation.
+func (w *worker) retryOpts(batch []item, what string) retry.Options {
+	return retry.Options{
+		Reporter: w.health,
+		Pause:    func() { w.keepAlive(batch) },
+		OnRetry: func(attempt int, err error) {
+			if what == "state commit" {
+				w.s.metrics.CommitRetries.Inc()
 			}
-			futures[k] = f
-		}
-		failed := pending[:0]
-		for k, i := range pending {
-			f := futures[k]
-			if f == nil {
-				failed = append(failed, i)
-				continue
-			}
-			select {
-			case ack := <-f.Ok():
-				if ack.Duplicate {
-					s.metrics.RepublishDuplicates.Inc()
-				}
-			case err := <-f.Err():
-				failed = append(failed, i)
-				lastErr = err
-			}
-		}
-		pending = failed
-		if len(pending) == 0 {
-			if attempt > 0 {
-				s.status.setHealthy("publish")
-				s.metrics.Healthy.Set(1)
-				s.log.Info("output publishes recovered", "partition", w.label)
-			}
-			return nil
-		}
-		s.metrics.PublishRetries.Add(float64(len(pending)))
-		if attempt >= 2 {
-			s.status.setUnhealthy("publish", lastErr)
-			s.metrics.Healthy.Set(0)
-		}
-		s.log.Warn("output publish failed, retrying", "partition", w.label, "messages", len(pending), "attempt", attempt+1, "err", lastErr)
-		if err := w.pause(ctx, batch, b); err != nil {
-			s.log.Warn("stopping with a batch unforwarded; it stays unacked and comes back after ack_wait", "partition", w.label, "messages", len(batch))
-			return err
-		}
+			w.s.log.Warn(what+" failed, retrying; nothing is acked meanwhile", "partition", w.label, "attempt", attempt, "err", err)
+		},
 	}
-}
-
-// retry runs op until it succeeds or ctx is cancelled, backing off and
-// keeping the batch's messages from being redelivered meanwhile.
-func (w *batchWork) retry(ctx context.Context, batch []item, what string, op func() error) error {
-	s := w.s
-	b := newBackoff()
-	for attempt := 0; ; attempt++ {
-		err := op()
-		if err == nil {
-			if attempt > 0 {
-				s.status.setHealthy(what)
-				s.metrics.Healthy.Set(1)
-				s.log.Info("state "+what+" recovered", "partition", w.label)
-			}
-			return nil
-		}
-		if what == "commit" {
-			s.metrics.CommitRetries.Inc()
-		}
-		if attempt >= 2 {
-			s.status.setUnhealthy(what, err)
-			s.metrics.Healthy.Set(0)
-		}
-		s.log.Warn("state "+what+" failed, retrying; nothing is acked meanwhile", "partition", w.label, "attempt", attempt+1, "err", err)
-		if err := w.pause(ctx, batch, b); err != nil {
-			s.log.Warn("stopping with a batch uncommitted; it stays unacked and comes back after ack_wait", "partition", w.label, "messages", len(batch))
-			return err
-		}
-	}
-}
-
-// pause waits for the next backoff step, telling the server the batch is
-// still being worked on so it is not redelivered to nobody.
-func (w *batchWork) pause(ctx context.Context, batch []item, b *backoff) error {
-	w.keepAlive(batch)
-	if err := b.wait(ctx); err != nil {
-		return err
-	}
-	w.keepAlive(batch)
-	return nil
 }
 
 // keepAlive sends InProgress for the batch when a third of AckWait has
 // passed since the last signal.
-func (w *batchWork) keepAlive(batch []item) {
-	if time.Since(w.touched) < w.s.ackWait/3 {
+func (w *worker) keepAlive(batch []item) {
+	if time.Since(w.lastSignal) < w.s.ackWait/3 {
 		return
 	}
 	for i := range batch {
 		_ = batch[i].msg.InProgress()
 	}
-	w.touched = time.Now()
+	w.lastSignal = time.Now()
 }
 
 // outputMsg builds the forwarded copy: the input's subject under the output
@@ -281,90 +341,49 @@ func (s *Stage) outputMsg(it *item) *nats.Msg {
 	return &nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 }
 
-// deadLetterWorker publishes dead letters, waiting for the stream to store
-// each, then acks the original. Publishing is retried until it succeeds or
-// ctx is cancelled; an unpublished dead letter stays unacked.
-func (s *Stage) deadLetterWorker(ctx context.Context, in <-chan deadLetter) {
-	for dl := range in {
-		m := s.deadLetterMsg(dl)
-		b := newBackoff()
-		for attempt := 0; ; attempt++ {
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := s.js.PublishMsg(pctx, m)
-			cancel()
-			if err == nil {
-				break
-			}
-			s.log.Warn("dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt+1, "err", err)
-			if attempt >= 2 {
-				s.status.setUnhealthy("dead_letter", err)
-				s.metrics.Healthy.Set(0)
-			}
-			if time.Since(b.start) > s.ackWait/3 {
-				_ = dl.msg.InProgress()
-			}
-			if b.wait(ctx) != nil {
-				break
-			}
-		}
-		if ctx.Err() != nil {
-			continue // left unacked: it comes back after ack_wait
-		}
-		s.status.setHealthy("dead_letter")
-		s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
-		s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
-		_ = dl.msg.Ack()
+// describe renders a publish error for a dead letter's detail: the server's
+// status, error code and description when it gave them.
+func describe(err error) string {
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return fmt.Sprintf("code=%d err_code=%d description=%s", api.Code, api.ErrorCode, api.Description)
 	}
+	return err.Error()
 }
 
-// deadLetterMsg builds the dead letter: the original headers and payload
-// with the reason, the detail and where the original is.
-func (s *Stage) deadLetterMsg(dl deadLetter) *nats.Msg {
-	in := dl.msg.Headers()
-	h := make(nats.Header, len(in)+6)
-	for k, v := range in {
-		if strings.HasPrefix(k, "Nats-") {
-			continue
+// reporter returns the health reporter of one partition (instance ""
+// reports the component itself), which logs recoveries.
+func (s *Stage) reporter(instanceName string) retry.Reporter {
+	var r retry.Reporter = s.status
+	if instanceName != "" {
+		r = instance{st: s.status, name: instanceName}
+	}
+	return logRecovery{Reporter: r, log: s.log, instance: instanceName}
+}
+
+// logRecovery logs when a component's operation succeeds after failures.
+type logRecovery struct {
+	retry.Reporter
+	log      *slog.Logger
+	instance string
+}
+
+// recovered are the log messages of recoveries, by component.
+var recovered = map[string]string{
+	CompPublish:    "output publishes recovered",
+	CompDeadLetter: "dead-letter publishes recovered",
+	CompLookup:     "state lookup recovered",
+	CompCommit:     "state commit recovered",
+}
+
+// Succeeded implements retry.Reporter.
+func (l logRecovery) Succeeded(component string, retried bool) {
+	l.Reporter.Succeeded(component, retried)
+	if retried {
+		msg := recovered[component]
+		if msg == "" {
+			msg = component + " recovered"
 		}
-		h[k] = v
-	}
-	h.Set(HeaderReason, dl.reason)
-	h.Set(HeaderDetail, dl.detail)
-	h.Set(HeaderOriginalSubject, dl.msg.Subject())
-	data := dl.msg.Data()
-	if md, err := dl.msg.Metadata(); err == nil {
-		h.Set(HeaderOriginalStream, md.Stream)
-		h.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
-		// One dead letter per input message, even if this one is redelivered.
-		h.Set(jetstream.MsgIDHeader, "dlq:"+md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
-	}
-	if room := s.nc.MaxPayload() - 8192; int64(len(data)) > room {
-		h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: too large to dead-letter; read it from the original stream and sequence", len(data)))
-		data = nil
-	}
-	return &nats.Msg{Subject: s.cfg.DeadLetter.SubjectFor(dl.reason), Header: h, Data: data}
-}
-
-// backoff is exponential backoff with jitter, from 50ms to 5s.
-type backoff struct {
-	start time.Time
-	next  time.Duration
-}
-
-func newBackoff() *backoff { return &backoff{start: time.Now(), next: 50 * time.Millisecond} }
-
-func (b *backoff) reset() { b.next = 50 * time.Millisecond }
-
-// wait sleeps for the next step or until ctx is done, and returns ctx.Err().
-func (b *backoff) wait(ctx context.Context) error {
-	d := b.next/2 + rand.N(b.next/2+1)
-	b.next = min(2*b.next, 5*time.Second)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+		l.log.Info(msg, "partition", l.instance)
 	}
 }

@@ -1,0 +1,161 @@
+package stage
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// Limits of a shrunk dead letter (deadLetterWorker).
+const (
+	// shrunkHeaderBudget bounds the input's headers copied into a shrunk
+	// dead letter.
+	shrunkHeaderBudget = 4096
+	// shrunkValueMax bounds each header value copied into a shrunk dead
+	// letter, and its detail.
+	shrunkValueMax = 256
+)
+
+// deadLetterWorker publishes dead letters, waiting for the stream to store
+// each, then acks the original. Transient failures are retried until they
+// succeed or ctx is cancelled (an unpublished dead letter stays unacked). A
+// dead letter the server refuses permanently is shrunk (no payload, the
+// input's headers cut) and published again; if that is refused too, it is
+// counted in dedupe_dead_letters_unstorable_total, logged with the input's
+// stream and sequence, and the input is acked: it stays in its stream.
+func (s *Stage) deadLetterWorker(ctx context.Context, in <-chan deadLetter) {
+	health := s.reporter("")
+	for dl := range in {
+		m := s.deadLetterMsg(dl)
+		err := s.storeDeadLetter(ctx, dl, m, health)
+		if err != nil && retry.IsPermanent(err) {
+			s.log.Warn("dead letter refused; storing it without payload and with its headers cut",
+				"reason", dl.reason, "subject", m.Subject, "err", err)
+			err = s.storeDeadLetter(ctx, dl, s.shrink(dl, m), health)
+		}
+		if err != nil && !retry.IsPermanent(err) {
+			continue // ctx ended: left unacked, it comes back after ack_wait
+		}
+		if err != nil {
+			stream, seq := "", uint64(0)
+			if md, merr := dl.msg.Metadata(); merr == nil {
+				stream, seq = md.Stream, md.Sequence.Stream
+			}
+			s.metrics.DeadLettersUnstorable.WithLabelValues(dl.reason).Inc()
+			s.log.Error("dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
+				"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
+		}
+		s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
+		s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
+		_ = dl.msg.Ack()
+	}
+}
+
+// storeDeadLetter publishes m and waits for the stream to store it,
+// retrying transient failures until ctx ends. A dead letter that cannot
+// fit the server's limits is refused before any publish.
+func (s *Stage) storeDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg, health retry.Reporter) error {
+	if err := forward.CheckSize(m, s.nc.MaxPayload()); err != nil {
+		return err
+	}
+	b := retry.NewBackoff()
+	return retry.Do(ctx, CompDeadLetter, func() error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := s.js.PublishMsg(pctx, m)
+		return err
+	}, retry.Options{
+		Reporter: health,
+		Pause: func() {
+			if b.Since() > s.ackWait/3 {
+				_ = dl.msg.InProgress()
+			}
+		},
+		OnRetry: func(attempt int, err error) {
+			s.log.Warn("dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
+		},
+	})
+}
+
+// deadLetterMsg builds the dead letter: the original headers and payload
+// with the reason, the detail and where the original is.
+func (s *Stage) deadLetterMsg(dl deadLetter) *nats.Msg {
+	in := dl.msg.Headers()
+	h := make(nats.Header, len(in)+6)
+	for k, v := range in {
+		if strings.HasPrefix(k, "Nats-") {
+			continue
+		}
+		h[k] = v
+	}
+	s.markDeadLetter(h, dl, dl.detail)
+	data := dl.msg.Data()
+	if room := s.nc.MaxPayload() - int64(forward.HeaderSize(h)); int64(len(data)) > room {
+		h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: too large to dead-letter; read it from the original stream and sequence", len(data)))
+		data = nil
+	}
+	return &nats.Msg{Subject: s.cfg.DeadLetter.SubjectFor(dl.reason), Header: h, Data: data}
+}
+
+// markDeadLetter sets the stage's headers of a dead letter on h.
+func (s *Stage) markDeadLetter(h nats.Header, dl deadLetter, detail string) {
+	h.Set(HeaderReason, dl.reason)
+	h.Set(HeaderDetail, detail)
+	h.Set(HeaderOriginalSubject, dl.msg.Subject())
+	if md, err := dl.msg.Metadata(); err == nil {
+		h.Set(HeaderOriginalStream, md.Stream)
+		h.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
+		// One dead letter per input message, even if this one is redelivered.
+		h.Set(jetstream.MsgIDHeader, "dlq:"+md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
+	}
+}
+
+// shrink returns the smallest useful form of dead letter m: no payload; the
+// reason, the original subject, stream and sequence; the detail and the
+// input's headers cut to shrunkValueMax bytes a value and shrunkHeaderBudget
+// in all, in name order, marked with HeaderHeadersTruncated.
+func (s *Stage) shrink(dl deadLetter, m *nats.Msg) *nats.Msg {
+	h := make(nats.Header)
+	s.markDeadLetter(h, dl, cut(dl.detail, shrunkValueMax))
+	h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: the dead letter was refused; read the input from the original stream and sequence", len(dl.msg.Data())))
+	names := make([]string, 0, len(m.Header))
+	total := 0
+	for k := range dl.msg.Headers() {
+		if !strings.HasPrefix(k, "Nats-") {
+			names = append(names, k)
+			total++
+		}
+	}
+	sort.Strings(names)
+	kept, used := 0, 0
+	for _, k := range names {
+		v := cut(dl.msg.Headers().Get(k), shrunkValueMax)
+		if len(k) > shrunkValueMax {
+			continue
+		}
+		if used += len(k) + len(v) + 4; used > shrunkHeaderBudget {
+			break
+		}
+		h.Set(k, v)
+		kept++
+	}
+	h.Set(HeaderHeadersTruncated, fmt.Sprintf("kept %d of %d headers, first value only, values cut to %d bytes, %d bytes in all", kept, total, shrunkValueMax, shrunkHeaderBudget))
+	return &nats.Msg{Subject: m.Subject, Header: h}
+}
+
+// cut returns s cut to at most n bytes, marked with "..." when cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}

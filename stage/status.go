@@ -1,0 +1,163 @@
+package stage
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// Components whose health the stage reports: the values of the component
+// label of dedupe_component_healthy and the names /healthz lists.
+const (
+	CompPublish     = "publish"      // forwards to the output stream
+	CompDeadLetter  = "dead_letter"  // dead letters to the dead-letter subject
+	CompLookup      = "lookup"       // key lookups in the state store
+	CompCommit      = "commit"       // claims committed to the state store
+	CompTotalsFlush = "totals_flush" // totals written to the sinks
+)
+
+// unhealthyAfter is how many failed attempts in a row mark a component as
+// failing. One failure is routine (a leader moving); three are not.
+const unhealthyAfter = 3
+
+// Status is the one record of the stage's health: whether it is ready (every
+// filter rebuilt, judging messages) and, per component, whether its
+// operation keeps failing. /healthz, /readyz, dedupe_ready, dedupe_healthy
+// and dedupe_component_healthy all read it, so they cannot disagree. A
+// component fails after three failed attempts in a row and recovers only
+// when its own operation succeeds. Status also holds the store for
+// /inspect. The zero value is a stage that is starting. It is safe for
+// concurrent use.
+type Status struct {
+	mu    sync.Mutex
+	ready bool
+	// units are the failure records, by component or component/instance
+	// (one per partition for the per-partition paths).
+	units map[string]*unit
+	store *state.Store
+	win   window.Window
+	clock window.Clock
+}
+
+// unit is one component (or one instance of it) as Status tracks it.
+type unit struct {
+	inARow int    // failed attempts since the last success
+	last   string // the last failure
+}
+
+// Failed records a failed attempt of component, which may name an instance
+// after a slash ("publish/3"). It implements retry.Reporter.
+func (st *Status) Failed(component string, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	u := st.unit(component)
+	u.inARow++
+	u.last = fmt.Sprint(err)
+}
+
+// Succeeded records a successful attempt of component: it recovers. Other
+// components are untouched. It implements retry.Reporter.
+func (st *Status) Succeeded(component string, _ bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if u, ok := st.units[component]; ok {
+		u.inARow, u.last = 0, ""
+	}
+}
+
+// declare makes the components known before they report, so that their
+// gauges exist from the start.
+func (st *Status) declare(components ...string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, c := range components {
+		st.unit(c)
+	}
+}
+
+// unit returns the record of name, creating it. st.mu is held.
+func (st *Status) unit(name string) *unit {
+	if st.units == nil {
+		st.units = make(map[string]*unit)
+	}
+	u, ok := st.units[name]
+	if !ok {
+		u = &unit{}
+		st.units[name] = u
+	}
+	return u
+}
+
+func (st *Status) setReady(r bool) {
+	st.mu.Lock()
+	st.ready = r
+	st.mu.Unlock()
+}
+
+func (st *Status) setStore(s *state.Store, w window.Window, c window.Clock) {
+	st.mu.Lock()
+	st.store, st.win, st.clock = s, w, c
+	st.mu.Unlock()
+}
+
+// Ready reports whether the stage is judging messages.
+func (st *Status) Ready() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.ready
+}
+
+// Healthy returns nil, or an error listing every component (with its
+// instance) that keeps failing and its last error.
+func (st *Status) Healthy() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var parts []string
+	for name, u := range st.units {
+		if u.inARow >= unhealthyAfter {
+			parts = append(parts, name+": "+u.last)
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	sort.Strings(parts)
+	return errors.New("failing, retrying: " + strings.Join(parts, "; "))
+}
+
+// Components returns every known component (instances folded into their
+// component) and whether it is healthy.
+func (st *Status) Components() map[string]bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := make(map[string]bool, len(st.units))
+	for name, u := range st.units {
+		c, _, _ := strings.Cut(name, "/")
+		ok, seen := out[c]
+		if !seen {
+			ok = true
+		}
+		out[c] = ok && u.inARow < unhealthyAfter
+	}
+	return out
+}
+
+// instance is a retry.Reporter for one instance of the components, such as
+// one partition: it reports "component/instance" to the Status.
+type instance struct {
+	st   *Status
+	name string
+}
+
+// Failed implements retry.Reporter.
+func (r instance) Failed(component string, err error) { r.st.Failed(component+"/"+r.name, err) }
+
+// Succeeded implements retry.Reporter.
+func (r instance) Succeeded(component string, retried bool) {
+	r.st.Succeeded(component+"/"+r.name, retried)
+}
