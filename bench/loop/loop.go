@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 )
 
 // Errors returned by Run.
@@ -117,13 +118,18 @@ type Stats struct {
 	Skipped atomic.Uint64
 	// PublishErrors counts publishes that failed and were retried.
 	PublishErrors atomic.Uint64
+	// Rejected counts messages the output refused with an error no retry
+	// changes (acked, not forwarded).
+	Rejected atomic.Uint64
 }
 
 // Run drains the consumer until ctx is done, then stops pulling, finishes
-// the batches in flight (publish, await every PubAck, ack) and returns. A
-// failed publish is retried (with the same id) until it succeeds or ctx is
-// done; what is not acknowledged then comes back after AckWait. stats may
-// be nil.
+// the batches in flight (publish, await every PubAck, ack) and returns. It
+// forwards with internal/forward, as the stage does: a publish that fails
+// transiently is retried (with the same id) until it succeeds or ctx is
+// done, and what is not acknowledged then comes back after AckWait; one
+// refused permanently is counted in Stats.Rejected and acked. stats may be
+// nil.
 func Run(ctx context.Context, opts Options, stats *Stats) error {
 	if err := opts.Validate(); err != nil {
 		return err
@@ -190,64 +196,42 @@ type item struct {
 // worker gathers batches as the stage's partition worker does (the same
 // batcher) and forwards them.
 func worker(ctx context.Context, opts Options, in <-chan item, stats *Stats) {
-	futures := make([]jetstream.PubAckFuture, 0, opts.BatchSize)
+	var out []*nats.Msg
+	var res []forward.Result
 	batcher.Run(in, opts.BatchSize, opts.Linger, func(batch []item) {
-		futures = forward(ctx, opts, batch, futures[:0], stats)
+		out, res = out[:0], res[:0]
+		for i := range batch {
+			out = append(out, outMsg(opts, &batch[i]))
+		}
+		res = append(res, make([]forward.Result, len(out))...)
+		forwardBatch(ctx, opts, batch, out, res, stats)
 	})
 }
 
-// forward publishes the batch, awaits every PubAck (retrying failures while
-// ctx lasts), then acks the batch. On ctx done with publishes failing, the
-// batch is left unacked.
-func forward(ctx context.Context, opts Options, batch []item, futures []jetstream.PubAckFuture, stats *Stats) []jetstream.PubAckFuture {
-	out := make([]*nats.Msg, len(batch))
-	for i := range batch {
-		out[i] = outMsg(opts, &batch[i])
+// forwardBatch publishes the batch with the stage's forward loop (every
+// PubAck awaited, transient failures retried while ctx lasts), then acks
+// the batch. A message the output refuses permanently is counted in
+// Stats.Rejected and acked. On ctx done with publishes failing, the batch
+// is left unacked.
+func forwardBatch(ctx context.Context, opts Options, batch []item, out []*nats.Msg, res []forward.Result, stats *Stats) {
+	o := forward.Options{OnRetry: func(_, failed int, _ error) { stats.PublishErrors.Add(uint64(failed)) }}
+	if err := forward.Batch(ctx, opts.JS, out, res, o); err != nil {
+		return
 	}
-	pending := make([]int, len(batch))
-	for i := range pending {
-		pending[i] = i
-	}
-	for len(pending) > 0 {
-		futures = futures[:0]
-		for _, i := range pending {
-			f, err := opts.JS.PublishMsgAsync(out[i], jetstream.WithStallWait(5*time.Second))
-			if err != nil {
-				f = nil
-			}
-			futures = append(futures, f)
-		}
-		failed := pending[:0]
-		for k, i := range pending {
-			f := futures[k]
-			if f == nil {
-				failed = append(failed, i)
-				continue
-			}
-			select {
-			case ack := <-f.Ok():
-				stats.Forwarded.Add(1)
-				if ack.Duplicate {
-					stats.Duplicates.Add(1)
-				}
-			case <-f.Err():
-				failed = append(failed, i)
-			}
-		}
-		pending = failed
-		if len(pending) > 0 {
-			stats.PublishErrors.Add(uint64(len(pending)))
-			select {
-			case <-ctx.Done():
-				return futures
-			case <-time.After(50 * time.Millisecond):
-			}
+	for _, r := range res {
+		switch {
+		case r.Err != nil:
+			stats.Rejected.Add(1)
+		case r.Duplicate:
+			stats.Forwarded.Add(1)
+			stats.Duplicates.Add(1)
+		default:
+			stats.Forwarded.Add(1)
 		}
 	}
 	for _, it := range batch {
 		_ = it.msg.Ack()
 	}
-	return futures
 }
 
 // outMsg copies the message's headers (without Nats-Expected-*) and payload to the
