@@ -102,7 +102,7 @@ type StreamSink struct {
 func (s StreamSink) Enabled() bool { return s.Stream != "" }
 
 // Subjects returns the subjects of the totals stream: SubjectPrefix + ".>".
-func (s StreamSink) Subjects() string { return s.SubjectPrefix + ".>" }
+func (s StreamSink) Subjects() string { return sink.StreamSubjects(s.SubjectPrefix) }
 
 // PostgresSink writes totals to a PostgreSQL table.
 type PostgresSink struct {

@@ -263,8 +263,9 @@ type Sink interface {
 	Write(ctx context.Context, totals []Total) (Result, error)
 	// Close marks the sink closed; later Writes return ErrClosed. It does not
 	// close the connection, bucket or pool the sink was built on, which
-	// belong to the caller. Close is safe to call more than once and always
-	// returns nil for the sinks in this package.
+	// belong to the caller (except the pool OpenPostgres opened, which its
+	// sink owns). Close is safe to call more than once and always returns
+	// nil for the sinks in this package.
 	Close() error
 }
 

@@ -179,7 +179,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	so := cfg.StateOptions(s.win)
 	so.Clock = s.clock
 	so.Logger = s.log.With("component", "state")
-	if err := checkRouting(so.Dir, so.Partitions, routing(cfg)); err != nil {
+	if err := state.CheckRouting(so.Dir, so.Partitions, cfg.Routing()); err != nil {
 		return nil, err
 	}
 	if s.store, err = state.Open(ctx, so); err != nil {

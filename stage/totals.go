@@ -4,15 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -45,15 +39,6 @@ const (
 // totals.late_events "drop".
 const outcomeDropped = "dropped"
 
-// RoutingFile is the file in the state directory that records what the
-// partition key is, so that a change (totals switched on or off, another
-// group) is refused instead of silently routing keys to other partitions.
-const RoutingFile = "ROUTING"
-
-// unixMillisFrom is the smallest integer event time read as Unix
-// milliseconds; smaller ones are Unix seconds (up to the year 5138).
-const unixMillisFrom = 100_000_000_000
-
 // flushChunk is the most totals given to one sink Write.
 const flushChunk = 1000
 
@@ -67,7 +52,6 @@ type totals struct {
 	time   *keys.Extractor // nil: the stream timestamp
 	value  *keys.Extractor // nil: count 1
 	sinks  []sink.Sink
-	pool   *pgxpool.Pool // the PostgreSQL sink's, nil without it
 
 	flushSeconds prometheus.Histogram
 	pending      prometheus.Gauge
@@ -77,54 +61,9 @@ type totals struct {
 	failures int        // flushes failed in a row; guarded by flushMu
 }
 
-// routing describes the partition key of cfg, as recorded in RoutingFile.
-func routing(cfg config.Config) string {
-	if cfg.Totals.Enabled {
-		return "totals.group " + cfg.Totals.Group.String()
-	}
-	return "key"
-}
-
-// checkRouting compares the partition key recorded in dir/RoutingFile with
-// want and records want when nothing is recorded. State written before the
-// file existed (dir/LAYOUT without dir/ROUTING) was partitioned by the key.
-// With one partition every key routes to it, so a change is harmless and
-// simply recorded.
-func checkRouting(dir string, partitions int, want string) error {
-	path := filepath.Join(dir, RoutingFile)
-	b, err := os.ReadFile(path)
-	have := strings.TrimSpace(string(b))
-	switch {
-	case err == nil:
-	case errors.Is(err, fs.ErrNotExist):
-		if _, lerr := os.Stat(filepath.Join(dir, state.LayoutFile)); lerr == nil {
-			have = "key"
-		} else {
-			have = want
-		}
-	default:
-		return fmt.Errorf("state: read %s: %w", path, err)
-	}
-	if have != want && partitions > 1 {
-		return fmt.Errorf("state in %s is partitioned by %s, but this configuration partitions by %s: "+
-			"keys recorded there would be looked up in other partitions and their repeats forwarded (and counted) again; "+
-			"start with an empty state.data_dir, or switch the configuration back", dir, have, want)
-	}
-	if err == nil && have == want {
-		return nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := os.WriteFile(path, []byte(want+"\n"), 0o644); err != nil {
-		return fmt.Errorf("state: record the partition key: %w", err)
-	}
-	return nil
-}
-
-// newTotals compiles the totals configuration, registers its metrics and
-// opens the sinks, creating the KV bucket, the stream or the table when
-// configured to. On error it releases what it opened.
+// newTotals compiles the totals configuration, registers its metrics (a
+// registry that already holds them panics, as with every metric of the
+// stage) and opens the sinks (see openSinks).
 func newTotals(ctx context.Context, s *Stage, reg prometheus.Registerer) (_ *totals, err error) {
 	cfg := s.cfg.Totals
 	t := &totals{s: s, cfg: cfg, bucket: cfg.Bucket.D()}
@@ -154,103 +93,16 @@ func newTotals(ctx context.Context, s *Stage, reg prometheus.Registerer) (_ *tot
 		Name: "dedupe_totals_late_events_total",
 		Help: "New events for closed buckets (bucket end + W past), by action: dead_lettered or dropped. They never change a total.",
 	}, []string{"action"})
-	if err := registerAll(reg, t.flushSeconds, t.pending, t.lateEvents); err != nil {
+	reg.MustRegister(t.flushSeconds, t.pending, t.lateEvents)
+	if t.sinks, err = openSinks(ctx, s.js, cfg, s.cfg.NATS.ShouldCreateStreams(), sink.NewMetrics(reg)); err != nil {
 		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			t.close()
-		}
-	}()
-	m := sink.NewMetrics(reg)
-	create := s.cfg.NATS.ShouldCreateStreams()
-	sk := cfg.Sinks
-	if sk.KV.Enabled() {
-		kv, err := ensureKV(ctx, s.js, sk.KV.Bucket, create || sk.KV.Create)
-		if err != nil {
-			return nil, err
-		}
-		t.sinks = append(t.sinks, sink.Instrument(sink.NewKV(kv), m))
-	}
-	if sk.Stream.Enabled() {
-		if err := ensureTotalsStream(ctx, s.js, sk.Stream, create || sk.Stream.Create); err != nil {
-			return nil, err
-		}
-		t.sinks = append(t.sinks, sink.Instrument(sink.NewStream(s.js, sk.Stream.SubjectPrefix), m))
-	}
-	if sk.Postgres.Enabled() {
-		if t.pool, err = pgxpool.New(ctx, sk.Postgres.DSN); err != nil {
-			return nil, fmt.Errorf("totals.sinks.postgres.dsn: %w", err)
-		}
-		if sk.Postgres.CreateSchema {
-			if err := sink.CreateSchema(ctx, t.pool, sk.Postgres.Table); err != nil {
-				return nil, err
-			}
-		}
-		ps, err := sink.NewPostgres(ctx, t.pool, sk.Postgres.Table)
-		if err != nil {
-			return nil, fmt.Errorf("totals.sinks.postgres: %w", err)
-		}
-		t.sinks = append(t.sinks, sink.Instrument(ps, m))
 	}
 	return t, nil
 }
 
-func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("register totals metrics: %w", err)
-		}
-	}
-	return nil
-}
-
-// ensureKV returns the KV bucket name, creating it when missing and create.
-func ensureKV(ctx context.Context, js jetstream.JetStream, name string, create bool) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, name)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("totals.sinks.kv.bucket %s: %w (create it, or set totals.sinks.kv.create)", name, err)
-	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: name, Description: "dedupe-stage totals: <group>.<bucket unix seconds> = total", Storage: jetstream.FileStorage,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("create KV bucket %s: %w", name, err)
-	}
-	return kv, nil
-}
-
-// ensureTotalsStream checks that the totals stream exists, creating it with
-// subjects prefix.> when missing and create.
-func ensureTotalsStream(ctx context.Context, js jetstream.JetStream, c config.StreamSink, create bool) error {
-	_, err := js.Stream(ctx, c.Stream)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) || !create {
-		return fmt.Errorf("totals.sinks.stream.stream %s: %w (create it, or set totals.sinks.stream.create)", c.Stream, err)
-	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: c.Stream, Subjects: []string{c.Subjects()}, Storage: jetstream.FileStorage,
-		Description: "dedupe-stage totals: the largest value per (group, bucket) is current",
-	})
-	if err != nil {
-		return fmt.Errorf("create totals stream %s: %w", c.Stream, err)
-	}
-	return nil
-}
-
-// close releases the sinks and the PostgreSQL pool.
+// close releases the sinks.
 func (t *totals) close() {
-	for _, sk := range t.sinks {
-		_ = sk.Close()
-	}
-	if t.pool != nil {
-		t.pool.Close()
-	}
+	closeSinks(t.sinks)
 }
 
 // extract reads a message's group, time and value. A message that has no
@@ -286,7 +138,7 @@ func (t *totals) extract(msg jetstream.Msg, data []byte) (state.Contribution, *d
 		if err != nil {
 			return dl(ReasonBadTime, "time (%v): %v", t.cfg.Time, err)
 		}
-		if at, err = parseEventTime(raw); err != nil {
+		if at, err = keys.ParseTime(raw); err != nil {
 			return dl(ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
 		}
 	}
@@ -296,57 +148,11 @@ func (t *totals) extract(msg jetstream.Msg, data []byte) (state.Contribution, *d
 		if err != nil {
 			return dl(ReasonBadValue, "value (%v): %v", t.cfg.Value, err)
 		}
-		if v, err = parseValue(raw); err != nil {
+		if v, err = keys.ParseValue(raw); err != nil {
 			return dl(ReasonBadValue, "value (%v) %q: %v", t.cfg.Value, raw, err)
 		}
 	}
 	return state.Contribution{Group: string(g), Bucket: state.BucketOf(at, t.bucket), Value: v}, nil
-}
-
-// parseEventTime reads RFC 3339 text, or a non-negative decimal integer as
-// Unix seconds (below unixMillisFrom) or Unix milliseconds. Times after the
-// year 9999 are refused: the sinks cannot store them.
-func parseEventTime(b []byte) (time.Time, error) {
-	var at time.Time
-	if n, ok := parseDigits(b); ok {
-		if n < unixMillisFrom {
-			at = time.Unix(n, 0)
-		} else {
-			at = time.UnixMilli(n)
-		}
-	} else {
-		var err error
-		if at, err = time.Parse(time.RFC3339Nano, string(b)); err != nil {
-			return time.Time{}, errors.New("want RFC 3339 text or Unix seconds or milliseconds")
-		}
-	}
-	if at.UTC().Year() > 9999 {
-		return time.Time{}, errors.New("after the year 9999")
-	}
-	return at, nil
-}
-
-// parseValue reads a decimal integer from 0 to math.MaxInt64.
-func parseValue(b []byte) (int64, error) {
-	n, ok := parseDigits(b)
-	if !ok {
-		return 0, errors.New("want an integer from 0 to 9223372036854775807 in decimal digits")
-	}
-	return n, nil
-}
-
-// parseDigits parses 1..19 decimal digits that fit an int64.
-func parseDigits(b []byte) (int64, bool) {
-	if len(b) == 0 || len(b) > 19 {
-		return 0, false
-	}
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(string(b), 10, 64)
-	return n, err == nil
 }
 
 // closes returns when the bucket starting at bucket closes: its end + W.
@@ -354,26 +160,38 @@ func (t *totals) closes(bucket time.Time) time.Time {
 	return bucket.Add(t.bucket).Add(t.s.win.W)
 }
 
-// late handles batch[i] if it is a new event for a closed bucket (its end +
-// W before now): it counts it and dead-letters it, or acks and drops it,
-// and returns true. Otherwise it returns false and the event goes on.
-func (t *totals) late(w *worker, i int, batch []item, now time.Time) bool {
-	it := &batch[i]
+// lateOutcome is what becomes of a new event, judged against its bucket.
+type lateOutcome int
+
+const (
+	// onTime: the bucket is open; the event goes on to be forwarded and
+	// counted.
+	onTime lateOutcome = iota
+	// lateDrop: the bucket is closed and totals.late_events is "drop": ack
+	// the event without forwarding it, counted as outcome "dropped".
+	lateDrop
+	// lateDeadLetter: the bucket is closed: dead-letter the event with
+	// reason closed_bucket.
+	lateDeadLetter
+)
+
+// late judges a new event in partition against its bucket: a bucket whose
+// end + W is before now is closed and its total final. It counts a late
+// event in dedupe_totals_late_events_total and returns what to do with it;
+// with lateDeadLetter, the dead letter to send. The caller acts on it.
+func (t *totals) late(it *item, partition string, now time.Time) (lateOutcome, deadLetter) {
 	closes := t.closes(it.tot.Bucket)
 	if !closes.Before(now) {
-		return false
+		return onTime, deadLetter{}
 	}
 	if t.cfg.LateEvents == config.LateDrop {
 		t.lateEvents.WithLabelValues("dropped").Inc()
-		t.s.metrics.Messages.WithLabelValues(w.label, outcomeDropped).Inc()
-		w.acks = append(w.acks, i)
-		return true
+		return lateDrop, deadLetter{}
 	}
 	t.lateEvents.WithLabelValues("dead_lettered").Inc()
-	w.dlq <- deadLetter{msg: it.msg, reason: ReasonClosedBucket, partition: w.label,
+	return lateDeadLetter, deadLetter{msg: it.msg, reason: ReasonClosedBucket, partition: partition,
 		detail: fmt.Sprintf("group %q bucket %s closed at %s (bucket end + W %v), event judged at %s: its total is final",
 			it.tot.Group, it.tot.Bucket.UTC().Format(time.RFC3339), closes.UTC().Format(time.RFC3339), t.s.win.W, now.UTC().Format(time.RFC3339))}
-	return true
 }
 
 // markAllDirty marks every total the store keeps as changed, so that the

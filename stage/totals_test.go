@@ -587,9 +587,9 @@ func TestTotalsRefuseRoutingChange(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "partitioned by key") || !strings.Contains(err.Error(), `totals.group json "campaign"`) {
 		t.Fatalf("New with totals on over state partitioned by key: %v, want a refusal naming both", err)
 	}
-	b, err := os.ReadFile(filepath.Join(e.dataDir, "state", stage.RoutingFile))
+	b, err := os.ReadFile(filepath.Join(e.dataDir, "state", state.RoutingFile))
 	if err != nil || strings.TrimSpace(string(b)) != "key" {
-		t.Errorf("%s = %q, %v; want it to still say key", stage.RoutingFile, b, err)
+		t.Errorf("%s = %q, %v; want it to still say key", state.RoutingFile, b, err)
 	}
 }
 

@@ -116,8 +116,16 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			w.repeat(i, batch, res.Record, now)
 			continue
 		}
-		if s.totals != nil && s.totals.late(w, i, batch, now) {
-			continue
+		if s.totals != nil {
+			switch late, dl := s.totals.late(it, w.label, now); late {
+			case lateDrop:
+				s.metrics.Messages.WithLabelValues(w.label, outcomeDropped).Inc()
+				w.acks = append(w.acks, i)
+				continue
+			case lateDeadLetter:
+				w.dlq <- dl
+				continue
+			}
 		}
 		m := s.outputMsg(it)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
