@@ -58,8 +58,10 @@ type Options struct {
 	// Conn is the NATS connection to use. Required. The caller closes it
 	// after Close.
 	Conn *nats.Conn
-	// Registry receives the stage's metrics. Default: a new registry that is
-	// not served.
+	// Registry receives the stage's metrics, registered with MustRegister
+	// like every metric in this project: a registry that already holds them
+	// (a second stage on one registry) is a programming error and panics.
+	// Default: a new registry that is not served.
 	Registry prometheus.Registerer
 	// Logger receives the stage's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -185,10 +187,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if s.store, err = state.Open(ctx, so); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
-	if err := reg.Register(NewStoreCollector(s.store)); err != nil {
-		s.store.Close()
-		return nil, fmt.Errorf("register store metrics: %w", err)
-	}
+	reg.MustRegister(NewStoreCollector(s.store))
 	if err := s.openTotals(ctx, reg); err != nil {
 		s.store.Close()
 		return nil, err
