@@ -244,7 +244,6 @@ func assertHealthy(t *testing.T, r *running) {
 	}
 }
 
-
 // TestOversizeKeylessInARowDoNotStall publishes 300 keyless messages whose
 // dead letters pass the 64 KiB header limit, then good events: every good
 // event is forwarded, every bad one is dead-lettered shrunk.
