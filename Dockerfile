@@ -28,10 +28,14 @@ COPY dedupe-stage /dedupe-stage
 COPY --chown=65532:65532 rootfs/ /
 
 USER 65532:65532
+# /inspect tells whoever reaches the port whether a key was seen: off in the
+# image (metrics and health stay). -e DEDUPE_HTTP_INSPECT=true turns it on;
+# DEDUPE_HTTP_INSPECT_ADDR=127.0.0.1:9465 serves it on its own listener.
 ENV DEDUPE_DATA_DIR=/data \
-    DEDUPE_HTTP_ADDR=0.0.0.0:9464
+    DEDUPE_HTTP_ADDR=0.0.0.0:9464 \
+    DEDUPE_HTTP_INSPECT=false
 VOLUME ["/data"]
-# /metrics /healthz /readyz /inspect
+# /metrics /healthz /readyz
 EXPOSE 9464
 
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

@@ -298,6 +298,25 @@ type Pipeline struct {
 type HTTP struct {
 	// Addr to listen on. Default "127.0.0.1:9464"; "" disables the server.
 	Addr string `yaml:"addr"`
+	// Inspect serves /inspect?key=K, which tells anyone who can reach it
+	// whether a key was seen. Default true; the container image sets it
+	// false.
+	Inspect bool `yaml:"inspect"`
+	// InspectAddr, if set, serves /inspect on its own listener instead of
+	// on Addr (which keeps /metrics, /healthz and /readyz). Default "".
+	InspectAddr string `yaml:"inspect_addr"`
+}
+
+// InspectOn returns the address /inspect is served on: InspectAddr when
+// set, else Addr; "" when /inspect is off or HTTP is disabled.
+func (h HTTP) InspectOn() string {
+	switch {
+	case !h.Inspect:
+		return ""
+	case h.InspectAddr != "":
+		return h.InspectAddr
+	}
+	return h.Addr
 }
 
 // Log configures logging (log/slog).
@@ -369,7 +388,7 @@ func Default() Config {
 			MaxMessageBytes:       MiB,
 			OnFingerprintMismatch: FingerprintDeadLetter,
 		},
-		HTTP:   HTTP{Addr: "127.0.0.1:9464"},
+		HTTP:   HTTP{Addr: "127.0.0.1:9464", Inspect: true},
 		Log:    Log{Level: "info", Format: "text"},
 		Totals: DefaultTotals(),
 	}

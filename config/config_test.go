@@ -409,12 +409,14 @@ func TestEnvOverridesFile(t *testing.T) {
 		"DEDUPE_SYNC_WRITES":    "false",
 
 		"DEDUPE_TOTALS_POSTGRES_DSN": "postgres://env/db",
+		"DEDUPE_HTTP_INSPECT":        "false",
+		"DEDUPE_HTTP_INSPECT_ADDR":   "127.0.0.1:9465",
 	}
 	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	want := mustParse(t, "nats: {url: 'nats://env:4222', user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true}\n"+
-		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999'}\nlog: {level: debug, format: json}\n"+
+		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999', inspect: false, inspect_addr: '127.0.0.1:9465'}\nlog: {level: debug, format: json}\n"+
 		"input: {stream: IN}\noutput: {stream: OUT}\ntotals: {sinks: {postgres: {dsn: 'postgres://env/db'}}}\n")
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("after ApplyEnv:\n got %+v\nwant %+v", c, want)

@@ -18,6 +18,17 @@ func setString(p func(c *Config) *string) func(*Config, string) error {
 	return func(c *Config, v string) error { *p(c) = v; return nil }
 }
 
+func setBool(p func(c *Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q, want true or false", v)
+		}
+		*p(c) = b
+		return nil
+	}
+}
+
 // envVars lists every variable ApplyEnv reads, in the order applied.
 var envVars = []envVar{
 	{"DEDUPE_NATS_URL", "nats.url", setString(func(c *Config) *string { return &c.NATS.URL })},
@@ -45,15 +56,10 @@ var envVars = []envVar{
 		c.State.Partitions = n
 		return nil
 	}},
-	{"DEDUPE_SYNC_WRITES", "state.sync_writes", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("%q, want true or false", v)
-		}
-		c.State.SyncWrites = b
-		return nil
-	}},
+	{"DEDUPE_SYNC_WRITES", "state.sync_writes", setBool(func(c *Config) *bool { return &c.State.SyncWrites })},
 	{"DEDUPE_HTTP_ADDR", "http.addr", setString(func(c *Config) *string { return &c.HTTP.Addr })},
+	{"DEDUPE_HTTP_INSPECT", "http.inspect", setBool(func(c *Config) *bool { return &c.HTTP.Inspect })},
+	{"DEDUPE_HTTP_INSPECT_ADDR", "http.inspect_addr", setString(func(c *Config) *string { return &c.HTTP.InspectAddr })},
 	{"DEDUPE_LOG_LEVEL", "log.level", setString(func(c *Config) *string { return &c.Log.Level })},
 	{"DEDUPE_LOG_FORMAT", "log.format", setString(func(c *Config) *string { return &c.Log.Format })},
 	{"DEDUPE_TOTALS_POSTGRES_DSN", "totals.sinks.postgres.dsn", setString(func(c *Config) *string { return &c.Totals.Sinks.Postgres.DSN })},

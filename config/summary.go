@@ -125,10 +125,17 @@ func (c Config) Summary() string {
 	p := c.Pipeline
 	line("pipeline", "batch %d, linger %v, %d publishes in flight, max message %v, fingerprint mismatch: %s",
 		p.BatchSize, p.BatchLinger, p.MaxPublishInFlight, p.MaxMessageBytes, p.OnFingerprintMismatch)
-	if c.HTTP.Addr == "" {
+	switch h := c.HTTP; {
+	case h.Addr == "" && h.InspectOn() == "":
 		line("http", "disabled")
-	} else {
-		line("http", "%s (/metrics /healthz /readyz /inspect)", c.HTTP.Addr)
+	case h.InspectOn() == h.Addr:
+		line("http", "%s (/metrics /healthz /readyz /inspect)", h.Addr)
+	case h.Addr == "":
+		line("http", "/inspect on %s; /metrics /healthz /readyz disabled", h.InspectOn())
+	case h.InspectOn() == "":
+		line("http", "%s (/metrics /healthz /readyz; /inspect off)", h.Addr)
+	default:
+		line("http", "%s (/metrics /healthz /readyz), /inspect on %s", h.Addr, h.InspectOn())
 	}
 	line("log", "%s, %s", c.Log.Level, c.Log.Format)
 	for i, s := range c.totalsSummary() {

@@ -84,6 +84,13 @@ func (c Config) Validate() error {
 			v.add("http.addr", "%q: %s", a, msg)
 		}
 	}
+	if a := c.HTTP.InspectAddr; a != "" {
+		if msg := checkHostPort(a); msg != "" {
+			v.add("http.inspect_addr", "%q: %s", a, msg)
+		} else if a == c.HTTP.Addr {
+			v.add("http.inspect_addr", "%q is http.addr; leave it empty to serve /inspect there", a)
+		}
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // Inspection is the answer of /inspect for one key.
@@ -32,11 +33,17 @@ func (st *Status) Inspect(key string) (Inspection, error) {
 	st.mu.Lock()
 	store, win, clock := st.store, st.win, st.clock
 	st.mu.Unlock()
+	if len(key) > state.MaxKeySize {
+		return Inspection{}, fmt.Errorf("%w: %d bytes, the longest key is %d", ErrBadInspectKey, len(key), state.MaxKeySize)
+	}
 	if store == nil {
 		return Inspection{}, errors.New("state is not open yet")
 	}
 	rec, p, found, err := store.Find([]byte(key))
 	if err != nil {
+		if errors.Is(err, state.ErrBadKey) {
+			return Inspection{}, fmt.Errorf("%w: %w", ErrBadInspectKey, err)
+		}
 		return Inspection{}, fmt.Errorf("inspect %q: %w", key, err)
 	}
 	in := Inspection{Key: key, Found: found, Window: win.W.String()}
@@ -51,13 +58,28 @@ func (st *Status) Inspect(key string) (Inspection, error) {
 	return in, nil
 }
 
+// ErrBadInspectKey is returned by Status.Inspect for a key the store
+// cannot hold (empty, or longer than state.MaxKeySize).
+var ErrBadInspectKey = errors.New("stage: bad key to inspect")
+
 // NewHandler serves the operator endpoints:
 //
 //	/metrics         Prometheus metrics from g
 //	/healthz         200 while nothing keeps failing, else 503 with what fails
 //	/readyz          200 once every filter is ready and while healthy, else 503
 //	/inspect?key=K   JSON: whether K is inside the window, first seen, leaves at
+//
+// It is NewHealthHandler and NewInspectHandler on one mux.
 func NewHandler(g prometheus.Gatherer, st *Status) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", NewHealthHandler(g, st))
+	mux.Handle("/inspect", NewInspectHandler(st))
+	return mux
+}
+
+// NewHealthHandler serves /metrics, /healthz and /readyz (see NewHandler),
+// without /inspect.
+func NewHealthHandler(g prometheus.Gatherer, st *Status) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -78,6 +100,14 @@ func NewHandler(g prometheus.Gatherer, st *Status) http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	return mux
+}
+
+// NewInspectHandler serves /inspect?key=K (see NewHandler): 400 for a
+// missing key or one the store cannot hold, 503 while the state is not
+// open or cannot be read.
+func NewInspectHandler(st *Status) http.Handler {
+	mux := http.NewServeMux()
 	mux.HandleFunc("/inspect", func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Query().Get("key")
 		if key == "" {
@@ -85,6 +115,10 @@ func NewHandler(g prometheus.Gatherer, st *Status) http.Handler {
 			return
 		}
 		in, err := st.Inspect(key)
+		if errors.Is(err, ErrBadInspectKey) {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -166,25 +165,11 @@ func runCmd(args []string, stderr io.Writer) error {
 		newBuildInfo(ver, rev),
 	)
 	status := &stage.Status{}
-	var srv *http.Server
-	if cfg.HTTP.Addr != "" {
-		ln, err := net.Listen("tcp", cfg.HTTP.Addr)
-		if err != nil {
-			return fmt.Errorf("http.addr %s: %w", cfg.HTTP.Addr, err)
-		}
-		srv = &http.Server{Handler: stage.NewHandler(reg, status), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server", "err", err)
-			}
-		}()
-		log.Info("serving /metrics /healthz /readyz /inspect", "addr", ln.Addr().String())
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
+	stopHTTP, err := serveHTTP(cfg.HTTP, reg, status, log)
+	if err != nil {
+		return err
 	}
+	defer stopHTTP()
 
 	var embedded *server.Server
 	if cfg.NATS.URL == "" {
@@ -262,12 +247,13 @@ func inspectCmd(args []string, stdout io.Writer) error {
 	if key == "" {
 		return errors.New("usage: dedupe-stage inspect [--config FILE] [flags] KEY")
 	}
-	if cfg.HTTP.Addr == "" {
-		return errors.New("inspect asks the running stage over HTTP, and http.addr is empty")
+	addr := cfg.HTTP.InspectOn()
+	if addr == "" {
+		return errors.New("inspect asks the running stage over HTTP, and /inspect is off (http.inspect false or http.addr empty)")
 	}
-	body, err := httpGet("http://" + cfg.HTTP.Addr + "/inspect?key=" + url.QueryEscape(key))
+	body, err := httpGet("http://" + addr + "/inspect?key=" + url.QueryEscape(key))
 	if err != nil {
-		return fmt.Errorf("inspect asks the running stage at %s (is it running?): %w", cfg.HTTP.Addr, err)
+		return fmt.Errorf("inspect asks the running stage at %s (is it running?): %w", addr, err)
 	}
 	fmt.Fprint(stdout, body)
 	return nil

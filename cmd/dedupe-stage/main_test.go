@@ -59,7 +59,8 @@ type proc struct {
 }
 
 // startStage runs the binary with a config that keys on the Event-Id header.
-func startStage(t *testing.T, natsURL, dataDir, httpAddr string) *proc {
+// Each of httpFields is one more line of its http section ("inspect: false").
+func startStage(t *testing.T, natsURL, dataDir, httpAddr string, httpFields ...string) *proc {
 	t.Helper()
 	cfgPath := filepath.Join(t.TempDir(), "stage.yaml")
 	cfg := fmt.Sprintf(`nats:
@@ -78,9 +79,9 @@ filter:
   expected_keys: 100000
 http:
   addr: %s
-log:
+%slog:
   format: json
-`, natsURL, dataDir, httpAddr)
+`, natsURL, dataDir, httpAddr, indent(httpFields))
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +116,15 @@ log:
 		return resp.StatusCode == http.StatusOK
 	})
 	return p
+}
+
+// indent returns each line indented by two spaces, ending in a newline.
+func indent(lines []string) string {
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString("  " + l + "\n")
+	}
+	return b.String()
 }
 
 // grepLines returns the lines of s that contain sub.
