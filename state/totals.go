@@ -178,17 +178,17 @@ func (p *Partition) totalTTL(bucket time.Time, now time.Time) time.Duration {
 	return max(until.Sub(now), p.ttl)
 }
 
-// markDirty records that the totals written by groups changed; called
-// under p.mu after they committed.
-func (p *Partition) markDirty(groups []group) {
-	for _, g := range groups {
-		if g.total == "" {
+// markDirty records that the totals written by the claims in claimed
+// changed; called under p.mu after they committed.
+func (p *Partition) markDirty(claimed []claimWrites) {
+	for _, c := range claimed {
+		if c.total == "" {
 			continue
 		}
 		if p.dirty == nil {
 			p.dirty = make(map[string]struct{})
 		}
-		p.dirty[g.total] = struct{}{}
+		p.dirty[c.total] = struct{}{}
 	}
 }
 

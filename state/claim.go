@@ -1,0 +1,236 @@
+package state
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Claim asks to record a key as seen.
+type Claim struct {
+	// Key is the dedupe key, 1..MaxKeySize bytes.
+	Key []byte
+	// Fingerprint identifies the payload; it is stored with a new record.
+	Fingerprint uint64
+	// Total, when Total.Group is set, is added to its (group, bucket) total
+	// if the claim is New, in the same transaction that records the key.
+	Total Contribution
+}
+
+// ClaimResult is the outcome of one Claim.
+type ClaimResult struct {
+	// New is true when this claim recorded the key: the key had no
+	// unexpired record and no earlier claim in the same batch had it.
+	New bool
+	// Existing is the record that made the claim a repeat; zero when New.
+	Existing Record
+	// Total is the absolute total of the claim's (group, bucket) after its
+	// contribution, when New and the claim carried one; 0 otherwise.
+	Total int64
+}
+
+// Claim records the keys of claims that are not yet seen, in one Badger
+// transaction, and returns one result per claim in order.
+//
+// A claim is a repeat (New=false, Existing set) when the partition holds an
+// unexpired record of its key, or when an earlier claim in the same batch
+// has the same key (then Existing is the record that claim found or wrote):
+// copies inside one batch resolve to exactly one New. Otherwise the claim is
+// New and its record is written with FirstSeen = the clock's now and a
+// Badger TTL of W + W/Generations + 1s, so physical expiry lags logical
+// expiry (Badger's TTL runs on the wall clock, from the time of the write,
+// in whole seconds). Keys the
+// filter proves new skip the Badger read. After the commit succeeds the new
+// keys are added to the filter.
+//
+// When the file system holding the partition has less than
+// Options.MinFreeBytes available, Claim writes nothing and returns an error
+// wrapping ErrDiskFull.
+//
+// With Options.SyncWrites the commit is fsynced before Claim returns. A
+// batch too big for one Badger transaction is split into several commits,
+// each holding whole claims; if a later commit fails, the earlier ones stay
+// committed (and in the filter) and Claim returns the error: a retry of the
+// batch then sees those keys as repeats of the records already written.
+func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
+	for i := range claims {
+		if err := checkKey(claims[i].Key); err != nil {
+			return nil, p.wrap(fmt.Errorf("claim %d: %w", i, err))
+		}
+		if err := checkContribution(claims[i].Total, p.totalsBucket); err != nil {
+			return nil, p.wrap(fmt.Errorf("claim %d: %w", i, err))
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	now := p.clock.Now()
+	if p.filter != nil {
+		p.filter.Advance(now)
+	}
+
+	b := &batch{
+		results: make([]ClaimResult, len(claims)),
+		inBatch: make(map[string]Record, len(claims)),
+	}
+	rtxn := p.db.NewTransaction(false)
+	defer rtxn.Discard()
+	for i, c := range claims {
+		if err := p.claim(rtxn, b, i, c, now); err != nil {
+			return nil, p.wrap(err)
+		}
+	}
+	if err := p.commit(b, now); err != nil {
+		return nil, p.wrap(err)
+	}
+	p.claims.Add(uint64(len(claims)))
+	p.claimsNew.Add(uint64(len(b.claimed)))
+	return b.results, nil
+}
+
+// batch collects the decisions and writes of one Claim call.
+type batch struct {
+	results []ClaimResult
+	// inBatch maps each key claimed so far in the batch to its record: the
+	// one found in the store, or the one this batch writes.
+	inBatch map[string]Record
+	// claimed holds the writes of each New claim, in claim order. A
+	// claim's writes commit whole: they never straddle two commits of a
+	// split batch.
+	claimed []claimWrites
+	// totals maps the Badger key of each total the batch wrote to its new
+	// absolute value.
+	totals map[string]int64
+}
+
+// claimWrites is everything one New claim writes: its record and what it
+// adds to a total.
+type claimWrites struct {
+	key    []byte // the claim's key, added to the filter after commit
+	writes []write
+	total  string // Badger key of the total the claim added to, or ""
+}
+
+// write is one Badger write.
+type write struct {
+	key, value []byte
+	ttl        time.Duration // 0 = no TTL
+}
+
+// claim decides claim i of batch b: it reads the store (through rtxn, a
+// read transaction opened under the partition lock, so nothing else writes
+// meanwhile) unless the filter proves the key new, fills b.results[i], and
+// for a New claim appends its claimWrites.
+//
+// Every write that belongs with a new key (for example the totals it adds)
+// goes into the claim's claimWrites, so it commits in the same transaction
+// as the key's record.
+func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.Time) error {
+	if rec, ok := b.inBatch[string(c.Key)]; ok {
+		b.results[i] = ClaimResult{Existing: rec}
+		return nil
+	}
+	if p.filter == nil || p.filter.Test(c.Key) {
+		p.claimStoreReads.Add(1)
+		rec, ok, err := readRecord(rtxn, c.Key)
+		if err != nil {
+			return fmt.Errorf("claim %d: %w", i, err)
+		}
+		if ok && p.win.Inside(rec.FirstSeen, now) {
+			b.results[i] = ClaimResult{Existing: rec}
+			b.inBatch[string(c.Key)] = rec
+			return nil
+		}
+	}
+	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint}
+	b.results[i] = ClaimResult{New: true}
+	b.inBatch[string(c.Key)] = rec
+	cw := claimWrites{
+		key:    c.Key,
+		writes: []write{{key: recordKey(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
+	}
+	if c.Total.Group != "" {
+		v, w, err := p.addTotal(rtxn, b, c.Total, now)
+		if err != nil {
+			return fmt.Errorf("claim %d: %w", i, err)
+		}
+		cw.writes = append(cw.writes, w)
+		cw.total = string(w.key)
+		b.results[i].Total = v
+	}
+	b.claimed = append(b.claimed, cw)
+	return nil
+}
+
+// commit writes b's claimed writes in as few transactions as Badger accepts
+// and adds each committed claim's key to the filter with FirstSeen now.
+func (p *Partition) commit(b *batch, now time.Time) error {
+	if len(b.claimed) > 0 && p.minFree > 0 {
+		if err := checkFreeSpace(p.dir, p.minFree); err != nil {
+			return err
+		}
+	}
+	for start := 0; start < len(b.claimed); {
+		end, err := p.commitFrom(b.claimed, start)
+		if err != nil {
+			return err
+		}
+		if p.filter != nil {
+			for _, c := range b.claimed[start:end] {
+				p.filter.Add(c.key, now)
+			}
+		}
+		p.markDirty(b.claimed[start:end])
+		start = end
+	}
+	return nil
+}
+
+// commitFrom commits claimed[start:end] in one transaction, with end as
+// large as fits, and returns end.
+func (p *Partition) commitFrom(claimed []claimWrites, start int) (int, error) {
+	txn := p.db.NewTransaction(true)
+	defer func() { txn.Discard() }()
+	end := start
+	for ; end < len(claimed); end++ {
+		err := setClaimWrites(txn, claimed[end])
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, badger.ErrTxnTooBig) || end == start {
+			return start, fmt.Errorf("write: %w", err)
+		}
+		// claimed[end] is partly in txn: redo the whole claims before it in
+		// a fresh one.
+		txn.Discard()
+		txn = p.db.NewTransaction(true)
+		for _, c := range claimed[start:end] {
+			if err := setClaimWrites(txn, c); err != nil {
+				return start, fmt.Errorf("write: %w", err)
+			}
+		}
+		break
+	}
+	if err := txn.Commit(); err != nil {
+		return start, fmt.Errorf("commit: %w", err)
+	}
+	return end, nil
+}
+
+// setClaimWrites sets every write of one claim in txn.
+func setClaimWrites(txn *badger.Txn, c claimWrites) error {
+	for _, w := range c.writes {
+		e := badger.NewEntry(w.key, w.value)
+		if w.ttl > 0 {
+			e = e.WithTTL(w.ttl)
+		}
+		if err := txn.SetEntry(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,218 @@
+package state
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// SnapshotFile is the name of a partition's filter snapshot inside its
+// directory.
+const SnapshotFile = "filter.snap"
+
+// FilterSource tells how a partition's filter was built by Open.
+type FilterSource string
+
+// How a partition's filter was built.
+const (
+	// SourceDisabled: Options.DisableFilter is set; there is no filter.
+	SourceDisabled FilterSource = "disabled"
+	// SourceSnapshot: loaded from the snapshot, and the store held no
+	// record written after it.
+	SourceSnapshot FilterSource = "snapshot"
+	// SourceSnapshotTopUp: loaded from the snapshot, then topped up with
+	// the records written after the Badger version the snapshot covers.
+	SourceSnapshotTopUp FilterSource = "snapshot+topup"
+	// SourceRebuild: the snapshot was missing, corrupt or mismatched, so the
+	// filter was rebuilt from a full scan of the partition.
+	SourceRebuild FilterSource = "rebuild"
+)
+
+// FilterBuild describes how Open built a partition's filter.
+type FilterBuild struct {
+	// Source is how the filter was built.
+	Source FilterSource
+	// Reason says why the snapshot was not used when Source is
+	// SourceRebuild; it is empty otherwise.
+	Reason string
+	// SnapshotVersion is the Badger version the loaded snapshot covered (0
+	// unless Source is SourceSnapshot or SourceSnapshotTopUp).
+	SnapshotVersion uint64
+	// Scanned is how many records the top-up or the full scan read.
+	Scanned uint64
+	// Added is how many of them were unexpired and added to the filter.
+	Added uint64
+	// Elapsed is how long the build took (snapshot load included).
+	Elapsed time.Duration
+}
+
+// FilterOptions returns the options the partition's filter was built with;
+// false when Options.DisableFilter is set (there is no filter).
+func (p *Partition) FilterOptions() (bloom.Options, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.filter == nil {
+		return bloom.Options{}, false
+	}
+	return p.filter.Options(), true
+}
+
+// FilterBuild tells how Open built the partition's filter.
+func (p *Partition) FilterBuild() FilterBuild {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.build
+}
+
+// buildFilter makes the filter answer "maybe" for every unexpired record in
+// the partition: it loads the snapshot and tops it up with the records
+// written after the version the snapshot covers, or rebuilds the filter
+// from a full scan when the snapshot cannot be used.
+func (p *Partition) buildFilter(ctx context.Context) error {
+	start := time.Now()
+	now := p.clock.Now()
+	snapPath := filepath.Join(p.dir, SnapshotFile)
+	f, meta, err := loadSnapshot(snapPath, p.fopts)
+	if err == nil {
+		if maxV := p.db.MaxVersion(); meta > maxV {
+			err = fmt.Errorf("snapshot covers store version %d but the store ends at version %d (writes lost after the snapshot?)", meta, maxV)
+		}
+	}
+	if err == nil {
+		f.Advance(now)
+		err = snapshotHolds(p.db, f, meta, p.win, now)
+	}
+	var b FilterBuild
+	if err == nil {
+		b = FilterBuild{Source: SourceSnapshot, SnapshotVersion: meta}
+		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, meta, p.win, now, p.log); err != nil {
+			return fmt.Errorf("top up filter from version %d: %w", meta, err)
+		}
+		if b.Scanned > 0 {
+			b.Source = SourceSnapshotTopUp
+		} else {
+			p.snapMu.Lock()
+			p.snapVersion, p.snapOnDisk = meta, true
+			p.snapMu.Unlock()
+		}
+	} else {
+		if errors.Is(err, fs.ErrNotExist) && p.db.MaxVersion() == 0 {
+			p.log.Debug("state: new partition, starting with an empty filter", "path", snapPath)
+		} else {
+			p.log.Warn("state: filter snapshot unusable, rebuilding the filter from the store", "path", snapPath, "err", err)
+		}
+		b = FilterBuild{Source: SourceRebuild, Reason: err.Error()}
+		if f, err = bloom.New(p.fopts, now); err != nil {
+			return fmt.Errorf("new filter: %w", err)
+		}
+		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, 0, p.win, now, p.log); err != nil {
+			return fmt.Errorf("rebuild filter: %w", err)
+		}
+	}
+	b.Elapsed = time.Since(start)
+	p.mu.Lock()
+	p.filter, p.build = f, b
+	p.mu.Unlock()
+	p.log.Info("state: filter ready", "source", string(b.Source), "snapshot_version", b.SnapshotVersion,
+		"scanned", b.Scanned, "added", b.Added, "elapsed", b.Elapsed)
+	return nil
+}
+
+// loadSnapshot reads the filter snapshot at path.
+func loadSnapshot(path string, opts bloom.Options) (*bloom.Filter, uint64, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer fh.Close()
+	return bloom.ReadSnapshot(bufio.NewReaderSize(fh, 1<<20), opts)
+}
+
+// scanInto adds to f every record written after version since (0 = all)
+// that is inside the window at now. A record that cannot be decoded is
+// added as if first seen now (the filter must not say "definitely not" for
+// a key the store holds) and logged. It returns how many records it read
+// and how many it added.
+func scanInto(ctx context.Context, db *badger.DB, f *bloom.Filter, since uint64, win window.Window, now time.Time, log *slog.Logger) (scanned, added uint64, err error) {
+	txn := db.NewTransaction(false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}, SinceTs: since})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		if scanned%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return scanned, added, err
+			}
+		}
+		scanned++
+		item := it.Item()
+		key := item.Key()[1:]
+		var rec Record
+		err := item.Value(func(v []byte) error {
+			var derr error
+			rec, derr = decodeRecord(v)
+			return derr
+		})
+		if err != nil {
+			log.Warn("state: unreadable record kept in the filter", "key", fmt.Sprintf("%q", key), "err", err)
+			f.Add(key, now)
+			added++
+			continue
+		}
+		if win.Inside(rec.FirstSeen, now) {
+			f.Add(key, rec.FirstSeen)
+			added++
+		}
+	}
+	return scanned, added, nil
+}
+
+// snapshot writes the filter to the partition's snapshot file atomically.
+// The filter and the Badger version it covers are captured together under
+// the partition lock, so every record with a version up to meta is in the
+// snapshot. With closing, the partition is marked closed in the same lock
+// hold, so no Claim can slip in after the capture.
+func (p *Partition) snapshot(closing bool) error {
+	p.snapMu.Lock()
+	defer p.snapMu.Unlock()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = closing
+	if p.filter == nil {
+		p.mu.Unlock()
+		return nil
+	}
+	meta := p.db.MaxVersion()
+	if p.snapOnDisk && meta == p.snapVersion {
+		// Nothing written since: the file on disk still covers the store
+		// (the filter has at most rotated, which loading redoes).
+		p.mu.Unlock()
+		return nil
+	}
+	var buf bytes.Buffer
+	_, err := p.filter.WriteSnapshot(&buf, meta)
+	p.mu.Unlock()
+	if err != nil {
+		return p.wrap(fmt.Errorf("encode filter snapshot: %w", err))
+	}
+	if err := writeFileAtomic(filepath.Join(p.dir, SnapshotFile), buf.Bytes()); err != nil {
+		return p.wrap(err)
+	}
+	p.snapVersion, p.snapOnDisk = meta, true
+	return nil
+}
