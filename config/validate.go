@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -375,50 +377,30 @@ func checkName(v *validator, field, name string) {
 }
 
 // checkSubject returns "" when s is a valid subject, a pattern with whole
-// token wildcards if wildcards, else why not.
+// token wildcards if wildcards, else why not. Validity is nats-server's
+// (server.IsValidSubject); control characters, which the server lets
+// through, are refused too.
 func checkSubject(s string, wildcards bool) string {
-	if s == "" {
+	switch {
+	case s == "":
 		return "empty, want a subject"
-	}
-	toks := strings.Split(s, ".")
-	for i, t := range toks {
-		if t == "" {
+	case strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return "whitespace or control character"
+	case !server.IsValidSubject(s):
+		// With whitespace ruled out, an empty token or a token after '>'.
+		if strings.Contains("."+s+".", "..") {
 			return "empty token"
 		}
-		for j := 0; j < len(t); j++ {
-			if c := t[j]; c <= ' ' || c == 0x7f {
-				return "whitespace or control character"
-			}
-		}
-		switch {
-		case (t == "*" || t == ">") && !wildcards:
-			return "wildcards not allowed here"
-		case t == ">" && i != len(toks)-1:
-			return "'>' must be the last token"
-		}
+		return "'>' must be the last token"
+	case !wildcards && !server.IsValidLiteralSubject(s):
+		return "wildcards not allowed here"
 	}
 	return ""
 }
 
 // subjectsOverlap reports whether some subject matches both patterns a and b
 // ('*' matches one token, '>' one or more trailing tokens).
-func subjectsOverlap(a, b string) bool {
-	at, bt := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; ; i++ {
-		switch {
-		case i == len(at) && i == len(bt):
-			return true
-		case i == len(at) || i == len(bt):
-			return false
-		case at[i] == ">" || bt[i] == ">":
-			return true
-		case at[i] == "*" || bt[i] == "*" || at[i] == bt[i]:
-			continue
-		default:
-			return false
-		}
-	}
-}
+func subjectsOverlap(a, b string) bool { return server.SubjectsCollide(a, b) }
 
 func overlapsAny(s string, list []string) bool {
 	for _, l := range list {
