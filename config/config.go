@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/window"
 	"go.yaml.in/yaml/v3"
@@ -424,7 +425,9 @@ func Parse(data []byte) (Config, error) {
 		if errors.Is(err, io.EOF) {
 			return Default(), nil
 		}
-		return Config{}, fmt.Errorf("%w: %w", ErrParse, err)
+		// yaml.v3 quotes values it could not decode; some may be secrets.
+		red := redact.New(c.Secrets(), yamlSecrets(data))
+		return Config{}, fmt.Errorf("%w: %w", ErrParse, red.Error(err))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {

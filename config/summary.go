@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 )
 
 // Summary describes the configuration in words for `dedupe-stage
@@ -86,7 +87,7 @@ func (c Config) Summary() string {
 		}
 		line("nats", "embedded nats-server on %s, JetStream store %s", net.JoinHostPort(e.Host, port), c.EmbeddedStoreDir())
 	} else {
-		line("nats", "server %s (%s)", c.NATS.URL, c.authSummary())
+		line("nats", "server %s (%s)", redact.NATSURL(c.NATS.URL), c.authSummary())
 	}
 
 	in, out, dl := c.Input, c.Output, c.DeadLetter
@@ -145,7 +146,7 @@ func (c Config) Summary() string {
 			more("%s", s)
 		}
 	}
-	return b.String()
+	return c.Redactor().String(b.String())
 }
 
 // filterSizing is the sizing of each partition's filter, from the state
@@ -174,6 +175,8 @@ func (c Config) authSummary() string {
 		parts = append(parts, "token")
 	case n.User != "":
 		parts = append(parts, "user "+n.User)
+	case strings.Contains(redact.NATSURL(n.URL), redact.Mask):
+		parts = append(parts, "credentials in nats.url")
 	default:
 		parts = append(parts, "no authentication")
 	}

@@ -3,10 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 )
@@ -277,27 +276,7 @@ func (c Config) totalsSummary() []string {
 		if s.Postgres.CreateSchema {
 			tbl = "created when missing"
 		}
-		out = append(out, fmt.Sprintf("sink postgres: %s, table %s (%s)", redactDSN(s.Postgres.DSN), s.Postgres.Table, tbl))
+		out = append(out, fmt.Sprintf("sink postgres: %s, table %s (%s)", redact.DSN(s.Postgres.DSN), s.Postgres.Table, tbl))
 	}
 	return out
-}
-
-// redactDSN returns a PostgreSQL DSN with its password replaced by "xxxxx".
-func redactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.Redacted()
-	}
-	// key=value form.
-	f := strings.Fields(dsn)
-	for i, kv := range f {
-		if k, _, ok := strings.Cut(kv, "="); ok && strings.EqualFold(k, "password") {
-			f[i] = k + "=xxxxx"
-		}
-	}
-	return strings.Join(f, " ")
 }

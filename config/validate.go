@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -103,6 +104,15 @@ func (c Config) Validate() error {
 	default:
 		v.add("log.format", "%q, want text or json", c.Log.Format)
 	}
+	// Messages name values; none may show a credential.
+	red := c.Redactor()
+	for i, e := range v.errs {
+		if fe, ok := e.(*FieldError); ok {
+			fe.Msg = red.String(fe.Msg)
+		} else {
+			v.errs[i] = red.Error(e)
+		}
+	}
 	return errors.Join(v.errs...)
 }
 
@@ -111,7 +121,7 @@ func (c Config) validateNATS(v *validator) {
 	if n.URL != "" {
 		for _, u := range strings.Split(n.URL, ",") {
 			if msg := checkNATSURL(strings.TrimSpace(u)); msg != "" {
-				v.add("nats.url", "%q: %s", n.URL, msg)
+				v.add("nats.url", "%q: %s", redact.NATSURL(n.URL), msg)
 				break
 			}
 		}
@@ -421,7 +431,13 @@ func checkNATSURL(u string) string {
 	}
 	p, err := url.Parse(u)
 	if err != nil {
-		return err.Error()
+		// net/url's error quotes the URL, and its inner error may quote a
+		// part of the user information.
+		var ue *url.Error
+		if strings.Contains(u, "@") || !errors.As(err, &ue) {
+			return "does not parse as a URL"
+		}
+		return "does not parse as a URL: " + ue.Err.Error()
 	}
 	switch p.Scheme {
 	case "nats", "tls", "ws", "wss":
