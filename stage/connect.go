@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 )
 
 // Connect opens the stage's NATS connection: in process to embedded when it
@@ -69,7 +70,7 @@ func Connect(cfg config.NATS, embedded *server.Server, log *slog.Logger) (*nats.
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to nats at %s: %w", redact.NATSURL(url), err)
 	}
 	return nc, nil
 }

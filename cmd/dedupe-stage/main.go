@@ -135,12 +135,15 @@ func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-func runCmd(args []string, stderr io.Writer) error {
+func runCmd(args []string, stderr io.Writer) (err error) {
 	cfg, _, err := loadConfig("run", args)
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg.Log, stderr)
+	// No log line and no error may show a credential from the config.
+	red := cfg.Redactor()
+	defer func() { err = red.Error(err) }()
+	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
 	slog.SetDefault(log)
 	ver, rev := binaryVersion()
 	log.Info("dedupe-stage starting", "version", ver, "revision", rev)
