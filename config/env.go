@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 )
 
 // envVar is one environment variable ApplyEnv reads.
@@ -105,6 +107,8 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 // stay alive (and not be copied) until fs.Parse returns.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URL; empty runs an embedded server (nats.url, $DEDUPE_NATS_URL)")
+	// The usage text shows defaults: never a credential.
+	fs.Lookup("nats-url").DefValue = redact.NATSURL(c.NATS.URL)
 	fs.StringVar(&c.State.DataDir, "data-dir", c.State.DataDir, "data directory for state and the embedded server (state.data_dir, $DEDUPE_DATA_DIR)")
 	fs.StringVar(&c.HTTP.Addr, "http-addr", c.HTTP.Addr, "listen address for /metrics, /healthz, /readyz, /inspect; empty disables (http.addr, $DEDUPE_HTTP_ADDR)")
 	fs.IntVar(&c.State.Partitions, "partitions", c.State.Partitions, "number of state partitions, 1..1024 (state.partitions, $DEDUPE_PARTITIONS)")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
@@ -237,16 +238,28 @@ func TestSecretsNeverPrintedOnFailure(t *testing.T) {
 	dsnURL := "postgres://app:" + secretDSNPass + "@127.0.0.1:1/ads?sslmode=disable&connect_timeout=2"
 	dsnKV := `host=127.0.0.1 port=1 user=app password='` + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(secretDSNQuoted) + `' dbname=ads sslmode=disable connect_timeout=2`
 	dsnBroken := "host=127.0.0.1 port=1 user=app password='" + secretDSNPass + " dbname=ads"
+	// An NKey seed written where the seed file's path belongs.
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allSecrets = append(allSecrets, string(seed))
+	t.Cleanup(func() { allSecrets = allSecrets[:len(allSecrets)-1] })
 	runs := []struct {
 		name, natsSection, extra string
 		wantInOutput             string // the failure must still be told
 	}{
 		{"unreachable URL with a password", "  url: nats://app:" + secretURLPass + "@127.0.0.1:1", "", "127.0.0.1:1"},
 		{"unreachable URL with a token", "  url: nats://" + secretURLToken + "@127.0.0.1:1", "", "127.0.0.1:1"},
+		{"NKey seed instead of its file", "  url: nats://127.0.0.1:1\n  nkey_seed_file: " + string(seed), "", "nkey_seed_file"},
 		{"unreachable with auth fields", "  url: nats://127.0.0.1:1\n  user: app\n  password: " + secretAuthPass, "", "127.0.0.1:1"},
 		{"unreachable PostgreSQL, URL DSN", "  url: " + srv.ClientURL(), totals(dsnURL), "postgres"},
 		{"unreachable PostgreSQL, quoted keyword/value DSN", "  url: " + srv.ClientURL() + "\n  token: " + secretAuthToken, totals(dsnKV), "postgres"},
-		{"PostgreSQL DSN that does not parse", "  url: " + srv.ClientURL(), totals(dsnBroken), "dsn"},
+		{"PostgreSQL DSN that does not parse", "  url: " + srv.ClientURL(), totals(dsnBroken), "postgres"},
 	}
 	for _, tc := range runs {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,6 +275,18 @@ func TestSecretsNeverPrintedOnFailure(t *testing.T) {
 			}
 			assertNoSecrets(t, "run", out)
 		})
+	}
+
+	// The usage text printed for a bad flag or -h shows the flags'
+	// defaults, which come from the config and the environment.
+	for _, args := range [][]string{{"run", "--bogus"}, {"run", "-h"}, {"inspect", "-h"}} {
+		cmd := exec.Command(binary, args...)
+		cmd.Env = append(os.Environ(), "DEDUPE_NATS_URL=nats://app:"+secretURLPass+"@127.0.0.1:1", "DEDUPE_NATS_TOKEN="+secretAuthToken)
+		out, _ := cmd.CombinedOutput()
+		if !strings.Contains(string(out), "nats-url") {
+			t.Errorf("%v does not print the usage:\n%s", args, out)
+		}
+		assertNoSecrets(t, fmt.Sprint(args), string(out))
 	}
 
 	// check-config on invalid configurations: the errors name the values.
