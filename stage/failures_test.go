@@ -95,6 +95,18 @@ var failureCases = []failureCase{
 		reason: stage.ReasonOutputRejected, detail: "err_code=10109", goodDead: true,
 	},
 	{
+		name: "forward carrying a header the output stream refuses",
+		setup: func(t *testing.T, e *env) {
+			updateStream(t, e, e.cfg.Input.Stream, func(sc *jetstream.StreamConfig) { sc.AllowMsgTTL = true })
+		},
+		bad: func(*env) *nats.Msg {
+			m := keyed("bad-1", []byte("x"))
+			m.Header.Set("Nats-TTL", "1h")
+			return m
+		},
+		reason: stage.ReasonOutputRejected, detail: "code=400",
+	},
+	{
 		name: "forward whose Nats-Msg-Id pushes the headers over 64 KiB",
 		bad: func(*env) *nats.Msg {
 			m := keyed("bad-1", []byte("x"))
@@ -127,6 +139,15 @@ var failureCases = []failureCase{
 			updateStream(t, e, e.cfg.DeadLetter.Stream, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = 150 })
 		},
 		bad:        func(*env) *nats.Msg { return keyless(0, make([]byte, 1800)) },
+		reason:     "no_key",
+		unstorable: true,
+	},
+	{
+		name: "dead letter to a sealed dead-letter stream",
+		setup: func(t *testing.T, e *env) {
+			updateStream(t, e, e.cfg.DeadLetter.Stream, func(sc *jetstream.StreamConfig) { sc.Sealed = true })
+		},
+		bad:        func(*env) *nats.Msg { return keyless(0, []byte("x")) },
 		reason:     "no_key",
 		unstorable: true,
 	},
@@ -206,6 +227,8 @@ func checkOutcome(t *testing.T, e *env, r *running, tc failureCase, goods int) {
 		}
 		if d := m.Header.Get(stage.HeaderDetail); !strings.Contains(d, tc.detail) {
 			t.Errorf("detail %q does not contain %q", d, tc.detail)
+		} else if goods == 1 {
+			t.Logf("dead letter %s: %s", tc.reason, d)
 		}
 		if m.Header.Get(stage.HeaderOriginalStream) != e.cfg.Input.Stream {
 			t.Errorf("dead letter does not point at stream %s: %v", e.cfg.Input.Stream, m.Header)
