@@ -74,6 +74,35 @@ const (
 	CodeStoreFailed jetstream.ErrorCode = 10077
 )
 
+// Error codes with which nats-server (2.12 and later) refuses an atomic
+// batch as a whole (server/jetstream_errors_generated.go). None of them
+// says anything about one message of the batch: ClassifyBatch tells what
+// to do with the batch.
+const (
+	// CodeBatchDisabled: the stream does not allow atomic publish
+	// (AllowAtomicPublish off).
+	CodeBatchDisabled jetstream.ErrorCode = 10174
+	// CodeBatchMissingSeq: a message of the batch carried no sequence.
+	CodeBatchMissingSeq jetstream.ErrorCode = 10175
+	// CodeBatchIncomplete: the batch was abandoned before its commit (a
+	// message lost on the way, the batch timed out, or it spans streams).
+	CodeBatchIncomplete jetstream.ErrorCode = 10176
+	// CodeBatchUnsupportedHeader: a header the server does not accept in
+	// a batch.
+	CodeBatchUnsupportedHeader jetstream.ErrorCode = 10177
+	// CodeBatchTooLarge: more messages than the server's max_batch_size
+	// (1000 by default).
+	CodeBatchTooLarge jetstream.ErrorCode = 10199
+	// CodeBatchDuplicateMsgID: a Nats-Msg-Id of the batch is already in
+	// the stream's duplicate window, or twice in the batch; nothing of the
+	// batch was stored.
+	CodeBatchDuplicateMsgID jetstream.ErrorCode = 10201
+	// CodeBatchTooManyInflight: the stream (or the server) has as many
+	// open atomic batches as it allows (max_batch_inflight_per_stream, 50
+	// by default); HTTP status 429.
+	CodeBatchTooManyInflight jetstream.ErrorCode = 10210
+)
+
 // MaxHeaderBytes is the largest header block JetStream stores (nats-server
 // refuses more than math.MaxUint16 bytes with CodeHeaderTooLarge).
 const MaxHeaderBytes = 65535
@@ -130,6 +159,33 @@ func Classify(err error) Class {
 		}
 	}
 	return Transient
+}
+
+// ClassifyBatch tells whether publishing an atomic batch again, unchanged,
+// can succeed after it failed with err. Transient: too many batches open
+// on the stream (CodeBatchTooManyInflight), and whatever Classify calls
+// transient (a timeout, a disconnection; a batch that did land then comes
+// back with CodeBatchDuplicateMsgID). Permanent: every other refusal of
+// the batch, CodeBatchDuplicateMsgID and CodeBatchTooLarge among them, and
+// the permanent errors of its messages. A permanent failure of a batch is
+// not a failure of its messages: the caller publishes them one by one,
+// and each is then classified on its own (Classify), so that the stream's
+// duplicate window drops the copies it holds and stores the rest.
+func ClassifyBatch(err error) Class {
+	if err == nil {
+		return None
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case CodeBatchTooManyInflight:
+			return Transient
+		case CodeBatchDisabled, CodeBatchMissingSeq, CodeBatchIncomplete, CodeBatchUnsupportedHeader,
+			CodeBatchTooLarge, CodeBatchDuplicateMsgID:
+			return Permanent
+		}
+	}
+	return Classify(err)
 }
 
 // IsPermanent reports whether Classify(err) is Permanent.

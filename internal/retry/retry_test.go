@@ -221,3 +221,32 @@ func TestDo(t *testing.T) {
 		}
 	})
 }
+
+// TestClassifyBatch checks the classes of the atomic-batch refusals the
+// forward fallback depends on (internal/forward tests them against a real
+// server).
+func TestClassifyBatch(t *testing.T) {
+	api := func(code jetstream.ErrorCode, status int) error {
+		return &jetstream.APIError{Code: status, ErrorCode: code}
+	}
+	cases := []struct {
+		name string
+		err  error
+		want retry.Class
+	}{
+		{"duplicate id", api(retry.CodeBatchDuplicateMsgID, 400), retry.Permanent},
+		{"too large", api(retry.CodeBatchTooLarge, 400), retry.Permanent},
+		{"disabled", api(retry.CodeBatchDisabled, 400), retry.Permanent},
+		{"incomplete", api(retry.CodeBatchIncomplete, 400), retry.Permanent},
+		{"too many in flight", api(retry.CodeBatchTooManyInflight, 429), retry.Transient},
+		{"timeout", nats.ErrTimeout, retry.Transient},
+		{"store failed", api(retry.CodeStoreFailed, 503), retry.Transient},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := retry.ClassifyBatch(c.err); got != c.want {
+				t.Errorf("ClassifyBatch = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
