@@ -104,6 +104,10 @@ func (p *Partition) Index() int { return p.index }
 // Dir returns the partition's directory.
 func (p *Partition) Dir() string { return p.dir }
 
+// SyncWrites reports whether the partition's Badger instance was opened to
+// fsync every commit before it returns (Badger's own option, as opened).
+func (p *Partition) SyncWrites() bool { return p.db.Opts().SyncWrites }
+
 // Lookup reports whether the partition holds an unexpired record of key.
 // It advances the filter to the clock's now and tests it: "definitely not"
 // returns Found=false without reading Badger; "maybe" reads Badger. A
