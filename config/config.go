@@ -166,6 +166,60 @@ type Output struct {
 	// is shorter than input.ack_wait + restart_margin, warn instead of
 	// refusing to start. Default false.
 	AllowShortDuplicateWindow bool `yaml:"allow_short_duplicate_window"`
+	// Publish says how a batch is published to the output: PublishAtomic,
+	// PublishAsync or PublishAuto (default); see Config.PublishAtomic.
+	Publish string `yaml:"publish"`
+	// BatchMax is the most messages of one atomic batch; a larger batch is
+	// split. At most the server's max_batch_size. Default 1000 (the
+	// server's default).
+	BatchMax int `yaml:"batch_max"`
+	// MaxBatchesInFlight bounds the atomic batches the stage has open on
+	// the output stream at once, across its partitions. At most the
+	// server's max_batch_inflight_per_stream (50 by default), which every
+	// client of the stream shares. Default 32.
+	MaxBatchesInFlight int `yaml:"max_batches_in_flight"`
+}
+
+// Values of Output.Publish.
+const (
+	// PublishAuto publishes atomic batches when the server syncs every
+	// write before acknowledging it, as far as the stage knows (the
+	// embedded server with sync_always) and the output stream allows
+	// atomic publish; asynchronous publishes otherwise.
+	PublishAuto = "auto"
+	// PublishAtomic publishes each output batch as atomic batches: the
+	// server syncs each once instead of each message. The output stream
+	// must allow atomic publish.
+	PublishAtomic = "atomic"
+	// PublishAsync publishes each message of a batch asynchronously and
+	// awaits every acknowledgement.
+	PublishAsync = "async"
+)
+
+// ErrAtomicNotAllowed means output.publish is atomic and the output stream
+// does not allow atomic publish.
+var ErrAtomicNotAllowed = errors.New("output.publish is atomic, but the output stream does not allow atomic publish")
+
+// PublishAtomic tells whether the stage publishes its output as atomic
+// batches, given whether the output stream allows atomic publish
+// (AllowAtomicPublish). output.publish atomic: true, or ErrAtomicNotAllowed
+// when the stream does not allow it; async: false; auto: true when the
+// stream allows it and the server is the embedded one with sync_always (a
+// server that fsyncs every write, where an atomic batch costs one sync
+// instead of one per message), false otherwise (with an external server
+// the stage cannot tell how it syncs; without fsync, plain asynchronous
+// publishes are as fast or faster).
+func (c Config) PublishAtomic(streamAllowsAtomic bool) (bool, error) {
+	switch c.Output.Publish {
+	case PublishAtomic:
+		if !streamAllowsAtomic {
+			return false, ErrAtomicNotAllowed
+		}
+		return true, nil
+	case PublishAsync:
+		return false, nil
+	}
+	return streamAllowsAtomic && c.NATS.URL == "" && c.NATS.Embedded.SyncAlways, nil
 }
 
 // Subject returns the output subject for a message read on inputSubject.
@@ -351,9 +405,12 @@ func Default() Config {
 			MaxDeliver:    -1,
 		},
 		Output: Output{
-			Stream:        "EVENTS_DEDUPED",
-			SubjectPrefix: "deduped",
-			RestartMargin: Duration(time.Minute),
+			Stream:             "EVENTS_DEDUPED",
+			SubjectPrefix:      "deduped",
+			RestartMargin:      Duration(time.Minute),
+			Publish:            PublishAuto,
+			BatchMax:           1000,
+			MaxBatchesInFlight: 32,
 		},
 		DeadLetter: DeadLetter{
 			Subject: "dedupe.dlq",

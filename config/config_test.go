@@ -294,6 +294,10 @@ func TestValidateBadConfigs(t *testing.T) {
 		{"max deliver zero", "input: {max_deliver: 0}", []string{"input.max_deliver: 0"}},
 		{"short duplicate window", "output: {duplicate_window: 30s}", []string{"output.duplicate_window: 30s, want >= input.ack_wait + output.restart_margin (1m10s)"}},
 		{"negative restart margin", "output: {restart_margin: -1s}", []string{"output.restart_margin: -1s"}},
+		{"unknown publish mode", "output: {publish: batch}", []string{`output.publish: "batch", want auto, atomic or async`}},
+		{"batch_max 0", "output: {batch_max: 0}", []string{"output.batch_max: 0, want 1..10000"}},
+		{"batch_max too large", "output: {batch_max: 10001}", []string{"output.batch_max: 10001, want 1..10000"}},
+		{"no batch in flight", "output: {max_batches_in_flight: 0}", []string{"output.max_batches_in_flight: 0, want 1..1000"}},
 		{"max message bytes", "pipeline: {max_message_bytes: 128MiB}", []string{"pipeline.max_message_bytes: 128MiB"}},
 		{"publish in flight", "pipeline: {max_publish_in_flight: 0}", []string{"pipeline.max_publish_in_flight: 0"}},
 		{"fingerprint policy", "pipeline: {on_fingerprint_mismatch: drop}", []string{`pipeline.on_fingerprint_mismatch: "drop", want "dead-letter" or "repeat"`}},
@@ -338,6 +342,8 @@ func TestValidateGoodVariants(t *testing.T) {
 	for _, src := range []string{
 		"output: {duplicate_window: 30s, allow_short_duplicate_window: true}",
 		"output: {duplicate_window: 1m10s}",
+		"output: {publish: atomic, batch_max: 1, max_batches_in_flight: 1000}",
+		"output: {publish: async, batch_max: 10000}",
 		"nats: {url: 'nats://a:4222, nats://b:4222', user: u, password: p}",
 		"nats: {url: 'tls://h', creds_file: x.creds, tls: {ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}}",
 		"nats: {url: 'localhost:4222'}",
@@ -711,6 +717,7 @@ func TestSummary(t *testing.T) {
 		"stream EVENTS_DEDUPED (subjects deduped.>), duplicate window 2m20s (computed)",
 		"stream DEDUPE_DLQ (subjects dedupe.dlq.>",
 		"created",
+		"output.publish auto: atomic batches of up to 1000 messages, at most 32 open at once when the stream allows atomic publish",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Summary does not contain %q:\n%s", want, s)
@@ -720,7 +727,7 @@ func TestSummary(t *testing.T) {
 	c.NATS.Password, c.NATS.User, c.NATS.Token = "secret-password", "alice", "secret-token"
 	c.State.SyncWrites = false
 	s = c.Summary()
-	for _, want := range []string{"server nats://h:4222", "RISK", "must exist"} {
+	for _, want := range []string{"server nats://h:4222", "RISK", "must exist", "output.publish auto: one asynchronous publish per message"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Summary does not contain %q:\n%s", want, s)
 		}
@@ -790,4 +797,42 @@ func yamlPaths(t reflect.Type, prefix string) []string {
 		out = append(out, path)
 	}
 	return out
+}
+
+// TestPublishAtomic checks the output's publish mode for each setting, server
+// and stream: auto is atomic only with the embedded server syncing every
+// write and a stream that allows it; atomic on a stream that does not allow
+// it is an error naming the field.
+func TestPublishAtomic(t *testing.T) {
+	external := Default()
+	external.NATS.URL = "nats://h:4222"
+	noSync := Default()
+	noSync.NATS.Embedded.SyncAlways = false
+	with := func(c Config, mode string) Config { c.Output.Publish = mode; return c }
+	cases := []struct {
+		name    string
+		cfg     Config
+		allowed bool
+		want    bool
+		err     error
+	}{
+		{"auto, embedded sync_always, stream allows", Default(), true, true, nil},
+		{"auto, embedded sync_always, stream does not allow", Default(), false, false, nil},
+		{"auto, embedded without sync_always", noSync, true, false, nil},
+		{"auto, external server", external, true, false, nil},
+		{"atomic, external server, stream allows", with(external, PublishAtomic), true, true, nil},
+		{"atomic, stream does not allow", with(Default(), PublishAtomic), false, false, ErrAtomicNotAllowed},
+		{"async, stream allows", with(Default(), PublishAsync), true, false, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := c.cfg.PublishAtomic(c.allowed)
+			if got != c.want || !errors.Is(err, c.err) || (c.err == nil && err != nil) {
+				t.Errorf("PublishAtomic(%v) = %v, %v; want %v, %v", c.allowed, got, err, c.want, c.err)
+			}
+		})
+	}
+	if !strings.Contains(ErrAtomicNotAllowed.Error(), "output.publish") {
+		t.Errorf("ErrAtomicNotAllowed does not name its field: %v", ErrAtomicNotAllowed)
+	}
 }

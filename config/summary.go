@@ -116,6 +116,7 @@ func (c Config) Summary() string {
 	line("output", "stream %s (subjects %s), %s", out.Stream, out.Subjects(), dup)
 	more("a crash needs a duplicate window >= %v (ack_wait + restart_margin); with a shorter one the stage %s",
 		Duration(c.MinDuplicateWindow()), onShort)
+	more("%s", c.publishSummary())
 	line("dead letter", "stream %s (subjects %s, e.g. %s)", dl.Stream, dl.Subjects(), dl.SubjectFor("no_key"))
 	if create {
 		more("missing streams and the consumer are created")
@@ -200,4 +201,19 @@ func humanBytes(n uint64) string {
 		}
 	}
 	return fmt.Sprintf("%.2f PiB", v/unit)
+}
+
+// publishSummary says how the output is published (see PublishAtomic).
+func (c Config) publishSummary() string {
+	out := c.Output
+	atomic := fmt.Sprintf("atomic batches of up to %d messages, at most %d open at once", out.BatchMax, out.MaxBatchesInFlight)
+	switch {
+	case out.Publish == PublishAtomic:
+		return "output.publish atomic: " + atomic + "; the stage refuses to start if the stream does not allow atomic publish"
+	case out.Publish == PublishAsync:
+		return "output.publish async: one asynchronous publish per message"
+	case c.NATS.URL == "" && c.NATS.Embedded.SyncAlways:
+		return "output.publish auto: " + atomic + " when the stream allows atomic publish, else one publish per message"
+	}
+	return "output.publish auto: one asynchronous publish per message (atomic needs the embedded server with sync_always, or output.publish atomic)"
 }

@@ -29,6 +29,8 @@ const (
 	MaxAckWait            = Duration(12 * time.Hour)
 	MaxRestartMargin      = Duration(24 * time.Hour)
 	MinMemoryPerPartition = 8 * MiB
+	MaxOutputBatch        = 10000 // output.batch_max
+	MaxBatchesInFlight    = 1000  // output.max_batches_in_flight: nats-server's default max_batch_inflight_total
 )
 
 // FieldError is one problem with one field. Its message starts with the
@@ -225,6 +227,17 @@ func (c Config) validateStreams(v *validator) {
 	}
 	if out.RestartMargin < 0 || out.RestartMargin > MaxRestartMargin {
 		v.add("output.restart_margin", "%v, want 0..%v", out.RestartMargin, MaxRestartMargin)
+	}
+	switch out.Publish {
+	case PublishAuto, PublishAtomic, PublishAsync:
+	default:
+		v.add("output.publish", "%q, want %s, %s or %s", out.Publish, PublishAuto, PublishAtomic, PublishAsync)
+	}
+	if out.BatchMax < 1 || out.BatchMax > MaxOutputBatch {
+		v.add("output.batch_max", "%d, want 1..%d (and at most the server's max_batch_size, 1000 by default)", out.BatchMax, MaxOutputBatch)
+	}
+	if out.MaxBatchesInFlight < 1 || out.MaxBatchesInFlight > MaxBatchesInFlight {
+		v.add("output.max_batches_in_flight", "%d, want 1..%d (and below the server's max_batch_inflight_per_stream, 50 by default)", out.MaxBatchesInFlight, MaxBatchesInFlight)
 	}
 	if floor := c.MinDuplicateWindow(); out.DuplicateWindow > 0 && out.DuplicateWindow.D() < floor && !out.AllowShortDuplicateWindow {
 		v.add("output.duplicate_window", "%v, want >= input.ack_wait + output.restart_margin (%v), or 0 to compute it; "+
