@@ -40,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -94,6 +95,9 @@ type Stage struct {
 	ackWait            time.Duration
 	shutdownTimeout    time.Duration
 	fpMismatchIsRepeat bool // treat fingerprint mismatches as repeats instead of dead-lettering them
+
+	atomicOutput  bool             // publish the output as atomic batches (outputPublish)
+	outputBatches *forward.Limiter // bounds the atomic batches open on the output stream
 
 	beforePublish func(partition, batchLen int) // test hook
 
@@ -170,6 +174,10 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if err := checkDuplicateWindow(ctx, s.js, cfg, cc, s.log); err != nil {
 		return nil, err
 	}
+	if s.atomicOutput, err = outputPublish(ctx, s.js, cfg, s.log); err != nil {
+		return nil, err
+	}
+	s.outputBatches = forward.NewLimiter(cfg.Output.MaxBatchesInFlight)
 
 	s.status.declare(CompPublish, CompDeadLetter, CompLookup, CompCommit)
 	if cfg.Totals.Enabled {

@@ -3,6 +3,7 @@ package stage_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -69,9 +70,15 @@ type running struct {
 
 func (e *env) start() *running {
 	e.t.Helper()
+	return e.startWith(nil)
+}
+
+// startWith starts the stage logging to log (nil: slog.Default()).
+func (e *env) startWith(log *slog.Logger) *running {
+	e.t.Helper()
 	reg := prometheus.NewRegistry()
 	status := &stage.Status{}
-	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock, Status: status})
+	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock, Status: status, Logger: log})
 	if err != nil {
 		e.t.Fatalf("stage.New: %v", err)
 	}

@@ -20,7 +20,7 @@ var ErrDuplicateWindow = errors.New("output stream duplicate window too short")
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) error {
 	wanted := []jetstream.StreamConfig{
 		{Name: cfg.Input.Stream, Subjects: cfg.Input.Subjects, Storage: jetstream.FileStorage},
-		{Name: cfg.Output.Stream, Subjects: []string{cfg.Output.Subjects()}, Storage: jetstream.FileStorage, Duplicates: cfg.OutputDuplicateWindow()},
+		{Name: cfg.Output.Stream, Subjects: []string{cfg.Output.Subjects()}, Storage: jetstream.FileStorage, Duplicates: cfg.OutputDuplicateWindow(), AllowAtomicPublish: true},
 		{Name: cfg.DeadLetter.Stream, Subjects: []string{cfg.DeadLetter.Subjects()}, Storage: jetstream.FileStorage},
 	}
 	for _, sc := range wanted {
@@ -93,4 +93,29 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 		return nil
 	}
 	return err
+}
+
+// outputPublish decides whether the output is published as atomic batches
+// (config.PublishAtomic), from the output stream's AllowAtomicPublish. With
+// output.publish atomic on a stream that does not allow it, it returns an
+// error wrapping config.ErrAtomicNotAllowed that says how to fix it.
+func outputPublish(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (bool, error) {
+	st, err := js.Stream(ctx, cfg.Output.Stream)
+	if err != nil {
+		return false, fmt.Errorf("output stream %s: %w", cfg.Output.Stream, err)
+	}
+	allowed := st.CachedInfo().Config.AllowAtomicPublish
+	atomic, err := cfg.PublishAtomic(allowed)
+	if err != nil {
+		return false, fmt.Errorf("%w: stream %s has AllowAtomicPublish off; allow it (nats stream edit %s --allow-batch) or set output.publish to async or auto",
+			err, cfg.Output.Stream, cfg.Output.Stream)
+	}
+	if atomic {
+		log.Info("output published as atomic batches", "stream", cfg.Output.Stream, "publish", cfg.Output.Publish,
+			"batch_max", cfg.Output.BatchMax, "max_batches_in_flight", cfg.Output.MaxBatchesInFlight)
+	} else {
+		log.Info("output published one message at a time", "stream", cfg.Output.Stream, "publish", cfg.Output.Publish,
+			"stream_allows_atomic_publish", allowed, "embedded_sync_always", cfg.NATS.URL == "" && cfg.NATS.Embedded.SyncAlways)
+	}
+	return atomic, nil
 }

@@ -184,6 +184,10 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 			s.metrics.PublishRetries.Add(float64(failed))
 			s.log.Warn("output publish failed, retrying", "partition", w.label, "messages", failed, "attempt", attempt, "err", err)
 		},
+		Atomic:     s.atomicOutput,
+		BatchMax:   s.cfg.Output.BatchMax,
+		Inflight:   s.outputBatches,
+		OnFallback: w.fallback,
 	}
 	if err := forward.Batch(ctx, s.js, w.out, w.res, o); err != nil {
 		w.stopping(batch, err)
@@ -196,6 +200,13 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		}
 	}
 	return true
+}
+
+// fallback logs an atomic batch the output refused as a whole, which
+// forward then publishes one message at a time.
+func (w *worker) fallback(messages int, err error) {
+	w.s.log.Warn("output refused an atomic batch; publishing its messages one at a time",
+		"partition", w.label, "messages", messages, "err", describe(err))
 }
 
 // commit claims the forwarded keys in one transaction, retrying transient

@@ -1,0 +1,144 @@
+package stage_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// logBuffer collects a stage's logs; safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startLogged is env.start with the stage's logs kept.
+func (e *env) startLogged() (*running, *logBuffer) {
+	e.t.Helper()
+	logs := &logBuffer{}
+	return e.startWith(slog.New(slog.NewTextHandler(logs, nil))), logs
+}
+
+// TestAtomicOutputForwardsEachKeyOnce runs the stage with output.publish
+// atomic on the output stream it creates (which allows atomic publish) and
+// batches split at output.batch_max: every key is forwarded once with its
+// payload and headers, no batch is refused.
+func TestAtomicOutputForwardsEachKeyOnce(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Output.Publish = config.PublishAtomic
+	e.cfg.Output.BatchMax = 50 // batches of up to 256 split into several atomic batches
+	e.cfg.Output.MaxBatchesInFlight = 2
+	_, logs := e.startLogged()
+	st, err := e.js.Stream(context.Background(), e.cfg.Output.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.CachedInfo().Config.AllowAtomicPublish {
+		t.Error("the output stream the stage created does not allow atomic publish")
+	}
+	evs, unique := workload(12, 4000, 0.2)
+	e.publish(evs)
+	e.drained(60 * time.Second)
+	e.assertExactlyOnce(unique)
+	l := logs.String()
+	if !strings.Contains(l, "output published as atomic batches") {
+		t.Errorf("the stage did not say it publishes atomic batches:\n%s", l)
+	}
+	if strings.Contains(l, "output refused an atomic batch") {
+		t.Errorf("a batch of new keys was refused:\n%s", l)
+	}
+}
+
+// TestAtomicOutputAfterACrashBetweenPublishAndCommit stores some keys in
+// the output stream before the stage runs, as a run that crashed after
+// publishing them and before committing their claims leaves it. With
+// atomic publish, the batches holding them are refused whole (an id in the
+// duplicate window), published one message at a time, and every key ends
+// in the output once: the re-published ones dropped by the window, the
+// others stored.
+func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Output.Publish = config.PublishAtomic
+	evs, unique := workload(13, 2000, 0.1)
+	// The stage creates the streams; start it once with nothing to do.
+	r, _ := e.startLogged()
+	r.stop(t)
+
+	var before []*nats.Msg
+	n := 0
+	for k, payload := range unique {
+		if n++; n%10 != 0 {
+			continue
+		}
+		m := &nats.Msg{Subject: e.cfg.Output.Subject("events.orders"), Header: nats.Header{}, Data: payload}
+		m.Header.Set(jetstream.MsgIDHeader, k)
+		m.Header.Set("Event-Id", k)
+		m.Header.Set("Trace", "t-"+k)
+		before = append(before, m)
+	}
+	natstest.PublishAll(t, e.js, before)
+
+	r, logs := e.startLogged()
+	e.publish(evs)
+	e.drained(60 * time.Second)
+	e.assertExactlyOnce(unique)
+	if got := counter(t, r.reg, "dedupe_republish_duplicates_total", nil); got != float64(len(before)) {
+		t.Errorf("dedupe_republish_duplicates_total = %v, want %d (the keys stored before the run)", got, len(before))
+	}
+	if l := logs.String(); !strings.Contains(l, "output refused an atomic batch") || !strings.Contains(l, "err_code=10201") {
+		t.Errorf("no batch was refused for an id in the duplicate window:\n%s", l)
+	}
+}
+
+// TestAtomicOutputOnAStreamWithoutAtomicPublish: with output.publish
+// atomic, a stage whose output stream does not allow atomic publish refuses
+// to start, naming the field and the stream; with auto it starts and
+// publishes one message at a time.
+func TestAtomicOutputOnAStreamWithoutAtomicPublish(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.cfg.Output.Stream, Subjects: []string{e.cfg.Output.Subjects()},
+		Duplicates: e.cfg.OutputDuplicateWindow()}); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg.Output.Publish = config.PublishAtomic
+	_, err := stage.New(ctx, stage.Options{Config: e.cfg, Conn: e.nc, Registry: prometheus.NewRegistry()})
+	if !errors.Is(err, config.ErrAtomicNotAllowed) || !strings.Contains(err.Error(), "output.publish") || !strings.Contains(err.Error(), e.cfg.Output.Stream) {
+		t.Fatalf("stage.New with atomic on a stream without atomic publish: %v, want ErrAtomicNotAllowed naming output.publish and the stream", err)
+	}
+
+	e.cfg.Output.Publish = config.PublishAuto
+	_, logs := e.startLogged()
+	evs, unique := workload(14, 500, 0.2)
+	e.publish(evs)
+	e.drained(60 * time.Second)
+	e.assertExactlyOnce(unique)
+	if l := logs.String(); !strings.Contains(l, "output published one message at a time") || strings.Contains(l, "output refused an atomic batch") {
+		t.Errorf("auto on a stream without atomic publish:\n%s", l)
+	}
+}
