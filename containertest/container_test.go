@@ -102,27 +102,6 @@ func needDocker(t testing.TB) {
 	}
 }
 
-// waitFor polls cond every interval until it returns true or an error, or
-// until timeout; what describes the wait in the failure.
-func waitFor(t testing.TB, timeout, interval time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			last = err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s (last error: %v)", what, timeout, last)
-		}
-		time.Sleep(interval)
-	}
-}
-
 // hostPort returns the 127.0.0.1 address Docker published for a container
 // port.
 func hostPort(t testing.TB, container, port string) string {
@@ -225,7 +204,7 @@ func (e *env) startNATS() {
 	name := "dedupe-containertest-nats-" + e.id
 	e.runContainer(name, "--network-alias", "nats", "-p", "127.0.0.1::4222", e.natsImage)
 	url := "nats://" + hostPort(t, name, "4222/tcp")
-	waitFor(t, 30*time.Second, 200*time.Millisecond, "nats-server container accepting clients", func() (bool, error) {
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "nats-server container accepting clients", func() (bool, error) {
 		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
 		if err != nil {
 			return false, err
@@ -256,7 +235,7 @@ func (e *env) startStage(name string) stage {
 		e.stageImage, "run", "--config", "/config/stage.yaml", "--create-streams")
 	s := stage{name: name, http: "http://" + hostPort(t, name, "9464/tcp")}
 	start := time.Now()
-	waitFor(t, 60*time.Second, 200*time.Millisecond, name+" ready", func() (bool, error) {
+	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, name+" ready", func() (bool, error) {
 		if st := mustDocker(t, "inspect", "-f", "{{.State.Status}}", name); st != "running" {
 			t.Fatalf("%s is %s, not running:\n%s", name, st, mustDocker(t, "logs", "--tail", "40", name))
 		}
@@ -369,7 +348,7 @@ func (e *env) publishAsync(keys []string, copies int) (wait func()) {
 // drained waits until the stage acknowledged everything on the input.
 func (e *env) drained(what string) {
 	t := e.t
-	waitFor(t, 60*time.Second, 100*time.Millisecond, what, func() (bool, error) {
+	natstest.Poll(t, 60*time.Second, 100*time.Millisecond, what, func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c, err := e.js.Consumer(ctx, inputStream, consumerName)
@@ -509,7 +488,7 @@ func TestContainer(t *testing.T) {
 			t.Fatalf("GET /healthz: %d %q %v", code, body, err)
 		}
 		// The image's HEALTHCHECK runs the binary's healthcheck command.
-		waitFor(t, 30*time.Second, 250*time.Millisecond, "container health status healthy", func() (bool, error) {
+		natstest.Poll(t, 30*time.Second, 250*time.Millisecond, "container health status healthy", func() (bool, error) {
 			st := mustDocker(t, "inspect", "-f", "{{.State.Health.Status}}", first.name)
 			return st == "healthy", fmt.Errorf("health status %s", st)
 		})

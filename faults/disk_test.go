@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 // smallDisk mounts a tmpfs of size (e.g. "64m") on a new directory and
@@ -89,7 +91,7 @@ func TestDataDirFull(t *testing.T) {
 	t.Logf("filled the data dir's file system with %d MiB", n>>20)
 	events := w.mix(3000, 0.25, 0.02, 0)
 	acks := mustPublish(t, js, events, "full")
-	waitUntil(t, 30*time.Second, "/healthz to answer 503", func() bool {
+	natstest.WaitFor(t, 30*time.Second, "/healthz to answer 503", func() bool {
 		if !p.running() {
 			t.Fatalf("the stage exited on a full disk: %v\n%s", p.err, crashReport(p.log()))
 		}
@@ -127,7 +129,7 @@ func TestDataDirFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitDrained(t, js, 60*time.Second)
-	waitUntil(t, 15*time.Second, "/healthz to answer 200", func() bool {
+	natstest.WaitFor(t, 15*time.Second, "/healthz to answer 200", func() bool {
 		code, _ := s.get("/healthz")
 		return code == http.StatusOK
 	})
@@ -141,7 +143,7 @@ func TestDataDirFull(t *testing.T) {
 	// refuse to start, saying why, and start once there is space.
 	fillDisk(t, filler)
 	mustPublish(t, js, w.mix(2000, 0.25, 0.02, 0), "full-again")
-	waitUntil(t, 30*time.Second, "/healthz to answer 503", func() bool {
+	natstest.WaitFor(t, 30*time.Second, "/healthz to answer 503", func() bool {
 		code, _ := s.get("/healthz")
 		return code == http.StatusServiceUnavailable
 	})

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 // TestNATSServerRestart stops the nats-server under a running stage while
@@ -34,7 +36,7 @@ func TestNATSServerRestart(t *testing.T) {
 
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		base := streamMsgs(js, outputStream)
-		waitUntil(t, 30*time.Second, "the stage to forward while the server is up", func() bool {
+		natstest.WaitFor(t, 30*time.Second, "the stage to forward while the server is up", func() bool {
 			return streamMsgs(js, outputStream) >= base+1000
 		})
 		srv.stop(sig)

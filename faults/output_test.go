@@ -95,7 +95,7 @@ func TestOutputRefusesPublishes(t *testing.T) {
 	t.Run("limit reached", func(t *testing.T) {
 		events := w.mix(3000, 0.25, 0.02, 0)
 		acks := mustPublish(t, js, events, "limit")
-		waitUntil(t, 30*time.Second, "/healthz to answer 503", func() bool {
+		natstest.WaitFor(t, 30*time.Second, "/healthz to answer 503", func() bool {
 			code, _ := s.get("/healthz")
 			return code == http.StatusServiceUnavailable
 		})
@@ -124,7 +124,7 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitDrained(t, js, 60*time.Second)
-		waitUntil(t, 15*time.Second, "/healthz to answer 200", func() bool {
+		natstest.WaitFor(t, 15*time.Second, "/healthz to answer 200", func() bool {
 			code, _ := s.get("/healthz")
 			return code == http.StatusOK
 		})
@@ -142,7 +142,7 @@ func TestOutputRefusesPublishes(t *testing.T) {
 		}
 		events := w.mix(2000, 0.25, 0.02, 0)
 		acks := mustPublish(t, js, events, "deleted")
-		waitUntil(t, 30*time.Second, "/healthz to answer 503", func() bool {
+		natstest.WaitFor(t, 30*time.Second, "/healthz to answer 503", func() bool {
 			code, _ := s.get("/healthz")
 			return code == http.StatusServiceUnavailable
 		})
@@ -158,7 +158,7 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitDrained(t, js, 60*time.Second)
-		waitUntil(t, 15*time.Second, "/healthz to answer 200", func() bool {
+		natstest.WaitFor(t, 15*time.Second, "/healthz to answer 200", func() bool {
 			code, _ := s.get("/healthz")
 			return code == http.StatusOK
 		})

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 // The binaries under test, built once by TestMain.
@@ -63,19 +65,6 @@ func freePort(tb testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// waitUntil polls cond every 20ms until it is true, and fails the test
-// naming what when timeout passes first.
-func waitUntil(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // process is a child process whose output goes to a log file.
@@ -222,7 +211,7 @@ func (n *natsServer) start() {
 	n.tb.Helper()
 	n.starts++
 	n.proc = startProcess(n.tb, "nats-server", filepath.Join(filepath.Dir(n.conf), fmt.Sprintf("nats-%d.log", n.starts)), natsBin, "-c", n.conf)
-	waitUntil(n.tb, 30*time.Second, "nats-server to accept clients", func() bool {
+	natstest.WaitFor(n.tb, 30*time.Second, "nats-server to accept clients", func() bool {
 		if !n.proc.running() {
 			n.tb.Fatalf("nats-server exited: %v\n%s", n.proc.err, tail(n.proc.log(), 3000))
 		}
@@ -377,7 +366,7 @@ func (s *stage) startReady() *process {
 // waitReady waits until /readyz answers 200; it fails if p exits first.
 func (s *stage) waitReady(p *process, timeout time.Duration) {
 	s.tb.Helper()
-	waitUntil(s.tb, timeout, "the stage to be ready", func() bool {
+	natstest.WaitFor(s.tb, timeout, "the stage to be ready", func() bool {
 		if !p.running() {
 			s.tb.Fatalf("stage exited before it was ready: %v\n%s", p.err, crashReport(p.log()))
 		}

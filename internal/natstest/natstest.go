@@ -121,17 +121,37 @@ func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 	return out
 }
 
-// WaitFor polls cond every 20ms until it is true or timeout passes, then
-// fails the test with what.
-func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+// Poll calls cond every interval until it returns true, and fails the test
+// when timeout passes first, naming what and the last error cond returned.
+// It is the one polling wait of the project's tests: wait for a condition,
+// never sleep out a timeout.
+func Poll(tb testing.TB, timeout, interval time.Duration, what string, cond func() (bool, error)) {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if err != nil {
+			last = err
+		}
 		if time.Now().After(deadline) {
+			if last != nil {
+				tb.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, last)
+			}
 			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(interval)
 	}
+}
+
+// WaitFor polls cond every 20ms until it is true or timeout passes, then
+// fails the test with what (Poll of a condition without an error).
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	Poll(tb, timeout, 20*time.Millisecond, what, func() (bool, error) { return cond(), nil })
 }
 
 // WaitDrained waits until consumer on stream has acknowledged every message
