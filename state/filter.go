@@ -97,9 +97,11 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 	var b FilterBuild
 	if err == nil {
 		b = FilterBuild{Source: SourceSnapshot, SnapshotVersion: meta}
-		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, meta, p.win, now, p.log); err != nil {
+		pr := p.newProgress(SourceSnapshotTopUp, 0)
+		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, meta, p.win, now, p.log, pr.tick); err != nil {
 			return fmt.Errorf("top up filter from version %d: %w", meta, err)
 		}
+		pr.done(b.Scanned, b.Added)
 		if b.Scanned > 0 {
 			b.Source = SourceSnapshotTopUp
 		} else {
@@ -117,9 +119,11 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 		if f, err = bloom.New(p.fopts, now); err != nil {
 			return fmt.Errorf("new filter: %w", err)
 		}
-		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, 0, p.win, now, p.log); err != nil {
+		pr := p.newProgress(SourceRebuild, estimateRecords(p.db))
+		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, 0, p.win, now, p.log, pr.tick); err != nil {
 			return fmt.Errorf("rebuild filter: %w", err)
 		}
+		pr.done(b.Scanned, b.Added)
 	}
 	b.Elapsed = time.Since(start)
 	p.mu.Lock()
@@ -144,16 +148,20 @@ func loadSnapshot(path string, opts bloom.Options) (*bloom.Filter, uint64, error
 // that is inside the window at now. A record that cannot be decoded is
 // added as if first seen now (the filter must not say "definitely not" for
 // a key the store holds) and logged. It returns how many records it read
-// and how many it added.
-func scanInto(ctx context.Context, db *badger.DB, f *bloom.Filter, since uint64, win window.Window, now time.Time, log *slog.Logger) (scanned, added uint64, err error) {
+// and how many it added. It calls tick with the counts every
+// progressEveryRecords records.
+func scanInto(ctx context.Context, db *badger.DB, f *bloom.Filter, since uint64, win window.Window, now time.Time, log *slog.Logger, tick func(scanned, added uint64)) (scanned, added uint64, err error) {
 	txn := db.NewTransaction(false)
 	defer txn.Discard()
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}, SinceTs: since})
 	defer it.Close()
 	for it.Rewind(); it.Valid(); it.Next() {
-		if scanned%4096 == 0 {
+		if scanned%progressEveryRecords == 0 {
 			if err := ctx.Err(); err != nil {
 				return scanned, added, err
+			}
+			if scanned > 0 {
+				tick(scanned, added)
 			}
 		}
 		scanned++
@@ -215,4 +223,108 @@ func (p *Partition) snapshot(closing bool) error {
 	}
 	p.snapVersion, p.snapOnDisk = meta, true
 	return nil
+}
+
+// progressEveryRecords is how many records a filter build reads between
+// looks at the clock (and at its context).
+const progressEveryRecords = 4096
+
+// FilterProgress is how far the filter build of one partition at Open has
+// got: a rebuild from a full scan, or the top-up of a loaded snapshot.
+type FilterProgress struct {
+	// Partition is the partition's index.
+	Partition int
+	// Source is SourceRebuild or SourceSnapshotTopUp.
+	Source FilterSource
+	// Scanned is how many records the build has read so far; Added how
+	// many of them were unexpired and went into the filter.
+	Scanned, Added uint64
+	// EstimatedRecords is about how many records a rebuild has to read,
+	// from the key counts of Badger's tables (keys still in memtables are
+	// not counted); 0 when unknown, as for a top-up.
+	EstimatedRecords uint64
+	// Elapsed is the time since the scan started.
+	Elapsed time.Duration
+	// Done is true for the last report, when the scan has ended.
+	Done bool
+}
+
+// Rate is the records read per second so far; 0 before any time passed.
+func (fp FilterProgress) Rate() float64 {
+	if fp.Elapsed <= 0 {
+		return 0
+	}
+	return float64(fp.Scanned) / fp.Elapsed.Seconds()
+}
+
+// Remaining is the estimated time left at the current rate, rounded to a
+// second; 0 when unknown (no estimate, no rate yet, or more read than
+// estimated) or when Done.
+func (fp FilterProgress) Remaining() time.Duration {
+	r := fp.Rate()
+	if fp.Done || r <= 0 || fp.EstimatedRecords <= fp.Scanned {
+		return 0
+	}
+	return (time.Duration(float64(fp.EstimatedRecords-fp.Scanned)/r) * time.Second).Round(time.Second)
+}
+
+// progress reports one partition's filter build every
+// Options.FilterProgressInterval: a log line at info and a call of
+// Options.OnFilterProgress; and once more, to OnFilterProgress only, when
+// it is done.
+type progress struct {
+	p         *Partition
+	source    FilterSource
+	estimated uint64
+	start     time.Time
+	next      time.Time
+}
+
+func (p *Partition) newProgress(source FilterSource, estimated uint64) *progress {
+	now := time.Now()
+	return &progress{p: p, source: source, estimated: estimated, start: now, next: now.Add(p.progressEvery)}
+}
+
+// tick reports the counts if the interval has passed since the last report.
+func (pr *progress) tick(scanned, added uint64) {
+	now := time.Now()
+	if now.Before(pr.next) {
+		return
+	}
+	pr.next = now.Add(pr.p.progressEvery)
+	fp := pr.report(scanned, added, now, false)
+	args := []any{"source", string(fp.Source), "scanned", fp.Scanned, "added", fp.Added,
+		"rate_per_second", int64(fp.Rate()), "elapsed", fp.Elapsed.Round(time.Millisecond)}
+	if fp.EstimatedRecords > 0 {
+		args = append(args, "estimated_records", fp.EstimatedRecords)
+	}
+	if left := fp.Remaining(); left > 0 {
+		args = append(args, "estimated_time_left", left)
+	}
+	pr.p.log.Info("state: building filter", args...)
+}
+
+// done reports the final counts.
+func (pr *progress) done(scanned, added uint64) {
+	pr.report(scanned, added, time.Now(), true)
+}
+
+func (pr *progress) report(scanned, added uint64, now time.Time, done bool) FilterProgress {
+	fp := FilterProgress{Partition: pr.p.index, Source: pr.source, Scanned: scanned, Added: added,
+		EstimatedRecords: pr.estimated, Elapsed: now.Sub(pr.start), Done: done}
+	if pr.p.onProgress != nil {
+		pr.p.onProgress(fp)
+	}
+	return fp
+}
+
+// estimateRecords is the number of keys in db's tables: about the records
+// a full scan reads (it also counts totals and older versions, and misses
+// what is still in memtables).
+func estimateRecords(db *badger.DB) uint64 {
+	var n uint64
+	for _, t := range db.Tables() {
+		n += uint64(t.KeyCount)
+	}
+	return n
 }

@@ -24,6 +24,8 @@ const (
 	DefaultGCInterval = 10 * time.Minute
 	// DefaultSnapshotInterval is the default period of filter snapshots.
 	DefaultSnapshotInterval = time.Minute
+	// DefaultFilterProgressInterval is the default FilterProgressInterval.
+	DefaultFilterProgressInterval = 5 * time.Second
 	// DefaultMinFreeBytes is the default MinFreeBytes: 64 MiB.
 	DefaultMinFreeBytes = 64 << 20
 	// MaxTotalsBucket is the longest accepted TotalsBucket: 366 days.
@@ -66,6 +68,18 @@ type Options struct {
 	// Claim reads Badger for every key. No filter is built, loaded or
 	// snapshotted. For benchmarks and comparison. Default false.
 	DisableFilter bool
+
+	// FilterProgressInterval is how often a filter build at Open (a
+	// rebuild from a full scan, or a snapshot's top-up) that is still
+	// running logs its progress at info (records scanned, rate, estimated
+	// time left) and calls OnFilterProgress. 0 means
+	// DefaultFilterProgressInterval.
+	FilterProgressInterval time.Duration
+	// OnFilterProgress, if set, receives each progress report of a filter
+	// build at Open, and a last one (Done) when the build's scan ends, also
+	// when it read nothing. Partitions build in parallel, so it is called
+	// from several goroutines at once. Default nil.
+	OnFilterProgress func(FilterProgress)
 
 	// Badger.
 
@@ -134,8 +148,10 @@ func DefaultOptions(dir string, w window.Window) Options {
 		GCInterval:       DefaultGCInterval,
 		SnapshotInterval: DefaultSnapshotInterval,
 		MinFreeBytes:     DefaultMinFreeBytes,
-		TotalsKeep:       DefaultTotalsKeep,
-		Logger:           slog.Default(),
+
+		FilterProgressInterval: DefaultFilterProgressInterval,
+		TotalsKeep:             DefaultTotalsKeep,
+		Logger:                 slog.Default(),
 	}
 }
 
@@ -156,6 +172,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: GCInterval is %v, want >= 0", ErrBadOptions, o.GCInterval)
 	case o.SnapshotInterval < 0:
 		return fmt.Errorf("%w: SnapshotInterval is %v, want >= 0", ErrBadOptions, o.SnapshotInterval)
+	case o.FilterProgressInterval < 0:
+		return fmt.Errorf("%w: FilterProgressInterval is %v, want >= 0 (0 means the default)", ErrBadOptions, o.FilterProgressInterval)
 	case o.MinFreeBytes < 0:
 		return fmt.Errorf("%w: MinFreeBytes is %d, want >= 0 (0 disables the check)", ErrBadOptions, o.MinFreeBytes)
 	case o.TotalsBucket < 0 || o.TotalsBucket > MaxTotalsBucket || o.TotalsBucket%time.Second != 0:

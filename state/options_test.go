@@ -33,6 +33,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"zero window", func(o *Options) { o.Window.W = 0 }, "Window.W is 0s"},
 		{"negative window", func(o *Options) { o.Window.W = -time.Second }, "Window.W is -1s"},
 		{"small budget", func(o *Options) { o.MemoryBudget = 1 << 20 }, "MemoryBudget is 1048576"},
+		{"negative progress interval", func(o *Options) { o.FilterProgressInterval = -time.Second }, "FilterProgressInterval is -1s"},
 		{"negative GC interval", func(o *Options) { o.GCInterval = -time.Second }, "GCInterval is -1s"},
 		{"negative snapshot interval", func(o *Options) { o.SnapshotInterval = -time.Second }, "SnapshotInterval is -1s"},
 		{"filter window differs", func(o *Options) { o.Filter.Window = 2 * time.Hour }, "Filter.Window is 2h0m0s"},

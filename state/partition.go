@@ -77,6 +77,9 @@ type Partition struct {
 
 	minFree int64 // Options.MinFreeBytes; 0 = not checked
 
+	progressEvery time.Duration        // Options.FilterProgressInterval
+	onProgress    func(FilterProgress) // Options.OnFilterProgress; may be nil
+
 	mu     sync.Mutex // held across Lookup, Claim and the snapshot's capture
 	filter *bloom.Filter
 	closed bool

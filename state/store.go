@@ -81,6 +81,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.FilterProgressInterval == 0 {
+		opts.FilterProgressInterval = DefaultFilterProgressInterval
+	}
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state: data dir %q is not usable: %w", opts.Dir, err)
 	}
@@ -191,6 +194,9 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 		build: FilterBuild{Source: SourceDisabled},
 
 		minFree: opts.MinFreeBytes,
+
+		progressEvery: opts.FilterProgressInterval,
+		onProgress:    opts.OnFilterProgress,
 
 		totalsBucket: opts.TotalsBucket,
 		totalsKeep:   opts.TotalsKeep,
