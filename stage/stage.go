@@ -73,6 +73,10 @@ type Options struct {
 	Status *Status
 	// ShutdownTimeout: default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+	// FilterProgressInterval is how often a filter rebuild at start logs its
+	// progress and updates dedupe_filter_rebuild_keys_scanned. Default
+	// state.DefaultFilterProgressInterval.
+	FilterProgressInterval time.Duration
 }
 
 // Stage is a running dedupe stage. Run processes messages; Close releases
@@ -189,6 +193,8 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	so := cfg.StateOptions(s.win)
 	so.Clock = s.clock
 	so.Logger = s.log.With("component", "state")
+	so.FilterProgressInterval = opts.FilterProgressInterval
+	so.OnFilterProgress = newFilterProgressMetric(reg)
 	if err := state.CheckRouting(so.Dir, so.Partitions, cfg.Routing()); err != nil {
 		return nil, err
 	}
