@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -201,7 +202,20 @@ func assertOutputOnce(t *testing.T, js jetstream.JetStream, unique map[string]bo
 	}
 }
 
+// TestSIGKILLMidRunLosesNothingDoublesNothing kills the binary mid-run and
+// restarts it. The output must hold every key once; and because the output's
+// duplicate window would hide a key published twice, the stage's own
+// decisions are checked too, from /metrics: the restarted run judges every
+// delivery it gets exactly once, decides "new" exactly for the keys the
+// output lacked plus the re-publishes the output reported as duplicates
+// (which only the batches in flight at the kill can cause), and a full
+// replay afterwards is judged all repeats.
 func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
+	const (
+		events     = 20_000
+		partitions = 4   // startStage's state.partitions
+		batchSize  = 256 // the default pipeline.batch_size
+	)
 	srv := natstest.RunServer(t, "")
 	_, js := natstest.Connect(t, srv.ClientURL())
 	dataDir := t.TempDir()
@@ -212,7 +226,7 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 	go func() {
 		var unique map[string]bool
 		defer func() { done <- unique }() // also when a failed publish ends this goroutine
-		unique = publishWithRepeats(t, js, "k", 20_000)
+		unique = publishWithRepeats(t, js, "k", events)
 	}()
 	natstest.WaitFor(t, 60*time.Second, "some events forwarded", func() bool { return outputCount(t, js) > 2000 })
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -223,21 +237,101 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 	if unique == nil {
 		t.FailNow() // publishing failed and said why
 	}
-	if n := outputCount(t, js); n >= uint64(len(unique)) {
-		t.Logf("the stage had forwarded everything (%d) before the kill; the restart still has to recognise every repeat", n)
+	atKill := outputCount(t, js)
+	if atKill >= uint64(len(unique)) {
+		t.Logf("the stage had forwarded everything (%d) before the kill; the restart still has to recognise every repeat", atKill)
 	}
+	ci := consumerInfo(t, js)
+	unjudged := ci.NumAckPending + int(ci.NumPending)
 
-	startStage(t, srv.ClientURL(), dataDir, addr)
+	p2 := startStage(t, srv.ClientURL(), dataDir, addr)
 	drained(t, js, 90*time.Second)
 	assertOutputOnce(t, js, unique)
 
-	// Everything again: nothing new.
+	// The restarted run's own decisions.
+	deliveries := consumerInfo(t, js).Delivered.Consumer - ci.Delivered.Consumer
+	newCount := scrape(t, addr, "dedupe_messages_total", `outcome="new"`)
+	repeats := scrape(t, addr, "dedupe_messages_total", `outcome="repeat"`)
+	judged := newCount + repeats + scrape(t, addr, "dedupe_messages_total", `outcome="dead_letter"`)
+	republished := scrape(t, addr, "dedupe_republish_duplicates_total")
+	if judged != float64(deliveries) || deliveries < uint64(unjudged) {
+		t.Errorf("the restart judged %v messages (new %v, repeat %v) of %d deliveries; %d were unacknowledged at the kill", judged, newCount, repeats, deliveries, unjudged)
+	}
+	if want := float64(uint64(len(unique))-atKill) + republished; newCount != want {
+		t.Errorf("the restart decided %v keys new; want the %d the output lacked plus %v re-publishes it reported", newCount, uint64(len(unique))-atKill, republished)
+	}
+	if republished > partitions*batchSize {
+		t.Errorf("the output reported %v re-published keys; at most %d (a batch per partition) can have been between publish and commit at the kill", republished, partitions*batchSize)
+	}
+	t.Logf("at the kill: %d keys forwarded, %d messages unjudged; the restart judged %v deliveries, %v new, %v repeats, %v re-publishes dropped by the output",
+		atKill, unjudged, judged, newCount, repeats, republished)
+
+	// Everything again: nothing new, every copy judged a repeat.
 	before := outputCount(t, js)
-	publishWithRepeats(t, js, "k", 20_000)
+	publishWithRepeats(t, js, "k", events)
 	drained(t, js, 90*time.Second)
 	if after := outputCount(t, js); after != before {
 		t.Errorf("republishing after the crash forwarded %d more", after-before)
 	}
+	if got := scrape(t, addr, "dedupe_messages_total", `outcome="new"`); got != newCount {
+		t.Errorf("the replay was judged new %v times", got-newCount)
+	}
+	if got := scrape(t, addr, "dedupe_messages_total", `outcome="repeat"`) - repeats; got != events {
+		t.Errorf("the replay was judged a repeat %v times, want %d", got, events)
+	}
+	if log := p2.logText(); strings.Contains(log, "claim found a key the lookup did not") {
+		t.Errorf("the restart claimed a key its lookup missed:\n%s", grepLines(log, "claim found"))
+	}
+}
+
+// consumerInfo returns the stage's consumer's info.
+func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(context.Background(), "EVENTS", "dedupe-stage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// scrape returns the sum of the series of metric name on the stage's
+// /metrics at addr whose labels contain every one of labels.
+func scrape(t *testing.T, addr, name string, labels ...string) float64 {
+	t.Helper()
+	body, err := httpGet("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line[:sp], l)
+		}
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			t.Fatalf("/metrics line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// logText returns what the process has logged so far.
+func (p *proc) logText() string {
+	b, _ := os.ReadFile(p.log.Name())
+	return string(b)
 }
 
 func TestSIGTERMExitsCleanly(t *testing.T) {
