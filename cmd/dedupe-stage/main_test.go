@@ -63,8 +63,13 @@ type proc struct {
 // Each of httpFields is one more line of its http section ("inspect: false").
 func startStage(t *testing.T, natsURL, dataDir, httpAddr string, httpFields ...string) *proc {
 	t.Helper()
-	cfgPath := filepath.Join(t.TempDir(), "stage.yaml")
-	cfg := fmt.Sprintf(`nats:
+	return startStageWith(t, stageConfig(natsURL, dataDir, httpAddr, httpFields...), httpAddr)
+}
+
+// stageConfig is startStage's config: keys from the Event-Id header, four
+// partitions, a JSON log. More sections can be appended to it.
+func stageConfig(natsURL, dataDir, httpAddr string, httpFields ...string) string {
+	return fmt.Sprintf(`nats:
   url: %s
   create_streams: true
 key:
@@ -83,6 +88,13 @@ http:
 %slog:
   format: json
 `, natsURL, dataDir, httpAddr, indent(httpFields))
+}
+
+// startStageWith runs the binary with the config cfg, whose http.addr is
+// httpAddr, and waits until it is ready.
+func startStageWith(t *testing.T, cfg, httpAddr string) *proc {
+	t.Helper()
+	cfgPath := filepath.Join(t.TempDir(), "stage.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
