@@ -44,7 +44,13 @@ func testSeed(t *testing.T) uint64 {
 // than the output stream's 30s duplicate window, so only the stage's store
 // can recognise them), copies with a changed payload and more bad inputs
 // arrive through three more kills. At the end every key is in the output
-// exactly once and the dead letters are exactly the bad inputs.
+// exactly once and the dead letters are exactly the bad inputs. Because the
+// output's duplicate window would hide a key published twice, the stage's
+// own decisions are checked as well: the re-publishes the output reports
+// stay within a batch per partition per kill since the input last drained,
+// and each run that is
+// left to drain judges every delivery once and decides new exactly the keys
+// the output gained plus those re-publishes.
 func TestKill9AtRandomMoments(t *testing.T) {
 	const (
 		preloadKeys = 400_000
@@ -80,8 +86,21 @@ func TestKill9AtRandomMoments(t *testing.T) {
 	var (
 		kills, rebuildKills, flowKills int
 		republished                    float64 // re-publishes the output dropped: kills between publish and commit
+		flowKillsSinceDrain            int     // kills while forwarding since a run last drained the input
 		main                           *published
 	)
+	// checkRepublished adds a run's re-publishes the output reported as
+	// duplicates, and checks them against what the kills could cause: each
+	// is a key published and not committed when an earlier run (since the
+	// last one that drained) was killed, at most a batch per partition each.
+	checkRepublished := func(dup float64) {
+		t.Helper()
+		if bound := float64(flowKillsSinceDrain * cfg.Partitions * cfg.BatchSize); dup > bound {
+			t.Errorf("run %d: the output reported %v re-published keys; the %d kills while forwarding since the input last drained can leave at most %v between publish and commit",
+				len(s.runs), dup, flowKillsSinceDrain, bound)
+		}
+		republished += dup
+	}
 	// flowKill runs the stage until it has forwarded a random number of
 	// messages (or a random time passed), then kills it.
 	flowKill := func() {
@@ -95,7 +114,8 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		for streamMsgs(js, outputStream) < want && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
-		republished += s.metric("dedupe_republish_duplicates_total")
+		checkRepublished(s.metric("dedupe_republish_duplicates_total"))
+		flowKillsSinceDrain++
 		if streamMsgs(js, outputStream) > base {
 			flowKills++
 		}
@@ -139,11 +159,34 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		t.Fatalf("inputs still being published after %d kills", kills)
 	}
 
+	// aloneRun runs the stage until it has drained the input and checks its
+	// own decisions, which the output's duplicate window cannot hide: it
+	// judged every delivery once, and each key it decided new is either a
+	// new output message or a re-publish the output reported (at most a
+	// batch per partition, in flight at the previous kill).
+	aloneRun := func() {
+		t.Helper()
+		out0, ci0 := streamMsgs(js, outputStream), consumerInfo(t, js)
+		p := s.startReady()
+		waitDrained(t, js, 90*time.Second)
+		deliveries := consumerInfo(t, js).Delivered.Consumer - ci0.Delivered.Consumer
+		newCount := s.metric("dedupe_messages_total", `outcome="new"`)
+		judged := newCount + s.metric("dedupe_messages_total", `outcome="repeat"`) + s.metric("dedupe_messages_total", `outcome="dead_letter"`)
+		dup := s.metric("dedupe_republish_duplicates_total")
+		checkRepublished(dup)
+		flowKillsSinceDrain = 0
+		added := streamMsgs(js, outputStream) - out0
+		if judged != float64(deliveries) || deliveries < uint64(ci0.NumAckPending)+ci0.NumPending {
+			t.Errorf("run %d judged %v messages of %d deliveries; %d were waiting", len(s.runs), judged, deliveries, uint64(ci0.NumAckPending)+ci0.NumPending)
+		}
+		if newCount != float64(added)+dup {
+			t.Errorf("run %d decided %v keys new; the output gained %d and reported %v re-publishes", len(s.runs), newCount, added, dup)
+		}
+		p.kill(t)
+	}
+
 	// All of it judged by a stage that is left alone.
-	p := s.startReady()
-	waitDrained(t, js, 90*time.Second)
-	republished += s.metric("dedupe_republish_duplicates_total")
-	p.kill(t)
+	aloneRun()
 
 	// Late copies of keys first published longer ago than the output's
 	// duplicate window, changed payloads, more of everything; three more kills.
@@ -180,10 +223,7 @@ func TestKill9AtRandomMoments(t *testing.T) {
 	if r := <-pubDone; r.err != nil {
 		t.Fatal(r.err)
 	}
-	p = s.startReady()
-	waitDrained(t, js, 90*time.Second)
-	republished += s.metric("dedupe_republish_duplicates_total")
-	p.kill(t)
+	aloneRun()
 
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)
