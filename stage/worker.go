@@ -204,8 +204,17 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 
 // fallback logs an atomic batch the output refused as a whole, which
 // forward then publishes one message at a time.
+// An id already in the duplicate window (after a crash between publish
+// and commit, or a key forwarded again past the window W while the
+// stream's window still holds it) is expected and logged at info; any
+// other refusal is a warning.
 func (w *worker) fallback(messages int, err error) {
-	w.s.log.Warn("output refused an atomic batch; publishing its messages one at a time",
+	level := slog.LevelWarn
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == retry.CodeBatchDuplicateMsgID {
+		level = slog.LevelInfo
+	}
+	w.s.log.Log(context.Background(), level, "output refused an atomic batch; publishing its messages one at a time",
 		"partition", w.label, "messages", messages, "err", describe(err))
 }
 
