@@ -51,6 +51,7 @@ type flags struct {
 
 	natsURL, dir         string
 	syncAlways, keep     bool
+	publish              string
 	partitions           int
 	syncWrites           bool
 	out, cpuprofile      string
@@ -81,7 +82,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.keyMode, "key", "header", "where the stage reads the key: header (Event-Id) or json (field id)")
 	fs.Float64Var(&f.spanFactor, "span-factor", 0.9, "first copies spread over span-factor*W of logical time (0 < f < 1)")
 	fs.DurationVar(&f.window, "window", 0, "dedupe window W; 0: the configuration default (1h10m)")
-	fs.StringVar(&f.configs, "configs", "raw,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order; empty with --scale runs only the scale mode")
+	fs.StringVar(&f.configs, "configs", "raw,raw-atomic,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order; empty with --scale runs only the scale mode")
 	fs.IntVar(&f.rounds, "rounds", 1, "run every configuration this many times, interleaved, the order rotated each round (round 2 starts with the second configuration), and report each one's median round by events/s")
 	fs.IntVar(&f.warmup, "warmup", 20_000, "events of an untimed warm-up run of the first configuration before the measured ones (0: none)")
 	fs.IntVar(&f.latencyEvents, "latency-events", 20_000, "events of the paced latency phase after each drain (0: none)")
@@ -89,6 +90,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.Float64Var(&f.latencyLoad, "latency-load", 0.25, "latency phase rate as a share of the first configuration's events/s (with --latency-rate 0)")
 	fs.StringVar(&f.natsURL, "nats-url", "", "use an existing nats-server instead of the embedded default (server heap is then not measured)")
 	fs.BoolVar(&f.syncAlways, "sync-always", config.Default().NATS.Embedded.SyncAlways, "embedded server: fsync every JetStream write (the embedded default)")
+	fs.StringVar(&f.publish, "publish", config.PublishAuto, "stage output.publish: auto (as dedupe-stage run decides: atomic batches on the embedded server with --sync-always, else async), atomic or async")
 	fs.IntVar(&f.partitions, "partitions", config.Default().State.Partitions, "stage partitions (and loop workers)")
 	fs.BoolVar(&f.syncWrites, "sync-writes", config.Default().State.SyncWrites, "stage: fsync each state commit (the default)")
 	fs.StringVar(&f.dir, "dir", "", "scratch directory for JetStream and state; default a new temp dir, removed at the end")
@@ -125,7 +127,7 @@ func parseFlags(args []string) (*flags, error) {
 			found = found || a == k
 		}
 		if !found {
-			return nil, fmt.Errorf("--configs: unknown %q (want raw, jetstream, stage-bloom, stage-nofilter)", c)
+			return nil, fmt.Errorf("--configs: unknown %q (want raw, raw-atomic, jetstream, stage-bloom, stage-nofilter)", c)
 		}
 		f.kinds = append(f.kinds, k)
 	}
@@ -140,6 +142,8 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("--payload-size %d: want >= 64 (the JSON envelope)", f.payloadSize)
 	case f.rounds < 1:
 		return nil, fmt.Errorf("--rounds %d: want >= 1", f.rounds)
+	case f.publish != config.PublishAuto && f.publish != config.PublishAtomic && f.publish != config.PublishAsync:
+		return nil, fmt.Errorf("--publish %q: want auto, atomic or async", f.publish)
 	case f.partitions < 1:
 		return nil, fmt.Errorf("--partitions %d: want >= 1", f.partitions)
 	case len(f.kinds) == 0 && f.scale == "" && f.scalePoint == 0 && f.render == "":
@@ -198,6 +202,12 @@ type Headline struct {
 	NoFilterVsRaw float64 `json:"stage_nofilter_vs_raw"`
 	// JetStreamVsRaw is jetstream events/s over raw events/s.
 	JetStreamVsRaw float64 `json:"jetstream_vs_raw"`
+	// StageVsRawAtomic is stage-bloom events/s over raw-atomic events/s
+	// (issue 12's target with fsync always: >= 0.7).
+	StageVsRawAtomic float64 `json:"stage_bloom_vs_raw_atomic,omitempty"`
+	// StageVsJetStream is stage-bloom events/s over jetstream events/s
+	// (issue 12's target with fsync always: >= 5).
+	StageVsJetStream float64 `json:"stage_bloom_vs_jetstream,omitempty"`
 	// RAMRatio is jetstream RAM per key over stage-bloom RAM per key at
 	// this key count (target >= 40).
 	RAMRatio float64 `json:"jetstream_over_stage_ram_per_key"`
@@ -468,7 +478,7 @@ func settings(f *flags) string {
 	if f.natsURL != "" {
 		srv = "nats-server at " + f.natsURL
 	}
-	return fmt.Sprintf("%s, state.sync_writes=%v, %d partitions", srv, f.syncWrites, f.partitions)
+	return fmt.Sprintf("%s, state.sync_writes=%v, %d partitions, stage output.publish=%s", srv, f.syncWrites, f.partitions, f.publish)
 }
 
 // headline computes the target figures from what ran.
@@ -494,6 +504,12 @@ func headline(res *Results) *Headline {
 		}
 	}
 	js, sb := by[string(KindJetStream)], by[string(KindStageBloom)]
+	if ra := by[string(KindRawAtomic)]; ra != nil && sb != nil && ra.EventsPerSec > 0 {
+		h.StageVsRawAtomic = sb.EventsPerSec / ra.EventsPerSec
+	}
+	if js != nil && sb != nil && js.EventsPerSec > 0 {
+		h.StageVsJetStream = sb.EventsPerSec / js.EventsPerSec
+	}
 	if js != nil && sb != nil && sb.RAMPerKey > 0 {
 		h.RAMRatio = js.RAMPerKey / sb.RAMPerKey
 	}

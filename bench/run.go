@@ -31,6 +31,10 @@ type Kind string
 const (
 	// KindRaw is the pass-through loop without dedupe: the ceiling.
 	KindRaw Kind = "raw"
+	// KindRawAtomic is the raw loop forwarding each batch as atomic
+	// batches, one sync per batch when the server fsyncs: the ceiling of
+	// group commit.
+	KindRawAtomic Kind = "raw-atomic"
 	// KindJetStream is the same loop publishing with Nats-Msg-Id = key
 	// into an output stream whose duplicate window is W.
 	KindJetStream Kind = "jetstream"
@@ -40,12 +44,14 @@ const (
 	KindStageNoFilter Kind = "stage-nofilter"
 )
 
-var allKinds = []Kind{KindRaw, KindJetStream, KindStageBloom, KindStageNoFilter}
+var allKinds = []Kind{KindRaw, KindRawAtomic, KindJetStream, KindStageBloom, KindStageNoFilter}
 
 func (k Kind) token() string {
 	switch k {
 	case KindRaw:
 		return "raw"
+	case KindRawAtomic:
+		return "rawatomic"
 	case KindJetStream:
 		return "js"
 	case KindStageBloom:
@@ -57,10 +63,15 @@ func (k Kind) token() string {
 
 func (k Kind) isStage() bool { return k == KindStageBloom || k == KindStageNoFilter }
 
+// isRaw reports whether k is a loop without dedupe (it forwards every copy).
+func (k Kind) isRaw() bool { return k == KindRaw || k == KindRawAtomic }
+
 func (k Kind) describe() string {
 	switch k {
 	case KindRaw:
 		return "consume -> publish -> ack, routed by key, no dedupe (the ceiling)"
+	case KindRawAtomic:
+		return "the raw loop, each batch forwarded as atomic batches (the ceiling of group commit)"
 	case KindJetStream:
 		return "the same loop, Nats-Msg-Id = key, output duplicate window = W"
 	case KindStageBloom:
@@ -241,6 +252,7 @@ func (r *runner) stageConfig(kind Kind, n streamNames) config.Config {
 	cfg.Filter.Enabled = kind == KindStageBloom
 	cfg.Filter.ExpectedKeys = max(cfg.Filter.ExpectedKeys, uint64(r.thr.Keys+r.lat.Keys))
 	cfg.HTTP.Addr = ""
+	cfg.Output.Publish = r.publishMode(cfg)
 	return cfg
 }
 
@@ -527,6 +539,7 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 			return nil, fmt.Errorf("stage.New: %w", err)
 		}
 		res.Startup.EmptyMs = ms(time.Since(start))
+		res.Notes = append(res.Notes, "output.publish: "+cfg.Output.Publish)
 		s.st = st
 		s.run = st.Run
 		if s.cons, err = hjs.Consumer(ctx, n.input, cfg.Input.Consumer); err != nil {
@@ -539,7 +552,8 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 	if kind == KindJetStream {
 		dup = r.thr.W
 	}
-	if _, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: n.output, Subjects: []string{n.outPrefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup}); err != nil {
+	if _, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: n.output, Subjects: []string{n.outPrefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup,
+		AllowAtomicPublish: kind == KindRawAtomic}); err != nil {
 		return nil, fmt.Errorf("create output stream: %w", err)
 	}
 	if _, err := hjs.CreateOrUpdateConsumer(ctx, n.input, consumerConfig(cfg.Input)); err != nil {
@@ -576,6 +590,8 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 		return string(k), err
 	}
 	lo.KeyAsMsgID = kind == KindJetStream
+	lo.Atomic = kind == KindRawAtomic
+	lo.BatchMax, lo.MaxBatchesInFlight = cfg.Output.BatchMax, cfg.Output.MaxBatchesInFlight
 	s.run = func(ctx context.Context) error { return loop.Run(ctx, lo, s.loopStats) }
 	return s, nil
 }
@@ -844,4 +860,20 @@ func counterSum(g prometheus.Gatherer, name string, want map[string]string) floa
 // warnLogger logs warnings and errors to w.
 func warnLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// publishMode is the stage's output.publish: --publish, where auto decides
+// as dedupe-stage run would with this server. The harness's in-process
+// server stands for run's embedded one (the stage reaches it by URL, which
+// auto would otherwise read as an external server of unknown syncing).
+func (r *runner) publishMode(cfg config.Config) string {
+	if r.f.publish != config.PublishAuto || !r.nats.embedded() {
+		return r.f.publish
+	}
+	run := cfg
+	run.NATS.URL = ""
+	if atomic, _ := run.PublishAtomic(true); atomic {
+		return config.PublishAtomic
+	}
+	return config.PublishAsync
 }

@@ -102,7 +102,7 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 	}
 
 	switch kind {
-	case KindRaw:
+	case KindRaw, KindRawAtomic:
 		// Every input event is forwarded once. Raw has no dedupe: a
 		// message JetStream redelivers (AckWait passed before its batch
 		// was acked) is forwarded again. That is the baseline's nature,

@@ -68,6 +68,16 @@ type Options struct {
 	// PullMax is the pull subscription's buffer (PullMaxMessages). Default
 	// min(4096, BatchSize*Workers), as the stage does with its defaults.
 	PullMax int
+	// Atomic forwards each batch as atomic batches (forward.Options.Atomic),
+	// as the stage does with output.publish atomic; the output stream must
+	// allow atomic publish. Default false.
+	Atomic bool
+	// BatchMax is the most messages of one atomic batch. Default
+	// forward.DefaultBatchMax.
+	BatchMax int
+	// MaxBatchesInFlight bounds the atomic batches open at once across
+	// the workers. Default 32, the stage's default.
+	MaxBatchesInFlight int
 }
 
 // DefaultOptions returns options with the stage's batching defaults: 8
@@ -81,6 +91,9 @@ func DefaultOptions(cons jetstream.Consumer, js jetstream.JetStream, subject fun
 		BatchSize: 256,
 		Linger:    time.Millisecond,
 		PullMax:   2048,
+
+		BatchMax:           forward.DefaultBatchMax,
+		MaxBatchesInFlight: 32,
 	}
 }
 
@@ -103,6 +116,10 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: Linger is %v, want >= 0", ErrBadOptions, o.Linger)
 	case o.PullMax < 1:
 		return fmt.Errorf("%w: PullMax is %d, want >= 1", ErrBadOptions, o.PullMax)
+	case o.Atomic && o.BatchMax < 1:
+		return fmt.Errorf("%w: BatchMax is %d, want >= 1", ErrBadOptions, o.BatchMax)
+	case o.Atomic && o.MaxBatchesInFlight < 1:
+		return fmt.Errorf("%w: MaxBatchesInFlight is %d, want >= 1", ErrBadOptions, o.MaxBatchesInFlight)
 	}
 	return nil
 }
@@ -118,6 +135,9 @@ type Stats struct {
 	Skipped atomic.Uint64
 	// PublishErrors counts publishes that failed and were retried.
 	PublishErrors atomic.Uint64
+	// BatchesRefused counts atomic batches the output refused as a whole
+	// and the loop then forwarded one message at a time.
+	BatchesRefused atomic.Uint64
 	// Rejected counts messages the output refused with an error no retry
 	// changes (acked, not forwarded).
 	Rejected atomic.Uint64
@@ -137,6 +157,15 @@ func Run(ctx context.Context, opts Options, stats *Stats) error {
 	if stats == nil {
 		stats = &Stats{}
 	}
+	fo := forward.Options{
+		OnRetry:    func(_, failed int, _ error) { stats.PublishErrors.Add(uint64(failed)) },
+		OnFallback: func(int, error) { stats.BatchesRefused.Add(1) },
+		Atomic:     opts.Atomic,
+		BatchMax:   opts.BatchMax,
+	}
+	if opts.Atomic {
+		fo.Inflight = forward.NewLimiter(opts.MaxBatchesInFlight)
+	}
 	ins := make([]chan item, opts.Workers)
 	var wg sync.WaitGroup
 	for i := range ins {
@@ -144,7 +173,7 @@ func Run(ctx context.Context, opts Options, stats *Stats) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			worker(ctx, opts, ins[i], stats)
+			worker(ctx, opts, fo, ins[i], stats)
 		}()
 	}
 	defer func() {
@@ -195,7 +224,7 @@ type item struct {
 
 // worker gathers batches as the stage's partition worker does (the same
 // batcher) and forwards them.
-func worker(ctx context.Context, opts Options, in <-chan item, stats *Stats) {
+func worker(ctx context.Context, opts Options, fo forward.Options, in <-chan item, stats *Stats) {
 	var out []*nats.Msg
 	var res []forward.Result
 	batcher.Run(in, opts.BatchSize, opts.Linger, func(batch []item) {
@@ -204,7 +233,7 @@ func worker(ctx context.Context, opts Options, in <-chan item, stats *Stats) {
 			out = append(out, outMsg(opts, &batch[i]))
 		}
 		res = append(res, make([]forward.Result, len(out))...)
-		forwardBatch(ctx, opts, batch, out, res, stats)
+		forwardBatch(ctx, opts.JS, fo, batch, out, res, stats)
 	})
 }
 
@@ -213,9 +242,8 @@ func worker(ctx context.Context, opts Options, in <-chan item, stats *Stats) {
 // the batch. A message the output refuses permanently is counted in
 // Stats.Rejected and acked. On ctx done with publishes failing, the batch
 // is left unacked.
-func forwardBatch(ctx context.Context, opts Options, batch []item, out []*nats.Msg, res []forward.Result, stats *Stats) {
-	o := forward.Options{OnRetry: func(_, failed int, _ error) { stats.PublishErrors.Add(uint64(failed)) }}
-	if err := forward.Batch(ctx, opts.JS, out, res, o); err != nil {
+func forwardBatch(ctx context.Context, js jetstream.JetStream, fo forward.Options, batch []item, out []*nats.Msg, res []forward.Result, stats *Stats) {
+	if err := forward.Batch(ctx, js, out, res, fo); err != nil {
 		return
 	}
 	for _, r := range res {

@@ -127,6 +127,39 @@ func TestMsgIDDedupesInTheOutputStream(t *testing.T) {
 	}
 }
 
+// TestAtomicForwardsEveryMessage forwards with atomic batches of at most
+// 64 into an output stream that allows them: every message once, no batch
+// refused.
+func TestAtomicForwardsEveryMessage(t *testing.T) {
+	const n = 500
+	js, opts := setup(t, n, 50, 0)
+	ctx := context.Background()
+	st, err := js.Stream(ctx, "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowAtomicPublish = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	opts.Atomic, opts.BatchMax = true, 64
+	var stats loop.Stats
+	out := drain(t, js, opts, n, &stats)
+	if len(out) != n || stats.Forwarded.Load() != n || stats.BatchesRefused.Load() != 0 {
+		t.Fatalf("output %d, forwarded %d, batches refused %d; want %d, %d, 0", len(out), stats.Forwarded.Load(), stats.BatchesRefused.Load(), n, n)
+	}
+	seen := map[byte]int{}
+	for _, m := range out {
+		seen[m.Data[0]]++
+	}
+	for b, c := range seen {
+		if want := n / 256; c < want || c > want+1 {
+			t.Fatalf("payload byte %d forwarded %d times", b, c)
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	_, base := setup(t, 0, 1, 0)
 	for _, tc := range []struct {
