@@ -92,6 +92,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	w.newIdx, w.copies, w.acks, w.out = w.newIdx[:0], w.copies[:0], w.acks[:0], w.out[:0]
 	now := s.clock.Now()
 	maxPayload := s.nc.MaxPayload()
+	lookupOpts := w.retryOpts(batch, "state lookup") // once per batch: it allocates
 
 	for i := range batch {
 		it := &batch[i]
@@ -103,7 +104,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		err := retry.Do(ctx, CompLookup, func() (err error) {
 			res, err = w.p.Lookup(it.key)
 			return err
-		}, w.retryOpts(batch, "state lookup"))
+		}, lookupOpts)
 		if err != nil {
 			if !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed) {
 				w.stopping(batch, err)
