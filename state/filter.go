@@ -56,6 +56,9 @@ type FilterBuild struct {
 	Added uint64
 	// Elapsed is how long the build took (snapshot load included).
 	Elapsed time.Duration
+	// Fresh is true for a new partition: no snapshot and an empty store,
+	// so the filter starts empty (Source is SourceRebuild).
+	Fresh bool
 }
 
 // FilterOptions returns the options the partition's filter was built with;
@@ -110,12 +113,13 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 			p.snapMu.Unlock()
 		}
 	} else {
-		if errors.Is(err, fs.ErrNotExist) && p.db.MaxVersion() == 0 {
+		fresh := errors.Is(err, fs.ErrNotExist) && p.db.MaxVersion() == 0
+		if fresh {
 			p.log.Debug("state: new partition, starting with an empty filter", "path", snapPath)
 		} else {
 			p.log.Warn("state: filter snapshot unusable, rebuilding the filter from the store", "path", snapPath, "err", err)
 		}
-		b = FilterBuild{Source: SourceRebuild, Reason: err.Error()}
+		b = FilterBuild{Source: SourceRebuild, Reason: err.Error(), Fresh: fresh}
 		if f, err = bloom.New(p.fopts, now); err != nil {
 			return fmt.Errorf("new filter: %w", err)
 		}
@@ -129,7 +133,12 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 	p.mu.Lock()
 	p.filter, p.build = f, b
 	p.mu.Unlock()
-	p.log.Info("state: filter ready", "source", string(b.Source), "snapshot_version", b.SnapshotVersion,
+	// A new partition's empty filter is logged once for the store (Open).
+	level := slog.LevelInfo
+	if b.Fresh {
+		level = slog.LevelDebug
+	}
+	p.log.Log(ctx, level, "state: filter ready", "source", string(b.Source), "snapshot_version", b.SnapshotVersion,
 		"scanned", b.Scanned, "added", b.Added, "elapsed", b.Elapsed)
 	return nil
 }

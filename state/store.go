@@ -117,6 +117,16 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		}
 		return nil, err
 	}
+	fresh := 0
+	for _, p := range s.parts {
+		if p.FilterBuild().Fresh {
+			fresh++
+		}
+	}
+	if fresh > 0 {
+		s.log.Info("state: new partitions start with empty filters (no snapshot, empty store: expected on a new data dir)",
+			"new", fresh, "partitions", len(s.parts))
+	}
 
 	bg, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
