@@ -122,7 +122,32 @@ type Embedded struct {
 	// minutes, which is faster but can lose acknowledged messages (input,
 	// output and dead letters) on a power failure or kernel crash.
 	SyncAlways bool `yaml:"sync_always"`
+	// MonitorPort serves nats-server's HTTP monitoring (/varz, /jsz,
+	// /healthz, for prometheus-nats-exporter) on Host. Default 0: off; -1
+	// picks a free port.
+	MonitorPort int `yaml:"monitor_port"`
+	// User and Password, when set, are required of every client (producers,
+	// consumers and the stage itself). Default empty: no authentication,
+	// which is only safe on a loopback Host.
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+	// Token, when set, is required of every client instead of a user and
+	// password. Default empty.
+	Token string `yaml:"token"`
+	// SystemAccount adds nats-server's system account ($SYS) with one user,
+	// SystemUser/SystemPassword, so that `nats server ping` and the other
+	// server-wide requests work. Default false.
+	SystemAccount bool `yaml:"system_account"`
+	// SystemUser is the system account's user. Default "sys".
+	SystemUser string `yaml:"system_user"`
+	// SystemPassword is the system account user's password; required when
+	// SystemAccount is true.
+	SystemPassword string `yaml:"system_password"`
 }
+
+// HasAuth reports whether clients of the embedded server must
+// authenticate (a user and password, or a token).
+func (e Embedded) HasAuth() bool { return e.User != "" || e.Token != "" }
 
 // Input is the stream the stage consumes.
 type Input struct {
@@ -146,6 +171,21 @@ type Input struct {
 	// unlimited. Only used when creating the consumer. A limit means a
 	// message that keeps failing is eventually dropped by JetStream.
 	MaxDeliver int `yaml:"max_deliver"`
+	// Limits of the input stream, used only when creating it.
+	Limits StreamLimits `yaml:",inline"`
+}
+
+// StreamLimits bound what a stream the stage creates keeps. They are used
+// only when the stage creates the stream; an existing stream is never
+// changed.
+type StreamLimits struct {
+	// MaxAge: messages older than this are removed. Default 0 means
+	// computed (the stage's StreamMaxAge: the larger of 7 days and 2 x W,
+	// and at least the stream's duplicate window).
+	MaxAge Duration `yaml:"max_age"`
+	// MaxBytes bounds the stream's size on disk. Default 0: no limit (then
+	// max_age alone bounds it).
+	MaxBytes ByteSize `yaml:"max_bytes"`
 }
 
 // Output is the stream that receives each intent once.
@@ -178,6 +218,8 @@ type Output struct {
 	// server's max_batch_inflight_per_stream (50 by default), which every
 	// client of the stream shares. Default 32.
 	MaxBatchesInFlight int `yaml:"max_batches_in_flight"`
+	// Limits of the output stream, used only when creating it.
+	Limits StreamLimits `yaml:",inline"`
 }
 
 // Values of Output.Publish.
@@ -236,6 +278,8 @@ type DeadLetter struct {
 	// Stream holding dead letters, created with subjects Subject + ".>" when
 	// streams are created. Default "DEDUPE_DLQ".
 	Stream string `yaml:"stream"`
+	// Limits of the dead-letter stream, used only when creating it.
+	Limits StreamLimits `yaml:",inline"`
 }
 
 // SubjectFor returns the dead-letter subject for reason.
@@ -394,6 +438,7 @@ func Default() Config {
 				Host:       "127.0.0.1",
 				Port:       4222,
 				SyncAlways: true,
+				SystemUser: "sys",
 			},
 		},
 		Input: Input{

@@ -276,6 +276,16 @@ func TestValidateBadConfigs(t *testing.T) {
 		{"bad url port", "nats: {url: 'nats://h:99999'}", []string{"nats.url", "port"}},
 		{"embedded port", "nats: {embedded: {port: 0}}", []string{"nats.embedded.port: 0"}},
 		{"embedded host", "nats: {embedded: {host: ''}}", []string{"nats.embedded.host: empty"}},
+		{"embedded monitor port", "nats: {embedded: {monitor_port: 70000}}", []string{"nats.embedded.monitor_port: 70000"}},
+		{"embedded monitor port is the client port", "nats: {embedded: {monitor_port: 4222}}", []string{"nats.embedded.monitor_port: 4222, the same as nats.embedded.port"}},
+		{"embedded password without user", "nats: {embedded: {password: p}}", []string{"nats.embedded.password: set while nats.embedded.user is empty"}},
+		{"embedded user without password", "nats: {embedded: {user: u}}", []string{`nats.embedded.user: "u" set while nats.embedded.password is empty`}},
+		{"embedded user and token", "nats: {embedded: {user: u, password: p, token: t}}", []string{"nats.embedded.token: set together with nats.embedded.user"}},
+		{"system account without password", "nats: {embedded: {system_account: true}}", []string{"nats.embedded.system_password: empty while nats.embedded.system_account is true"}},
+		{"system account with token", "nats: {embedded: {system_account: true, system_password: s, token: t}}", []string{"nats.embedded.token: set while nats.embedded.system_account is true"}},
+		{"system user is the producer", "nats: {embedded: {system_account: true, system_password: s, user: sys, password: p}}", []string{`nats.embedded.system_user: "sys", the same as nats.embedded.user`}},
+		{"negative max age", "input: {max_age: -1h}\ndead_letter: {max_age: -1s}", []string{"input.max_age: -1h, want >= 0", "dead_letter.max_age: -1s, want >= 0"}},
+		{"output max age below its duplicate window", "output: {max_age: 1m}", []string{"output.max_age: 1m, shorter than the output duplicate window 2m20s"}},
 		{"prefix overlaps input", "output: {subject_prefix: events}", []string{`output.subject_prefix: "events": output subjects "events.>" overlap input subject "events.>"`}},
 		{"prefix under input", "output: {subject_prefix: events.deduped}", []string{"output.subject_prefix", "overlap input subject"}},
 		{"prefix overlaps wildcard input", "input: {subjects: ['*.orders']}\noutput: {subject_prefix: x}", []string{"output.subject_prefix"}},
@@ -414,6 +424,16 @@ func TestEnvOverridesFile(t *testing.T) {
 		"DEDUPE_CREATE_STREAMS": "true",
 		"DEDUPE_SYNC_WRITES":    "false",
 
+		"DEDUPE_EMBEDDED_HOST":            "0.0.0.0",
+		"DEDUPE_EMBEDDED_PORT":            "14222",
+		"DEDUPE_EMBEDDED_MONITOR_PORT":    "18222",
+		"DEDUPE_EMBEDDED_USER":            "eu",
+		"DEDUPE_EMBEDDED_PASSWORD":        "ep",
+		"DEDUPE_EMBEDDED_TOKEN":           "et",
+		"DEDUPE_EMBEDDED_SYSTEM_ACCOUNT":  "true",
+		"DEDUPE_EMBEDDED_SYSTEM_PASSWORD": "esp",
+		"DEDUPE_KEY_HEADER":               "Order-Id",
+
 		"DEDUPE_TOTALS_POSTGRES_DSN": "postgres://env/db",
 		"DEDUPE_HTTP_INSPECT":        "false",
 		"DEDUPE_HTTP_INSPECT_ADDR":   "127.0.0.1:9465",
@@ -421,7 +441,9 @@ func TestEnvOverridesFile(t *testing.T) {
 	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	want := mustParse(t, "nats: {url: 'nats://env:4222', user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true}\n"+
+	want := mustParse(t, "nats: {url: 'nats://env:4222', user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true,\n"+
+		"  embedded: {host: 0.0.0.0, port: 14222, monitor_port: 18222, user: eu, password: ep, token: et, system_account: true, system_password: esp}}\n"+
+		"key: {source: header, header: Order-Id}\n"+
 		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999', inspect: false, inspect_addr: '127.0.0.1:9465'}\nlog: {level: debug, format: json}\n"+
 		"input: {stream: IN}\noutput: {stream: OUT}\ntotals: {sinks: {postgres: {dsn: 'postgres://env/db'}}}\n")
 	if !reflect.DeepEqual(c, want) {
@@ -458,7 +480,9 @@ func TestFlagsOverrideEnvAndFile(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	c.RegisterFlags(fs)
 	err := fs.Parse([]string{"--nats-url", "nats://flag:4222", "--partitions=32", "--log-format", "json",
-		"--create-streams", "--sync-writes=false", "--http-addr=", "--data-dir", "/flag", "--output-stream", "FLAG_OUT"})
+		"--create-streams", "--sync-writes=false", "--http-addr=", "--data-dir", "/flag", "--output-stream", "FLAG_OUT",
+		"--key-header", "Order-Id", "--embedded-host", "0.0.0.0", "--embedded-port", "14222", "--embedded-monitor-port", "18222",
+		"--embedded-user", "eu", "--embedded-password", "ep", "--embedded-system-account", "--embedded-system-password", "esp"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,6 +501,12 @@ func TestFlagsOverrideEnvAndFile(t *testing.T) {
 		t.Errorf("--create-streams did not set create_streams")
 	case c.State.SyncWrites:
 		t.Errorf("--sync-writes=false did not clear sync_writes")
+	case c.Key.Field != (keys.FieldSpec{Source: keys.SourceHeader, Header: "Order-Id"}):
+		t.Errorf("--key-header Order-Id: key %+v", c.Key.Field)
+	case c.NATS.Embedded.Host != "0.0.0.0" || c.NATS.Embedded.Port != 14222 || c.NATS.Embedded.MonitorPort != 18222:
+		t.Errorf("embedded host/port/monitor port flags: %+v", c.NATS.Embedded)
+	case c.NATS.Embedded.User != "eu" || c.NATS.Embedded.Password != "ep" || !c.NATS.Embedded.SystemAccount || c.NATS.Embedded.SystemPassword != "esp":
+		t.Errorf("embedded auth flags: %+v", c.NATS.Embedded)
 	}
 
 	// Without flags, the env values stay and create_streams stays automatic.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
+	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
 // envVar is one environment variable ApplyEnv reads.
@@ -20,6 +21,17 @@ func setString(p func(c *Config) *string) func(*Config, string) error {
 	return func(c *Config, v string) error { *p(c) = v; return nil }
 }
 
+func setInt(p func(c *Config) *int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%q, want an integer", v)
+		}
+		*p(c) = n
+		return nil
+	}
+}
+
 func setBool(p func(c *Config) *bool) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
@@ -29,6 +41,11 @@ func setBool(p func(c *Config) *bool) func(*Config, string) error {
 		*p(c) = b
 		return nil
 	}
+}
+
+// keyHeader is the key spec "the header named name".
+func keyHeader(name string) keys.FieldSpec {
+	return keys.FieldSpec{Source: keys.SourceHeader, Header: name}
 }
 
 // envVars lists every variable ApplyEnv reads, in the order applied.
@@ -47,17 +64,19 @@ var envVars = []envVar{
 		c.NATS.CreateStreams = &b
 		return nil
 	}},
+	{"DEDUPE_EMBEDDED_HOST", "nats.embedded.host", setString(func(c *Config) *string { return &c.NATS.Embedded.Host })},
+	{"DEDUPE_EMBEDDED_PORT", "nats.embedded.port", setInt(func(c *Config) *int { return &c.NATS.Embedded.Port })},
+	{"DEDUPE_EMBEDDED_MONITOR_PORT", "nats.embedded.monitor_port", setInt(func(c *Config) *int { return &c.NATS.Embedded.MonitorPort })},
+	{"DEDUPE_EMBEDDED_USER", "nats.embedded.user", setString(func(c *Config) *string { return &c.NATS.Embedded.User })},
+	{"DEDUPE_EMBEDDED_PASSWORD", "nats.embedded.password", setString(func(c *Config) *string { return &c.NATS.Embedded.Password })},
+	{"DEDUPE_EMBEDDED_TOKEN", "nats.embedded.token", setString(func(c *Config) *string { return &c.NATS.Embedded.Token })},
+	{"DEDUPE_EMBEDDED_SYSTEM_ACCOUNT", "nats.embedded.system_account", setBool(func(c *Config) *bool { return &c.NATS.Embedded.SystemAccount })},
+	{"DEDUPE_EMBEDDED_SYSTEM_PASSWORD", "nats.embedded.system_password", setString(func(c *Config) *string { return &c.NATS.Embedded.SystemPassword })},
+	{"DEDUPE_KEY_HEADER", "key.header", func(c *Config, v string) error { c.Key.Field = keyHeader(v); return nil }},
 	{"DEDUPE_INPUT_STREAM", "input.stream", setString(func(c *Config) *string { return &c.Input.Stream })},
 	{"DEDUPE_OUTPUT_STREAM", "output.stream", setString(func(c *Config) *string { return &c.Output.Stream })},
 	{"DEDUPE_DATA_DIR", "state.data_dir", setString(func(c *Config) *string { return &c.State.DataDir })},
-	{"DEDUPE_PARTITIONS", "state.partitions", func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return fmt.Errorf("%q, want an integer", v)
-		}
-		c.State.Partitions = n
-		return nil
-	}},
+	{"DEDUPE_PARTITIONS", "state.partitions", setInt(func(c *Config) *int { return &c.State.Partitions })},
 	{"DEDUPE_SYNC_WRITES", "state.sync_writes", setBool(func(c *Config) *bool { return &c.State.SyncWrites })},
 	{"DEDUPE_HTTP_ADDR", "http.addr", setString(func(c *Config) *string { return &c.HTTP.Addr })},
 	{"DEDUPE_HTTP_INSPECT", "http.inspect", setBool(func(c *Config) *bool { return &c.HTTP.Inspect })},
@@ -100,7 +119,10 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 //
 //	--nats-url, --data-dir, --http-addr, --partitions, --log-level,
 //	--log-format, --input-stream, --output-stream, --create-streams,
-//	--sync-writes
+//	--sync-writes, --key-header, and the embedded server's
+//	--embedded-host, --embedded-port, --embedded-monitor-port,
+//	--embedded-user, --embedded-password, --embedded-token,
+//	--embedded-system-account, --embedded-system-password
 //
 // The flags' defaults are c's current values, so call it after Load and
 // ApplyEnv and then fs.Parse: flags given on the command line win. c must
@@ -118,6 +140,34 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Output.Stream, "output-stream", c.Output.Stream, "output stream name (output.stream, $DEDUPE_OUTPUT_STREAM)")
 	fs.Var(&optBool{p: &c.NATS.CreateStreams}, "create-streams", "create missing streams and the consumer; default: true when embedded, false with a URL (nats.create_streams, $DEDUPE_CREATE_STREAMS)")
 	fs.BoolVar(&c.State.SyncWrites, "sync-writes", c.State.SyncWrites, "fsync every state commit before acknowledging (state.sync_writes, $DEDUPE_SYNC_WRITES)")
+	fs.Var(&keyHeaderFlag{c: c}, "key-header", "take the key from this header (key.source header, key.header, $DEDUPE_KEY_HEADER)")
+	e := &c.NATS.Embedded
+	fs.StringVar(&e.Host, "embedded-host", e.Host, "embedded server's listen address; 0.0.0.0 lets other machines connect (nats.embedded.host, $DEDUPE_EMBEDDED_HOST)")
+	fs.IntVar(&e.Port, "embedded-port", e.Port, "embedded server's client port (nats.embedded.port, $DEDUPE_EMBEDDED_PORT)")
+	fs.IntVar(&e.MonitorPort, "embedded-monitor-port", e.MonitorPort, "embedded server's HTTP monitoring port (/varz, /jsz); 0 is off (nats.embedded.monitor_port, $DEDUPE_EMBEDDED_MONITOR_PORT)")
+	fs.StringVar(&e.User, "embedded-user", e.User, "user every client of the embedded server must log in as (nats.embedded.user, $DEDUPE_EMBEDDED_USER)")
+	fs.StringVar(&e.Password, "embedded-password", e.Password, "that user's password; prefer $DEDUPE_EMBEDDED_PASSWORD, flags show in ps (nats.embedded.password)")
+	fs.StringVar(&e.Token, "embedded-token", e.Token, "token every client of the embedded server must present; prefer $DEDUPE_EMBEDDED_TOKEN (nats.embedded.token)")
+	fs.BoolVar(&e.SystemAccount, "embedded-system-account", e.SystemAccount, "add the system account for `nats server ping` (nats.embedded.system_account, $DEDUPE_EMBEDDED_SYSTEM_ACCOUNT)")
+	fs.StringVar(&e.SystemPassword, "embedded-system-password", e.SystemPassword, "password of the system account's user; prefer $DEDUPE_EMBEDDED_SYSTEM_PASSWORD (nats.embedded.system_password)")
+}
+
+// keyHeaderFlag sets the key to a header: --key-header NAME.
+type keyHeaderFlag struct{ c *Config }
+
+func (f *keyHeaderFlag) String() string {
+	if f == nil || f.c == nil || f.c.Key.Field.Source != keys.SourceHeader {
+		return ""
+	}
+	return f.c.Key.Field.Header
+}
+
+func (f *keyHeaderFlag) Set(s string) error {
+	if s == "" {
+		return errors.New("empty header name")
+	}
+	f.c.Key.Field = keyHeader(s)
+	return nil
 }
 
 // optBool is a boolean flag writing a *bool, which stays nil ("auto") until

@@ -169,6 +169,35 @@ func (c Config) validateNATS(v *validator) {
 		if e.Port != -1 && (e.Port < 1 || e.Port > 65535) {
 			v.add("nats.embedded.port", "%d, want 1..65535 (or -1 for a free port)", e.Port)
 		}
+		if e.MonitorPort != 0 && e.MonitorPort != -1 && (e.MonitorPort < 1 || e.MonitorPort > 65535) {
+			v.add("nats.embedded.monitor_port", "%d, want 0 (off), 1..65535 or -1 for a free port", e.MonitorPort)
+		}
+		if e.MonitorPort > 0 && e.MonitorPort == e.Port {
+			v.add("nats.embedded.monitor_port", "%d, the same as nats.embedded.port", e.MonitorPort)
+		}
+		if e.Password != "" && e.User == "" {
+			v.add("nats.embedded.password", "set while nats.embedded.user is empty")
+		}
+		if e.User != "" && e.Password == "" {
+			v.add("nats.embedded.user", "%q set while nats.embedded.password is empty", e.User)
+		}
+		if e.Token != "" && e.User != "" {
+			v.add("nats.embedded.token", "set together with nats.embedded.user; require a user and password or a token, not both")
+		}
+		if e.SystemAccount {
+			if e.SystemUser == "" {
+				v.add("nats.embedded.system_user", "empty while nats.embedded.system_account is true, want a user name such as sys")
+			}
+			if e.SystemPassword == "" {
+				v.add("nats.embedded.system_password", "empty while nats.embedded.system_account is true; set it (or $DEDUPE_EMBEDDED_SYSTEM_PASSWORD) to the password `nats --user %s --password ... server ping` will use", e.SystemUser)
+			}
+			if e.SystemUser != "" && e.SystemUser == e.User {
+				v.add("nats.embedded.system_user", "%q, the same as nats.embedded.user", e.SystemUser)
+			}
+			if e.Token != "" {
+				v.add("nats.embedded.token", "set while nats.embedded.system_account is true; nats-server cannot combine a token with the system account's user, so use nats.embedded.user and password")
+			}
+		}
 	}
 }
 
@@ -225,6 +254,12 @@ func (c Config) validateStreams(v *validator) {
 	if out.DuplicateWindow < 0 {
 		v.add("output.duplicate_window", "%v, want >= 0 (0 = computed)", out.DuplicateWindow)
 	}
+	checkLimits(v, "input", in.Limits)
+	checkLimits(v, "output", out.Limits)
+	checkLimits(v, "dead_letter", dl.Limits)
+	if dup := c.OutputDuplicateWindow(); out.Limits.MaxAge > 0 && out.Limits.MaxAge.D() < dup {
+		v.add("output.max_age", "%v, shorter than the output duplicate window %v; JetStream needs max_age >= duplicate_window", out.Limits.MaxAge, Duration(dup))
+	}
 	if out.RestartMargin < 0 || out.RestartMargin > MaxRestartMargin {
 		v.add("output.restart_margin", "%v, want 0..%v", out.RestartMargin, MaxRestartMargin)
 	}
@@ -264,6 +299,16 @@ func (c Config) validateStreams(v *validator) {
 		if prefixOK && subjectsOverlap(dead, outputs) {
 			v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap output subjects %q", dl.Subject, dead, outputs)
 		}
+	}
+}
+
+// checkLimits checks the limits of a stream the stage may create.
+func checkLimits(v *validator, section string, l StreamLimits) {
+	if l.MaxAge < 0 {
+		v.add(section+".max_age", "%v, want >= 0 (0 = computed)", l.MaxAge)
+	}
+	if l.MaxBytes < 0 {
+		v.add(section+".max_bytes", "%v, want >= 0 (0 = no limit)", l.MaxBytes)
 	}
 }
 
