@@ -166,6 +166,8 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		if err := ensureStreams(ctx, s.js, cfg, s.log); err != nil {
 			return nil, err
 		}
+	} else if err := checkStreamsExist(ctx, s.js, cfg); err != nil {
+		return nil, err
 	}
 	if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
 		return nil, err

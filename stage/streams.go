@@ -5,25 +5,104 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
-// ErrDuplicateWindow means the output stream's duplicate window is too short
-// to drop the re-publish that follows a crash between publish and commit.
-var ErrDuplicateWindow = errors.New("output stream duplicate window too short")
+// Errors about the streams.
+var (
+	// ErrDuplicateWindow means the output stream's duplicate window is too
+	// short to drop the re-publish that follows a crash between publish and
+	// commit.
+	ErrDuplicateWindow = errors.New("output stream duplicate window too short")
+	// ErrStreamMissing means a stream the stage needs does not exist and the
+	// stage is not configured to create it.
+	ErrStreamMissing = errors.New("stream not found")
+)
+
+// DefaultStreamMaxAge is the floor of the computed max_age of the streams
+// the stage creates: a week, so that a stage stopped over a long weekend
+// still finds its unjudged input, and dead letters wait a week for someone
+// to read them.
+const DefaultStreamMaxAge = 7 * 24 * time.Hour
+
+// StreamMaxAge is the max_age a stream is created with: configured when it
+// is set (> 0); otherwise the larger of DefaultStreamMaxAge and 2 x w (so
+// that a replay of the input over a whole window, and a stage that was down
+// for up to a window, still find their messages). It is never shorter than
+// duplicates, the stream's duplicate window, which JetStream requires.
+func StreamMaxAge(configured, w, duplicates time.Duration) time.Duration {
+	if configured > 0 {
+		return max(configured, duplicates)
+	}
+	return max(DefaultStreamMaxAge, 2*w, duplicates)
+}
+
+// StreamToCreate is one stream the stage creates when it is missing.
+type StreamToCreate struct {
+	// Field is the configuration section naming the stream, e.g.
+	// "input" (its name is <field>.stream).
+	Field string
+	// Config is what the stage asks JetStream for.
+	Config jetstream.StreamConfig
+	// MaxAgeComputed is true when Config.MaxAge was computed, not
+	// configured.
+	MaxAgeComputed bool
+}
+
+// StreamsToCreate returns the input, output and dead-letter streams with
+// the settings and limits the stage creates them with when they are missing
+// (see StreamMaxAge; max_bytes is unlimited unless configured). A full input
+// stream refuses new messages (discard new) so that nothing is dropped
+// before it is judged; full output and dead-letter streams drop their
+// oldest messages. `dedupe-stage check-config` prints these.
+func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
+	w, err := cfg.Window.Derive()
+	if err != nil {
+		return nil, fmt.Errorf("window: %w", err)
+	}
+	stream := func(field, name string, subjects []string, dup time.Duration, l config.StreamLimits, discard jetstream.DiscardPolicy) StreamToCreate {
+		maxBytes := int64(l.MaxBytes)
+		if maxBytes == 0 {
+			maxBytes = -1
+		}
+		return StreamToCreate{
+			Field: field,
+			Config: jetstream.StreamConfig{
+				Name:       name,
+				Subjects:   subjects,
+				Storage:    jetstream.FileStorage,
+				Duplicates: dup,
+				MaxAge:     StreamMaxAge(l.MaxAge.D(), w.W, dup),
+				MaxBytes:   maxBytes,
+				Discard:    discard,
+			},
+			MaxAgeComputed: l.MaxAge == 0,
+		}
+	}
+	out := stream("output", cfg.Output.Stream, []string{cfg.Output.Subjects()}, cfg.OutputDuplicateWindow(), cfg.Output.Limits, jetstream.DiscardOld)
+	// The stage may publish its output as atomic batches (output.publish).
+	out.Config.AllowAtomicPublish = true
+	return []StreamToCreate{
+		stream("input", cfg.Input.Stream, cfg.Input.Subjects, 0, cfg.Input.Limits, jetstream.DiscardNew),
+		out,
+		stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld),
+	}, nil
+}
 
 // ensureStreams creates the input, output and dead-letter streams that are
 // missing. It never changes a stream that exists.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) error {
-	wanted := []jetstream.StreamConfig{
-		{Name: cfg.Input.Stream, Subjects: cfg.Input.Subjects, Storage: jetstream.FileStorage},
-		{Name: cfg.Output.Stream, Subjects: []string{cfg.Output.Subjects()}, Storage: jetstream.FileStorage, Duplicates: cfg.OutputDuplicateWindow(), AllowAtomicPublish: true},
-		{Name: cfg.DeadLetter.Stream, Subjects: []string{cfg.DeadLetter.Subjects()}, Storage: jetstream.FileStorage},
+	wanted, err := StreamsToCreate(cfg)
+	if err != nil {
+		return err
 	}
-	for _, sc := range wanted {
+	for _, w := range wanted {
+		sc := w.Config
 		_, err := js.Stream(ctx, sc.Name)
 		if err == nil {
 			log.Info("stream exists, left as it is", "stream", sc.Name)
@@ -32,10 +111,37 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("look up stream %s: %w", sc.Name, err)
 		}
-		if _, err := js.CreateStream(ctx, sc); err != nil {
-			return fmt.Errorf("create stream %s on %v: %w", sc.Name, sc.Subjects, err)
+		st, err := js.CreateStream(ctx, sc)
+		if err != nil {
+			return fmt.Errorf("create stream %s (%s.stream) on %v: %w", sc.Name, w.Field, sc.Subjects, err)
 		}
-		log.Info("stream created", "stream", sc.Name, "subjects", sc.Subjects, "duplicate_window", sc.Duplicates)
+		// What the server applied, which can differ from what was asked
+		// (a duplicate window of 0 becomes its default).
+		got := st.CachedInfo().Config
+		log.Info("stream created", "stream", got.Name, "subjects", got.Subjects, "duplicate_window", got.Duplicates,
+			"max_age", got.MaxAge, "max_bytes", got.MaxBytes, "discard", got.Discard.String())
+	}
+	return nil
+}
+
+// checkStreamsExist reports the first of the input, output and dead-letter
+// streams that does not exist, saying how to have it created. It is used
+// when the stage does not create streams.
+func checkStreamsExist(ctx context.Context, js jetstream.JetStream, cfg config.Config) error {
+	wanted, err := StreamsToCreate(cfg)
+	if err != nil {
+		return err
+	}
+	for _, w := range wanted {
+		_, err := js.Stream(ctx, w.Config.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("%w: %s stream %q (%s.stream) does not exist on the server; create it (subjects %v), "+
+				"or start with --create-streams (nats.create_streams: true, $DEDUPE_CREATE_STREAMS=true) to have the stage create the missing streams",
+				ErrStreamMissing, strings.ReplaceAll(w.Field, "_", "-"), w.Config.Name, w.Field, w.Config.Subjects)
+		}
+		if err != nil {
+			return fmt.Errorf("look up %s stream %s (%s.stream): %w", strings.ReplaceAll(w.Field, "_", "-"), w.Config.Name, w.Field, err)
+		}
 	}
 	return nil
 }
