@@ -1,0 +1,18 @@
+//go:build linux || darwin || freebsd || netbsd || openbsd || dragonfly
+
+package stage
+
+import (
+	"os"
+	"syscall"
+)
+
+// lockFile takes an exclusive advisory lock on f without waiting. The
+// kernel releases it when the process exits, however it exits.
+func lockFile(f *os.File) error {
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+}
+
+func unlockFile(f *os.File) error {
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+}

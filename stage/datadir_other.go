@@ -1,0 +1,12 @@
+//go:build !(linux || darwin || freebsd || netbsd || openbsd || dragonfly)
+
+package stage
+
+import "os"
+
+// lockFile does nothing where syscall.Flock does not exist; Badger's own
+// directory lock, taken when the state opens, still keeps a second process
+// out of the state.
+func lockFile(*os.File) error { return nil }
+
+func unlockFile(*os.File) error { return nil }
