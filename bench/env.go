@@ -51,7 +51,9 @@ func startNATS(url, dir string, syncAlways bool, log *slog.Logger) (*natsEnv, er
 	cfg.Embedded.Port = -1
 	cfg.Embedded.SyncAlways = syncAlways
 	cfg.Embedded.StoreDir = dir
-	srv, err := stage.StartEmbedded(cfg.Embedded, dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	full := config.Default()
+	full.NATS = cfg
+	srv, err := stage.StartEmbedded(full, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return nil, err
 	}

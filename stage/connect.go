@@ -44,6 +44,13 @@ func Connect(cfg config.NATS, embedded *server.Server, log *slog.Logger) (*nats.
 	if embedded != nil {
 		opts = append(opts, nats.InProcessServer(embedded))
 		url = embedded.ClientURL()
+		// The embedded server asks the stage for the credentials it
+		// requires of every client.
+		if e := cfg.Embedded; e.User != "" {
+			opts = append(opts, nats.UserInfo(e.User, e.Password))
+		} else if e.Token != "" {
+			opts = append(opts, nats.Token(e.Token))
+		}
 	} else {
 		if cfg.User != "" || cfg.Password != "" {
 			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))

@@ -96,7 +96,7 @@ func TestCheckConfigAgreesWithWhatRunBuilds(t *testing.T) {
 	c := config.Default()
 	c.State.DataDir = t.TempDir()
 	c.NATS.Embedded.Port = -1
-	srv, err := stage.StartEmbedded(c.NATS.Embedded, c.State.DataDir, slog.New(slog.DiscardHandler))
+	srv, err := stage.StartEmbedded(c, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

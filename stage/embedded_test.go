@@ -35,7 +35,7 @@ func TestEmbeddedDefaultSyncsEveryWrite(t *testing.T) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	srv, err := stage.StartEmbedded(cfg.NATS.Embedded, cfg.State.DataDir, log)
+	srv, err := stage.StartEmbedded(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

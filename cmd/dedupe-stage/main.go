@@ -1,10 +1,10 @@
 // Command dedupe-stage runs the dedupe stage between two NATS JetStream
 // streams. See the README for what it guarantees and how to run it.
 //
-//	dedupe-stage run [--config FILE] [flags]   run the stage (embedded nats-server unless a URL is given)
-//	dedupe-stage check-config FILE             validate a config, print the derived window and sizing
-//	dedupe-stage inspect [--config FILE] KEY   is KEY inside the window? asks the running stage
-//	dedupe-stage healthcheck [--http-addr A]   exit 0 when the running stage reports healthy
+//	dedupe-stage run [--config FILE] [flags]            run the stage (embedded nats-server unless a URL is given)
+//	dedupe-stage check-config [FILE] [run's flags]      validate what run would use, print it with the derived window and sizing
+//	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the running stage
+//	dedupe-stage healthcheck [--config FILE]            exit 0 when the running stage reports healthy
 //	dedupe-stage version
 package main
 
@@ -24,23 +24,27 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 const usage = `dedupe-stage: forwards each intent once from an input JetStream stream to an output stream.
 
 Usage:
-  dedupe-stage run [--config FILE] [flags]    run the stage (embedded nats-server and ./data unless --nats-url is given)
-  dedupe-stage check-config FILE              validate FILE, print the derived window and sizing
-  dedupe-stage inspect [--config FILE] KEY    tell whether KEY is inside the window (asks the running stage)
-  dedupe-stage healthcheck [--http-addr ADDR] exit 0 when the running stage is healthy (for container health checks)
+  dedupe-stage run [--config FILE] [flags]        run the stage (embedded nats-server and ./data unless --nats-url is given)
+  dedupe-stage check-config [FILE] [flags]        validate the configuration run would use with the same file,
+                                                  environment and flags; print it, the derived window and sizing
+  dedupe-stage inspect [--config FILE] KEY        tell whether KEY is inside the window (asks the running stage)
+  dedupe-stage healthcheck [--config FILE]        exit 0 when the running stage is healthy (for container health checks)
   dedupe-stage version
 
-Run "dedupe-stage run -h" for the flags. Configuration: configs/README.md.
+The config file is --config FILE, else $DEDUPE_CONFIG; DEDUPE_* variables override it and flags
+override both. Run "dedupe-stage run -h" for the flags. Configuration: configs/README.md.
 `
 
 func main() {
@@ -57,11 +61,11 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "run":
 		err = runCmd(args[1:], stderr)
 	case "check-config":
-		err = checkConfigCmd(args[1:], stdout)
+		err = checkConfigCmd(args[1:], stdout, stderr)
 	case "inspect":
-		err = inspectCmd(args[1:], stdout)
+		err = inspectCmd(args[1:], stdout, stderr)
 	case "healthcheck":
-		err = healthcheckCmd(args[1:], stdout)
+		err = healthcheckCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		ver, rev := binaryVersion()
 		fmt.Fprintf(stdout, "dedupe-stage %s (revision %s)\n", ver, rev)
@@ -79,39 +83,6 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// loadConfig reads --config (from anywhere in args), the environment, then
-// the flags, which win. It validates the result.
-func loadConfig(name string, args []string) (config.Config, *flag.FlagSet, error) {
-	path := ""
-	for i, a := range args {
-		switch {
-		case (a == "--config" || a == "-config") && i+1 < len(args):
-			path = args[i+1]
-		case strings.HasPrefix(a, "--config="):
-			path = strings.TrimPrefix(a, "--config=")
-		case strings.HasPrefix(a, "-config="):
-			path = strings.TrimPrefix(a, "-config=")
-		}
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		return cfg, nil, err
-	}
-	if err := cfg.ApplyEnv(os.Getenv); err != nil {
-		return cfg, nil, err
-	}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.String("config", path, "YAML config file (see configs/)")
-	cfg.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return cfg, nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, nil, fmt.Errorf("invalid config:\n%w", err)
-	}
-	return cfg, fs, nil
 }
 
 // newLogger returns the logger cfg asks for. Durations print as Go
@@ -136,17 +107,34 @@ func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
 }
 
 func runCmd(args []string, stderr io.Writer) (err error) {
-	cfg, _, err := loadConfig("run", args)
+	l, err := loadConfig("run", args, nil, false, stderr)
 	if err != nil {
 		return err
 	}
+	if err := noArgs("run", l.args); err != nil {
+		return err
+	}
+	cfg := l.cfg
 	// No log line and no error may show a credential from the config.
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
 	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
 	slog.SetDefault(log)
 	ver, rev := binaryVersion()
-	log.Info("dedupe-stage starting", "version", ver, "revision", rev)
+	log.Info("dedupe-stage starting", "version", ver, "revision", rev, "config", l.sources())
+
+	// The data dir first: one that cannot be used, or that another process
+	// holds, fails here, before anything (the embedded server above all)
+	// writes in it.
+	var extraDirs []string
+	if cfg.NATS.IsEmbedded() {
+		extraDirs = append(extraDirs, cfg.EmbeddedStoreDir())
+	}
+	lock, err := stage.LockDataDir(cfg.State.DataDir, extraDirs...)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -176,7 +164,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 
 	var embedded *server.Server
 	if cfg.NATS.URL == "" {
-		if embedded, err = stage.StartEmbedded(cfg.NATS.Embedded, cfg.State.DataDir, log); err != nil {
+		if embedded, err = stage.StartEmbedded(cfg, log); err != nil {
 			return err
 		}
 		defer func() {
@@ -195,9 +183,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 		return err
 	}
 	if embedded != nil {
-		log.Info("try it: publish an event twice, then read the output",
-			"publish", fmt.Sprintf(`nats -s %s pub %s '{"hello":"world"}' -H 'Nats-Msg-Id:order-1'`, embedded.ClientURL(), firstSubject(cfg.Input.Subjects)),
-			"read", fmt.Sprintf("nats -s %s stream view %s", embedded.ClientURL(), cfg.Output.Stream))
+		tryIt(log, cfg, embedded.ClientURL())
 	}
 	runErr := st.Run(ctx)
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
@@ -214,6 +200,21 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	return nil
 }
 
+// tryIt logs how to see the stage catch a repeat on the embedded server.
+func tryIt(log *slog.Logger, cfg config.Config, url string) {
+	k := cfg.Key.Field
+	if k.Source != keys.SourceHeader || cfg.Key.Scope.Enabled() {
+		return // the key's shape is the configuration's; the README shows the header case
+	}
+	publish := fmt.Sprintf(`nats -s %s pub %s '{"hello":"world"}' -H '%s:order-1'`, url, firstSubject(cfg.Input.Subjects), k.Header)
+	attrs := []any{"publish", publish, "read", fmt.Sprintf("nats -s %s stream view %s", url, cfg.Output.Stream)}
+	if strings.EqualFold(k.Header, jetstream.MsgIDHeader) {
+		attrs = append(attrs, "note", "the input stream itself drops a Nats-Msg-Id repeated within its 2m duplicate window; "+
+			"run with --key-header Order-Id to watch the stage catch repeats")
+	}
+	log.Info("try it: publish an event twice, then read the output", attrs...)
+}
+
 // firstSubject turns the first input subject into a concrete one to publish on.
 func firstSubject(subjects []string) string {
 	if len(subjects) == 0 {
@@ -223,36 +224,74 @@ func firstSubject(subjects []string) string {
 	return strings.ReplaceAll(s, "*", "test")
 }
 
-func checkConfigCmd(args []string, stdout io.Writer) error {
-	if len(args) != 1 {
-		return errors.New("usage: dedupe-stage check-config FILE")
+func checkConfigCmd(args []string, stdout, stderr io.Writer) error {
+	l, err := loadConfig("check-config", args, nil, true, stderr)
+	if err != nil {
+		if l.path != "" && !errors.Is(err, flag.ErrHelp) {
+			return fmt.Errorf("%s: %w", l.path, err)
+		}
+		return err
 	}
-	cfg, err := config.Load(args[0])
+	if err := noArgs("check-config", l.args); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "The configuration is valid. run would use it with these settings.\n%-12s %s\n%s", "from:", l.sources(), l.cfg.Summary())
+	streams, err := stage.StreamsToCreate(l.cfg)
 	if err != nil {
 		return err
 	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%s is invalid:\n%w", args[0], err)
+	head := "created when missing (existing streams are left as they are), with:"
+	if !l.cfg.NATS.ShouldCreateStreams() {
+		head = "must exist; with --create-streams they would be created with:"
 	}
-	fmt.Fprintf(stdout, "%s is valid.\n%s\n", args[0], cfg.Summary())
+	fmt.Fprintf(stdout, "%-12s %s\n", "streams:", head)
+	for _, st := range streams {
+		fmt.Fprintf(stdout, "%-12s %s\n", "", describeStream(st))
+	}
 	return nil
 }
 
-func inspectCmd(args []string, stdout io.Writer) error {
-	var key string
-	if n := len(args); n > 0 && !strings.HasPrefix(args[n-1], "-") {
-		key, args = args[n-1], args[:n-1]
+// describeStream says what a created stream keeps.
+func describeStream(st stage.StreamToCreate) string {
+	c := st.Config
+	age := config.Duration(c.MaxAge).String()
+	if st.MaxAgeComputed {
+		age += fmt.Sprintf(" (computed: the larger of %v and 2 x W)", config.Duration(stage.DefaultStreamMaxAge))
+	} else {
+		age += " (" + st.Field + ".max_age)"
 	}
-	cfg, _, err := loadConfig("inspect", args)
+	size := "unlimited"
+	if c.MaxBytes > 0 {
+		size = config.ByteSize(c.MaxBytes).String() + " (" + st.Field + ".max_bytes)"
+	}
+	dup := "server default (2m)"
+	if c.Duplicates > 0 {
+		dup = config.Duration(c.Duplicates).String()
+	}
+	full := "drops its oldest messages"
+	if c.Discard == jetstream.DiscardNew {
+		full = "refuses new messages"
+	}
+	return fmt.Sprintf("%s: max_age %s, max_bytes %s (when full it %s), duplicate window %s",
+		c.Name, age, size, full, dup)
+}
+
+func inspectCmd(args []string, stdout, stderr io.Writer) error {
+	l, err := loadConfig("inspect", args, flagSet{"http-addr"}, false, stderr)
 	if err != nil {
 		return err
 	}
-	if key == "" {
-		return errors.New("usage: dedupe-stage inspect [--config FILE] [flags] KEY")
+	if len(l.args) != 1 {
+		return errors.New("usage: dedupe-stage inspect [--config FILE] [--http-addr ADDR] KEY")
 	}
-	addr := cfg.HTTP.InspectOn()
-	if addr == "" {
+	key := l.args[0]
+	on := l.cfg.HTTP.InspectOn()
+	if on == "" {
 		return errors.New("inspect asks the running stage over HTTP, and /inspect is off (http.inspect false or http.addr empty)")
+	}
+	addr, err := dialAddr(on)
+	if err != nil {
+		return err
 	}
 	body, err := httpGet("http://" + addr + "/inspect?key=" + url.QueryEscape(key))
 	if err != nil {
@@ -262,25 +301,30 @@ func inspectCmd(args []string, stdout io.Writer) error {
 	return nil
 }
 
-func healthcheckCmd(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
-	addr := fs.String("http-addr", envOr("DEDUPE_HTTP_ADDR", config.Default().HTTP.Addr), "the stage's HTTP address")
-	if err := fs.Parse(args); err != nil {
+// healthcheckCmd asks the running stage's /healthz. It reads the same
+// config file, environment and --http-addr as run, so a container's
+// HEALTHCHECK follows $DEDUPE_HTTP_ADDR.
+func healthcheckCmd(args []string, stdout, stderr io.Writer) error {
+	l, err := loadConfig("healthcheck", args, flagSet{"http-addr"}, false, stderr)
+	if err != nil {
 		return err
 	}
-	body, err := httpGet("http://" + *addr + "/healthz")
+	if err := noArgs("healthcheck", l.args); err != nil {
+		return err
+	}
+	if l.cfg.HTTP.Addr == "" {
+		return errNoHTTP
+	}
+	addr, err := dialAddr(l.cfg.HTTP.Addr)
+	if err != nil {
+		return err
+	}
+	body, err := httpGet("http://" + addr + "/healthz")
 	if err != nil {
 		return err
 	}
 	fmt.Fprint(stdout, body)
 	return nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 func httpGet(u string) (string, error) {

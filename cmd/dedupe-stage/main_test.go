@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,37 +97,7 @@ func startStageWith(t *testing.T, cfg, httpAddr string) *proc {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logf, err := os.CreateTemp(t.TempDir(), "stage-log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(binary, "run", "--config", cfgPath)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, exited: make(chan struct{}), log: logf}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("stage log:\n%s", tail(string(b), 4000))
-		}
-	})
-	natstest.WaitFor(t, 60*time.Second, "the stage to be ready", func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return p
+	return startBinary(t, httpAddr, nil, "--config", cfgPath)
 }
 
 // indent returns each line indented by two spaces, ending in a newline.
