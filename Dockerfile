@@ -12,13 +12,25 @@
 # The build context is deploy/build (git-ignored), not the repository root, so
 # the context holds only what the image needs.
 #
-# Run: docker run -v dedupe-data:/data -p 127.0.0.1:9464:9464 \
-#          -e DEDUPE_NATS_URL=nats://your-nats:4222 dedupe-stage:local run
-# Without DEDUPE_NATS_URL (or --nats-url) the stage starts its embedded
-# nats-server, listening on 127.0.0.1:4222 inside the container only: fine for
-# a try-out, unreachable from outside. deploy/compose.yaml runs a NATS server
-# next to it. The image holds no CA certificates: for NATS over TLS, mount the
-# CA file and set nats.tls.ca_file in the config.
+# Run it in front of an existing NATS server:
+#
+#   docker run -v dedupe-data:/data -p 127.0.0.1:9464:9464 \
+#       -e DEDUPE_NATS_URL=nats://your-nats:4222 -e DEDUPE_NATS_TOKEN=... dedupe-stage:local run
+#
+# or on its own, with its embedded nats-server. The image makes that server
+# listen on every interface of the container (DEDUPE_EMBEDDED_HOST=0.0.0.0)
+# so that producers can reach it through a published port; give it a token
+# (or DEDUPE_EMBEDDED_USER and DEDUPE_EMBEDDED_PASSWORD) that every client
+# must present:
+#
+#   docker run -v dedupe-data:/data -p 127.0.0.1:4222:4222 -p 127.0.0.1:9464:9464 \
+#       -e DEDUPE_EMBEDDED_TOKEN=change-me dedupe-stage:local run --key-header Order-Id
+#   nats -s nats://127.0.0.1:4222 --token change-me pub events.orders '{"order":1}' -H 'Order-Id:order-1'
+#
+# deploy/compose.yaml runs a separate NATS server next to it. The image holds
+# no CA certificates: for NATS over TLS, mount the CA file and set
+# nats.tls.ca_file in the config. A config file can be named with
+# DEDUPE_CONFIG, so that the health check reads it too.
 FROM scratch
 
 COPY dedupe-stage /dedupe-stage
@@ -33,13 +45,17 @@ USER 65532:65532
 # DEDUPE_HTTP_INSPECT_ADDR=127.0.0.1:9465 serves it on its own listener.
 ENV DEDUPE_DATA_DIR=/data \
     DEDUPE_HTTP_ADDR=0.0.0.0:9464 \
-    DEDUPE_HTTP_INSPECT=false
+    DEDUPE_HTTP_INSPECT=false \
+    DEDUPE_EMBEDDED_HOST=0.0.0.0
 VOLUME ["/data"]
-# /metrics /healthz /readyz
-EXPOSE 9464
+# 9464: /metrics /healthz /readyz; 4222: the embedded nats-server (when
+# DEDUPE_NATS_URL is not set).
+EXPOSE 9464 4222
 
+# The healthcheck command reads the same environment (and $DEDUPE_CONFIG)
+# as run, so it follows DEDUPE_HTTP_ADDR wherever it is set.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["/dedupe-stage", "healthcheck", "--http-addr", "127.0.0.1:9464"]
+    CMD ["/dedupe-stage", "healthcheck"]
 # SIGTERM finishes the batch in flight, closes the state and exits 0; give it
 # time (docker stop -t, compose stop_grace_period, Kubernetes
 # terminationGracePeriodSeconds) to do so.

@@ -197,13 +197,17 @@ func (e *env) runContainer(name string, args ...string) {
 	mustDocker(t, append([]string{"run", "-d", "--name", name, "--network", e.network}, args...)...)
 }
 
+// token is the NATS token of the test's server.
+func (e *env) token() string { return "containertest-" + e.id }
+
 // startNATS runs the nats-server container, reachable as nats:4222 on the
 // network and from the test on a published loopback port.
 func (e *env) startNATS() {
 	t := e.t
 	name := "dedupe-containertest-nats-" + e.id
-	e.runContainer(name, "--network-alias", "nats", "-p", "127.0.0.1::4222", e.natsImage)
-	url := "nats://" + hostPort(t, name, "4222/tcp")
+	e.runContainer(name, "--network-alias", "nats", "-p", "127.0.0.1::4222", "-e", "NATS_TOKEN="+e.token(), e.natsImage)
+	// The image's server requires the token; the URL carries it.
+	url := "nats://" + e.token() + "@" + hostPort(t, name, "4222/tcp")
 	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "nats-server container accepting clients", func() (bool, error) {
 		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
 		if err != nil {
@@ -212,6 +216,10 @@ func (e *env) startNATS() {
 		nc.Close()
 		return true, nil
 	})
+	if nc, err := nats.Connect("nats://"+hostPort(t, name, "4222/tcp"), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Error("the nats container accepts a client without the token")
+	}
 	_, e.js = natstest.Connect(t, url)
 }
 
@@ -226,14 +234,17 @@ type stage struct {
 func (e *env) startStage(name string) stage {
 	t := e.t
 	e.runContainer(name,
-		"-p", "127.0.0.1::9464",
+		"-p", "127.0.0.1::9500",
 		"-v", e.volume+":/data",
 		"-v", e.configDir+":/config:ro",
 		"-e", "DEDUPE_NATS_URL=nats://nats:4222",
+		"-e", "DEDUPE_NATS_TOKEN="+e.token(),
+		// Not the image's 9464: the HEALTHCHECK must follow it.
+		"-e", "DEDUPE_HTTP_ADDR=0.0.0.0:9500",
 		// Health checks every second instead of every 10s, for the test.
 		"--health-interval", "1s", "--health-retries", "3",
 		e.stageImage, "run", "--config", "/config/stage.yaml", "--create-streams")
-	s := stage{name: name, http: "http://" + hostPort(t, name, "9464/tcp")}
+	s := stage{name: name, http: "http://" + hostPort(t, name, "9500/tcp")}
 	start := time.Now()
 	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, name+" ready", func() (bool, error) {
 		if st := mustDocker(t, "inspect", "-f", "{{.State.Status}}", name); st != "running" {

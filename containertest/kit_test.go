@@ -335,6 +335,10 @@ func TestDockerfiles(t *testing.T) {
 				if kw == "USER" && fields[1] != "65532:65532" {
 					t.Errorf("USER %s, want 65532:65532 (non-root)", fields[1])
 				}
+				// The health check must follow DEDUPE_HTTP_ADDR: no fixed address.
+				if kw == "HEALTHCHECK" && strings.Contains(line, "--http-addr") {
+					t.Errorf("HEALTHCHECK pins --http-addr; the healthcheck command reads DEDUPE_HTTP_ADDR itself: %s", line)
+				}
 			}
 			if len(froms) != 1 || froms[0] != "scratch" {
 				t.Errorf("FROM %q, want only scratch: no registry may be needed", froms)
@@ -390,6 +394,24 @@ func TestCompose(t *testing.T) {
 	if !slices.Contains(nats.Command, "-js") {
 		t.Errorf("nats command %q: want -js (JetStream)", nats.Command)
 	}
+	// The compose NATS server syncs every write and requires a token, which
+	// the stage is given.
+	if i := slices.Index(nats.Command, "-c"); i < 0 || i+1 >= len(nats.Command) || nats.Command[i+1] != "/nats-server.conf" {
+		t.Errorf("nats command %q: want -c /nats-server.conf (deploy/nats-server.conf)", nats.Command)
+	}
+	conf, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "nats-server.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"sync_interval: always", "token: $NATS_TOKEN", "store_dir: /data"} {
+		if !strings.Contains(string(conf), want) {
+			t.Errorf("deploy/nats-server.conf lacks %q", want)
+		}
+	}
+	if !strings.Contains(nats.Environment["NATS_TOKEN"], "${NATS_TOKEN:?") || !strings.Contains(st.Environment["DEDUPE_NATS_TOKEN"], "${NATS_TOKEN:?") {
+		t.Errorf("compose must pass $NATS_TOKEN (required) to nats as NATS_TOKEN and to the stage as DEDUPE_NATS_TOKEN: nats %v, stage %v",
+			nats.Environment, st.Environment)
+	}
 
 	// The compose tool's own validation, when there is one.
 	var tool []string
@@ -402,6 +424,12 @@ func TestCompose(t *testing.T) {
 		t.Log("neither docker compose nor docker-compose found: checked the file's content only")
 		return
 	}
+	t.Setenv("NATS_TOKEN", "containertest")
 	args := append(tool[1:], "-f", "deploy/compose.yaml", "config", "-q")
 	run(t, time.Minute, repoRoot, nil, tool[0], args...)
+	// The offline subset: nats and the stage alone.
+	args = append(tool[1:], "-f", "deploy/compose.yaml", "config", "--services")
+	if out := run(t, time.Minute, repoRoot, nil, tool[0], args...); !strings.Contains(out, "nats") || !strings.Contains(out, "dedupe-stage") {
+		t.Errorf("compose config --services: %q", out)
+	}
 }

@@ -52,6 +52,7 @@ if [ "$only" != "stage" ]; then
   echo "--- go build nats-server ($GOOS/$GOARCH)"
   # The version go.mod requires, so the server matches what the tests run against.
   go build -trimpath -ldflags "-s -w" -o "$build_dir/nats-server" github.com/nats-io/nats-server/v2
+  cp "$root/deploy/nats-server.conf" "$build_dir/nats-server.conf"
   echo "--- docker build $nats_image:$tag"
   docker build -q -f "$root/deploy/nats-server.Dockerfile" -t "$nats_image:$tag" "$build_dir"
 fi
