@@ -10,14 +10,15 @@ import (
 
 // Secrets returns every credential the configuration holds, for
 // redact.New: the user information of nats.url, nats.password, nats.token, an
-// NKey seed written where nats.nkey_seed_file's path belongs, and the
-// PostgreSQL sink's DSN (the whole string, replaced by its display form, and
-// its password).
+// NKey seed written where nats.nkey_seed_file's path belongs, the embedded
+// server's password, token and system password, and the PostgreSQL sink's
+// DSN (the whole string, replaced by its display form, and its password).
 func (c Config) Secrets() redact.Secrets {
 	n := c.NATS
 	var out redact.Secrets
 	out = append(out, redact.NATSURLSecrets(n.URL)...)
 	out = append(out, redact.Plain(n.Password, n.Token)...)
+	out = append(out, redact.Plain(n.Embedded.Password, n.Embedded.Token, n.Embedded.SystemPassword)...)
 	out = append(out, redact.NKeySeed(n.NKeySeedFile)...)
 	out = append(out, redact.DSNSecrets(c.Totals.Sinks.Postgres.DSN)...)
 	return out
@@ -29,7 +30,7 @@ func (c Config) Secrets() redact.Secrets {
 func (c Config) Redactor() *redact.Redactor { return redact.New(c.Secrets()) }
 
 // secretKeys are the YAML keys whose values are credentials or carry them.
-var secretKeys = map[string]bool{"url": true, "password": true, "token": true, "dsn": true, "nkey_seed_file": true}
+var secretKeys = map[string]bool{"url": true, "password": true, "token": true, "dsn": true, "nkey_seed_file": true, "system_password": true}
 
 // yamlSecrets returns the credentials a YAML document that did not decode
 // into a Config may hold, wherever they were written: the value of every key

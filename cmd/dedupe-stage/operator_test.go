@@ -273,14 +273,14 @@ func TestCheckConfigAgreesWithRun(t *testing.T) {
 		"DEDUPE_EMBEDDED_TOKEN=t0ken-value",
 		"DEDUPE_PARTITIONS=3", // the flag below wins
 	}
-	args := []string{"-config", cfgPath, "--partitions", "4", "--key-header", "Order-Id"}
+	args := []string{"-config", cfgPath, "--partitions", "4", "--key-header", "Order-Id", "--log-level", "debug"}
 
 	code, out := output(t, env, append([]string{"check-config"}, args...)...)
 	if code != 0 {
 		t.Fatalf("check-config: exit %d:\n%s", code, out)
 	}
 	for _, want := range []string{
-		"file " + cfgPath + ", then environment DEDUPE_DATA_DIR DEDUPE_EMBEDDED_PORT DEDUPE_EMBEDDED_TOKEN DEDUPE_HTTP_ADDR DEDUPE_PARTITIONS, then flags --key-header --partitions",
+		"file " + cfgPath + ", then environment DEDUPE_DATA_DIR DEDUPE_EMBEDDED_PORT DEDUPE_EMBEDDED_TOKEN DEDUPE_HTTP_ADDR DEDUPE_PARTITIONS, then flags --key-header --log-level --partitions",
 		"partitions:  4",
 		`key:         header "Order-Id"`,
 		fmt.Sprintf("embedded nats-server on 127.0.0.1:%d", natsPort),
@@ -297,7 +297,7 @@ func TestCheckConfigAgreesWithRun(t *testing.T) {
 	}
 
 	// run with the same file, environment and flags does what it said.
-	startBinary(t, httpAddr, env, args...) // ready on the http.addr from the environment
+	p := startBinary(t, httpAddr, env, args...) // ready on the http.addr from the environment
 	layout, err := os.ReadFile(filepath.Join(dataDir, "state", "LAYOUT"))
 	if err != nil || strings.TrimSpace(string(layout)) != "partitions 4" {
 		t.Errorf("run's state LAYOUT %q, %v; check-config said 4 partitions in %s", layout, err, dataDir)
@@ -329,6 +329,10 @@ func TestCheckConfigAgreesWithRun(t *testing.T) {
 	st, _ := js.Stream(context.Background(), "EVENTS")
 	if age := st.CachedInfo().Config.MaxAge; age != 7*24*time.Hour {
 		t.Errorf("EVENTS created with max_age %v; check-config said 7d", age)
+	}
+	// The embedded server's token is a secret like any other, even at debug.
+	if b, _ := os.ReadFile(p.log.Name()); strings.Contains(string(b), "t0ken-value") {
+		t.Errorf("run's log shows the embedded token:\n%s", grepLines(string(b), "t0ken-value"))
 	}
 }
 

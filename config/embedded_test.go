@@ -1,0 +1,26 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestEmbeddedCredentialsAreRedacted(t *testing.T) {
+	c := Default()
+	c.NATS.Embedded.User, c.NATS.Embedded.Password = "producer", "emb-pw-3Kd9"
+	c.NATS.Embedded.SystemAccount, c.NATS.Embedded.SystemPassword = true, "emb-sys-8Lq2"
+	out := c.Redactor().String("user producer password emb-pw-3Kd9, system emb-sys-8Lq2")
+	for _, s := range []string{"emb-pw-3Kd9", "emb-sys-8Lq2"} {
+		if strings.Contains(out, s) {
+			t.Errorf("redacted text still shows %q: %s", s, out)
+		}
+	}
+	c = Default()
+	c.NATS.Embedded.Token = "emb-tok-5Vx1"
+	if out := c.Redactor().String("token emb-tok-5Vx1"); strings.Contains(out, "emb-tok-5Vx1") {
+		t.Errorf("redacted text still shows the embedded token: %s", out)
+	}
+	if s := c.Summary(); strings.Contains(s, "emb-tok-5Vx1") {
+		t.Errorf("Summary shows the embedded token:\n%s", s)
+	}
+}
