@@ -1,6 +1,7 @@
 package config
 
 import (
+	"flag"
 	"strings"
 	"testing"
 )
@@ -22,5 +23,34 @@ func TestEmbeddedCredentialsAreRedacted(t *testing.T) {
 	}
 	if s := c.Summary(); strings.Contains(s, "emb-tok-5Vx1") {
 		t.Errorf("Summary shows the embedded token:\n%s", s)
+	}
+}
+
+func TestUsageNeverShowsEmbeddedCredentials(t *testing.T) {
+	c := Default()
+	env := map[string]string{
+		"DEDUPE_EMBEDDED_PASSWORD":        "emb-pw-3Kd9",
+		"DEDUPE_EMBEDDED_TOKEN":           "emb-tok-5Vx1",
+		"DEDUPE_EMBEDDED_SYSTEM_PASSWORD": "emb-sys-8Lq2",
+	}
+	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var out strings.Builder
+	fs.SetOutput(&out)
+	c.RegisterFlags(fs)
+	fs.PrintDefaults()
+	if !strings.Contains(out.String(), "-embedded-token") {
+		t.Fatalf("usage lacks -embedded-token:\n%s", out.String())
+	}
+	for _, secret := range env {
+		if strings.Contains(out.String(), secret) {
+			t.Errorf("usage shows %q:\n%s", secret, out.String())
+		}
+	}
+	// The flags still carry the values from the environment.
+	if c.NATS.Embedded.Token != "emb-tok-5Vx1" {
+		t.Errorf("token %q after RegisterFlags", c.NATS.Embedded.Token)
 	}
 }
