@@ -11,6 +11,11 @@
 //   - TestKill9AtRandomMoments: SIGKILL at seeded random moments, during
 //     the filter rebuild at start and while forwarding (DEDUPE_FAULTS_SEED
 //     picks another seed);
+//   - TestKillBetweenAtomicPublishAndCommit: SIGKILL while the stage
+//     publishes its output as atomic batches (output.publish: atomic), until
+//     a kill lands between a batch's commit ack and the commit of its
+//     claims and the next run's batch is refused for an id the output
+//     holds (10201) and published one message at a time;
 //   - TestNATSServerRestart: the nats-server stopped (SIGTERM, then SIGKILL)
 //     and restarted under the running stage;
 //   - TestOutputRefusesPublishes: the output stream at its message limit

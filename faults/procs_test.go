@@ -248,6 +248,7 @@ type stageConfig struct {
 	MemoryBudget     string
 	MaxMessageBytes  int
 	BatchSize        int
+	Publish          string // output.publish; "" keeps the default (auto)
 }
 
 // defaultStageConfig is the configuration the fault tests start from: a 1s
@@ -283,6 +284,7 @@ input:
 output:
   duplicate_window: %s
   restart_margin: %s
+  publish: %s
 state:
   data_dir: %s
   partitions: %d
@@ -297,7 +299,7 @@ http:
   addr: %s
 log:
   format: json
-`, c.NATSURL, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.DataDir, c.Partitions, c.MemoryBudget,
+`, c.NATSURL, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
 		c.SnapshotInterval, c.ExpectedKeys, c.BatchSize, c.MaxMessageBytes, c.HTTPAddr)
 }
 

@@ -1,0 +1,112 @@
+package faults
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+// logAtomicRefused is the log line of a run whose atomic batch the output
+// refused because an id of it was already in the duplicate window: the
+// batch a killed run published and did not commit, published again.
+const logAtomicRefused = `"msg":"output refused an atomic batch; publishing its messages one at a time"`
+
+// TestKillBetweenAtomicPublishAndCommit runs the stage with output.publish
+// atomic (the output stream it creates allows atomic publish) and kills it
+// with SIGKILL while it forwards, again and again, until a kill has landed
+// between an atomic batch's commit ack and the commit of its claims: the
+// next run publishes a batch holding keys the output already has, the
+// server refuses it whole (10201), and the batch goes one message at a
+// time. The kills are timed at random, so the loop is bounded (at most 25
+// kills); it fails if none landed there. At the end every key is in the
+// output exactly once and the dead letters are exactly the bad inputs.
+func TestKillBetweenAtomicPublishAndCommit(t *testing.T) {
+	const (
+		events   = 12_000
+		rate     = 1_000 // inputs per second
+		maxKills = 25
+	)
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 12))
+	srv := startNATS(t)
+	cfg := defaultStageConfig(t, srv.URL())
+	cfg.Publish = "atomic"
+	w := newWorkload(seed, "atomic", cfg.MaxMessageBytes)
+	js := publisherJS(t, srv.URL())
+	s := newStage(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	pubErr := make(chan error, 1)
+	go func() {
+		_, err := publish(ctx, js, w.mix(events, 0.2, 0.01, 0), "main", rate, 120*time.Second)
+		pubErr <- err
+	}()
+
+	// refusedIn counts the runs that published again, as one message at
+	// a time, a batch the output refused for an id it held.
+	refusedIn := func() int {
+		n := 0
+		for _, r := range s.runs {
+			for line := range strings.SplitSeq(r.log(), "\n") {
+				if strings.Contains(line, logAtomicRefused) && strings.Contains(line, "err_code=10201") {
+					n++
+					break
+				}
+			}
+		}
+		return n
+	}
+	kills := 0
+	published := false
+	for kills < maxKills && !(published && refusedIn() > 0) {
+		p := s.startReady()
+		base := streamMsgs(js, outputStream)
+		want := base + 20 + uint64(rng.IntN(800))
+		deadline := time.Now().Add(time.Duration(200+rng.IntN(1500)) * time.Millisecond)
+		for streamMsgs(js, outputStream) < want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		p.kill(t)
+		kills++
+		if !published {
+			select {
+			case err := <-pubErr:
+				if err != nil {
+					t.Fatal(err)
+				}
+				published = true
+			default:
+			}
+		}
+	}
+	if !published {
+		if err := <-pubErr; err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	p := s.startReady()
+	waitDrained(t, js, 90*time.Second)
+	republished := s.metric("dedupe_republish_duplicates_total")
+	p.kill(t)
+
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	for i, r := range s.runs {
+		if !strings.Contains(r.log(), `"msg":"output published as atomic batches"`) {
+			t.Errorf("run %d did not publish atomic batches", i+1)
+		}
+		if strings.Contains(r.log(), logClaimMissed) {
+			t.Errorf("run %d logged %s", i+1, logClaimMissed)
+		}
+	}
+	n := refusedIn()
+	t.Logf("%d kills, %d runs; %d runs re-published a refused atomic batch one message at a time; last run: %v re-publishes dropped by the output window; %d keys forwarded, %d dead letters",
+		kills, len(s.runs), n, republished, len(w.forward), len(w.dead))
+	if n == 0 {
+		t.Errorf("no kill in %d landed between an atomic batch's commit ack and the commit of its claims", kills)
+	}
+}
