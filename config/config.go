@@ -529,7 +529,7 @@ func Parse(data []byte) (Config, error) {
 		}
 		// yaml.v3 quotes values it could not decode; some may be secrets.
 		red := redact.New(c.Secrets(), yamlSecrets(data))
-		return Config{}, fmt.Errorf("%w: %w", ErrParse, red.Error(err))
+		return Config{}, fmt.Errorf("%w: %w", ErrParse, red.Error(yamlTypeWords(err)))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
