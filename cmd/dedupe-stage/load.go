@@ -79,6 +79,9 @@ func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr 
 		l.args = l.args[1:]
 	}
 	if err := cfg.Validate(); err != nil {
+		if l.path != "" {
+			return l, fmt.Errorf("%s is invalid:\n%w", l.path, err)
+		}
 		return l, fmt.Errorf("invalid config:\n%w", err)
 	}
 	l.cfg = cfg

@@ -227,9 +227,6 @@ func firstSubject(subjects []string) string {
 func checkConfigCmd(args []string, stdout, stderr io.Writer) error {
 	l, err := loadConfig("check-config", args, nil, true, stderr)
 	if err != nil {
-		if l.path != "" && !errors.Is(err, flag.ErrHelp) {
-			return fmt.Errorf("%s: %w", l.path, err)
-		}
 		return err
 	}
 	if err := noArgs("check-config", l.args); err != nil {
