@@ -201,6 +201,14 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, err
 	}
 	if s.store, err = state.Open(ctx, so); err != nil {
+		if errors.Is(err, state.ErrLayout) {
+			return nil, fmt.Errorf("%w.\nstate.partitions (--partitions, $DEDUPE_PARTITIONS) is %d, and the partition count is fixed per data dir: "+
+				"a key's partition is its hash modulo the count, so another count would look keys up in the wrong partition. "+
+				"Either set state.partitions back to the count the data dir was made with, or start with the new count on a new, empty "+
+				"data dir (state.data_dir, --data-dir) and keep the old one. There is no migration tool: for one window (W = %v) after "+
+				"the switch, a copy of a key first seen before it is forwarded again unless the output stream's duplicate window drops it; "+
+				"until then the old data dir (with its old count) is the way back", err, so.Partitions, s.win.W)
+		}
 		return nil, fmt.Errorf("state: %w", err)
 	}
 	reg.MustRegister(NewStoreCollector(s.store))

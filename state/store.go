@@ -271,7 +271,7 @@ func checkLayout(dir string, partitions int) error {
 			return fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
 		}
 		if n != partitions {
-			return fmt.Errorf("%w: %s says %d partitions, Options.Partitions is %d", ErrLayout, path, n, partitions)
+			return fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, n, path, partitions)
 		}
 		return nil
 	case errors.Is(err, fs.ErrNotExist):
@@ -286,7 +286,7 @@ func checkLayout(dir string, partitions int) error {
 			}
 		}
 		if found > 0 && found != partitions {
-			return fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, Options.Partitions is %d",
+			return fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, and %d partitions were asked for",
 				ErrLayout, path, dir, found, partitions)
 		}
 		if err := writeFileAtomic(path, fmt.Appendf(nil, "partitions %d\n", partitions)); err != nil {
