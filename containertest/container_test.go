@@ -230,20 +230,25 @@ type stage struct {
 }
 
 // startStage runs a stage container on the shared data volume and waits
-// until it is ready.
-func (e *env) startStage(name string) stage {
+// until it is ready. Each of env is one more NAME=VALUE for the container.
+func (e *env) startStage(name string, env ...string) stage {
 	t := e.t
-	e.runContainer(name,
+	args := []string{
 		"-p", "127.0.0.1::9500",
-		"-v", e.volume+":/data",
-		"-v", e.configDir+":/config:ro",
+		"-v", e.volume + ":/data",
+		"-v", e.configDir + ":/config:ro",
 		"-e", "DEDUPE_NATS_URL=nats://nats:4222",
-		"-e", "DEDUPE_NATS_TOKEN="+e.token(),
+		"-e", "DEDUPE_NATS_TOKEN=" + e.token(),
 		// Not the image's 9464: the HEALTHCHECK must follow it.
 		"-e", "DEDUPE_HTTP_ADDR=0.0.0.0:9500",
 		// Health checks every second instead of every 10s, for the test.
 		"--health-interval", "1s", "--health-retries", "3",
-		e.stageImage, "run", "--config", "/config/stage.yaml", "--create-streams")
+	}
+	for _, v := range env {
+		args = append(args, "-e", v)
+	}
+	args = append(args, e.stageImage, "run", "--config", "/config/stage.yaml", "--create-streams")
+	e.runContainer(name, args...)
 	s := stage{name: name, http: "http://" + hostPort(t, name, "9500/tcp")}
 	start := time.Now()
 	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, name+" ready", func() (bool, error) {
@@ -505,6 +510,12 @@ func TestContainer(t *testing.T) {
 		})
 	})
 
+	t.Run("inspect off in the image", func(t *testing.T) {
+		if code, body, err := httpGet(first.http + "/inspect?key=k"); err != nil || code != http.StatusNotFound {
+			t.Errorf("GET /inspect on the image's defaults: %d %q %v, want 404", code, body, err)
+		}
+	})
+
 	// Phase 1: 200 keys, each published three times: forwarded once each.
 	keys1 := keysFor("order-a", 200)
 	e.publish(keys1, copies)
@@ -567,7 +578,7 @@ func TestContainer(t *testing.T) {
 
 	// A new container on the same volume: what is left of phase 2 is
 	// forwarded, every copy of every key published again is a repeat.
-	second := e.startStage("dedupe-containertest-stage2-" + e.id)
+	second := e.startStage("dedupe-containertest-stage2-"+e.id, "DEDUPE_HTTP_INSPECT=true")
 	all := append(append([]string(nil), keys1...), keys2...)
 	e.publish(all, 1)
 	e.drained("second stage acked everything")
