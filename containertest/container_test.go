@@ -339,7 +339,9 @@ func (e *env) publishAsync(keys []string, copies int) (wait func()) {
 		for _, k := range keys {
 			msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: []byte(`{"order":"` + k + `"}`)}
 			msg.Header.Set("Event-Id", k)
-			f, err := e.js.PublishMsgAsync(msg)
+			// The nats image syncs every write: let the publisher wait
+			// for acknowledgements instead of failing when many are out.
+			f, err := e.js.PublishMsgAsync(msg, jetstream.WithStallWait(30*time.Second))
 			if err != nil {
 				t.Fatalf("publish %s: %v", k, err)
 			}
