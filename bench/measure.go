@@ -19,8 +19,13 @@ type MemSnap struct {
 	// RSS is VmRSS from /proc/self/status: resident memory of the whole
 	// process (Go heap, stacks, mapped files such as Badger's tables).
 	RSS int64 `json:"rss_bytes"`
-	// RSSAnon is RssAnon: the anonymous (not file-backed) part of RSS.
+	// RSSAnon is RssAnon: the anonymous (not file-backed) part of RSS:
+	// the Go heap, stacks, and Badger's memtable arenas and caches.
 	RSSAnon int64 `json:"rss_anon_bytes"`
+	// RSSFile is RssFile: the file-backed part of RSS, the pages of
+	// memory-mapped files (Badger's tables, memtable logs and value logs)
+	// that the process has touched and the kernel still maps.
+	RSSFile int64 `json:"rss_file_bytes"`
 	// PeakRSS is VmHWM: the peak RSS since the last resetPeak.
 	PeakRSS int64 `json:"peak_rss_bytes"`
 	// Heap is the Go heap's live bytes (HeapAlloc) after a forced GC.
@@ -52,6 +57,8 @@ func readMem() MemSnap {
 			s.RSS = kb << 10
 		case "RssAnon":
 			s.RSSAnon = kb << 10
+		case "RssFile":
+			s.RSSFile = kb << 10
 		case "VmHWM":
 			s.PeakRSS = kb << 10
 		}

@@ -87,7 +87,7 @@ func printTables(w io.Writer, res *Results) {
 			}
 		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "scale keys\tfill s\tfill keys/s\tRSS MiB\tRSS B/key\theap B/key\tfilter B/key\tdisk MiB\tdisk B/key\tstart-up snapshot ms\trebuild ms\tJetStream ids heap MiB\t")
+		fmt.Fprintln(tw, "scale keys\tfill s\tfill keys/s\tRSS MiB (anon/file)\tRSS B/key (anon/file)\tmarginal B/key (anon/file)\theap B/key\tfilter B/key\tdisk MiB\tdisk B/key\tstart-up snapshot ms\trebuild ms\tJetStream ids heap MiB\t")
 		for _, p := range res.Scale {
 			js := "-"
 			if jsPerID > 0 {
@@ -97,12 +97,19 @@ func printTables(w io.Writer, res *Results) {
 			if p.Extrapolated {
 				label += " (extrapolated)"
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%.2f\t%s\t%.1f\t%.0f\t%.0f\t%s\t\n", label, p.FillSec, p.FillPerSec, mib(p.AfterOpen.RSS),
-				p.RSSPerKey, p.HeapPerKey, p.FilterPerKey, mib(p.DiskBytes), p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs, js)
+			marginal := "-"
+			if m := p.Marginal; m != nil {
+				marginal = fmt.Sprintf("%.2f (%.2f/%.2f)", m.RSSPerKey, m.AnonPerKey, m.FilePerKey)
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s (%s/%s)\t%.2f (%.2f/%.2f)\t%s\t%.1f\t%.2f\t%s\t%.1f\t%.0f\t%.0f\t%s\t\n", label, p.FillSec, p.FillPerSec,
+				mib(p.AfterOpen.RSS), mib(p.AfterOpen.RSSAnon), mib(p.AfterOpen.RSSFile), p.RSSPerKey, p.RSSAnonPerKey, p.RSSFilePerKey, marginal,
+				p.HeapPerKey, p.FilterPerKey, mib(p.DiskBytes), p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs, js)
 		}
 		tw.Flush()
-		if m := marginalPerKey(res.Scale); m > 0 {
-			fmt.Fprintf(w, "marginal RSS per key between the two largest measured points: %.2f B\n", m)
+		if p := lastMeasured(res.Scale); p != nil && p.Marginal != nil {
+			m := p.Marginal
+			fmt.Fprintf(w, "marginal RSS per key between the two largest measured points (%d to %d keys): %.2f B (anon %.2f, file %.2f); fixed part (the line at 0 keys) %s MiB\n",
+				m.FromKeys, m.ToKeys, m.RSSPerKey, m.AnonPerKey, m.FilePerKey, mib(m.FixedRSS))
 		}
 		for _, p := range res.Scale {
 			if p.Note != "" {

@@ -33,8 +33,18 @@ type ScalePoint struct {
 	// AfterOpen is after reopening the store from its snapshots: the
 	// memory a restarted stage holds for N keys.
 	AfterOpen MemSnap `json:"mem_after_open"`
-	// RSSPerKey is (AfterOpen.RSS - Baseline.RSS) / Keys.
-	RSSPerKey float64 `json:"rss_bytes_per_key"`
+	// RSSPerKey is (AfterOpen.RSS - Baseline.RSS) / Keys; RSSAnonPerKey
+	// and RSSFilePerKey split it into anonymous memory (Go heap, Badger's
+	// memtables and caches) and file-backed memory (the touched pages of
+	// Badger's memory-mapped files).
+	RSSPerKey     float64 `json:"rss_bytes_per_key"`
+	RSSAnonPerKey float64 `json:"rss_anon_bytes_per_key"`
+	RSSFilePerKey float64 `json:"rss_file_bytes_per_key"`
+	// Marginal is the RSS slope from the previous measured point to this
+	// one (AfterOpen minus Baseline, per added key): what one more tracked
+	// key costs, without the fixed part. Nil on the first measured point
+	// and on extrapolated ones.
+	Marginal *Slope `json:"marginal,omitempty"`
 	// HeapPerKey is (AfterOpen.Heap - Baseline.Heap) / Keys.
 	HeapPerKey   float64 `json:"heap_bytes_per_key"`
 	FilterBytes  uint64  `json:"filter_bytes"`
@@ -102,9 +112,17 @@ func runScale(ctx context.Context, f *flags, dir string) ([]*ScalePoint, error) 
 			errs = append(errs, fmt.Errorf("scale point %d: %w", n, err))
 			continue
 		}
+		if prev := lastMeasured(pts); prev != nil && prev.Keys != p.Keys {
+			m := slope(prev, &p)
+			p.Marginal = &m
+		}
 		pts = append(pts, &p)
-		fmt.Fprintf(logOut, "  scale %d: fill %.0fs, RSS after open %s MiB (%.1f B/key), disk %.1f B/key, start-up %.0f ms from snapshot, %.0f ms rebuild\n",
-			n, p.FillSec, mib(p.AfterOpen.RSS), p.RSSPerKey, p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs)
+		fmt.Fprintf(logOut, "  scale %d: fill %.0fs, RSS after open %s MiB (anon %s, file %s; %.1f B/key), disk %.1f B/key, start-up %.0f ms from snapshot, %.0f ms rebuild\n",
+			n, p.FillSec, mib(p.AfterOpen.RSS), mib(p.AfterOpen.RSSAnon), mib(p.AfterOpen.RSSFile), p.RSSPerKey, p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs)
+		if p.Marginal != nil {
+			fmt.Fprintf(logOut, "  scale %d: marginal RSS per key since %d keys: %.2f B (anon %.2f, file %.2f); fixed part %s MiB\n",
+				n, p.Marginal.FromKeys, p.Marginal.RSSPerKey, p.Marginal.AnonPerKey, p.Marginal.FilePerKey, mib(p.Marginal.FixedRSS))
+		}
 	}
 	return pts, errors.Join(errs...)
 }
@@ -124,38 +142,75 @@ func extrapolate(pts []*ScalePoint, n int) *ScalePoint {
 	k := float64(n) / float64(last.Keys)
 	grow := func(m MemSnap) MemSnap {
 		return MemSnap{
-			RSS:  last.Baseline.RSS + int64(float64(m.RSS-last.Baseline.RSS)*k),
-			Heap: last.Baseline.Heap + int64(float64(m.Heap-last.Baseline.Heap)*k),
+			RSS:     last.Baseline.RSS + int64(float64(m.RSS-last.Baseline.RSS)*k),
+			RSSAnon: last.Baseline.RSSAnon + int64(float64(m.RSSAnon-last.Baseline.RSSAnon)*k),
+			RSSFile: last.Baseline.RSSFile + int64(float64(m.RSSFile-last.Baseline.RSSFile)*k),
+			Heap:    last.Baseline.Heap + int64(float64(m.Heap-last.Baseline.Heap)*k),
 		}
 	}
 	return &ScalePoint{
 		Keys: n, Partitions: last.Partitions, Extrapolated: true,
 		FillSec: last.FillSec * k, FillPerSec: last.FillPerSec,
 		Baseline: last.Baseline, AfterFill: grow(last.AfterFill), AfterOpen: grow(last.AfterOpen),
-		RSSPerKey: last.RSSPerKey, HeapPerKey: last.HeapPerKey,
+		RSSPerKey: last.RSSPerKey, RSSAnonPerKey: last.RSSAnonPerKey, RSSFilePerKey: last.RSSFilePerKey,
+		HeapPerKey:  last.HeapPerKey,
 		FilterBytes: uint64(float64(last.FilterBytes) * k), FilterPerKey: last.FilterPerKey,
 		DiskBytes: int64(float64(last.DiskBytes) * k), DiskPerKey: last.DiskPerKey,
 		StartupSnapshotMs: last.StartupSnapshotMs * k, StartupRebuildMs: last.StartupRebuildMs * k,
 	}
 }
 
+// Slope is how resident memory grows between two measured scale points.
+type Slope struct {
+	// FromKeys and ToKeys are the key counts of the two points.
+	FromKeys int `json:"from_keys"`
+	ToKeys   int `json:"to_keys"`
+	// RSSPerKey, AnonPerKey and FilePerKey are the growth of RSS, RssAnon
+	// and RssFile (each after reopen, minus the point's baseline) per
+	// added key.
+	RSSPerKey  float64 `json:"rss_bytes_per_key"`
+	AnonPerKey float64 `json:"rss_anon_bytes_per_key"`
+	FilePerKey float64 `json:"rss_file_bytes_per_key"`
+	// FixedRSS is the intercept of that line at 0 keys: the RSS the store
+	// holds whatever the key count (Badger's memtables and caches, the
+	// runtime), over the process's baseline.
+	FixedRSS int64 `json:"fixed_rss_bytes"`
+}
+
+// slope is the memory growth from point a to point b (b.Keys != a.Keys).
+func slope(a, b *ScalePoint) Slope {
+	dk := float64(b.Keys - a.Keys)
+	grow := func(get func(MemSnap) int64) float64 {
+		return float64((get(b.AfterOpen)-get(b.Baseline))-(get(a.AfterOpen)-get(a.Baseline))) / dk
+	}
+	s := Slope{
+		FromKeys:   a.Keys,
+		ToKeys:     b.Keys,
+		RSSPerKey:  grow(func(m MemSnap) int64 { return m.RSS }),
+		AnonPerKey: grow(func(m MemSnap) int64 { return m.RSSAnon }),
+		FilePerKey: grow(func(m MemSnap) int64 { return m.RSSFile }),
+	}
+	s.FixedRSS = b.AfterOpen.RSS - b.Baseline.RSS - int64(s.RSSPerKey*float64(b.Keys))
+	return s
+}
+
+// lastMeasured is the last point of pts that is not extrapolated, or nil.
+func lastMeasured(pts []*ScalePoint) *ScalePoint {
+	for i := len(pts) - 1; i >= 0; i-- {
+		if !pts[i].Extrapolated {
+			return pts[i]
+		}
+	}
+	return nil
+}
+
 // marginalPerKey is the RSS slope between the two largest measured scale
 // points: what one more tracked key costs, without the fixed part.
 func marginalPerKey(pts []*ScalePoint) float64 {
-	var m []*ScalePoint
-	for _, p := range pts {
-		if !p.Extrapolated {
-			m = append(m, p)
-		}
+	if p := lastMeasured(pts); p != nil && p.Marginal != nil {
+		return p.Marginal.RSSPerKey
 	}
-	if len(m) < 2 {
-		return 0
-	}
-	a, b := m[len(m)-2], m[len(m)-1]
-	if b.Keys == a.Keys {
-		return 0
-	}
-	return float64((b.AfterOpen.RSS-b.Baseline.RSS)-(a.AfterOpen.RSS-a.Baseline.RSS)) / float64(b.Keys-a.Keys)
+	return 0
 }
 
 // runScalePoint is the child process of one scale point: it fills a store
@@ -251,6 +306,8 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	p.FilterBytes = st.Stats().FilterBytes
 	p.FilterPerKey = float64(p.FilterBytes) / float64(n)
 	p.RSSPerKey = float64(p.AfterOpen.RSS-p.Baseline.RSS) / float64(n)
+	p.RSSAnonPerKey = float64(p.AfterOpen.RSSAnon-p.Baseline.RSSAnon) / float64(n)
+	p.RSSFilePerKey = float64(p.AfterOpen.RSSFile-p.Baseline.RSSFile) / float64(n)
 	p.HeapPerKey = float64(p.AfterOpen.Heap-p.Baseline.Heap) / float64(n)
 	if err := st.Close(); err != nil {
 		return nil, err
