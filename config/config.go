@@ -67,6 +67,7 @@ type Config struct {
 	HTTP       HTTP           `yaml:"http"`
 	Log        Log            `yaml:"log"`
 	Totals     Totals         `yaml:"totals"`
+	ScaleOut   ScaleOut       `yaml:"scale_out"`
 }
 
 // NATS says which NATS server to use and how to authenticate.
@@ -250,9 +251,14 @@ var ErrAtomicNotAllowed = errors.New("output.publish is atomic, but the output s
 // server that fsyncs every write, where an atomic batch costs one sync
 // instead of one per message), false otherwise (with an external server
 // the stage cannot tell how it syncs; without fsync, plain asynchronous
-// publishes are as fast or faster).
+// publishes are as fast or faster). With scale_out.enabled, auto is
+// atomic: every output batch carries its partition's fence check.
 func (c Config) PublishAtomic(streamAllowsAtomic bool) (bool, error) {
-	switch c.Output.Publish {
+	publish := c.Output.Publish
+	if c.ScaleOut.Enabled && publish == PublishAuto {
+		publish = PublishAtomic
+	}
+	switch publish {
 	case PublishAtomic:
 		if !streamAllowsAtomic {
 			return false, ErrAtomicNotAllowed
@@ -491,9 +497,10 @@ func Default() Config {
 			MaxMessageBytes:       MiB,
 			OnFingerprintMismatch: FingerprintDeadLetter,
 		},
-		HTTP:   HTTP{Addr: "127.0.0.1:9464", Inspect: true},
-		Log:    Log{Level: "info", Format: "text"},
-		Totals: DefaultTotals(),
+		HTTP:     HTTP{Addr: "127.0.0.1:9464", Inspect: true},
+		Log:      Log{Level: "info", Format: "text"},
+		Totals:   DefaultTotals(),
+		ScaleOut: DefaultScaleOut(),
 	}
 }
 

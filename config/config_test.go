@@ -437,6 +437,9 @@ func TestEnvOverridesFile(t *testing.T) {
 		"DEDUPE_TOTALS_POSTGRES_DSN": "postgres://env/db",
 		"DEDUPE_HTTP_INSPECT":        "false",
 		"DEDUPE_HTTP_INSPECT_ADDR":   "127.0.0.1:9465",
+		"DEDUPE_SCALE_OUT":           "true",
+		"DEDUPE_SCALE_OUT_GROUP":     "g",
+		"DEDUPE_INSTANCE":            "i1",
 	}
 	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
@@ -445,7 +448,8 @@ func TestEnvOverridesFile(t *testing.T) {
 		"  embedded: {host: 0.0.0.0, port: 14222, monitor_port: 18222, user: eu, password: ep, token: et, system_account: true, system_password: esp}}\n"+
 		"key: {source: header, header: Order-Id}\n"+
 		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999', inspect: false, inspect_addr: '127.0.0.1:9465'}\nlog: {level: debug, format: json}\n"+
-		"input: {stream: IN}\noutput: {stream: OUT}\ntotals: {sinks: {postgres: {dsn: 'postgres://env/db'}}}\n")
+		"input: {stream: IN}\noutput: {stream: OUT}\ntotals: {sinks: {postgres: {dsn: 'postgres://env/db'}}}\n"+
+		"scale_out: {enabled: true, group: g, instance: i1}\n")
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("after ApplyEnv:\n got %+v\nwant %+v", c, want)
 	}

@@ -83,6 +83,9 @@ var envVars = []envVar{
 	{"DEDUPE_HTTP_INSPECT_ADDR", "http.inspect_addr", setString(func(c *Config) *string { return &c.HTTP.InspectAddr })},
 	{"DEDUPE_LOG_LEVEL", "log.level", setString(func(c *Config) *string { return &c.Log.Level })},
 	{"DEDUPE_LOG_FORMAT", "log.format", setString(func(c *Config) *string { return &c.Log.Format })},
+	{"DEDUPE_SCALE_OUT", "scale_out.enabled", setBool(func(c *Config) *bool { return &c.ScaleOut.Enabled })},
+	{"DEDUPE_SCALE_OUT_GROUP", "scale_out.group", setString(func(c *Config) *string { return &c.ScaleOut.Group })},
+	{"DEDUPE_INSTANCE", "scale_out.instance", setString(func(c *Config) *string { return &c.ScaleOut.Instance })},
 	{"DEDUPE_TOTALS_POSTGRES_DSN", "totals.sinks.postgres.dsn", setString(func(c *Config) *string { return &c.Totals.Sinks.Postgres.DSN })},
 }
 
@@ -119,7 +122,8 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 //
 //	--nats-url, --data-dir, --http-addr, --partitions, --log-level,
 //	--log-format, --input-stream, --output-stream, --create-streams,
-//	--sync-writes, --key-header, and the embedded server's
+//	--sync-writes, --key-header, --scale-out, --scale-out-group,
+//	--instance, and the embedded server's
 //	--embedded-host, --embedded-port, --embedded-monitor-port,
 //	--embedded-user, --embedded-password, --embedded-token,
 //	--embedded-system-account, --embedded-system-password
@@ -141,6 +145,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&optBool{p: &c.NATS.CreateStreams}, "create-streams", "create missing streams and the consumer; default: true when embedded, false with a URL (nats.create_streams, $DEDUPE_CREATE_STREAMS)")
 	fs.BoolVar(&c.State.SyncWrites, "sync-writes", c.State.SyncWrites, "fsync every state commit before acknowledging (state.sync_writes, $DEDUPE_SYNC_WRITES)")
 	fs.Var(&keyHeaderFlag{c: c}, "key-header", "take the key from this header (key.source header, key.header, $DEDUPE_KEY_HEADER)")
+	fs.BoolVar(&c.ScaleOut.Enabled, "scale-out", c.ScaleOut.Enabled, "run as one of N instances sharing the input over a JetStream cluster (scale_out.enabled, $DEDUPE_SCALE_OUT)")
+	fs.StringVar(&c.ScaleOut.Group, "scale-out-group", c.ScaleOut.Group, "static consumer group of the instances (scale_out.group, $DEDUPE_SCALE_OUT_GROUP)")
+	fs.StringVar(&c.ScaleOut.Instance, "instance", c.ScaleOut.Instance, "this instance's name; default the host name (scale_out.instance, $DEDUPE_INSTANCE)")
 	e := &c.NATS.Embedded
 	fs.StringVar(&e.Host, "embedded-host", e.Host, "embedded server's listen address; 0.0.0.0 lets other machines connect (nats.embedded.host, $DEDUPE_EMBEDDED_HOST)")
 	fs.IntVar(&e.Port, "embedded-port", e.Port, "embedded server's client port (nats.embedded.port, $DEDUPE_EMBEDDED_PORT)")

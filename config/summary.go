@@ -140,6 +140,13 @@ func (c Config) Summary() string {
 		line("http", "%s (/metrics /healthz /readyz), /inspect on %s", h.Addr, h.InspectOn())
 	}
 	line("log", "%s, %s", c.Log.Level, c.Log.Format)
+	for i, s := range c.scaleOutSummary() {
+		if i == 0 {
+			line("scale-out", "%s", s)
+		} else {
+			more("%s", s)
+		}
+	}
 	for i, s := range c.totalsSummary() {
 		if i == 0 {
 			line("totals", "%s", s)
@@ -208,6 +215,8 @@ func (c Config) publishSummary() string {
 	out := c.Output
 	atomic := fmt.Sprintf("atomic batches of up to %d messages, at most %d open at once", out.BatchMax, out.MaxBatchesInFlight)
 	switch {
+	case c.ScaleOut.Enabled && out.Publish != PublishAsync:
+		return "output.publish " + out.Publish + " with scale-out: " + atomic + ", each checked against its partition's fence; the stage refuses to start if the stream does not allow atomic publish"
 	case out.Publish == PublishAtomic:
 		return "output.publish atomic: " + atomic + "; the stage refuses to start if the stream does not allow atomic publish"
 	case out.Publish == PublishAsync:

@@ -84,6 +84,7 @@ func (c Config) Validate() error {
 	c.validateState(v)
 	c.validatePipeline(v)
 	c.validateTotals(v)
+	c.validateScaleOut(v)
 	if a := c.HTTP.Addr; a != "" {
 		if msg := checkHostPort(a); msg != "" {
 			v.add("http.addr", "%q: %s", a, msg)

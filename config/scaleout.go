@@ -1,0 +1,171 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/dedupe-stage/dedupe-stage/keys"
+)
+
+// ScaleOut runs N instances of the stage on one input over a JetStream
+// cluster (docs/scale-out.md). Off by default: one instance, embedded or
+// not, exactly as without this section.
+//
+// With scale-out on, the input stream's subject transform puts the
+// partition (nats-server's FNV-1a 32-bit hash of the key token, mod
+// state.partitions) in front of every subject; a static consumer group
+// named Group has one member per partition and every instance consumes for
+// every member; the server's pinned client decides which instance owns a
+// partition, and a per-partition fence in the output stream refuses the
+// batches of an owner that lost it.
+type ScaleOut struct {
+	// Enabled turns scale-out on. Default false. It needs an external
+	// NATS server (nats.url), preferably a cluster.
+	Enabled bool `yaml:"enabled"`
+	// Group is the static consumer group's name; its members are
+	// p0..p<N-1>, consumed through the durable consumers <group>-p<i>.
+	// Default "dedupe".
+	Group string `yaml:"group"`
+	// Instance names this instance in logs and fence messages; unique among
+	// live instances. Default "" means the host name.
+	Instance string `yaml:"instance"`
+	// Replicas of the streams the stage creates with scale-out on (input,
+	// output and dead-letter). Default 3; 1..5. One replica loses the
+	// output, which is the changelog new owners restore from, with its
+	// node.
+	Replicas int `yaml:"replicas"`
+}
+
+// DefaultScaleOut returns the scale_out section's defaults (off).
+func DefaultScaleOut() ScaleOut {
+	return ScaleOut{Group: "dedupe", Replicas: 3}
+}
+
+// InstanceName returns Instance, or the host name when Instance is empty
+// ("" when the host name is unknown too).
+func (s ScaleOut) InstanceName() string {
+	if s.Instance != "" {
+		return s.Instance
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
+}
+
+// MaxScaleOutReplicas is the most replicas JetStream allows a stream.
+const MaxScaleOutReplicas = 5
+
+// ScaleOutMember returns the name of the static group's member for
+// partition p: "p<p>".
+func ScaleOutMember(p int) string { return fmt.Sprintf("p%d", p) }
+
+// ScaleOutTransform returns the input stream's subject transform with
+// scale-out on: the source is input.subjects[0] and the destination puts
+// {{partition(N,w)}} first, where N is state.partitions and w is the
+// wildcard that holds the key's subject token, then the subject itself
+// (each '*' as its {{wildcard(i)}}, a '>' kept). An error says why the
+// configuration cannot be partitioned by the server.
+func (c Config) ScaleOutTransform() (src, dest string, err error) {
+	in := c.Input
+	if len(in.Subjects) != 1 {
+		return "", "", fmt.Errorf("input.subjects has %d subjects, scale-out needs exactly one (the stream's subject transform has one source)", len(in.Subjects))
+	}
+	src = in.Subjects[0]
+	k := c.Key.Field
+	if k.Source != keys.SourceSubject || k.SubjectToken < 1 {
+		return "", "", fmt.Errorf("key is %v; scale-out needs the key to be a subject token counted from the start (key.source: subject, key.subject_token >= 1), "+
+			"which the server hashes into the partition; keys from headers or JSON need the route step, which is not available yet", k)
+	}
+	toks := strings.Split(src, ".")
+	if k.SubjectToken > len(toks) || toks[k.SubjectToken-1] != "*" {
+		return "", "", fmt.Errorf("key.subject_token %d is not a '*' token of input.subjects[0] %q; scale-out needs the key's token to be a single-token wildcard of the input subject, so that the server can hash it into the partition",
+			k.SubjectToken, src)
+	}
+	wild, keyWild := 0, 0
+	out := make([]string, len(toks))
+	for i, t := range toks {
+		switch t {
+		case "*":
+			wild++
+			out[i] = fmt.Sprintf("{{wildcard(%d)}}", wild)
+			if i == k.SubjectToken-1 {
+				keyWild = wild
+			}
+		default:
+			out[i] = t
+		}
+	}
+	dest = fmt.Sprintf("{{partition(%d,%d)}}.%s", c.State.Partitions, keyWild, strings.Join(out, "."))
+	if _, err := server.NewSubjectTransform(src, dest); err != nil {
+		return "", "", fmt.Errorf("subject transform %q -> %q: %w", src, dest, err)
+	}
+	return src, dest, nil
+}
+
+// validateScaleOut checks the scale_out section and what scale-out needs
+// of the others (docs/scale-out.md §8).
+func (c Config) validateScaleOut(v *validator) {
+	s := c.ScaleOut
+	if !s.Enabled {
+		return
+	}
+	checkName(v, "scale_out.group", s.Group)
+	if name := s.InstanceName(); name == "" {
+		v.add("scale_out.instance", "empty and the host name is unknown; set a name unique among the live instances")
+	} else if strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		v.add("scale_out.instance", "%q: whitespace or control character", name)
+	}
+	if s.Replicas < 1 || s.Replicas > MaxScaleOutReplicas {
+		v.add("scale_out.replicas", "%d, want 1..%d", s.Replicas, MaxScaleOutReplicas)
+	}
+	if c.NATS.IsEmbedded() {
+		v.add("scale_out.enabled", "true with the embedded server (nats.url empty); scale-out needs a JetStream shared by every instance, preferably a cluster: set nats.url")
+	}
+	if c.Output.Publish == PublishAsync {
+		v.add("output.publish", "%q with scale_out.enabled; scale-out publishes every output batch as one atomic batch checked against its partition's fence: use atomic or auto", c.Output.Publish)
+	}
+	if c.Output.BatchMax < c.Pipeline.BatchSize {
+		v.add("output.batch_max", "%d, below pipeline.batch_size %d; with scale_out.enabled a partition's output batch is one atomic batch, so it must fit", c.Output.BatchMax, c.Pipeline.BatchSize)
+	}
+	if c.Totals.Enabled {
+		v.add("totals.enabled", "true with scale_out.enabled: totals are not supported with scale-out yet (a new owner would have to restore the open totals); turn one of them off")
+	}
+	if c.Input.FilterSubject != "" {
+		v.add("input.filter_subject", "%q with scale_out.enabled; each partition's consumer filters on its partition token, so the input cannot be filtered too", c.Input.FilterSubject)
+	}
+	if _, _, err := c.ScaleOutTransform(); err != nil {
+		field := "key"
+		if len(c.Input.Subjects) != 1 {
+			field = "input.subjects"
+		}
+		v.add(field, "%v", err)
+	}
+}
+
+// scaleOutSummary describes the scale_out section for Summary: the
+// group, this instance, the input's transform and the hand-over time
+// after a crash. The stage prints the fence and output subjects it
+// derives (stage.ScaleOutPlan).
+func (c Config) scaleOutSummary() []string {
+	s := c.ScaleOut
+	if !s.Enabled {
+		return []string{"off (one instance)"}
+	}
+	out := []string{
+		fmt.Sprintf("instance %q in static consumer group %q: members %s..%s (consumers %s-%s..), one per partition; every instance consumes for every member, the server's pin picks the owner",
+			s.InstanceName(), s.Group, ScaleOutMember(0), ScaleOutMember(c.State.Partitions-1), s.Group, ScaleOutMember(0)),
+		fmt.Sprintf("hand-over after a crash ≈ input.ack_wait %v (the pin's TTL) + the fence write + the restore; after a clean stop, one round trip (the stop unpins)", c.Input.AckWait),
+	}
+	if src, dest, err := c.ScaleOutTransform(); err != nil {
+		out = append(out, "input transform: invalid: "+err.Error())
+	} else {
+		out = append(out, fmt.Sprintf("input stream transform %s -> %s (nats-server's FNV-1a 32-bit partition of the key token)", src, dest))
+	}
+	out = append(out, fmt.Sprintf("streams created with %d replicas", s.Replicas))
+	return out
+}

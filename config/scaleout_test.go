@@ -1,0 +1,176 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/dedupe-stage/dedupe-stage/keys"
+)
+
+// scaleOutOn returns a valid scale-out configuration: an external server,
+// the key in the second token of orders.*, 4 partitions.
+func scaleOutOn() Config {
+	c := Default()
+	c.NATS.URL = "nats://127.0.0.1:4222"
+	c.Input.Subjects = []string{"orders.*"}
+	c.Key.Field = keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}
+	c.State.Partitions = 4
+	c.ScaleOut.Enabled = true
+	c.ScaleOut.Instance = "a"
+	return c
+}
+
+func TestScaleOutOffByDefault(t *testing.T) {
+	d := Default()
+	if d.ScaleOut.Enabled || d.ScaleOut.Group != "dedupe" || d.ScaleOut.Instance != "" || d.ScaleOut.Replicas != 3 {
+		t.Errorf("default scale_out %+v, want off, group dedupe, instance from the host name, 3 replicas", d.ScaleOut)
+	}
+	// Off, nothing scale-out needs is asked of the default (embedded
+	// server, header key).
+	if err := d.Validate(); err != nil {
+		t.Errorf("default config: %v", err)
+	}
+	ext := Default()
+	ext.NATS.URL = "nats://127.0.0.1:4222"
+	if got, _ := ext.PublishAtomic(true); got {
+		t.Error("scale-out off: output.publish auto with an external server is atomic; want one publish per message, as before")
+	}
+	if got, err := scaleOutOn().PublishAtomic(true); !got || err != nil {
+		t.Errorf("scale-out: output.publish auto gives atomic %v, %v; want atomic", got, err)
+	}
+	if _, err := scaleOutOn().PublishAtomic(false); !errors.Is(err, ErrAtomicNotAllowed) {
+		t.Errorf("scale-out on a stream without atomic publish: %v, want ErrAtomicNotAllowed", err)
+	}
+	if err := scaleOutOn().Validate(); err != nil {
+		t.Errorf("scale-out with a subject key: %v", err)
+	}
+}
+
+func TestScaleOutValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(c *Config)
+		want   []string // substrings, each in some error; nil = valid
+	}{
+		{"key in a middle token, a > after it", func(c *Config) {
+			c.Input.Subjects = []string{"shop.*.orders.*.>"}
+			c.Key.Field.SubjectToken = 4
+		}, nil},
+		{"embedded server", func(c *Config) { c.NATS.URL = "" },
+			[]string{"scale_out.enabled: true with the embedded server"}},
+		{"async output", func(c *Config) { c.Output.Publish = PublishAsync },
+			[]string{"output.publish: \"async\" with scale_out.enabled", "atomic batch"}},
+		{"totals", func(c *Config) {
+			c.Totals.Enabled = true
+			c.Totals.Group = keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}
+			c.Totals.Sinks.KV.Bucket = "t"
+		}, []string{"totals.enabled: true with scale_out.enabled: totals are not supported with scale-out yet"}},
+		{"header key", func(c *Config) { c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"} },
+			[]string{"key: key is header", "route step, which is not available yet"}},
+		{"key token from the end", func(c *Config) { c.Key.Field.SubjectToken = -1 },
+			[]string{"counted from the start"}},
+		{"key token not a wildcard", func(c *Config) { c.Key.Field.SubjectToken = 1 },
+			[]string{"key.subject_token 1 is not a '*' token of input.subjects[0] \"orders.*\""}},
+		{"key token under >", func(c *Config) {
+			c.Input.Subjects = []string{"orders.>"}
+		}, []string{"key.subject_token 2 is not a '*' token"}},
+		{"two input subjects", func(c *Config) { c.Input.Subjects = []string{"orders.*", "refunds.*"} },
+			[]string{"input.subjects: input.subjects has 2 subjects, scale-out needs exactly one"}},
+		{"filter subject", func(c *Config) { c.Input.FilterSubject = "orders.x" },
+			[]string{"input.filter_subject: \"orders.x\" with scale_out.enabled"}},
+		{"bad group", func(c *Config) { c.ScaleOut.Group = "a.b" }, []string{"scale_out.group: \"a.b\""}},
+		{"replicas", func(c *Config) { c.ScaleOut.Replicas = 0 }, []string{"scale_out.replicas: 0, want 1..5"}},
+		{"batch larger than an atomic batch", func(c *Config) { c.Output.BatchMax = 100 },
+			[]string{"output.batch_max: 100, below pipeline.batch_size 256"}},
+		{"off ignores all of it", func(c *Config) {
+			c.ScaleOut.Enabled = false
+			c.NATS.URL = ""
+			c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"}
+		}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := scaleOutOn()
+			tt.change(&c)
+			err := c.Validate()
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("want valid, got %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("want ErrInvalid, got %v", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not say %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestScaleOutTransformPartitionsTheKey checks the derived transform on a
+// real server's subject transform: the stored subject is the partition
+// token, FNV-1a-32 of the key token mod N, then the subject unchanged.
+func TestScaleOutTransformPartitionsTheKey(t *testing.T) {
+	c := scaleOutOn()
+	c.Input.Subjects = []string{"shop.*.orders.*.>"}
+	c.Key.Field.SubjectToken = 4
+	src, dest, err := c.ScaleOutTransform()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "{{partition(4,2)}}.shop.{{wildcard(1)}}.orders.{{wildcard(2)}}.>"; src != "shop.*.orders.*.>" || dest != want {
+		t.Fatalf("transform %q -> %q, want shop.*.orders.*.> -> %q", src, dest, want)
+	}
+	tr, err := server.NewSubjectTransform(src, dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"o-1", "o-2", "o-3", "x", "a-much-longer-order-id"} {
+		subj := "shop.eu." + "orders." + key + ".created.v1"
+		got, err := tr.Match(subj)
+		if err != nil {
+			t.Fatalf("transform %s: %v", subj, err)
+		}
+		p := fnv1a32([]byte(key)) % 4
+		if want := string(rune('0'+p)) + "." + subj; got != want {
+			t.Errorf("%s -> %s, want %s", subj, got, want)
+		}
+	}
+}
+
+// fnv1a32 is FNV-1a 32-bit, written out here so that the test does not
+// trust the code it checks.
+func fnv1a32(b []byte) uint32 {
+	h := uint32(2166136261)
+	for _, c := range b {
+		h ^= uint32(c)
+		h *= 16777619
+	}
+	return h
+}
+
+func TestScaleOutSummary(t *testing.T) {
+	c := scaleOutOn()
+	got := c.Summary()
+	for _, want := range []string{
+		`instance "a" in static consumer group "dedupe": members p0..p3`,
+		"hand-over after a crash ≈ input.ack_wait 10s",
+		"input stream transform orders.* -> {{partition(4,1)}}.orders.{{wildcard(1)}}",
+		"streams created with 3 replicas",
+		"output.publish auto with scale-out: atomic batches",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("summary does not say %q:\n%s", want, got)
+		}
+	}
+	if s := Default().Summary(); !strings.Contains(s, "scale-out:   off (one instance)") {
+		t.Errorf("default summary does not say scale-out is off:\n%s", s)
+	}
+}
