@@ -1,0 +1,47 @@
+package route
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Outcomes of routing one input message, the values of the outcome label
+// of dedupe_route_messages_total.
+const (
+	// OutcomeRouted: the routed stream stored the copy; the input is acked.
+	OutcomeRouted = "routed"
+	// OutcomeDuplicate: the routed stream already held the copy's id (the
+	// input was routed before, by this or another instance, and its ack
+	// was lost or late); the input is acked.
+	OutcomeDuplicate = "duplicate"
+	// OutcomeDeadLetter: the input was dead-lettered with a reason and
+	// acked.
+	OutcomeDeadLetter = "dead_letter"
+	// OutcomeUnstorable: the dead-letter stream refused the dead letter
+	// even without payload; the refusal is logged with the input's stream
+	// and sequence, and the input is acked and stays in its stream.
+	OutcomeUnstorable = "dead_letter_unstorable"
+)
+
+// Metrics are the route step's Prometheus metrics. Build them with
+// NewMetrics on the registry the caller serves.
+type Metrics struct {
+	// Messages counts input messages routed, by outcome.
+	Messages *prometheus.CounterVec
+	// DeadLetters counts the route step's dead letters, by reason.
+	DeadLetters *prometheus.CounterVec
+}
+
+// NewMetrics creates the route step's metrics and registers them on reg.
+// Registering twice on one registry panics (a programming error).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_route_messages_total",
+			Help: "Input messages handled by the route step, by outcome (routed: stored in the routed stream; duplicate: the routed stream already held it; dead_letter; dead_letter_unstorable: the dead letter was refused even without payload, see the logs).",
+		}, []string{"outcome"}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_route_dead_letters_total",
+			Help: "Input messages the route step dead-lettered, by reason.",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(m.Messages, m.DeadLetters)
+	return m
+}

@@ -1,0 +1,557 @@
+// Package route is the route step of scale-out: a stateless router that
+// puts a message's partition in its subject when the key is not a subject
+// token (a header, such as the default Nats-Msg-Id, or a JSON field), so
+// that a static consumer group can hand partitions to instances.
+//
+// Every instance runs Run on one shared durable pull consumer on the input
+// stream (ConsumerName, competing consumers, explicit ack). For each
+// message it extracts the key with the stage's own keys.KeyFunc (and the
+// partition key, when it is not the key), computes
+// p = state.PartitionFNV(partition key, N), the partition nats-server's
+// {{partition(N,k)}} would pick for that token, and publishes a copy to
+// the routed stream at Subject(p, routed subject, input subject) with
+// Nats-Msg-Id MsgID(input stream, input sequence). Only once the routed
+// stream has stored the copy is the input acked. The id is the same on
+// every delivery and in every instance, so the routed stream's duplicate
+// window drops a copy routed again after a redelivery or by another
+// instance.
+//
+// The copy keeps the input's headers and payload, except the input's
+// Nats-Expected-* headers (they were checks against the input stream) and
+// its Nats-Msg-Id (replaced; kept in HeaderOriginalMsgID), and adds
+// HeaderKey and HeaderInputTime. A message the route step cannot route (no
+// key, a bad payload, a key too long, a message too large, a copy the
+// routed stream refuses for good) is dead-lettered with its reason, as the
+// stage dead-letters it, and then acked: nothing is dropped silently.
+//
+// Use:
+//
+//	err := route.Run(ctx, route.Options{
+//		Conn: nc, InputStream: "EVENTS", Group: "dedupe", Partitions: 16,
+//		RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed",
+//		Key: kf, DeadLetterSubject: cfg.DeadLetter.SubjectFor,
+//	})
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// Headers the route step adds to a routed message.
+const (
+	// HeaderKey carries the key the route step extracted (scope included),
+	// so that the stage reads it instead of deriving it again.
+	HeaderKey = "Dedupe-Key"
+	// HeaderInputTime carries the input stream's timestamp of the
+	// original, RFC 3339 with nanoseconds, in UTC (read it with
+	// InputTime): the routed stream's own timestamp is later.
+	HeaderInputTime = "Dedupe-Input-Time"
+	// HeaderOriginalMsgID carries the input's Nats-Msg-Id, which MsgID
+	// replaces; absent when the input had none.
+	HeaderOriginalMsgID = "Dedupe-Original-Msg-Id"
+)
+
+// Headers of a dead letter: the names the stage's dead letters carry.
+const (
+	HeaderReason           = "Dedupe-Reason"
+	HeaderDetail           = "Dedupe-Detail"
+	HeaderOriginalSubject  = "Dedupe-Original-Subject"
+	HeaderOriginalStream   = "Dedupe-Original-Stream"
+	HeaderOriginalSequence = "Dedupe-Original-Sequence"
+	HeaderPayloadOmitted   = "Dedupe-Payload-Omitted"
+)
+
+// Dead-letter reasons of the route step, besides the keys.Reason* of a key
+// that cannot be extracted.
+const (
+	// ReasonOversized: the input's payload is over Options.MaxMessageBytes,
+	// or its routed copy does not fit the server's limits.
+	ReasonOversized = "oversized"
+	// ReasonRoutedRejected: the routed stream refused the copy with an
+	// error no retry changes; the detail carries the server's error.
+	ReasonRoutedRejected = "routed_rejected"
+	// ReasonNoPartitionKey: Options.PartitionKey failed with an error that
+	// carries no keys.Error reason.
+	ReasonNoPartitionKey = "no_partition_key"
+	// ReasonNoMetadata: the message carries no JetStream metadata, so it
+	// has no input sequence to make its routed id from.
+	ReasonNoMetadata = "no_metadata"
+)
+
+// Health components the route step reports to Options.Reporter.
+const (
+	// CompRoute: publishes to the routed stream.
+	CompRoute = "route"
+	// CompRouteDeadLetter: the route step's dead letters.
+	CompRouteDeadLetter = "route_dead_letter"
+)
+
+// Defaults of Options.
+const (
+	DefaultBatchSize       = 256
+	DefaultAckWait         = 10 * time.Second
+	DefaultMaxAckPending   = 4096
+	DefaultRestartMargin   = time.Minute
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// Options configure Run.
+type Options struct {
+	// Conn is the NATS connection. Required; the caller closes it.
+	Conn *nats.Conn
+	// InputStream is the stream read. Required.
+	InputStream string
+	// Group names the route consumer, ConsumerName(Group). Required.
+	Group string
+	// Partitions is N, the group's partition count. Required, at least 1.
+	Partitions int
+	// RoutedStream is the routed stream, checked at start (CheckStream).
+	// Required; StreamConfig says how to create it.
+	RoutedStream string
+	// RoutedSubject is the routed subject root (Subject). Required.
+	RoutedSubject string
+	// Key extracts the key, exactly as the stage does. Required.
+	Key *keys.KeyFunc
+	// PartitionKey, if set, returns the partition key of a message whose
+	// key is key (with totals, the group). An error whose chain holds a
+	// *keys.Error dead-letters the message with that Reason and Detail;
+	// any other with ReasonNoPartitionKey. Default: the key itself.
+	PartitionKey func(subject string, hdr nats.Header, data []byte, key []byte) ([]byte, error)
+	// DeadLetterSubject returns the dead-letter subject of a reason
+	// (config.DeadLetter.SubjectFor). Required.
+	DeadLetterSubject func(reason string) string
+	// MaxMessageBytes dead-letters inputs with a larger payload
+	// (pipeline.max_message_bytes). Default 0: only the server's limit.
+	MaxMessageBytes int64
+
+	// BatchSize is the most messages routed together (published with all
+	// in flight, then acked). Default DefaultBatchSize.
+	BatchSize int
+	// BatchLinger is how long a batch waits to fill; 0 takes what is
+	// already delivered. Default 0.
+	BatchLinger time.Duration
+	// AckWait of the route consumer. Default DefaultAckWait.
+	AckWait time.Duration
+	// MaxAckPending of the route consumer, shared by all instances.
+	// Default DefaultMaxAckPending.
+	MaxAckPending int
+	// RestartMargin is how long a router's restart may take; with AckWait
+	// it sets the routed stream's required duplicate window. Default
+	// DefaultRestartMargin.
+	RestartMargin time.Duration
+	// ShutdownTimeout bounds finishing the batch in flight after ctx ends;
+	// what is not finished stays unacked and comes back. Default
+	// DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+
+	// Registry receives the route step's metrics (NewMetrics). Default: a
+	// new registry that is not served.
+	Registry prometheus.Registerer
+	// Logger: default slog.Default().
+	Logger *slog.Logger
+	// Reporter hears every attempt of CompRoute and CompRouteDeadLetter,
+	// for health. Default: nobody.
+	Reporter retry.Reporter
+
+	// withholdAck, when set, is asked before each ack; true leaves the
+	// message unacked. For tests only.
+	withholdAck func(jetstream.Msg) bool
+}
+
+// Validate reports what is missing or out of range, naming each field.
+func (o Options) Validate() error {
+	var errs []error
+	missing := func(field string, bad bool) {
+		if bad {
+			errs = append(errs, fmt.Errorf("route: Options.%s is required", field))
+		}
+	}
+	missing("Conn", o.Conn == nil)
+	missing("InputStream", o.InputStream == "")
+	missing("Group", o.Group == "")
+	missing("RoutedStream", o.RoutedStream == "")
+	missing("RoutedSubject", o.RoutedSubject == "")
+	missing("Key", o.Key == nil)
+	missing("DeadLetterSubject", o.DeadLetterSubject == nil)
+	if o.Partitions < 1 {
+		errs = append(errs, fmt.Errorf("route: Options.Partitions is %d, want at least 1", o.Partitions))
+	}
+	for field, v := range map[string]int64{"BatchSize": int64(o.BatchSize), "MaxAckPending": int64(o.MaxAckPending),
+		"MaxMessageBytes": o.MaxMessageBytes, "AckWait": int64(o.AckWait), "BatchLinger": int64(o.BatchLinger),
+		"RestartMargin": int64(o.RestartMargin), "ShutdownTimeout": int64(o.ShutdownTimeout)} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("route: Options.%s is negative (%d)", field, v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns o with its defaults filled in.
+func (o Options) withDefaults() Options {
+	if o.BatchSize == 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.AckWait == 0 {
+		o.AckWait = DefaultAckWait
+	}
+	if o.MaxAckPending == 0 {
+		o.MaxAckPending = DefaultMaxAckPending
+	}
+	if o.RestartMargin == 0 {
+		o.RestartMargin = DefaultRestartMargin
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Run routes the input until ctx is done, then finishes the batch in flight
+// (within Options.ShutdownTimeout) and returns nil. It first checks the
+// routed stream (CheckStream) and creates or updates the route consumer;
+// an error there is returned at once.
+func Run(ctx context.Context, o Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	o = o.withDefaults()
+	js, err := jetstream.New(o.Conn, jetstream.WithPublishAsyncMaxPending(max(o.BatchSize, 256)))
+	if err != nil {
+		return fmt.Errorf("route: jetstream: %w", err)
+	}
+	st, err := js.Stream(ctx, o.RoutedStream)
+	if err != nil {
+		return fmt.Errorf("route: routed stream %s: %w", o.RoutedStream, err)
+	}
+	if err := CheckStream(st.CachedInfo().Config, o.RoutedSubject, o.Partitions, o.AckWait, o.RestartMargin); err != nil {
+		return err
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, o.InputStream, jetstream.ConsumerConfig{
+		Durable:       ConsumerName(o.Group),
+		Description:   "dedupe-stage route step, shared by every instance of group " + o.Group,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       o.AckWait,
+		MaxAckPending: o.MaxAckPending,
+		MaxDeliver:    -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("route: consumer %s on stream %s: %w", ConsumerName(o.Group), o.InputStream, err)
+	}
+	r := &router{o: o, js: js, metrics: NewMetrics(o.Registry), log: o.Logger.With("component", "route")}
+
+	// The batch in flight runs on its own context: a stop finishes it, and
+	// only the shutdown timeout abandons it (unacked, so it comes back).
+	work, abandon := context.WithCancel(context.Background())
+	defer abandon()
+	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(o.ShutdownTimeout, abandon) })
+	defer stopTimer()
+
+	in := make(chan jetstream.Msg, o.BatchSize)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		batcher.Run(in, o.BatchSize, o.BatchLinger, func(batch []jetstream.Msg) { r.process(work, batch) })
+	}()
+	r.log.Info("routing", "stream", o.InputStream, "consumer", ConsumerName(o.Group), "partitions", o.Partitions,
+		"routed_stream", o.RoutedStream, "routed_subjects", Subject(0, o.RoutedSubject, "<input subject>"), "key", o.Key.Config().String())
+	r.consume(ctx, cons, in)
+	close(in)
+	<-done
+	r.log.Info("route step stopped: batch in flight finished")
+	return nil
+}
+
+// router routes batches. One goroutine calls process.
+type router struct {
+	o       Options
+	js      jetstream.JetStream
+	metrics *Metrics
+	log     *slog.Logger
+
+	// per batch, reused
+	out  []*nats.Msg
+	idx  []int
+	res  []forward.Result
+	seen time.Time // when the batch last told the server it is being worked on
+}
+
+// consume pulls messages into in until ctx is done. A broken subscription
+// (consumer deleted, server restarted) is made again with backoff.
+func (r *router) consume(ctx context.Context, cons jetstream.Consumer, in chan<- jetstream.Msg) {
+	b := retry.NewBackoff()
+	for ctx.Err() == nil {
+		iter, err := cons.Messages(jetstream.PullMaxMessages(min(r.o.MaxAckPending, 2*r.o.BatchSize)))
+		if err != nil {
+			r.log.Warn("pull subscription failed, retrying", "err", err)
+			_ = b.Wait(ctx)
+			continue
+		}
+		stop := context.AfterFunc(ctx, iter.Drain)
+		for {
+			msg, err := iter.Next()
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() == nil {
+					r.log.Warn("pull subscription ended, re-subscribing", "err", err)
+				}
+				break
+			}
+			b.Reset()
+			in <- msg
+		}
+		stop()
+		iter.Stop()
+		if ctx.Err() == nil {
+			_ = b.Wait(ctx)
+		}
+	}
+}
+
+// deadLetter is an input the route step cannot route, with why.
+type deadLetter struct {
+	msg            jetstream.Msg
+	reason, detail string
+}
+
+// process routes one batch: build every copy, publish them all in flight,
+// ack each input once its copy is stored, and dead-letter what cannot be
+// routed. If ctx ends while the routed stream keeps failing, the rest is
+// left unacked and comes back after AckWait.
+func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
+	r.out, r.idx, r.seen = r.out[:0], r.idx[:0], time.Now()
+	maxPayload := r.o.Conn.MaxPayload()
+	for i, msg := range batch {
+		m, dl := r.routed(msg)
+		if dl == nil {
+			if err := forward.CheckSize(m, maxPayload); err != nil {
+				dl = &deadLetter{msg: msg, reason: ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
+			}
+		}
+		if dl != nil {
+			r.deadLetter(ctx, *dl)
+			continue
+		}
+		r.out = append(r.out, m)
+		r.idx = append(r.idx, i)
+	}
+	if len(r.out) == 0 {
+		return
+	}
+	r.res = append(r.res[:0], make([]forward.Result, len(r.out))...)
+	err := forward.Batch(ctx, r.js, r.out, r.res, forward.Options{
+		Component: CompRoute,
+		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { r.keepAlive(batch) }},
+		OnRetry: func(attempt, failed int, err error) {
+			r.log.Warn("routed publishes failed, retrying; nothing is acked meanwhile", "attempt", attempt, "failed", failed, "err", err)
+		},
+	})
+	if err != nil {
+		r.log.Warn("stopping with routed publishes unsettled; their inputs stay unacked and come back", "err", err)
+	}
+	for k, i := range r.idx {
+		res, msg := r.res[k], batch[i]
+		switch {
+		case !res.Done:
+			continue
+		case res.Err != nil:
+			r.deadLetter(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
+		default:
+			outcome := OutcomeRouted
+			if res.Duplicate {
+				outcome = OutcomeDuplicate
+			}
+			r.ack(msg, outcome)
+		}
+	}
+	clear(r.out)
+}
+
+// routed builds the routed copy of msg, or says why it cannot be routed.
+func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
+	data := msg.Data()
+	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
+		return nil, &deadLetter{msg: msg, reason: ReasonOversized,
+			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return nil, &deadLetter{msg: msg, reason: ReasonNoMetadata, detail: err.Error()}
+	}
+	subject, in := msg.Subject(), msg.Headers()
+	key, err := r.o.Key.Key(subject, in, data)
+	if err != nil {
+		return nil, keyDeadLetter(msg, err, keys.ReasonNoKey)
+	}
+	pkey := key
+	if r.o.PartitionKey != nil {
+		if pkey, err = r.o.PartitionKey(subject, in, data, key); err != nil {
+			return nil, keyDeadLetter(msg, err, ReasonNoPartitionKey)
+		}
+	}
+	p := state.PartitionFNV(pkey, r.o.Partitions)
+	h := make(nats.Header, len(in)+4)
+	for k, v := range in {
+		if strings.HasPrefix(k, "Nats-Expected-") || k == jetstream.MsgIDHeader {
+			continue
+		}
+		h[k] = v
+	}
+	if id := in.Get(jetstream.MsgIDHeader); id != "" {
+		h.Set(HeaderOriginalMsgID, id)
+	}
+	h.Set(jetstream.MsgIDHeader, MsgID(md.Stream, md.Sequence.Stream))
+	h.Set(HeaderKey, string(key))
+	h.Set(HeaderInputTime, formatInputTime(md.Timestamp))
+	return &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, nil
+}
+
+// keyDeadLetter is the dead letter of a key or partition key that cannot
+// be extracted: the keys.Error's reason and detail, or fallback and the
+// error's text.
+func keyDeadLetter(msg jetstream.Msg, err error, fallback string) *deadLetter {
+	var ke *keys.Error
+	if errors.As(err, &ke) {
+		return &deadLetter{msg: msg, reason: ke.Reason, detail: ke.Detail}
+	}
+	return &deadLetter{msg: msg, reason: fallback, detail: err.Error()}
+}
+
+// ack acks msg (unless a test withholds it) and counts its outcome.
+func (r *router) ack(msg jetstream.Msg, outcome string) {
+	if r.o.withholdAck == nil || !r.o.withholdAck(msg) {
+		_ = msg.Ack()
+	}
+	r.metrics.Messages.WithLabelValues(outcome).Inc()
+}
+
+// keepAlive tells the server the batch is still being worked on, once a
+// third of AckWait has passed since it last did.
+func (r *router) keepAlive(batch []jetstream.Msg) {
+	if time.Since(r.seen) < r.o.AckWait/3 {
+		return
+	}
+	for _, m := range batch {
+		_ = m.InProgress()
+	}
+	r.seen = time.Now()
+}
+
+// describe renders a publish error for a dead letter's detail: the server's
+// status, error code and description when it gave them.
+func describe(err error) string {
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return fmt.Sprintf("code=%d err_code=%d description=%s", api.Code, api.ErrorCode, api.Description)
+	}
+	return err.Error()
+}
+
+// deadLetter publishes dl and waits until the dead-letter stream stores it,
+// retrying transient failures until ctx ends (then the input stays unacked
+// and comes back). A dead letter refused for good is published again
+// without its payload; if that is refused too, the refusal is logged with
+// the input's stream and sequence and counted as OutcomeUnstorable, and
+// the input is acked: it stays in its stream. Either way the input is
+// never dropped without a trace.
+func (r *router) deadLetter(ctx context.Context, dl deadLetter) {
+	m := r.deadLetterMsg(dl, true)
+	err := r.publishDeadLetter(ctx, dl, m)
+	if err != nil && retry.IsPermanent(err) {
+		r.log.Warn("dead letter refused; storing it without payload", "reason", dl.reason, "subject", m.Subject, "err", err)
+		err = r.publishDeadLetter(ctx, dl, r.deadLetterMsg(dl, false))
+	}
+	if err != nil && !retry.IsPermanent(err) {
+		return
+	}
+	outcome := OutcomeDeadLetter
+	if err != nil {
+		outcome = OutcomeUnstorable
+		md, _ := dl.msg.Metadata()
+		var stream string
+		var seq uint64
+		if md != nil {
+			stream, seq = md.Stream, md.Sequence.Stream
+		}
+		r.log.Error("dead letter cannot be stored even without payload; the input is acked and stays in its stream",
+			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
+	}
+	r.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
+	r.ack(dl.msg, outcome)
+}
+
+// publishDeadLetter publishes m, retrying transient failures until ctx
+// ends; a dead letter that cannot fit the server's limits is refused
+// before any publish.
+func (r *router) publishDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg) error {
+	if err := forward.CheckSize(m, r.o.Conn.MaxPayload()); err != nil {
+		return err
+	}
+	b := retry.NewBackoff()
+	return retry.Do(ctx, CompRouteDeadLetter, func() error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := r.js.PublishMsg(pctx, m)
+		return err
+	}, retry.Options{
+		Reporter: r.o.Reporter,
+		Pause: func() {
+			if b.Since() > r.o.AckWait/3 {
+				_ = dl.msg.InProgress()
+			}
+		},
+		OnRetry: func(attempt int, err error) {
+			r.log.Warn("dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
+		},
+	})
+}
+
+// deadLetterMsg builds the dead letter of dl: the input's headers (but
+// its Nats-* ones) and, with payload and when it fits, its payload; the
+// reason, the detail and where the input is; and an id that makes it one
+// dead letter per input message however often it is redelivered (the
+// stage's own id for the same input, so the two never both store one).
+func (r *router) deadLetterMsg(dl deadLetter, payload bool) *nats.Msg {
+	in := dl.msg.Headers()
+	h := make(nats.Header, len(in)+6)
+	for k, v := range in {
+		if !strings.HasPrefix(k, "Nats-") {
+			h[k] = v
+		}
+	}
+	h.Set(HeaderReason, dl.reason)
+	h.Set(HeaderDetail, dl.detail)
+	h.Set(HeaderOriginalSubject, dl.msg.Subject())
+	if md, err := dl.msg.Metadata(); err == nil {
+		h.Set(HeaderOriginalStream, md.Stream)
+		h.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
+		h.Set(jetstream.MsgIDHeader, "dlq:"+md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
+	}
+	data := dl.msg.Data()
+	if room := r.o.Conn.MaxPayload() - int64(forward.HeaderSize(h)); !payload || int64(len(data)) > room {
+		h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: read the input from the original stream and sequence", len(data)))
+		data = nil
+	}
+	return &nats.Msg{Subject: r.o.DeadLetterSubject(dl.reason), Header: h, Data: data}
+}

@@ -1,0 +1,477 @@
+package route_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+const (
+	input         = "EVENTS"
+	routedStream  = "ROUTED"
+	routedSubject = "dedupe.routed"
+	dlqStream     = "DLQ"
+	group         = "dd"
+)
+
+// env is one server with the input, routed and dead-letter streams.
+type env struct {
+	url string
+	js  jetstream.JetStream
+}
+
+// newEnv starts a server and creates the streams; the routed stream is
+// route.StreamConfig for partitions and ackWait.
+func newEnv(t *testing.T, partitions int, ackWait time.Duration) env {
+	t.Helper()
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: input, Subjects: []string{"events.>"}, AllowMsgTTL: true},
+		route.StreamConfig(routedStream, routedSubject, partitions, 1, ackWait, route.DefaultRestartMargin),
+		{Name: dlqStream, Subjects: []string{"dlq.>"}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatalf("create stream %s: %v", sc.Name, err)
+		}
+	}
+	return env{url: srv.ClientURL(), js: js}
+}
+
+// options returns route options for e with key kf and n partitions, on a
+// connection of its own and a new registry.
+func (e env) options(t *testing.T, kf *keys.KeyFunc, n int, ackWait time.Duration) (route.Options, *prometheus.Registry) {
+	t.Helper()
+	nc, _ := natstest.Connect(t, e.url)
+	reg := prometheus.NewRegistry()
+	return route.Options{
+		Conn: nc, InputStream: input, Group: group, Partitions: n,
+		RoutedStream: routedStream, RoutedSubject: routedSubject,
+		Key:               kf,
+		DeadLetterSubject: func(reason string) string { return "dlq." + reason },
+		AckWait:           ackWait,
+		Registry:          reg,
+		Logger:            slog.New(slog.DiscardHandler),
+	}, reg
+}
+
+// start runs the route step until the test ends, and fails the test if
+// Run returns an error.
+func start(t *testing.T, o route.Options) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- route.Run(ctx, o) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("route.Run: %v", err)
+		}
+	})
+}
+
+// keyFunc builds a KeyFunc or fails the test.
+func keyFunc(t *testing.T, cfg keys.KeyConfig) *keys.KeyFunc {
+	t.Helper()
+	kf, err := keys.NewKeyFunc(cfg)
+	if err != nil {
+		t.Fatalf("key func: %v", err)
+	}
+	return kf
+}
+
+// stored is a message read back from a stream with its timestamp.
+type stored struct {
+	seq     uint64
+	subject string
+	header  nats.Header
+	data    []byte
+	time    time.Time
+}
+
+// readStream returns every message stream holds, by direct get (a
+// work-queue stream refuses the ordered consumer natstest.ReadAll uses).
+func readStream(t *testing.T, js jetstream.JetStream, name string) []stored {
+	t.Helper()
+	ctx := context.Background()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream %s info: %v", name, err)
+	}
+	var out []stored
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("stream %s get %d: %v", name, seq, err)
+		}
+		out = append(out, stored{seq: m.Sequence, subject: m.Subject, header: m.Header, data: m.Data, time: m.Time})
+	}
+	if uint64(len(out)) != info.State.Msgs {
+		t.Fatalf("stream %s: read %d messages, it holds %d", name, len(out), info.State.Msgs)
+	}
+	return out
+}
+
+// serverPartitions returns, for each key, the partition nats-server's own
+// {{partition(n,1)}} transform stores it under.
+func serverPartitions(t *testing.T, js jetstream.JetStream, n int, keyList []string) map[string]int {
+	t.Helper()
+	name := "REF" + strconv.Itoa(n)
+	_, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: name, Subjects: []string{"ref.*"},
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: "ref.*", Destination: fmt.Sprintf("{{partition(%d,1)}}.ref.{{wildcard(1)}}", n)},
+	})
+	if err != nil {
+		t.Fatalf("create stream %s: %v", name, err)
+	}
+	msgs := make([]*nats.Msg, len(keyList))
+	for i, k := range keyList {
+		msgs[i] = &nats.Msg{Subject: "ref." + k}
+	}
+	natstest.PublishAll(t, js, msgs)
+	out := make(map[string]int, len(keyList))
+	for _, m := range natstest.ReadAll(t, js, name) {
+		parts := strings.SplitN(m.Subject, ".", 3)
+		p, err := strconv.Atoi(parts[0])
+		if err != nil {
+			t.Fatalf("reference subject %q: %v", m.Subject, err)
+		}
+		out[parts[2]] = p
+	}
+	return out
+}
+
+// count returns the value of counter name with label=value in reg (0 when
+// absent).
+func count(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// publishEvents publishes n input messages with Nats-Msg-Id "id-<i>",
+// header Tenant "t<i%3>", a custom header and payload "payload <i>". Every
+// fifth one also carries Nats-Expected-Stream, a check against the input
+// stream that the routed copy must not carry.
+func publishEvents(t *testing.T, js jetstream.JetStream, n int) {
+	t.Helper()
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		h := nats.Header{}
+		h.Set(jetstream.MsgIDHeader, "id-"+strconv.Itoa(i))
+		h.Set("Tenant", "t"+strconv.Itoa(i%3))
+		h.Set("X-Custom", "c"+strconv.Itoa(i))
+		if i%5 == 0 {
+			h.Set(jetstream.ExpectedStreamHeader, input)
+		}
+		msgs[i] = &nats.Msg{Subject: "events.e" + strconv.Itoa(i%7), Header: h, Data: []byte("payload " + strconv.Itoa(i))}
+	}
+	natstest.PublishAll(t, js, msgs)
+}
+
+// checkRoutedOnce checks that the routed stream holds exactly one copy of
+// each of the n input messages, under its id, and returns them by input
+// sequence.
+func checkRoutedOnce(t *testing.T, js jetstream.JetStream, n int) map[uint64]stored {
+	t.Helper()
+	routed := readStream(t, js, routedStream)
+	bySeq := make(map[uint64]stored, len(routed))
+	for _, m := range routed {
+		id := m.header.Get(jetstream.MsgIDHeader)
+		seq, err := strconv.ParseUint(strings.TrimPrefix(id, "route:"+input+":"), 10, 64)
+		if err != nil {
+			t.Fatalf("routed message %d has id %q, want route:%s:<seq>", m.seq, id, input)
+		}
+		if _, dup := bySeq[seq]; dup {
+			t.Errorf("input sequence %d routed twice", seq)
+		}
+		bySeq[seq] = m
+	}
+	for seq := uint64(1); seq <= uint64(n); seq++ {
+		if _, ok := bySeq[seq]; !ok {
+			t.Errorf("input sequence %d not routed", seq)
+		}
+	}
+	if len(routed) != n {
+		t.Errorf("routed stream holds %d messages, want %d (one per input)", len(routed), n)
+	}
+	return bySeq
+}
+
+func TestRoutesEveryInputOnceToTheServersPartition(t *testing.T) {
+	const n, partitions = 300, 8
+	ackWait := 10 * time.Second
+	e := newEnv(t, partitions, ackWait)
+	kf := keyFunc(t, keys.KeyConfig{
+		Field: keys.FieldSpec{Source: keys.SourceHeader, Header: keys.DefaultHeader},
+		Scope: keys.FieldSpec{Source: keys.SourceHeader, Header: "Tenant"},
+	})
+	o, reg := e.options(t, kf, partitions, ackWait)
+	publishEvents(t, e.js, n)
+	start(t, o)
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+
+	bySeq := checkRoutedOnce(t, e.js, n)
+	inputs := readStream(t, e.js, input)
+	keyList := make([]string, 0, n)
+	for _, in := range inputs {
+		keyList = append(keyList, in.header.Get("Tenant")+":"+in.header.Get(jetstream.MsgIDHeader))
+	}
+	want := serverPartitions(t, e.js, partitions, keyList)
+	for i, in := range inputs {
+		m := bySeq[in.seq]
+		key := keyList[i]
+		p, inSubject, ok := route.SplitSubject(routedSubject, m.subject)
+		if !ok {
+			t.Fatalf("routed subject %q is not <p>.%s.<input subject>", m.subject, routedSubject)
+		}
+		if p != want[key] || inSubject != in.subject {
+			t.Errorf("input %d (key %q, subject %q) routed to %q: partition %d, the server's partition(%d,1) is %d",
+				in.seq, key, in.subject, m.subject, p, partitions, want[key])
+		}
+		checks := map[string][2]string{
+			route.HeaderKey:           {m.header.Get(route.HeaderKey), key},
+			route.HeaderOriginalMsgID: {m.header.Get(route.HeaderOriginalMsgID), in.header.Get(jetstream.MsgIDHeader)},
+			"X-Custom":                {m.header.Get("X-Custom"), in.header.Get("X-Custom")},
+			"Tenant":                  {m.header.Get("Tenant"), in.header.Get("Tenant")},
+			"payload":                 {string(m.data), string(in.data)},
+		}
+		for what, got := range checks {
+			if got[0] != got[1] {
+				t.Errorf("input %d: routed %s is %q, want %q", in.seq, what, got[0], got[1])
+			}
+		}
+		if at, err := route.InputTime(m.header); err != nil || !at.Equal(in.time) {
+			t.Errorf("input %d: routed input time %v (%v), want the input stream's %v", in.seq, at, err, in.time)
+		}
+		for k := range m.header {
+			if strings.HasPrefix(k, "Nats-Expected-") {
+				t.Errorf("input %d: routed copy carries %s", in.seq, k)
+			}
+		}
+	}
+	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted); got != n {
+		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d", got, n)
+	}
+}
+
+func TestTwoRoutersRouteEverythingOnce(t *testing.T) {
+	const n = 1000
+	ackWait := 10 * time.Second
+	e := newEnv(t, 4, ackWait)
+	kf := keyFunc(t, keys.DefaultKeyConfig())
+	var regs []*prometheus.Registry
+	for range 2 {
+		o, reg := e.options(t, kf, 4, ackWait)
+		o.BatchSize = 32
+		start(t, o)
+		regs = append(regs, reg)
+	}
+	publishEvents(t, e.js, n)
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+	checkRoutedOnce(t, e.js, n)
+	routed := 0.0
+	for i, reg := range regs {
+		got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted)
+		t.Logf("router %d routed %v", i, got)
+		routed += got
+	}
+	if routed != n {
+		t.Errorf("the two routers stored %v copies in all, want %d", routed, n)
+	}
+}
+
+func TestRedeliveredInputIsNotRoutedTwice(t *testing.T) {
+	const n = 50
+	ackWait := 500 * time.Millisecond
+	e := newEnv(t, 4, ackWait)
+	o, reg := e.options(t, keyFunc(t, keys.DefaultKeyConfig()), 4, ackWait)
+	// The first delivery of every message is routed and never acked: the
+	// server delivers it again after AckWait.
+	o = route.WithholdAck(o, func(m jetstream.Msg) bool {
+		md, err := m.Metadata()
+		return err == nil && md.NumDelivered == 1
+	})
+	publishEvents(t, e.js, n)
+	start(t, o)
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+	checkRoutedOnce(t, e.js, n)
+	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeDuplicate); got != n {
+		t.Errorf("dedupe_route_messages_total{outcome=duplicate} = %v, want %d (every redelivery dropped by its id)", got, n)
+	}
+}
+
+func TestBadInputsAreDeadLetteredWithReasons(t *testing.T) {
+	ackWait := 10 * time.Second
+	e := newEnv(t, 4, ackWait)
+	kf := keyFunc(t, keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "id"}, MaxLength: 16})
+	o, reg := e.options(t, kf, 4, ackWait)
+	o.MaxMessageBytes = 2048
+	ttl := nats.Header{}
+	ttl.Set(jetstream.MsgTTLHeader, "1h") // the input allows per-message TTLs, the routed stream does not
+	ttl.Set("X-Trace", "t1")
+	cases := []struct {
+		reason string
+		header nats.Header
+		data   string
+	}{
+		{"", nil, `{"id":"good"}`},
+		{keys.ReasonNoKey, nil, `{"other":"x"}`},
+		{keys.ReasonBadPayload, nil, `not json`},
+		{keys.ReasonBadKeyType, nil, `{"id":{"a":1}}`},
+		{keys.ReasonKeyTooLong, nil, `{"id":"` + strings.Repeat("k", 17) + `"}`},
+		{route.ReasonOversized, nil, `{"id":"big","pad":"` + strings.Repeat("x", 3000) + `"}`},
+		{route.ReasonRoutedRejected, ttl, `{"id":"ttl"}`},
+	}
+	msgs := make([]*nats.Msg, len(cases))
+	for i, c := range cases {
+		msgs[i] = &nats.Msg{Subject: "events.x" + strconv.Itoa(i), Header: c.header, Data: []byte(c.data)}
+	}
+	natstest.PublishAll(t, e.js, msgs)
+	start(t, o)
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+
+	dlq := readStream(t, e.js, dlqStream)
+	bySeq := map[string]stored{}
+	for _, d := range dlq {
+		bySeq[d.header.Get(route.HeaderOriginalSequence)] = d
+	}
+	for i, c := range cases {
+		seq := strconv.Itoa(i + 1)
+		d, ok := bySeq[seq]
+		if c.reason == "" {
+			if ok {
+				t.Errorf("good input %s dead-lettered: %s", seq, d.header.Get(route.HeaderReason))
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("input %s (%s) not dead-lettered", seq, c.reason)
+			continue
+		}
+		if got := d.header.Get(route.HeaderReason); got != c.reason || d.subject != "dlq."+c.reason {
+			t.Errorf("input %s dead-lettered on %s with reason %q, want %q", seq, d.subject, got, c.reason)
+		}
+		if d.header.Get(route.HeaderDetail) == "" || d.header.Get(route.HeaderOriginalStream) != input ||
+			d.header.Get(route.HeaderOriginalSubject) != msgs[i].Subject {
+			t.Errorf("input %s: dead letter lacks its detail or origin: %v", seq, d.header)
+		}
+		if string(d.data) != c.data {
+			t.Errorf("input %s: dead letter payload %q, want the input's", seq, d.data)
+		}
+		if c.header != nil && d.header.Get("X-Trace") != "t1" {
+			t.Errorf("input %s: dead letter lost the input's header X-Trace: %v", seq, d.header)
+		}
+	}
+	if len(dlq) != len(cases)-1 {
+		t.Errorf("dead-letter stream holds %d messages, want %d", len(dlq), len(cases)-1)
+	}
+	routed := readStream(t, e.js, routedStream)
+	if len(routed) != 1 || routed[0].header.Get(route.HeaderKey) != "good" {
+		t.Errorf("routed stream holds %d messages, want only the good one", len(routed))
+	}
+	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeDeadLetter); got != float64(len(cases)-1) {
+		t.Errorf("dedupe_route_messages_total{outcome=dead_letter} = %v, want %d", got, len(cases)-1)
+	}
+}
+
+// The route step's dead letters are read by the same tools as the
+// stage's: the header names and the shared reason must not drift apart.
+func TestDeadLetterHeadersAreTheStages(t *testing.T) {
+	same := map[string][2]string{
+		"reason":            {route.HeaderReason, stage.HeaderReason},
+		"detail":            {route.HeaderDetail, stage.HeaderDetail},
+		"original subject":  {route.HeaderOriginalSubject, stage.HeaderOriginalSubject},
+		"original stream":   {route.HeaderOriginalStream, stage.HeaderOriginalStream},
+		"original sequence": {route.HeaderOriginalSequence, stage.HeaderOriginalSequence},
+		"payload omitted":   {route.HeaderPayloadOmitted, stage.HeaderPayloadOmitted},
+		"reason oversized":  {route.ReasonOversized, stage.ReasonOversized},
+	}
+	for what, v := range same {
+		if v[0] != v[1] {
+			t.Errorf("%s: route has %q, the stage %q", what, v[0], v[1])
+		}
+	}
+}
+
+func TestRoutedStreamConfigAndCheck(t *testing.T) {
+	ackWait, margin := 10*time.Second, time.Minute
+	sc := route.StreamConfig(routedStream, routedSubject, 8, 3, ackWait, margin)
+	if err := route.CheckStream(sc, routedSubject, 8, ackWait, margin); err != nil {
+		t.Fatalf("CheckStream refuses StreamConfig's stream: %v", err)
+	}
+	if sc.Duplicates < 2*(ackWait+margin) || sc.Replicas != 3 {
+		t.Errorf("StreamConfig: duplicate window %v, replicas %d; want at least %v and 3", sc.Duplicates, sc.Replicas, 2*(ackWait+margin))
+	}
+	bad := map[string]func(*jetstream.StreamConfig){
+		"limits retention":       func(c *jetstream.StreamConfig) { c.Retention = jetstream.LimitsPolicy },
+		"short duplicate window": func(c *jetstream.StreamConfig) { c.Duplicates = ackWait },
+		"a partition missing":    func(c *jetstream.StreamConfig) { c.Subjects = c.Subjects[:7] },
+	}
+	for name, edit := range bad {
+		t.Run(name, func(t *testing.T) {
+			c := sc
+			edit(&c)
+			if err := route.CheckStream(c, routedSubject, 8, ackWait, margin); !errors.Is(err, route.ErrRoutedStream) || !strings.Contains(err.Error(), routedStream) {
+				t.Errorf("CheckStream = %v, want ErrRoutedStream naming the stream", err)
+			}
+		})
+	}
+	for _, subj := range []string{"events.a", "events.a.b.c"} {
+		p, got, ok := route.SplitSubject(routedSubject, route.Subject(7, routedSubject, subj))
+		if !ok || p != 7 || got != subj {
+			t.Errorf("SplitSubject(Subject(7, %q)) = %d, %q, %v", subj, p, got, ok)
+		}
+	}
+	if _, _, ok := route.SplitSubject(routedSubject, "7.other.events.a"); ok {
+		t.Error("SplitSubject accepts a subject outside the routed root")
+	}
+}
+
+func TestRunRefusesAShortDuplicateWindow(t *testing.T) {
+	e := newEnv(t, 4, 10*time.Second)
+	o, _ := e.options(t, keyFunc(t, keys.DefaultKeyConfig()), 4, 10*time.Minute)
+	if err := route.Run(context.Background(), o); !errors.Is(err, route.ErrRoutedStream) {
+		t.Fatalf("Run with a routed stream whose duplicate window is shorter than the route ack wait = %v, want ErrRoutedStream", err)
+	}
+	if err := route.Run(context.Background(), route.Options{}); err == nil || !strings.Contains(err.Error(), "Options.Conn") {
+		t.Errorf("Run with zero Options = %v, want an error naming the missing fields", err)
+	}
+}

@@ -1,0 +1,154 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+)
+
+// ErrRoutedStream wraps every error of CheckStream: the routed stream
+// cannot keep the route step's guarantee.
+var ErrRoutedStream = errors.New("route: routed stream unfit")
+
+// ConsumerName returns the name of the route step's one shared durable
+// consumer on the input stream: <group>-route.
+func ConsumerName(group string) string { return group + "-route" }
+
+// Subject returns the subject a message of input subject inputSubject is
+// routed to in partition p: <p>.<routedSubject>.<inputSubject>. The
+// partition is the first token, as a static pcgroups group reads it.
+func Subject(p int, routedSubject, inputSubject string) string {
+	return strconv.Itoa(p) + "." + routedSubject + "." + inputSubject
+}
+
+// SplitSubject is the inverse of Subject: it returns the partition and the
+// input subject of a routed subject, and false when subject is not
+// <p>.<routedSubject>.<input subject>.
+func SplitSubject(routedSubject, subject string) (p int, inputSubject string, ok bool) {
+	first, rest, found := strings.Cut(subject, ".")
+	if !found {
+		return 0, "", false
+	}
+	p, err := strconv.Atoi(first)
+	if err != nil || p < 0 {
+		return 0, "", false
+	}
+	inputSubject, ok = strings.CutPrefix(rest, routedSubject+".")
+	if !ok || inputSubject == "" {
+		return 0, "", false
+	}
+	return p, inputSubject, true
+}
+
+// MsgID returns the Nats-Msg-Id of the routed copy of the input message at
+// sequence seq of stream: route:<stream>:<seq>. It is the same on every
+// delivery and in every instance, so the routed stream's duplicate window
+// drops a copy routed again after a redelivery.
+func MsgID(stream string, seq uint64) string {
+	return "route:" + stream + ":" + strconv.FormatUint(seq, 10)
+}
+
+// InputTime reads HeaderInputTime of a routed message: the input stream's
+// timestamp of the original, RFC 3339 with nanoseconds, in UTC.
+func InputTime(h nats.Header) (time.Time, error) {
+	v := h.Get(HeaderInputTime)
+	if v == "" {
+		return time.Time{}, fmt.Errorf("route: header %s absent", HeaderInputTime)
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("route: header %s: %w", HeaderInputTime, err)
+	}
+	return t, nil
+}
+
+// formatInputTime is the text of HeaderInputTime (InputTime reads it).
+func formatInputTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// StreamSubjects returns the routed stream's subjects, one per partition:
+// <p>.<routedSubject>.> for p in 0..partitions-1. A single
+// *.<routedSubject>.> is not possible: nats-server refuses a stream whose
+// subjects overlap its own API ($JSC.> among them) unless it is no-ack, and
+// a leading wildcard overlaps them.
+func StreamSubjects(routedSubject string, partitions int) []string {
+	out := make([]string, partitions)
+	for p := range out {
+		out[p] = strconv.Itoa(p) + "." + routedSubject + ".>"
+	}
+	return out
+}
+
+// RequiredDuplicateWindow is the shortest duplicate window of the routed
+// stream that drops a copy routed again after a redelivery: the route
+// consumer's ackWait plus restartMargin (config.RequiredDuplicateWindow, the
+// rule of the output stream's window). CheckStream enforces it.
+func RequiredDuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
+	return config.RequiredDuplicateWindow(ackWait, nil, restartMargin)
+}
+
+// DuplicateWindow is the duplicate window StreamConfig creates the routed
+// stream with: twice RequiredDuplicateWindow, and at least
+// config.DefaultDuplicateWindow, as the output stream's computed window.
+func DuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
+	return max(2*RequiredDuplicateWindow(ackWait, restartMargin), config.DefaultDuplicateWindow)
+}
+
+// StreamConfig returns the configuration to create the routed stream with,
+// the one place that decides it:
+//
+//   - work-queue retention: each routed message is consumed once, by the
+//     owner of its partition, and deleted on its ack; the server refuses
+//     two consumers whose filters overlap, so partitions cannot be read
+//     twice;
+//   - subjects StreamSubjects(routedSubject, partitions);
+//   - the duplicate window DuplicateWindow(ackWait, restartMargin), ackWait
+//     being the route consumer's;
+//   - file storage and the given replicas (0 means 1), as the input's.
+//
+// CheckStream accepts it.
+func StreamConfig(name, routedSubject string, partitions, replicas int, ackWait, restartMargin time.Duration) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        name,
+		Description: "dedupe-stage route step: input messages under their partition <p>." + routedSubject + ".<input subject>",
+		Subjects:    StreamSubjects(routedSubject, partitions),
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+		Duplicates:  DuplicateWindow(ackWait, restartMargin),
+	}
+}
+
+// CheckStream reports whether sc, the routed stream as the server has it,
+// keeps the route step's guarantee: work-queue retention, subjects that
+// hold StreamSubjects(routedSubject, partitions), and a duplicate window of at least
+// RequiredDuplicateWindow(ackWait, restartMargin). Errors wrap
+// ErrRoutedStream and name the stream, the field and the values.
+func CheckStream(sc jetstream.StreamConfig, routedSubject string, partitions int, ackWait, restartMargin time.Duration) error {
+	var errs []error
+	if sc.Retention != jetstream.WorkQueuePolicy {
+		errs = append(errs, fmt.Errorf("%w: stream %s has retention %s, want workqueue (each routed message is consumed once by its partition's owner)",
+			ErrRoutedStream, sc.Name, sc.Retention))
+	}
+	var missing []string
+	for _, want := range StreamSubjects(routedSubject, partitions) {
+		if !slices.Contains(sc.Subjects, want) {
+			missing = append(missing, want)
+		}
+	}
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("%w: stream %s has subjects %v, and lacks %q of the %d partitions", ErrRoutedStream, sc.Name, sc.Subjects, missing, partitions))
+	}
+	if need := RequiredDuplicateWindow(ackWait, restartMargin); sc.Duplicates < need {
+		errs = append(errs, fmt.Errorf("%w: stream %s has a duplicate window of %v, but an input message can be routed again %v after its first routing (route ack_wait %v plus restart margin %v); raise it (nats stream edit %s --dupe-window %v)",
+			ErrRoutedStream, sc.Name, sc.Duplicates, need, ackWait, restartMargin, sc.Name, DuplicateWindow(ackWait, restartMargin)))
+	}
+	return errors.Join(errs...)
+}
