@@ -9,7 +9,8 @@ import (
 // this configuration with window w: state.DefaultOptions in State.Dir(),
 // overlaid with the state and filter sections (and the totals bucket when
 // totals are on). Clock and Logger keep their defaults; the caller sets
-// them. check-config sizes the filter and checks the partition limits
+// them. With scale-out on, the partitioning recorded in the data dir is
+// the server's hash for scale_out.group. check-config sizes the filter and checks the partition limits
 // through these same options, so what it prints is what `run` builds.
 func (c Config) StateOptions(w window.Window) state.Options {
 	so := state.DefaultOptions(c.State.Dir(), w)
@@ -24,6 +25,11 @@ func (c Config) StateOptions(w window.Window) state.Options {
 	so.SnapshotInterval = c.State.SnapshotInterval.D()
 	if c.Totals.Enabled {
 		so.TotalsBucket = c.Totals.Bucket.D()
+	}
+	if c.ScaleOut.Enabled {
+		// The server places keys: its partition() of the key token, for
+		// this group's members.
+		so.Partitioning = state.Partitioning{Hash: state.HashServerFNV1a32, Group: c.ScaleOut.Group}
 	}
 	return so
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // scaleOutOn returns a valid scale-out configuration: an external server,
@@ -172,5 +173,26 @@ func TestScaleOutSummary(t *testing.T) {
 	}
 	if s := Default().Summary(); !strings.Contains(s, "scale-out:   off (one instance)") {
 		t.Errorf("default summary does not say scale-out is off:\n%s", s)
+	}
+}
+
+// TestScaleOutStateRecordsTheServersHash: with scale-out on, the store is
+// opened to record (and insist on) the server's hash for the group; off,
+// the single-instance layout is unchanged.
+func TestScaleOutStateRecordsTheServersHash(t *testing.T) {
+	c := scaleOutOn()
+	c.ScaleOut.Group = "g1"
+	w, err := c.Window.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.StateOptions(w).Partitioning, (state.Partitioning{Hash: state.HashServerFNV1a32, Group: "g1"}); got != want {
+		t.Errorf("scale-out state partitioning %+v, want %+v", got, want)
+	}
+	if err := c.StateOptions(w).Validate(); err != nil {
+		t.Errorf("scale-out state options: %v", err)
+	}
+	if got := Default().StateOptions(w).Partitioning; got != (state.Partitioning{}) {
+		t.Errorf("single-instance state partitioning %+v, want the zero value (xxhash64)", got)
 	}
 }

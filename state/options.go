@@ -44,6 +44,10 @@ type Options struct {
 	// Partitions is the number of partitions P, 1..MaxPartitions. Default
 	// DefaultPartitions. It must match Dir/LAYOUT once the store exists.
 	Partitions int
+	// Partitioning says how keys are placed in partitions; it is recorded
+	// in Dir/LAYOUT and must match it once the store exists. Default: the
+	// zero value, PartitionOf (xxhash64) inside one instance.
+	Partitioning Partitioning
 
 	// Time.
 
@@ -180,6 +184,9 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: TotalsBucket is %v, want 0 (off) or a whole number of seconds up to %v", ErrBadOptions, o.TotalsBucket, MaxTotalsBucket)
 	case o.TotalsKeep < 0:
 		return fmt.Errorf("%w: TotalsKeep is %v, want >= 0", ErrBadOptions, o.TotalsKeep)
+	}
+	if err := o.Partitioning.validate(); err != nil {
+		return fmt.Errorf("%w: Partitioning: %w", ErrBadOptions, err)
 	}
 	if o.DisableFilter {
 		return nil

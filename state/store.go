@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -87,7 +86,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state: data dir %q is not usable: %w", opts.Dir, err)
 	}
-	if err := checkLayout(opts.Dir, opts.Partitions); err != nil {
+	if err := checkLayout(opts.Dir, layout{opts.Partitions, opts.Partitioning}); err != nil {
 		return nil, err
 	}
 
@@ -258,20 +257,24 @@ func (badgerLogger) Debugf(string, ...any) {}
 
 var partitionDirRE = regexp.MustCompile(`^p[0-9]{3,}$`)
 
-// checkLayout compares Dir/LAYOUT with partitions, or writes it on first
-// open. Without LAYOUT, partition directories already in dir must number
-// exactly partitions.
-func checkLayout(dir string, partitions int) error {
+// checkLayout compares Dir/LAYOUT with want (the partition count and how
+// keys are placed), or writes it on first open. Without LAYOUT, partition
+// directories already in dir must number exactly want.partitions.
+func checkLayout(dir string, want layout) error {
 	path := filepath.Join(dir, LayoutFile)
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		n, perr := parseLayout(b)
+		have, perr := parseLayout(b)
 		if perr != nil {
 			return fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
 		}
-		if n != partitions {
-			return fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, n, path, partitions)
+		if have.partitions != want.partitions {
+			return fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, have.partitions, path, want.partitions)
+		}
+		if have.how.hash() != want.how.hash() || have.how.Group != want.how.Group {
+			return fmt.Errorf("%w: the data dir's keys were placed in partitions by %s (%s), and %s was asked for: "+
+				"partition i of one is not partition i of the other", ErrLayout, have.how, path, want.how)
 		}
 		return nil
 	case errors.Is(err, fs.ErrNotExist):
@@ -285,29 +288,21 @@ func checkLayout(dir string, partitions int) error {
 				found++
 			}
 		}
-		if found > 0 && found != partitions {
+		if found > 0 && found != want.partitions {
 			return fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, and %d partitions were asked for",
-				ErrLayout, path, dir, found, partitions)
+				ErrLayout, path, dir, found, want.partitions)
 		}
-		if err := writeFileAtomic(path, fmt.Appendf(nil, "partitions %d\n", partitions)); err != nil {
+		if found > 0 && want.how.hash() != HashXXHash64 {
+			return fmt.Errorf("%w: %s is missing and %q holds partition dirs written without a record of how keys were placed (%s was asked for)",
+				ErrLayout, path, dir, want.how)
+		}
+		if err := writeFileAtomic(path, formatLayout(want)); err != nil {
 			return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 		}
 		return nil
 	default:
 		return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 	}
-}
-
-func parseLayout(b []byte) (int, error) {
-	f := strings.Fields(string(b))
-	if len(f) != 2 || f[0] != "partitions" {
-		return 0, fmt.Errorf("want \"partitions N\", got %q", b)
-	}
-	n, err := strconv.Atoi(f[1])
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("bad partition count %q", f[1])
-	}
-	return n, nil
 }
 
 // Partitions returns the number of partitions P.
