@@ -12,6 +12,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
@@ -53,6 +54,9 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: s.reporter(label)}
+	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
+	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
+	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
 	batcher.Run(in, s.cfg.Pipeline.BatchSize, s.cfg.Pipeline.BatchLinger.D(), func(batch []item) {
 		w.process(ctx, batch)
 	})
@@ -66,8 +70,11 @@ type worker struct {
 	dlq    chan<- deadLetter
 	health retry.Reporter // reports this partition's lookup, publish, commit
 
+	// This partition's dedupe_messages_total of each outcome.
+	newKeys, repeats, dropped lazyCounter
+
 	// per batch, reused
-	firstIdx   map[string]int
+	firstIdx   map[string]int // key -> index in the batch of the copy forwarded
 	newIdx     []int
 	copies     [][2]int // {copy, first}: a key new in this batch, seen again in it
 	acks       []int
@@ -120,7 +127,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		if s.totals != nil {
 			switch late, dl := s.totals.late(it, w.label, now); late {
 			case lateDrop:
-				s.metrics.Messages.WithLabelValues(w.label, outcomeDropped).Inc()
+				w.dropped.get().Inc()
 				w.acks = append(w.acks, i)
 				continue
 			case lateDeadLetter:
@@ -128,12 +135,13 @@ func (w *worker) process(ctx context.Context, batch []item) {
 				continue
 			}
 		}
-		m := s.outputMsg(it)
+		id := string(it.key) // made once: the copy's Nats-Msg-Id and the key in w.firstIdx
+		m := s.outputMsg(it, id)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
 		}
-		w.firstIdx[string(it.key)] = i
+		w.firstIdx[id] = i
 		w.newIdx = append(w.newIdx, i)
 		w.out = append(w.out, m)
 	}
@@ -238,10 +246,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 		w.stopping(batch, err)
 		return false
 	}
-	byKey := make(map[string]int, len(claims))
-	for _, i := range w.newIdx {
-		byKey[string(batch[i].key)] = i
-	}
+	// w.firstIdx maps each claim's key to its message in the batch.
 	if err != nil {
 		s.log.Error("the state store refused a batch's claims; claiming them one by one", "partition", w.label, "claims", len(claims), "err", err)
 		results = results[:0]
@@ -254,18 +259,18 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 			switch {
 			case err == nil:
 				results = append(results, r[0])
-				w.acks = append(w.acks, byKey[string(c.Key)])
+				w.acks = append(w.acks, w.firstIdx[string(c.Key)])
 			case !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed):
 				w.stopping(batch, err)
 				return false
 			default:
-				w.deadLetter(&batch[byKey[string(c.Key)]], ReasonStateRejected,
+				w.deadLetter(&batch[w.firstIdx[string(c.Key)]], ReasonStateRejected,
 					fmt.Sprintf("forwarded to the output, but the state store refused the claim of key %q: %v; a later copy of the key is forwarded again", c.Key, err))
 			}
 		}
 	} else {
 		for _, c := range claims {
-			w.acks = append(w.acks, byKey[string(c.Key)])
+			w.acks = append(w.acks, w.firstIdx[string(c.Key)])
 		}
 	}
 	s.metrics.CommitSeconds.Observe(time.Since(t).Seconds())
@@ -277,7 +282,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 			s.log.Error("claim found a key the lookup did not", "partition", w.label, "key", string(claims[k].Key))
 		}
 	}
-	s.metrics.Messages.WithLabelValues(w.label, outcomeNew).Add(float64(len(results)))
+	w.newKeys.get().Add(float64(len(results)))
 	return true
 }
 
@@ -323,7 +328,7 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 		}
 		s.log.Warn("fingerprint mismatch treated as a repeat", "key", string(it.key), "first_seen", rec.FirstSeen)
 	}
-	s.metrics.Messages.WithLabelValues(w.label, outcomeRepeat).Inc()
+	w.repeats.get().Inc()
 	w.acks = append(w.acks, i)
 }
 
@@ -356,8 +361,8 @@ func (w *worker) keepAlive(batch []item) {
 }
 
 // outputMsg builds the forwarded copy: the input's subject under the output
-// prefix, its headers and payload, and the key carried as Nats-Msg-Id.
-func (s *Stage) outputMsg(it *item) *nats.Msg {
+// prefix, its headers and payload, and id (the key) carried as Nats-Msg-Id.
+func (s *Stage) outputMsg(it *item, id string) *nats.Msg {
 	in := it.msg.Headers()
 	h := make(nats.Header, len(in)+1)
 	for k, v := range in {
@@ -366,7 +371,7 @@ func (s *Stage) outputMsg(it *item) *nats.Msg {
 		}
 		h[k] = v
 	}
-	h[jetstream.MsgIDHeader] = []string{string(it.key)}
+	h[jetstream.MsgIDHeader] = []string{id}
 	return &nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 }
 
@@ -415,4 +420,22 @@ func (l logRecovery) Succeeded(component string, retried bool) {
 		}
 		l.log.Info(msg, "partition", l.instance)
 	}
+}
+
+// lazyCounter is one child of a CounterVec, looked up by its labels on first
+// use instead of on every message. The series appears, as before, only once
+// something is counted. It is not safe for concurrent use: each partition's
+// worker has its own.
+type lazyCounter struct {
+	vec                *prometheus.CounterVec
+	partition, outcome string
+	c                  prometheus.Counter
+}
+
+// get returns the child, resolving it on first use.
+func (l *lazyCounter) get() prometheus.Counter {
+	if l.c == nil {
+		l.c = l.vec.WithLabelValues(l.partition, l.outcome)
+	}
+	return l.c
 }
