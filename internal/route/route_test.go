@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -473,5 +474,58 @@ func TestRunRefusesAShortDuplicateWindow(t *testing.T) {
 	}
 	if err := route.Run(context.Background(), route.Options{}); err == nil || !strings.Contains(err.Error(), "Options.Conn") {
 		t.Errorf("Run with zero Options = %v, want an error naming the missing fields", err)
+	}
+}
+
+// reporter counts failed attempts by component. For tests only.
+type reporter struct {
+	mu     sync.Mutex
+	failed map[string]int
+}
+
+func (r *reporter) Failed(component string, _ error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failed == nil {
+		r.failed = map[string]int{}
+	}
+	r.failed[component]++
+}
+
+func (r *reporter) Succeeded(string, bool) {}
+
+func (r *reporter) failures(component string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed[component]
+}
+
+// A routed stream that is gone for a while is a transient failure: the
+// route step retries, dead-letters nothing, and routes everything once the
+// stream is back.
+func TestRoutedStreamOutageIsRetriedNotDeadLettered(t *testing.T) {
+	const n, partitions = 40, 4
+	ackWait := 10 * time.Second
+	e := newEnv(t, partitions, ackWait)
+	o, reg := e.options(t, keyFunc(t, keys.DefaultKeyConfig()), partitions, ackWait)
+	rep := &reporter{}
+	o.Reporter = rep
+	start(t, o)
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, routedStream); err != nil {
+		t.Fatalf("delete the routed stream: %v", err)
+	}
+	publishEvents(t, e.js, n)
+	natstest.WaitFor(t, time.Minute, "a failed routed publish", func() bool { return rep.failures(route.CompRoute) > 0 })
+	if _, err := e.js.CreateStream(ctx, route.StreamConfig(routedStream, routedSubject, partitions, 1, ackWait, route.DefaultRestartMargin)); err != nil {
+		t.Fatalf("create the routed stream again: %v", err)
+	}
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+	checkRoutedOnce(t, e.js, n)
+	if dl := readStream(t, e.js, dlqStream); len(dl) != 0 {
+		t.Errorf("%d inputs dead-lettered during the outage (first: %s), want none", len(dl), dl[0].header.Get(route.HeaderReason))
+	}
+	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted); got != n {
+		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d", got, n)
 	}
 }
