@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -107,6 +108,16 @@ func (c Config) ScaleOutTransform() (src, dest string, err error) {
 	return src, dest, nil
 }
 
+// OutputRetention is how long the output stream must keep messages with
+// scale-out on, given the window w: it is the changelog a new owner
+// restores a partition from, reading back w (every key still inside the
+// window) plus the longest redelivery after a crash (MinDuplicateWindow:
+// input.ack_wait + output.restart_margin), the margin for a restore that
+// starts late.
+func (c Config) OutputRetention(w time.Duration) time.Duration {
+	return w + c.MinDuplicateWindow()
+}
+
 // validateScaleOut checks the scale_out section and what scale-out needs
 // of the others (docs/scale-out.md §8).
 func (c Config) validateScaleOut(v *validator) {
@@ -137,6 +148,13 @@ func (c Config) validateScaleOut(v *validator) {
 	}
 	if c.Input.FilterSubject != "" {
 		v.add("input.filter_subject", "%q with scale_out.enabled; each partition's consumer filters on its partition token, so the input cannot be filtered too", c.Input.FilterSubject)
+	}
+	if w, err := c.Window.Derive(); err == nil && c.Output.Limits.MaxAge > 0 && c.Output.Limits.MaxAge.D() < c.OutputRetention(w.W) {
+		v.add("output.max_age", "%v with scale_out.enabled, want 0 (computed) or at least W + input.ack_wait + output.restart_margin = %v: the output stream is the changelog a new owner restores from",
+			c.Output.Limits.MaxAge, Duration(c.OutputRetention(w.W)))
+	}
+	if c.Output.Limits.MaxBytes > 0 {
+		v.add("output.max_bytes", "%v with scale_out.enabled, want 0: a full output stream would drop records inside the window that a new owner restores from", c.Output.Limits.MaxBytes)
 	}
 	if _, _, err := c.ScaleOutTransform(); err != nil {
 		field := "key"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -86,6 +87,10 @@ func TestScaleOutValidate(t *testing.T) {
 		{"replicas", func(c *Config) { c.ScaleOut.Replicas = 0 }, []string{"scale_out.replicas: 0, want 1..5"}},
 		{"batch larger than an atomic batch", func(c *Config) { c.Output.BatchMax = 100 },
 			[]string{"output.batch_max: 100, below pipeline.batch_size 256"}},
+		{"output max_age below the retention", func(c *Config) { c.Output.Limits.MaxAge = Duration(time.Hour) },
+			[]string{"output.max_age: 1h with scale_out.enabled, want 0 (computed) or at least W + input.ack_wait + output.restart_margin = 1h11m10s"}},
+		{"output max_bytes", func(c *Config) { c.Output.Limits.MaxBytes = 1024 * MiB },
+			[]string{"output.max_bytes: 1GiB with scale_out.enabled, want 0"}},
 		{"off ignores all of it", func(c *Config) {
 			c.ScaleOut.Enabled = false
 			c.NATS.URL = ""

@@ -123,6 +123,9 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if opts.Conn == nil {
 		return nil, errors.New("stage: Options.Conn is nil")
 	}
+	if cfg.ScaleOut.Enabled {
+		return nil, errors.New("stage: scale_out.enabled: the stage cannot run as one of N instances yet (streams and configuration only); turn it off")
+	}
 	s := &Stage{
 		cfg:                cfg,
 		log:                opts.Logger,

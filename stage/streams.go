@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // Errors about the streams.
@@ -87,11 +88,41 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 	out := stream("output", cfg.Output.Stream, []string{cfg.Output.Subjects()}, cfg.OutputDuplicateWindow(), cfg.Output.Limits, jetstream.DiscardOld)
 	// The stage may publish its output as atomic batches (output.publish).
 	out.Config.AllowAtomicPublish = true
-	return []StreamToCreate{
+	streams := []StreamToCreate{
 		stream("input", cfg.Input.Stream, cfg.Input.Subjects, 0, cfg.Input.Limits, jetstream.DiscardNew),
 		out,
 		stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld),
-	}, nil
+	}
+	if cfg.ScaleOut.Enabled {
+		if err := scaleOutStreams(cfg, w, streams); err != nil {
+			return nil, err
+		}
+	}
+	return streams, nil
+}
+
+// scaleOutStreams changes the streams StreamsToCreate returns (input,
+// output, dead letter) for scale-out: scale_out.replicas each; the input
+// stream's subject transform puts the partition first
+// (config.ScaleOutTransform); the output keeps Limits retention and at
+// least config.OutputRetention (validation refuses a configured max_age
+// below it, and a max_bytes).
+func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreate) error {
+	src, dest, err := cfg.ScaleOutTransform()
+	if err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	for i := range streams {
+		streams[i].Config.Replicas = cfg.ScaleOut.Replicas
+	}
+	in := &streams[0].Config
+	in.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
+	out := &streams[1].Config
+	out.Retention = jetstream.LimitsPolicy
+	if need := cfg.OutputRetention(w.W); out.MaxAge < need {
+		out.MaxAge = need
+	}
+	return nil
 }
 
 // ensureStreams creates the input, output and dead-letter streams that are
