@@ -512,6 +512,11 @@ func TestRoutedStreamOutageIsRetriedNotDeadLettered(t *testing.T) {
 	o.Reporter = rep
 	start(t, o)
 	ctx := context.Background()
+	// Run checks the routed stream before it creates its consumer.
+	natstest.WaitFor(t, time.Minute, "the route consumer", func() bool {
+		_, err := e.js.Consumer(ctx, input, route.ConsumerName(group))
+		return err == nil
+	})
 	if err := e.js.DeleteStream(ctx, routedStream); err != nil {
 		t.Fatalf("delete the routed stream: %v", err)
 	}
