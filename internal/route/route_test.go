@@ -279,8 +279,17 @@ func TestRoutesEveryInputOnceToTheServersPartition(t *testing.T) {
 				t.Errorf("input %d: routed %s is %q, want %q", in.seq, what, got[0], got[1])
 			}
 		}
-		if at, err := route.InputTime(m.header); err != nil || !at.Equal(in.time) {
-			t.Errorf("input %d: routed input time %v (%v), want the input stream's %v", in.seq, at, err, in.time)
+		// What the owner of the partition reads back, with the partition
+		// token as stored and as a pcgroups consumer hands it over.
+		for _, subj := range []string{m.subject, strings.SplitN(m.subject, ".", 2)[1]} {
+			org, err := route.OriginOf(routedSubject, subj, m.header)
+			if err != nil {
+				t.Fatalf("input %d: OriginOf(%q): %v", in.seq, subj, err)
+			}
+			if org.Subject != in.subject || org.Stream != input || org.Sequence != in.seq || string(org.Key) != key || !org.Time.Equal(in.time) {
+				t.Errorf("input %d: OriginOf(%q) = %+v, want subject %q, stream %s, sequence %d, key %q, time %v",
+					in.seq, subj, org, in.subject, input, in.seq, key, in.time)
+			}
 		}
 		for k := range m.header {
 			if strings.HasPrefix(k, "Nats-Expected-") {
@@ -532,5 +541,36 @@ func TestRoutedStreamOutageIsRetriedNotDeadLettered(t *testing.T) {
 	}
 	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted); got != n {
 		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d", got, n)
+	}
+}
+
+func TestOriginOfRefusesWhatTheRouteStepDidNotWrite(t *testing.T) {
+	good := func() nats.Header {
+		h := nats.Header{}
+		h.Set(jetstream.MsgIDHeader, route.MsgID(input, 42))
+		h.Set(route.HeaderKey, "k")
+		h.Set(route.HeaderInputTime, time.Unix(0, 1_700_000_000_123_456_789).UTC().Format(time.RFC3339Nano))
+		return h
+	}
+	if o, err := route.OriginOf(routedSubject, route.Subject(3, routedSubject, "events.a"), good()); err != nil || o.Sequence != 42 || o.Partition != 3 ||
+		o.Time.UnixNano() != 1_700_000_000_123_456_789 {
+		t.Fatalf("OriginOf of a routed message = %+v, %v", o, err)
+	}
+	cases := map[string]func(h nats.Header) string{
+		"other subject root": func(nats.Header) string { return "3.other.events.a" },
+		"input id kept":      func(h nats.Header) string { h.Set(jetstream.MsgIDHeader, "id-1"); return "" },
+		"bad sequence":       func(h nats.Header) string { h.Set(jetstream.MsgIDHeader, "route:EVENTS:x"); return "" },
+		"no key":             func(h nats.Header) string { h.Del(route.HeaderKey); return "" },
+		"bad input time":     func(h nats.Header) string { h.Set(route.HeaderInputTime, "yesterday"); return "" },
+	}
+	for name, edit := range cases {
+		h := good()
+		subj := edit(h)
+		if subj == "" {
+			subj = route.Subject(3, routedSubject, "events.a")
+		}
+		if _, err := route.OriginOf(routedSubject, subj, h); err == nil {
+			t.Errorf("%s: OriginOf accepted it", name)
+		}
 	}
 }

@@ -152,3 +152,50 @@ func CheckStream(sc jetstream.StreamConfig, routedSubject string, partitions int
 	}
 	return errors.Join(errs...)
 }
+
+// Origin is what a routed message says about the input message it copies.
+type Origin struct {
+	// Partition is the partition the route step chose; -1 when the
+	// subject had its partition token stripped (as a pcgroups consumer
+	// hands it over).
+	Partition int
+	// Subject, Stream and Sequence locate the input message.
+	Subject  string
+	Stream   string
+	Sequence uint64
+	// Key is HeaderKey: the key the route step extracted.
+	Key []byte
+	// Time is HeaderInputTime: the input stream's timestamp.
+	Time time.Time
+}
+
+// OriginOf reads the origin of a routed message from its subject (with or
+// without the leading partition token) and headers. It fails when the
+// message was not written by the route step under routedSubject.
+func OriginOf(routedSubject, subject string, h nats.Header) (Origin, error) {
+	o := Origin{Partition: -1}
+	var ok bool
+	if o.Subject, ok = strings.CutPrefix(subject, routedSubject+"."); !ok || o.Subject == "" {
+		if o.Partition, o.Subject, ok = SplitSubject(routedSubject, subject); !ok {
+			return Origin{}, fmt.Errorf("route: subject %q is not [<p>.]%s.<input subject>", subject, routedSubject)
+		}
+	}
+	id := h.Get(nats.MsgIdHdr)
+	rest, ok := strings.CutPrefix(id, "route:")
+	i := strings.LastIndexByte(rest, ':')
+	if !ok || i <= 0 {
+		return Origin{}, fmt.Errorf("route: %s %q is not route:<stream>:<sequence>", nats.MsgIdHdr, id)
+	}
+	seq, err := strconv.ParseUint(rest[i+1:], 10, 64)
+	if err != nil {
+		return Origin{}, fmt.Errorf("route: %s %q: sequence: %w", nats.MsgIdHdr, id, err)
+	}
+	o.Stream, o.Sequence = rest[:i], seq
+	if o.Key = []byte(h.Get(HeaderKey)); len(o.Key) == 0 {
+		return Origin{}, fmt.Errorf("route: header %s absent", HeaderKey)
+	}
+	if o.Time, err = InputTime(h); err != nil {
+		return Origin{}, err
+	}
+	return o, nil
+}
