@@ -99,6 +99,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	w.newIdx, w.copies, w.acks, w.out = w.newIdx[:0], w.copies[:0], w.acks[:0], w.out[:0]
 	now := s.clock.Now()
 	maxPayload := s.nc.MaxPayload()
+	var copies []outCopy                             // the batch's forwarded copies, made on first need
 	lookupOpts := w.retryOpts(batch, "state lookup") // once per batch: it allocates
 
 	for i := range batch {
@@ -136,7 +137,15 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			}
 		}
 		id := string(it.key) // made once: the copy's Nats-Msg-Id and the key in w.firstIdx
-		m := s.outputMsg(it, id)
+		if copies == nil {
+			// One allocation for the batch's copies instead of two per
+			// copy. Its capacity is never exceeded, so the pointers into it
+			// stay valid; it is new for each batch because nats.go holds a
+			// copy until its PubAck.
+			copies = make([]outCopy, 0, len(batch)-i)
+		}
+		copies = append(copies, outCopy{})
+		m := s.outputMsg(it, id, &copies[len(copies)-1])
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
@@ -360,19 +369,36 @@ func (w *worker) keepAlive(batch []item) {
 	w.lastSignal = time.Now()
 }
 
-// outputMsg builds the forwarded copy: the input's subject under the output
-// prefix, its headers and payload, and id (the key) carried as Nats-Msg-Id.
-func (s *Stage) outputMsg(it *item, id string) *nats.Msg {
-	in := it.msg.Headers()
-	h := make(nats.Header, len(in)+1)
-	for k, v := range in {
-		if strings.HasPrefix(k, "Nats-Expected-") {
-			continue
-		}
-		h[k] = v
+// outCopy is a forwarded copy and the value of its Nats-Msg-Id header,
+// allocated together.
+type outCopy struct {
+	msg nats.Msg
+	id  [1]string
+}
+
+// outputMsg builds in c the forwarded copy of it: the input's subject under
+// the output prefix, its headers and payload, and id (the key) carried as
+// Nats-Msg-Id. It returns &c.msg.
+//
+// The copy takes over the input's header map instead of copying it: the
+// input's Nats-Expected-* headers are deleted and Nats-Msg-Id is set in
+// place. Nothing reads the input's headers as the input's after this except
+// its dead letter (deadLetterMsg, shrink), and that leaves out every Nats-
+// header, so it is the same either way.
+func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
+	h := it.msg.Headers()
+	if h == nil {
+		h = make(nats.Header, 1)
 	}
-	h[jetstream.MsgIDHeader] = []string{id}
-	return &nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
+	for k := range h {
+		if strings.HasPrefix(k, "Nats-Expected-") {
+			delete(h, k)
+		}
+	}
+	c.id[0] = id
+	h[jetstream.MsgIDHeader] = c.id[:]
+	c.msg = nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
+	return &c.msg
 }
 
 // describe renders a publish error for a dead letter's detail: the server's

@@ -1,0 +1,84 @@
+package stage_test
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// TestForwardedAndDeadLetteredHeaders checks the headers the stage writes:
+// a forwarded copy carries the input's headers, without Nats-Expected-*,
+// with the key as Nats-Msg-Id (replacing the input's own); a message the
+// output refuses after the stage built its copy is dead-lettered with the
+// input's headers, not the copy's.
+func TestForwardedAndDeadLetteredHeaders(t *testing.T) {
+	e := newEnv(t)
+	r := e.start()
+	// The input takes Nats-TTL; the output stream refuses it, after the
+	// stage has built the copy.
+	updateStream(t, e, e.cfg.Input.Stream, func(sc *jetstream.StreamConfig) { sc.AllowMsgTTL = true })
+
+	input := func(k string) nats.Header {
+		return nats.Header{
+			"Event-Id":             {k},
+			"Trace":                {"t-" + k},
+			"Multi":                {"a", "b"},
+			"Nats-Msg-Id":          {"client-" + k},
+			"Nats-Expected-Stream": {e.cfg.Input.Stream},
+		}
+	}
+	good := &nats.Msg{Subject: "events.orders", Header: input("good-1"), Data: []byte("good")}
+	refused := &nats.Msg{Subject: "events.orders", Header: input("bad-1"), Data: []byte("bad")}
+	refused.Header.Set("Nats-TTL", "1h")
+	natstest.PublishAll(t, e.js, []*nats.Msg{good, refused})
+	e.drained(30 * time.Second)
+	r.stop(t)
+
+	out := e.outputByKey()
+	if len(out["good-1"]) != 1 || len(out) != 1 {
+		t.Fatalf("output by Nats-Msg-Id: %v, want good-1 once", out)
+	}
+	want := nats.Header{
+		"Event-Id":    {"good-1"},
+		"Trace":       {"t-good-1"},
+		"Multi":       {"a", "b"},
+		"Nats-Msg-Id": {"good-1"},
+	}
+	if got := out["good-1"][0].Header; !headersEqual(got, want) {
+		t.Errorf("forwarded headers %v, want %v", got, want)
+	}
+
+	dead := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
+	if len(dead) != 1 || dead[0].Header.Get(stage.HeaderReason) != stage.ReasonOutputRejected {
+		t.Fatalf("dead letters %v, want one %s", dead, stage.ReasonOutputRejected)
+	}
+	// The dead letter keeps the input's headers except Nats-*, and adds the
+	// stage's Dedupe-* ones and its own Nats-Msg-Id.
+	kept := nats.Header{}
+	for k, v := range dead[0].Header {
+		if !strings.HasPrefix(k, "Dedupe-") && !strings.HasPrefix(k, "Nats-") {
+			kept[k] = v
+		}
+	}
+	wantKept := nats.Header{"Event-Id": {"bad-1"}, "Trace": {"t-bad-1"}, "Multi": {"a", "b"}}
+	if !headersEqual(kept, wantKept) {
+		t.Errorf("dead letter keeps input headers %v, want %v", kept, wantKept)
+	}
+	if id := dead[0].Header.Get(jetstream.MsgIDHeader); !strings.HasPrefix(id, "dlq:") {
+		t.Errorf("dead letter Nats-Msg-Id %q, want the dead letter's own dlq:stream:sequence", id)
+	}
+}
+
+// headersEqual reports whether a and b hold the same names with the same
+// values in the same order.
+func headersEqual(a, b nats.Header) bool {
+	return maps.EqualFunc(a, b, slices.Equal[[]string])
+}
