@@ -35,6 +35,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -92,6 +94,44 @@ type Options struct {
 	// a whole, with the number of its messages and the server's error,
 	// before they are published one by one.
 	OnFallback func(messages int, err error)
+
+	// Fence, if set, makes every publish depend on the fence subject's
+	// last sequence (see the package comment). The messages given are not
+	// changed: the fence headers go on copies. Default nil: no fence.
+	Fence *Fence
+}
+
+// Fence is a partition's fence as its owner took it: the fence subject in
+// the output stream and the sequence of the fence message the owner wrote.
+// A publish carrying it is stored only while that message is still the
+// subject's last.
+type Fence struct {
+	// Subject is the fence subject (handover.FenceSubject).
+	Subject string
+	// Seq is the stream sequence of the fence subject's last message, as
+	// the owner wrote it.
+	Seq uint64
+}
+
+// apply returns a copy of m whose headers (copied too) expect f.
+func (f *Fence) apply(m *nats.Msg) *nats.Msg {
+	h := make(nats.Header, len(m.Header)+2)
+	for k, v := range m.Header {
+		h[k] = slices.Clone(v)
+	}
+	h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(f.Seq, 10))
+	h.Set(jetstream.ExpectedLastSubjSeqSubjHeader, f.Subject)
+	return &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
+}
+
+// fenced wraps err, a fence refusal of n messages, so that it matches
+// retry.ErrFenced. f may be nil: a message that carried its own
+// expectation.
+func (f *Fence) fenced(n int, err error) error {
+	if f == nil {
+		return fmt.Errorf("forward: %d messages: %w: %w", n, retry.ErrFenced, err)
+	}
+	return fmt.Errorf("forward: %d messages expecting %s at sequence %d: %w: %w", n, f.Subject, f.Seq, retry.ErrFenced, err)
 }
 
 // Limiter bounds how many atomic batches are open at once. It is safe for
@@ -131,6 +171,12 @@ type Result struct {
 	// Duplicate is true when the stream already held the message's
 	// Nats-Msg-Id and dropped this copy.
 	Duplicate bool
+	// Seq is the stream sequence of the stored message, when Done and Err
+	// is nil: the one the PubAck gave (for a Duplicate, the sequence of
+	// the copy the stream already held), or, for a message of an atomic
+	// batch, the commit's sequence less the messages after it (the server
+	// stores a batch at consecutive sequences).
+	Seq uint64
 }
 
 // Batch publishes msgs through js and waits until each is stored: without
@@ -141,8 +187,11 @@ type Result struct {
 // Nats-Msg-Id) with backoff, until each is stored or refused permanently;
 // res[i] (len(res) must be len(msgs)) tells which. Batch returns nil then,
 // or an error wrapping ctx.Err() when ctx ends first, with res[i].Done
-// false for the messages still unsettled. msgs are left as they were
-// given.
+// false for the messages still unsettled. With Options.Fence, Batch
+// returns an error wrapping retry.ErrFenced (retry.IsFenced) as soon as
+// the server refuses a publish because the fence moved; the refused
+// messages, and those not yet sent, have res[i].Done false. msgs are left
+// as they were given.
 func Batch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, o Options) error {
 	if len(res) != len(msgs) {
 		return fmt.Errorf("forward: %d results for %d messages", len(res), len(msgs))
@@ -156,6 +205,8 @@ func Batch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []
 	if !o.Atomic {
 		return each(ctx, js, msgs, res, o)
 	}
+	// The sub-batches go one after the other: with a fence, never two of
+	// them in flight.
 	if o.BatchMax <= 0 {
 		o.BatchMax = DefaultBatchMax
 	}
@@ -174,22 +225,30 @@ func Batch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []
 // it as a whole.
 func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, o Options) error {
 	var refused error
+	var ack *jetstreamext.BatchAck
 	ro := o.Retry
 	if o.OnRetry != nil {
 		ro.OnRetry = func(attempt int, err error) { o.OnRetry(attempt, len(msgs), err) }
+	}
+	send := msgs
+	if o.Fence != nil {
+		// The first message carries the check, on a copy: the whole batch
+		// depends on it.
+		send = slices.Clone(msgs)
+		send[0] = o.Fence.apply(msgs[0])
 	}
 	err := retry.Do(ctx, o.Component, func() error {
 		if err := o.Inflight.acquire(ctx); err != nil {
 			return err
 		}
-		for _, m := range msgs {
+		for _, m := range send {
 			if m.Header == nil {
 				m.Header = nats.Header{}
 			}
 		}
-		_, err := jetstreamext.PublishMsgBatch(ctx, js, msgs)
+		a, err := jetstreamext.PublishMsgBatch(ctx, js, send)
 		o.Inflight.release()
-		for _, m := range msgs {
+		for _, m := range send {
 			m.Header.Del(jetstreamext.BatchIDHeader)
 			m.Header.Del(jetstreamext.BatchSeqHeader)
 			m.Header.Del(jetstreamext.BatchCommitHeader)
@@ -197,10 +256,13 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 		}
 		switch retry.ClassifyBatch(err) {
 		case retry.None:
+			ack = a
 			return nil
 		case retry.Permanent:
 			refused = err
 			return nil
+		case retry.Fenced:
+			return o.Fence.fenced(len(msgs), err)
 		}
 		return fmt.Errorf("atomic batch of %d messages: %w", len(msgs), err)
 	}, ro)
@@ -208,8 +270,11 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 		return err
 	}
 	if refused == nil {
+		// The batch is stored at consecutive sequences ending at the
+		// commit's.
+		last := len(res) - 1
 		for i := range res {
-			res[i] = Result{Done: true}
+			res[i] = Result{Done: true, Seq: ack.Sequence - uint64(last-i)}
 		}
 		return nil
 	}
@@ -220,20 +285,16 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 }
 
 // each publishes msgs asynchronously, one by one, and awaits every PubAck;
-// see Batch.
+// see Batch. With a fence, it publishes copies that carry the fence, one
+// at a time (fencedRound).
 func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, o Options) error {
-	pending := make([]int, len(msgs))
-	for i := range pending {
-		pending[i] = i
-		res[i] = Result{}
+	if o.Fence != nil {
+		return settle(ctx, res, o, "fenced publishes", func(pending []int) ([]int, error) {
+			return fencedRound(ctx, js, msgs, res, o.Fence, pending)
+		})
 	}
 	futures := make([]jetstream.PubAckFuture, len(msgs))
-	failed := 0
-	ro := o.Retry
-	if o.OnRetry != nil {
-		ro.OnRetry = func(attempt int, err error) { o.OnRetry(attempt, failed, err) }
-	}
-	return retry.Do(ctx, o.Component, func() error {
+	return settle(ctx, res, o, "publishes", func(pending []int) ([]int, error) {
 		var last error
 		futures = futures[:len(pending)]
 		for k, i := range pending {
@@ -260,7 +321,7 @@ func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []R
 			}
 			select {
 			case ack := <-f.Ok():
-				res[i] = Result{Done: true, Duplicate: ack.Duplicate}
+				res[i] = Result{Done: true, Duplicate: ack.Duplicate, Seq: ack.Sequence}
 			case err := <-f.Err():
 				if retry.IsPermanent(err) {
 					res[i] = Result{Done: true, Err: err}
@@ -270,9 +331,58 @@ func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []R
 				last = err
 			}
 		}
+		return still, last
+	})
+}
+
+// fencedRound publishes a copy of each pending message carrying f, one at
+// a time and waiting for each PubAck, so that no two fenced publishes are
+// in flight at once. It returns the messages that failed transiently and
+// the last such error, or, at the first fence refusal, that refusal
+// (retry.IsFenced).
+func fencedRound(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, f *Fence, pending []int) ([]int, error) {
+	var last error
+	still := pending[:0]
+	for k, i := range pending {
+		ack, err := js.PublishMsg(ctx, f.apply(msgs[i]))
+		switch retry.Classify(err) {
+		case retry.None:
+			res[i] = Result{Done: true, Duplicate: ack.Duplicate, Seq: ack.Sequence}
+		case retry.Permanent:
+			res[i] = Result{Done: true, Err: err}
+		case retry.Fenced:
+			return nil, f.fenced(len(pending)-k, err)
+		default:
+			still = append(still, i)
+			last = err
+		}
+	}
+	return still, last
+}
+
+// settle runs round over the indexes of res still pending, with retry.Do,
+// until none is: round publishes them, settles res for each stored or
+// refused permanently, and returns the ones that failed transiently with
+// the last such error. A fenced error from round ends settle at once.
+func settle(ctx context.Context, res []Result, o Options, what string, round func(pending []int) ([]int, error)) error {
+	pending := make([]int, len(res))
+	for i := range pending {
+		pending[i] = i
+		res[i] = Result{}
+	}
+	failed := 0
+	ro := o.Retry
+	if o.OnRetry != nil {
+		ro.OnRetry = func(attempt int, err error) { o.OnRetry(attempt, failed, err) }
+	}
+	return retry.Do(ctx, o.Component, func() error {
+		still, err := round(pending)
+		if retry.IsFenced(err) {
+			return err
+		}
 		pending, failed = still, len(still)
 		if len(pending) > 0 {
-			return fmt.Errorf("%d of the batch's publishes failed: %w", len(pending), last)
+			return fmt.Errorf("%d of the batch's %s failed: %w", len(pending), what, err)
 		}
 		return nil
 	}, ro)

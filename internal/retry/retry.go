@@ -12,6 +12,13 @@
 // one that turns out permanent costs health and time, while treating a
 // transient one as permanent would turn away a good message.
 //
+// A third class, Fenced, is neither: a publish that expected the last
+// sequence of a partition's fence subject was refused because another
+// owner moved the fence (JetStream error 10071). Retrying it cannot
+// succeed, and its messages are not at fault either: they belong to the
+// new owner, so they are neither retried in place nor dead-lettered, only
+// left unacknowledged (ErrFenced, IsFenced).
+//
 // Use:
 //
 //	err := retry.Do(ctx, "commit", func() error { return store.Commit(batch) }, retry.Options{Reporter: status})
@@ -44,15 +51,22 @@ const (
 	// tried: the operation must be given up and its input handled another
 	// way (dead-lettered, recorded).
 	Permanent
+	// Fenced failures end the caller's ownership of a partition: another
+	// owner moved the partition's fence. The operation is given up and its
+	// input is left as it is (not acknowledged, not dead-lettered) for the
+	// new owner. Do never retries it.
+	Fenced
 )
 
-// String returns "none", "transient" or "permanent".
+// String returns "none", "transient", "permanent" or "fenced".
 func (c Class) String() string {
 	switch c {
 	case Transient:
 		return "transient"
 	case Permanent:
 		return "permanent"
+	case Fenced:
+		return "fenced"
 	}
 	return "none"
 }
@@ -72,7 +86,26 @@ const (
 	// stream at max_msgs or max_bytes with discard new
 	// (JSStreamStoreFailedF); it clears when the stream has room again.
 	CodeStoreFailed jetstream.ErrorCode = 10077
+	// CodeWrongLastSequence: a Nats-Expected-Last-Subject-Sequence (or
+	// Nats-Expected-Last-Sequence) check failed, "wrong last sequence: N"
+	// with the real last sequence (JSStreamWrongLastSequenceErrF). On a
+	// publish checked against a fence subject it means the fence moved:
+	// Fenced. HTTP status 400.
+	CodeWrongLastSequence jetstream.ErrorCode = 10071
+	// CodeWrongLastSequenceConstant: "wrong last sequence" with no number
+	// (JSStreamWrongLastSequenceConstantErr). A clustered stream refuses a
+	// proposal that expects a subject's last sequence while another
+	// proposal on that subject is in flight; it clears once that one is
+	// applied: Transient. A batch that writes a subject and then checks it
+	// gets it too. HTTP status 400.
+	CodeWrongLastSequenceConstant jetstream.ErrorCode = 10164
 )
+
+// ErrFenced means a publish was refused because the partition's fence
+// moved: another owner took the partition (CodeWrongLastSequence on a
+// fenced publish). Classify reports it, and any error wrapping it, as
+// Fenced.
+var ErrFenced = errors.New("fenced: the partition's fence moved, another owner holds it")
 
 // Error codes with which nats-server (2.12 and later) refuses an atomic
 // batch as a whole (server/jetstream_errors_generated.go). None of them
@@ -132,6 +165,9 @@ func Classify(err error) Class {
 	if errors.As(err, &pe) {
 		return Permanent
 	}
+	if errors.Is(err, ErrFenced) {
+		return Fenced
+	}
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload), // client side: larger than the server's max_payload
 		errors.Is(err, nats.ErrBadSubject),
@@ -146,7 +182,12 @@ func Classify(err error) Class {
 	}
 	var api *jetstream.APIError
 	if errors.As(err, &api) {
+		// Matched by code before the 400 rule below: both are 400s.
 		switch api.ErrorCode {
+		case CodeWrongLastSequence:
+			return Fenced
+		case CodeWrongLastSequenceConstant:
+			return Transient
 		case CodeMessageTooLarge, CodeHeaderTooLarge, CodeStreamSealed:
 			return Permanent
 		}
@@ -162,8 +203,12 @@ func Classify(err error) Class {
 }
 
 // ClassifyBatch tells whether publishing an atomic batch again, unchanged,
-// can succeed after it failed with err. Transient: too many batches open
-// on the stream (CodeBatchTooManyInflight), and whatever Classify calls
+// can succeed after it failed with err. Fenced: the batch's fence check
+// failed (CodeWrongLastSequence, or an error wrapping ErrFenced); nothing
+// of it was stored and no retry, whole or one by one, can store it.
+// Transient: too many batches open on the stream
+// (CodeBatchTooManyInflight), another fenced proposal in flight
+// (CodeWrongLastSequenceConstant), and whatever Classify calls
 // transient (a timeout, a disconnection; a batch that did land then comes
 // back with CodeBatchDuplicateMsgID). Permanent: every other refusal of
 // the batch, CodeBatchDuplicateMsgID and CodeBatchTooLarge among them, and
@@ -178,7 +223,9 @@ func ClassifyBatch(err error) Class {
 	var api *jetstream.APIError
 	if errors.As(err, &api) {
 		switch api.ErrorCode {
-		case CodeBatchTooManyInflight:
+		case CodeWrongLastSequence:
+			return Fenced
+		case CodeBatchTooManyInflight, CodeWrongLastSequenceConstant:
 			return Transient
 		case CodeBatchDisabled, CodeBatchMissingSeq, CodeBatchIncomplete, CodeBatchUnsupportedHeader,
 			CodeBatchTooLarge, CodeBatchDuplicateMsgID:
@@ -190,6 +237,10 @@ func ClassifyBatch(err error) Class {
 
 // IsPermanent reports whether Classify(err) is Permanent.
 func IsPermanent(err error) bool { return Classify(err) == Permanent }
+
+// IsFenced reports whether Classify(err) is Fenced: err wraps ErrFenced,
+// or is the server's CodeWrongLastSequence refusal.
+func IsFenced(err error) bool { return Classify(err) == Fenced }
 
 // Reporter receives the outcome of every attempt of a component's
 // operation. A Status implements it; the stage derives its health from it.
@@ -213,17 +264,18 @@ type Options struct {
 	OnRetry func(attempt int, err error)
 }
 
-// Do runs op until it succeeds, fails permanently, or ctx is done. Between
-// transient failures it backs off (NewBackoff). It returns nil; op's
-// permanent error as is (IsPermanent is true); or, when ctx ends first, an
-// error wrapping ctx.Err() that names the last failure. A permanent failure
-// is not reported as a failure of the component: the component works, the
-// input is at fault.
+// Do runs op until it succeeds, fails permanently or fenced, or ctx is
+// done. Between transient failures it backs off (NewBackoff). It returns
+// nil; op's permanent or fenced error as is (IsPermanent or IsFenced is
+// true); or, when ctx ends first, an error wrapping ctx.Err() that names
+// the last failure. A permanent or fenced failure is not reported as a
+// failure of the component: the component works, the input is at fault or
+// belongs to another owner.
 func Do(ctx context.Context, component string, op func() error, o Options) error {
 	b := NewBackoff()
 	for attempt := 1; ; attempt++ {
 		err := op()
-		if err == nil || IsPermanent(err) {
+		if c := Classify(err); c == None || c == Permanent || c == Fenced {
 			if o.Reporter != nil {
 				o.Reporter.Succeeded(component, attempt > 1)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
@@ -239,6 +240,8 @@ func TestClassifyBatch(t *testing.T) {
 		{"disabled", api(retry.CodeBatchDisabled, 400), retry.Permanent},
 		{"incomplete", api(retry.CodeBatchIncomplete, 400), retry.Permanent},
 		{"too many in flight", api(retry.CodeBatchTooManyInflight, 429), retry.Transient},
+		{"fence moved", api(retry.CodeWrongLastSequence, 400), retry.Fenced},
+		{"another fenced proposal in flight", api(retry.CodeWrongLastSequenceConstant, 400), retry.Transient},
 		{"timeout", nats.ErrTimeout, retry.Transient},
 		{"store failed", api(retry.CodeStoreFailed, 503), retry.Transient},
 	}
@@ -249,4 +252,100 @@ func TestClassifyBatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestClassifyFenceRefusals produces the two refusals of a publish that
+// expects a fence subject's last sequence on a real server and checks
+// their classes: 10071 (the fence moved) is Fenced, never retried by Do
+// and neither transient nor permanent, for a plain publish and an atomic
+// batch; 10164 (a batch that writes the fence and then checks it, the
+// refusal a second fenced proposal in flight gets on a cluster) is
+// Transient.
+func TestClassifyFenceRefusals(t *testing.T) {
+	_, js := runServer(t, 0)
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, AllowAtomicPublish: true}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	const fence = "out._fence.0"
+	first, err := js.Publish(ctx, fence, []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, fence, []byte("b")); err != nil { // another owner moves the fence
+		t.Fatal(err)
+	}
+	expect := func(seq uint64) nats.Header {
+		return nats.Header{
+			jetstream.ExpectedLastSubjSeqHeader:     {fmt.Sprint(seq)},
+			jetstream.ExpectedLastSubjSeqSubjHeader: {fence},
+		}
+	}
+	code := func(err error) jetstream.ErrorCode {
+		var api *jetstream.APIError
+		if errors.As(err, &api) {
+			return api.ErrorCode
+		}
+		return 0
+	}
+
+	t.Run("plain publish after the fence moved", func(t *testing.T) {
+		_, err := js.PublishMsg(ctx, &nats.Msg{Subject: "out.0.x", Header: expect(first.Sequence), Data: []byte("x")})
+		if code(err) != retry.CodeWrongLastSequence {
+			t.Fatalf("publish: %v, want API error %d", err, retry.CodeWrongLastSequence)
+		}
+		if got := retry.Classify(err); got != retry.Fenced || !retry.IsFenced(err) || retry.IsPermanent(err) {
+			t.Errorf("Classify(%v) = %v, IsFenced %v, IsPermanent %v; want fenced, true, false", err, got, retry.IsFenced(err), retry.IsPermanent(err))
+		}
+		var r reporter
+		calls := 0
+		derr := retry.Do(ctx, "publish", func() error { calls++; return err }, retry.Options{Reporter: &r})
+		if calls != 1 || !retry.IsFenced(derr) || r.failed != 0 {
+			t.Errorf("Do: %d calls, err %v, %d failures reported; want 1 call, the fenced error, none reported", calls, derr, r.failed)
+		}
+	})
+	t.Run("atomic batch after the fence moved", func(t *testing.T) {
+		msgs := []*nats.Msg{
+			{Subject: "out.0.x", Header: expect(first.Sequence), Data: []byte("x")},
+			{Subject: "out.0.y", Header: nats.Header{}, Data: []byte("y")},
+		}
+		_, err := jetstreamext.PublishMsgBatch(ctx, js, msgs)
+		if code(err) != retry.CodeWrongLastSequence {
+			t.Fatalf("batch: %v, want API error %d", err, retry.CodeWrongLastSequence)
+		}
+		if got := retry.ClassifyBatch(err); got != retry.Fenced {
+			t.Errorf("ClassifyBatch(%v) = %v, want fenced", err, got)
+		}
+	})
+	t.Run("atomic batch that writes the fence and then checks it", func(t *testing.T) {
+		info, err := js.Stream(ctx, "OUT")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := info.GetLastMsgForSubject(ctx, fence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := []*nats.Msg{
+			{Subject: fence, Header: nats.Header{}, Data: []byte("c")},
+			{Subject: "out.0.z", Header: expect(last.Sequence), Data: []byte("z")},
+		}
+		_, err = jetstreamext.PublishMsgBatch(ctx, js, msgs)
+		if code(err) != retry.CodeWrongLastSequenceConstant {
+			t.Fatalf("batch: %v, want API error %d", err, retry.CodeWrongLastSequenceConstant)
+		}
+		if got, gotBatch := retry.Classify(err), retry.ClassifyBatch(err); got != retry.Transient || gotBatch != retry.Transient {
+			t.Errorf("Classify(%v) = %v, ClassifyBatch = %v; want transient, transient", err, got, gotBatch)
+		}
+	})
+	t.Run("a wrapped ErrFenced", func(t *testing.T) {
+		err := fmt.Errorf("partition 3: %w", retry.ErrFenced)
+		if retry.Classify(err) != retry.Fenced || retry.ClassifyBatch(err) != retry.Fenced {
+			t.Errorf("Classify(%v) = %v, ClassifyBatch = %v; want fenced", err, retry.Classify(err), retry.ClassifyBatch(err))
+		}
+		if retry.Fenced.String() != "fenced" {
+			t.Errorf("Fenced.String() = %q", retry.Fenced.String())
+		}
+	})
 }
