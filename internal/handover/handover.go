@@ -1,0 +1,293 @@
+// Package handover is what hands a partition from one instance to another
+// when several instances share one input (docs/scale-out.md §3.3, §3.4,
+// §7): the output stream is the partition's changelog, and a per-partition
+// fence subject in that stream decides which instance may write it.
+//
+// Every forwarded message is a record of the partition's state: its
+// Nats-Msg-Id is the key, Annotate adds the first-seen time and the payload
+// fingerprint decided at judge time, and its subject (PartitionSubject)
+// carries the partition. A new owner takes the partition's fence (Take),
+// which refuses every later publish of the old owner that expects the old
+// fence, and then reads the partition's records back up to its own fence
+// message (Restore, Decode): the fence's sequence is a cut in the stream's
+// single order, so every record the old owner stored is before it.
+//
+// This package is the one owner of the changelog's subjects and headers:
+//
+//	<prefix>.<p>.<input subject>   a forwarded message of partition p (PartitionSubject)
+//	<prefix>.<p>.>                 all of partition p's records (PartitionFilter)
+//	<prefix>._fence.<p>            partition p's fence (FenceSubject)
+//
+// "_fence" is not a partition number, so PartitionFilter never matches a
+// fence message.
+//
+// Use, on taking partition p:
+//
+//	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject("out", p), instance)
+//	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), cursor+1, time.Time{}, f,
+//		func(key []byte, firstSeen time.Time, fp uint64, seq uint64) error { ... })
+//	// then publish with forward.Options{Fence: &forward.Fence{Subject: handover.FenceSubject("out", p), Seq: f}}
+package handover
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// Headers a forwarded message carries so that it can be read back as a
+// record.
+const (
+	// HeaderFirstSeen is the key's first-seen time, decided once at judge
+	// time: Unix nanoseconds, in decimal.
+	HeaderFirstSeen = "Dedupe-First-Seen"
+	// HeaderFingerprint is the payload fingerprint stored with the key: 16
+	// lowercase hexadecimal digits of the uint64.
+	HeaderFingerprint = "Dedupe-Fingerprint"
+)
+
+// ErrNotARecord means a message read from a partition's subjects does not
+// carry a record: no Nats-Msg-Id, or a missing or malformed
+// HeaderFirstSeen or HeaderFingerprint. Decode's errors wrap it and are
+// permanent (retry.IsPermanent): reading the message again gives the same
+// answer.
+var ErrNotARecord = errors.New("handover: message is not a partition record")
+
+// Annotate sets the record headers on h (a forward's headers): firstSeen
+// and fingerprint, as Decode reads them back. The key travels as the
+// message's Nats-Msg-Id, which the caller sets.
+func Annotate(h nats.Header, firstSeen time.Time, fingerprint uint64) {
+	h.Set(HeaderFirstSeen, strconv.FormatInt(firstSeen.UnixNano(), 10))
+	h.Set(HeaderFingerprint, fmt.Sprintf("%016x", fingerprint))
+}
+
+// Decode reads the record m carries (see DecodeHeader).
+func Decode(m jetstream.Msg) (key []byte, firstSeen time.Time, fingerprint uint64, err error) {
+	return DecodeHeader(m.Headers())
+}
+
+// DecodeHeader reads a record from a message's headers: the key from
+// Nats-Msg-Id, the first-seen time and the fingerprint from the headers
+// Annotate sets. It returns an error wrapping ErrNotARecord, permanent,
+// when one of them is missing or malformed.
+func DecodeHeader(h nats.Header) (key []byte, firstSeen time.Time, fingerprint uint64, err error) {
+	fail := func(format string, args ...any) error {
+		return retry.MarkPermanent(fmt.Errorf("%w: "+format, append([]any{ErrNotARecord}, args...)...))
+	}
+	id := h.Get(jetstream.MsgIDHeader)
+	if id == "" {
+		return nil, time.Time{}, 0, fail("no %s", jetstream.MsgIDHeader)
+	}
+	fs := h.Get(HeaderFirstSeen)
+	ns, perr := strconv.ParseInt(fs, 10, 64)
+	if perr != nil || ns <= 0 {
+		return nil, time.Time{}, 0, fail("%s %q is not positive Unix nanoseconds", HeaderFirstSeen, fs)
+	}
+	fp := h.Get(HeaderFingerprint)
+	v, perr := strconv.ParseUint(fp, 16, 64)
+	if perr != nil || len(fp) != 16 {
+		return nil, time.Time{}, 0, fail("%s %q is not 16 hexadecimal digits", HeaderFingerprint, fp)
+	}
+	return []byte(id), time.Unix(0, ns), v, nil
+}
+
+// FenceSubject returns partition p's fence subject in an output stream
+// whose subjects start with outputPrefix: "<outputPrefix>._fence.<p>".
+func FenceSubject(outputPrefix string, p int) string {
+	return outputPrefix + "._fence." + strconv.Itoa(p)
+}
+
+// PartitionSubject returns the output subject of a message of partition p
+// that arrived on inputSubject: "<outputPrefix>.<p>.<inputSubject>".
+func PartitionSubject(outputPrefix string, p int, inputSubject string) string {
+	return outputPrefix + "." + strconv.Itoa(p) + "." + inputSubject
+}
+
+// PartitionFilter returns the subject filter that matches every
+// PartitionSubject of partition p and nothing else: "<outputPrefix>.<p>.>".
+// It matches no fence subject.
+func PartitionFilter(outputPrefix string, p int) string {
+	return outputPrefix + "." + strconv.Itoa(p) + ".>"
+}
+
+// takeAttempts bounds how often Take writes the fence when other writers
+// keep moving it between its read and its write.
+const takeAttempts = 10
+
+// fenceBody is the payload of a fence message, for people reading the
+// stream.
+type fenceBody struct {
+	Instance string    `json:"instance"`
+	Time     time.Time `json:"time"`
+}
+
+// Take takes a partition's fence for instance: it reads the last sequence
+// of fenceSubject in stream (0 when the subject holds no message), then
+// publishes a fence message expecting that sequence, and returns the
+// sequence the new fence message got. From then on, the server refuses
+// every publish that expects an earlier fence (retry.ErrFenced in
+// internal/forward). When another writer moves the fence between the read
+// and the write (the server refuses with 10071), Take reads again and
+// tries again, at most 10 times; then it returns an error for which
+// retry.IsFenced is true. Transient failures are retried until ctx ends.
+func Take(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, instance string) (uint64, error) {
+	var st jetstream.Stream
+	err := retry.Do(ctx, "fence", func() error {
+		var err error
+		st, err = js.Stream(ctx, stream)
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return 0, fmt.Errorf("handover: take %s: stream %s: %w", fenceSubject, stream, err)
+	}
+	var raced error
+	for range takeAttempts {
+		var last uint64
+		err := retry.Do(ctx, "fence", func() error {
+			m, err := st.GetLastMsgForSubject(ctx, fenceSubject)
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound):
+				last = 0
+				return nil
+			case err != nil:
+				return err
+			}
+			last = m.Sequence
+			return nil
+		}, retry.Options{})
+		if err != nil {
+			return 0, fmt.Errorf("handover: take %s: read its last message: %w", fenceSubject, err)
+		}
+		body, err := json.Marshal(fenceBody{Instance: instance, Time: time.Now().UTC()})
+		if err != nil {
+			return 0, fmt.Errorf("handover: take %s: %w", fenceSubject, err)
+		}
+		var seq uint64
+		err = retry.Do(ctx, "fence", func() error {
+			m := &nats.Msg{Subject: fenceSubject, Data: body, Header: nats.Header{
+				jetstream.ExpectedLastSubjSeqHeader:     {strconv.FormatUint(last, 10)},
+				jetstream.ExpectedLastSubjSeqSubjHeader: {fenceSubject},
+			}}
+			ack, err := js.PublishMsg(ctx, m)
+			if err == nil {
+				seq = ack.Sequence
+			}
+			return err
+		}, retry.Options{})
+		switch {
+		case err == nil:
+			return seq, nil
+		case retry.IsFenced(err):
+			// Another writer (or a retried write of ours that did land)
+			// moved the fence since the read: read it again.
+			raced = err
+			continue
+		}
+		return 0, fmt.Errorf("handover: take %s expecting sequence %d: %w", fenceSubject, last, err)
+	}
+	return 0, fmt.Errorf("handover: take %s: the fence moved under each of %d attempts: %w", fenceSubject, takeAttempts, raced)
+}
+
+// restoreBuffer is how many messages Restore's reader asks for at once.
+const restoreBuffer = 4096
+
+// restoreIdle is how long Restore waits for the next message before it
+// asks the server whether any is left on the filter.
+const restoreIdle = 2 * time.Second
+
+// Restore reads the records of one partition back from stream: the
+// messages on filter (PartitionFilter) from sequence from when from > 0,
+// otherwise from the first one stored at or after since (all of them when
+// since is zero too), up to and including sequence upTo (the caller's
+// fence). It calls fn for each record in stream order, with the message's
+// stream sequence, and returns how many it passed to fn. Messages above
+// upTo are ignored; Restore returns once it has passed upTo or no message
+// on filter is left, so an empty partition returns 0 at once.
+//
+// A message on filter that is not a record (Decode) ends Restore with that
+// permanent error; so does an error from fn, wrapped. Restore uses an
+// ordered consumer, so it needs no consumer of its own in the stream.
+func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string, from uint64, since time.Time, upTo uint64,
+	fn func(key []byte, firstSeen time.Time, fingerprint uint64, seq uint64) error) (int, error) {
+	if upTo == 0 || from > upTo {
+		return 0, nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
+	switch {
+	case from > 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	case !since.IsZero():
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	var cons jetstream.Consumer
+	var pending uint64
+	err := retry.Do(ctx, "restore", func() error {
+		c, err := js.OrderedConsumer(ctx, stream, cfg)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		cons, pending = c, info.NumPending
+		return nil
+	}, retry.Options{})
+	if err != nil {
+		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+	}
+	if pending == 0 {
+		return 0, nil
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(restoreBuffer))
+	if err != nil {
+		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	n := 0
+	for {
+		m, err := it.Next(jetstream.NextMaxWait(restoreIdle))
+		if errors.Is(err, nats.ErrTimeout) {
+			left, ierr := cons.Info(ctx)
+			if ierr == nil && left.NumPending == 0 {
+				return n, nil
+			}
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return n, fmt.Errorf("handover: restore %s: %d records read: %w", filter, n, ctx.Err())
+			}
+			return n, fmt.Errorf("handover: restore %s: %d records read: %w", filter, n, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return n, fmt.Errorf("handover: restore %s: %w", filter, err)
+		}
+		seq := md.Sequence.Stream
+		if seq > upTo {
+			return n, nil
+		}
+		key, firstSeen, fp, err := Decode(m)
+		if err != nil {
+			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
+		}
+		if err := fn(key, firstSeen, fp, seq); err != nil {
+			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
+		}
+		n++
+		if seq == upTo || md.NumPending == 0 {
+			return n, nil
+		}
+	}
+}

@@ -1,0 +1,328 @@
+package handover_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+const prefix = "out"
+
+// outStream starts a server and creates stream OUT on out.> allowing
+// atomic publish.
+func outStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	s := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, s.ClientURL())
+	cfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{prefix + ".>"}, Duplicates: time.Minute, AllowAtomicPublish: true}
+	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// record is one record as published and as read back.
+type record struct {
+	key       string
+	firstSeen time.Time
+	fp        uint64
+	seq       uint64
+}
+
+// publishRecords publishes n annotated records of partition p, keys
+// <p>-<from>.., and returns them with their sequences.
+func publishRecords(t *testing.T, js jetstream.JetStream, p, from, n int) []record {
+	t.Helper()
+	var out []record
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := from; i < from+n; i++ {
+		r := record{key: fmt.Sprintf("%d-%d", p, i), firstSeen: base.Add(time.Duration(i)*time.Second + time.Duration(p)), fp: uint64(i)<<32 | uint64(p)}
+		h := nats.Header{jetstream.MsgIDHeader: {r.key}}
+		handover.Annotate(h, r.firstSeen, r.fp)
+		ack, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: handover.PartitionSubject(prefix, p, "events.x"), Header: h, Data: []byte("payload")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.seq = ack.Sequence
+		out = append(out, r)
+	}
+	return out
+}
+
+// restore runs Restore and returns the records it passed on.
+func restore(t *testing.T, js jetstream.JetStream, p int, from uint64, since time.Time, upTo uint64) []record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []record
+	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), from, since, upTo,
+		func(key []byte, firstSeen time.Time, fp, seq uint64) error {
+			got = append(got, record{key: string(key), firstSeen: firstSeen, fp: fp, seq: seq})
+			return nil
+		})
+	if err != nil {
+		t.Fatalf("restore p%d from %d since %v up to %d: %v", p, from, since, upTo, err)
+	}
+	if n != len(got) {
+		t.Errorf("Restore returned %d, passed %d records on", n, len(got))
+	}
+	return got
+}
+
+// sameRecords fails unless got equals want, in order.
+func sameRecords(t *testing.T, what string, got, want []record) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d records, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.key != w.key || !g.firstSeen.Equal(w.firstSeen) || g.fp != w.fp || g.seq != w.seq {
+			t.Errorf("%s: record %d = %+v, want %+v", what, i, g, w)
+		}
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	if got := handover.FenceSubject("out", 3); got != "out._fence.3" {
+		t.Errorf("FenceSubject = %q", got)
+	}
+	if got := handover.PartitionSubject("out", 12, "events.a.b"); got != "out.12.events.a.b" {
+		t.Errorf("PartitionSubject = %q", got)
+	}
+	if got := handover.PartitionFilter("out", 12); got != "out.12.>" {
+		t.Errorf("PartitionFilter = %q", got)
+	}
+}
+
+func TestDecode(t *testing.T) {
+	first := time.Unix(1_767_000_000, 123_456_789)
+	h := nats.Header{jetstream.MsgIDHeader: {"k1"}}
+	handover.Annotate(h, first, 0xab)
+	if got := h.Get(handover.HeaderFingerprint); got != "00000000000000ab" {
+		t.Errorf("fingerprint header %q, want 16 lowercase hex digits", got)
+	}
+	if got := h.Get(handover.HeaderFirstSeen); got != "1767000000123456789" {
+		t.Errorf("first-seen header %q, want Unix nanoseconds", got)
+	}
+	key, fs, fp, err := handover.DecodeHeader(h)
+	if err != nil || string(key) != "k1" || !fs.Equal(first) || fp != 0xab {
+		t.Errorf("DecodeHeader = %q %v %x %v", key, fs, fp, err)
+	}
+	for name, edit := range map[string]func(nats.Header){
+		"no id":                 func(h nats.Header) { h.Del(jetstream.MsgIDHeader) },
+		"no first-seen":         func(h nats.Header) { h.Del(handover.HeaderFirstSeen) },
+		"no fingerprint":        func(h nats.Header) { h.Del(handover.HeaderFingerprint) },
+		"first-seen not a num":  func(h nats.Header) { h.Set(handover.HeaderFirstSeen, "soon") },
+		"first-seen zero":       func(h nats.Header) { h.Set(handover.HeaderFirstSeen, "0") },
+		"fingerprint short":     func(h nats.Header) { h.Set(handover.HeaderFingerprint, "ab") },
+		"fingerprint not hex":   func(h nats.Header) { h.Set(handover.HeaderFingerprint, "000000000000000g") },
+		"fingerprint too large": func(h nats.Header) { h.Set(handover.HeaderFingerprint, "10000000000000000") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := nats.Header{}
+			for k, v := range h {
+				bad[k] = append([]string(nil), v...)
+			}
+			edit(bad)
+			_, _, _, err := handover.DecodeHeader(bad)
+			if !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
+				t.Errorf("DecodeHeader: %v, want a permanent ErrNotARecord", err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	f.Add("k", int64(1), uint64(0))
+	f.Add("key with spaces", int64(1_767_000_000_123_456_789), ^uint64(0))
+	f.Fuzz(func(t *testing.T, key string, ns int64, fp uint64) {
+		if len(key) > 1024 || ns <= 0 {
+			return
+		}
+		h := nats.Header{}
+		h.Set(jetstream.MsgIDHeader, key)
+		handover.Annotate(h, time.Unix(0, ns), fp)
+		k, fs, gotFP, err := handover.DecodeHeader(h)
+		if key == "" {
+			if err == nil {
+				t.Fatal("decoded a record without a key")
+			}
+			return
+		}
+		if err != nil || string(k) != key || fs.UnixNano() != ns || gotFP != fp {
+			t.Fatalf("round trip of %q %d %x: %q %d %x %v", key, ns, fp, k, fs.UnixNano(), gotFP, err)
+		}
+	})
+}
+
+// TestTakeFencesTheOldOwner takes a fence on an empty stream, then again as
+// another instance: each take returns the sequence of its fence message,
+// and the first owner's fenced publishes are refused after the second
+// take while the second owner's are stored.
+func TestTakeFencesTheOldOwner(t *testing.T) {
+	js := outStream(t)
+	ctx := context.Background()
+	fence := handover.FenceSubject(prefix, 2)
+	fa, err := handover.Take(ctx, js, "OUT", fence, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishRecords(t, js, 2, 0, 3)
+	fb, err := handover.Take(ctx, js, "OUT", fence, "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for who, seq := range map[string]uint64{"A": fa, "B": fb} {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil || m.Subject != fence {
+			t.Fatalf("%s's fence sequence %d: %v, subject %q", who, seq, err, m.Subject)
+		}
+		if got := fenceOwner(t, m.Data); got != who {
+			t.Errorf("%s's fence message names %q", who, got)
+		}
+	}
+	if fa != 1 || fb != 5 {
+		t.Errorf("fences at %d and %d, want 1 (empty stream) and 5 (after 3 records)", fa, fb)
+	}
+	msg := func(id string) []*nats.Msg {
+		return []*nats.Msg{{Subject: handover.PartitionSubject(prefix, 2, "e"), Header: nats.Header{jetstream.MsgIDHeader: {id}}}}
+	}
+	err = forward.Batch(ctx, js, msg("z"), make([]forward.Result, 1), forward.Options{Atomic: true, Fence: &forward.Fence{Subject: fence, Seq: fa}})
+	if !retry.IsFenced(err) {
+		t.Errorf("A's publish after B's take: %v, want fenced", err)
+	}
+	if err := forward.Batch(ctx, js, msg("y"), make([]forward.Result, 1), forward.Options{Atomic: true, Fence: &forward.Fence{Subject: fence, Seq: fb}}); err != nil {
+		t.Errorf("B's publish: %v", err)
+	}
+}
+
+// fenceOwner returns the instance a fence message's body names.
+func fenceOwner(t *testing.T, body []byte) string {
+	t.Helper()
+	var b struct{ Instance string }
+	if err := json.Unmarshal(body, &b); err != nil {
+		t.Fatalf("fence body %q: %v", body, err)
+	}
+	return b.Instance
+}
+
+// TestTakeRaces has several instances take one fence at once: each take
+// succeeds (a take refused because another moved the fence reads again),
+// each fence message expected the one before it, so the subject holds
+// exactly one message per take and the takes' sequences are all distinct.
+func TestTakeRaces(t *testing.T) {
+	js := outStream(t)
+	ctx := context.Background()
+	fence := handover.FenceSubject(prefix, 0)
+	const takers = 4
+	seqs := make([]uint64, takers)
+	errs := make([]error, takers)
+	var wg sync.WaitGroup
+	for i := range takers {
+		wg.Go(func() { seqs[i], errs[i] = handover.Take(ctx, js, "OUT", fence, fmt.Sprint("i", i)) })
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("take %d: %v", i, err)
+		}
+		if seen[seqs[i]] {
+			t.Errorf("two takes got sequence %d", seqs[i])
+		}
+		seen[seqs[i]] = true
+	}
+	fences := 0
+	for _, m := range natstest.ReadAll(t, js, "OUT") {
+		if m.Subject == fence {
+			fences++
+			if !seen[m.Seq] {
+				t.Errorf("fence message at %d belongs to no take", m.Seq)
+			}
+		}
+	}
+	if fences != takers {
+		t.Errorf("%d fence messages, want %d", fences, takers)
+	}
+}
+
+// TestRestore reads partitions back: only the partition's records, none of
+// its fence messages nor another partition's, in order, up to the fence;
+// from a cursor; from a time; nothing from an empty partition or one whose
+// records are all past the fence; and a message without a record is a
+// permanent error.
+func TestRestore(t *testing.T) {
+	js := outStream(t)
+	ctx := context.Background()
+	p1 := publishRecords(t, js, 1, 0, 10)
+	p2 := publishRecords(t, js, 2, 0, 5)
+	f1, err := handover.Take(ctx, js, "OUT", handover.FenceSubject(prefix, 1), "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1 = append(p1, publishRecords(t, js, 1, 10, 5)...)
+	f1b, err := handover.Take(ctx, js, "OUT", handover.FenceSubject(prefix, 1), "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishRecords(t, js, 1, 15, 3) // after B's fence: B's own forwards, not part of the restore
+
+	sameRecords(t, "p1 up to A's fence", restore(t, js, 1, 0, time.Time{}, f1), p1[:10])
+	sameRecords(t, "p1 up to B's fence", restore(t, js, 1, 0, time.Time{}, f1b), p1)
+	sameRecords(t, "p2, every record below the fence", restore(t, js, 2, 0, time.Time{}, f1b), p2)
+	sameRecords(t, "p1 from a cursor", restore(t, js, 1, p1[6].seq+1, time.Time{}, f1b), p1[7:])
+	sameRecords(t, "p1 up to a record's own sequence", restore(t, js, 1, 0, time.Time{}, p1[3].seq), p1[:4])
+
+	st, err := js.Stream(ctx, "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetMsg(ctx, p1[8].seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameRecords(t, "p1 since the time of its 9th record", restore(t, js, 1, 0, m.Time, f1b), p1[8:])
+
+	if got := restore(t, js, 3, 0, time.Time{}, f1b); len(got) != 0 {
+		t.Errorf("empty partition 3: %d records", len(got))
+	}
+	if got := restore(t, js, 1, f1b+1, time.Time{}, f1b); len(got) != 0 {
+		t.Errorf("from past the fence: %d records", len(got))
+	}
+	p4 := publishRecords(t, js, 4, 0, 2)
+	if got := restore(t, js, 4, 0, time.Time{}, p4[0].seq-1); len(got) != 0 {
+		t.Errorf("partition 4, all past the fence: %d records", len(got))
+	}
+
+	if _, err := js.Publish(ctx, handover.PartitionSubject(prefix, 5, "e"), []byte("no record")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 5), 0, time.Time{}, 1<<40,
+		func([]byte, time.Time, uint64, uint64) error { return nil })
+	if !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
+		t.Errorf("restore of a message without a record: %v, want a permanent ErrNotARecord", err)
+	}
+	stop := errors.New("stop")
+	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), 0, time.Time{}, f1b,
+		func([]byte, time.Time, uint64, uint64) error { return stop })
+	if !errors.Is(err, stop) || n != 0 {
+		t.Errorf("restore whose fn fails: %d, %v; want 0 and fn's error", n, err)
+	}
+}
