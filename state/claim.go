@@ -17,6 +17,13 @@ type Claim struct {
 	// Total, when Total.Group is set, is added to its (group, bucket) total
 	// if the claim is New, in the same transaction that records the key.
 	Total Contribution
+	// FirstSeen, when not zero, is the first-seen time a New claim's
+	// record stores, instead of the store clock's now at the claim: the
+	// time decided once, at judge time, and carried by the forwarded
+	// message, so that a record restored from it on another instance
+	// equals this one. Whether the key is still inside the window is
+	// judged by the clock's now either way. Zero: the clock's now.
+	FirstSeen time.Time
 }
 
 // ClaimResult is the outcome of one Claim.
@@ -55,6 +62,16 @@ type ClaimResult struct {
 // committed (and in the filter) and Claim returns the error: a retry of the
 // batch then sees those keys as repeats of the records already written.
 func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
+	return p.ClaimWithCursor(claims, 0)
+}
+
+// ClaimWithCursor is Claim that also stores the partition's cursor (see
+// Cursor) in the same transaction as the claims' records, the last one
+// when the batch is split: the cursor is stored only with every claim of
+// the batch. The cursor is the output stream sequence of the batch's
+// forwards; it is stored as given (a stream recreated from sequence 1
+// makes it go back), and 0 leaves the stored cursor as it is.
+func (p *Partition) ClaimWithCursor(claims []Claim, cursor uint64) ([]ClaimResult, error) {
 	for i := range claims {
 		if err := checkKey(claims[i].Key); err != nil {
 			return nil, p.wrap(fmt.Errorf("claim %d: %w", i, err))
@@ -84,11 +101,15 @@ func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
 			return nil, p.wrap(err)
 		}
 	}
-	if err := p.commit(b, now); err != nil {
+	claimsNew := len(b.claimed)
+	if cursor > 0 {
+		b.claimed = append(b.claimed, cursorWrites(cursor))
+	}
+	if err := p.commit(b); err != nil {
 		return nil, p.wrap(err)
 	}
 	p.claims.Add(uint64(len(claims)))
-	p.claimsNew.Add(uint64(len(b.claimed)))
+	p.claimsNew.Add(uint64(claimsNew))
 	return b.results, nil
 }
 
@@ -108,11 +129,17 @@ type batch struct {
 }
 
 // claimWrites is everything one New claim writes: its record and what it
-// adds to a total.
+// adds to a total; or the cursor alone (key nil).
 type claimWrites struct {
-	key    []byte // the claim's key, added to the filter after commit
-	writes []write
-	total  string // Badger key of the total the claim added to, or ""
+	key       []byte    // the claim's key, added to the filter after commit; nil for the cursor
+	firstSeen time.Time // the record's FirstSeen, the time key is added to the filter with
+	writes    []write
+	total     string // Badger key of the total the claim added to, or ""
+}
+
+// cursorWrites returns the write of the partition's cursor.
+func cursorWrites(cursor uint64) claimWrites {
+	return claimWrites{writes: []write{{key: cursorKey, value: encodeCursor(cursor)}}}
 }
 
 // write is one Badger write.
@@ -147,11 +174,15 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 		}
 	}
 	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint}
+	if !c.FirstSeen.IsZero() {
+		rec.FirstSeen = c.FirstSeen
+	}
 	b.results[i] = ClaimResult{New: true}
 	b.inBatch[string(c.Key)] = rec
 	cw := claimWrites{
-		key:    c.Key,
-		writes: []write{{key: recordKey(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
+		key:       c.Key,
+		firstSeen: rec.FirstSeen,
+		writes:    []write{{key: recordKey(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
 	}
 	if c.Total.Group != "" {
 		v, w, err := p.addTotal(rtxn, b, c.Total, now)
@@ -167,8 +198,9 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 }
 
 // commit writes b's claimed writes in as few transactions as Badger accepts
-// and adds each committed claim's key to the filter with FirstSeen now.
-func (p *Partition) commit(b *batch, now time.Time) error {
+// and adds each committed claim's key to the filter with its record's
+// FirstSeen.
+func (p *Partition) commit(b *batch) error {
 	if len(b.claimed) > 0 && p.minFree > 0 {
 		if err := checkFreeSpace(p.dir, p.minFree); err != nil {
 			return err
@@ -181,7 +213,9 @@ func (p *Partition) commit(b *batch, now time.Time) error {
 		}
 		if p.filter != nil {
 			for _, c := range b.claimed[start:end] {
-				p.filter.Add(c.key, now)
+				if c.key != nil {
+					p.filter.Add(c.key, c.firstSeen)
+				}
 			}
 		}
 		p.markDirty(b.claimed[start:end])

@@ -21,6 +21,18 @@
 // transaction (one fsync with SyncWrites): copies inside the batch resolve
 // to one New claim, keys with an unexpired record are repeats.
 //
+// # Hand-over: first-seen times, the cursor, Restore
+//
+// For a partition that moves between instances (internal/handover), a
+// Claim may carry the FirstSeen decided at judge time, which the record
+// stores instead of the clock's now, so that the record read back from
+// the output stream on another instance equals the local one.
+// ClaimWithCursor also stores the partition's cursor, the output stream
+// sequence of the batch, under the single key 'c', in the same transaction
+// as the claims: nothing that scans records or totals sees it. Restore
+// puts records read back from the output (and their keys in the filter)
+// and the cursor, idempotently; Cursor reads it.
+//
 // # Totals
 //
 // With Options.TotalsBucket set, a Claim may carry a Contribution: a New

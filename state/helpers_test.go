@@ -45,6 +45,21 @@ func testOptions(tb testing.TB, dir string, partitions int) Options {
 	return o
 }
 
+// filterOnAndOff runs fn as two subtests, "filter=on" and "filter=off", each
+// with the options of a one-partition store in its own directory, with
+// Options.DisableFilter set accordingly and a manual clock at time.Now().
+func filterOnAndOff(t *testing.T, fn func(t *testing.T, opts Options, clock *window.ManualClock)) {
+	for _, disable := range []bool{false, true} {
+		t.Run(map[bool]string{false: "filter=on", true: "filter=off"}[disable], func(t *testing.T) {
+			opts := testOptions(t, t.TempDir(), 1)
+			opts.DisableFilter = disable
+			clock := window.NewManualClock(time.Now())
+			opts.Clock = clock
+			fn(t, opts, clock)
+		})
+	}
+}
+
 // openStore opens a store and closes it at the end of the test.
 func openStore(tb testing.TB, opts Options) *Store {
 	tb.Helper()

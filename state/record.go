@@ -31,6 +31,9 @@ var (
 	// ErrBadTotal means a Claim's Contribution is invalid (see
 	// Contribution), or carries a group while totals are off.
 	ErrBadTotal = errors.New("state: bad total contribution")
+	// ErrBadRestore means a record given to Partition.Restore has no
+	// FirstSeen, or carries a total contribution.
+	ErrBadRestore = errors.New("state: bad record to restore")
 )
 
 // MaxKeySize is the longest accepted key in bytes (Badger's own limit is
@@ -45,12 +48,31 @@ const (
 	prefixRecord byte = 'k'
 	// prefixTotal prefixes totals: 't' + bucket + group (see totalKey).
 	prefixTotal byte = 't'
+	// prefixCursor prefixes the partition's cursor, a single key (see
+	// cursorKey). Scans of records or totals never see it.
+	prefixCursor byte = 'c'
 )
+
+// cursorKey is the Badger key of the partition's cursor: the output
+// stream sequence up to which the partition's state is complete.
+var cursorKey = []byte{prefixCursor}
+
+// encodeCursor encodes a cursor as a uint64 big endian.
+func encodeCursor(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
+// decodeCursor decodes a value written by encodeCursor; any other length
+// is an error wrapping ErrCorruptRecord.
+func decodeCursor(b []byte) (uint64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("%w: cursor is %d bytes, want 8", ErrCorruptRecord, len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
 
 // Record is what the store keeps for a key.
 type Record struct {
-	// FirstSeen is when the key was first claimed (by the store's Clock),
-	// with nanosecond precision. It is logically expired from FirstSeen+W on.
+	// FirstSeen is when the key was first claimed (by the store's Clock,
+	// or as the Claim gave it), with nanosecond precision. It is logically expired from FirstSeen+W on.
 	FirstSeen time.Time
 	// Fingerprint is the payload fingerprint given with the first claim; a
 	// later copy with another fingerprint is a copy that differs.

@@ -113,54 +113,48 @@ func TestLogicalExpiry(t *testing.T) {
 }
 
 func TestClaimBatchCopies(t *testing.T) {
-	for _, disable := range []bool{false, true} {
-		t.Run(map[bool]string{false: "filter=on", true: "filter=off"}[disable], func(t *testing.T) {
-			opts := testOptions(t, t.TempDir(), 1)
-			opts.DisableFilter = disable
-			clock := window.NewManualClock(time.Now())
-			opts.Clock = clock
-			s := openStore(t, opts)
-			p := s.Partition(0)
+	filterOnAndOff(t, func(t *testing.T, opts Options, clock *window.ManualClock) {
+		s := openStore(t, opts)
+		p := s.Partition(0)
 
-			batch := []Claim{
-				{Key: []byte("a"), Fingerprint: 1},
-				{Key: []byte("b"), Fingerprint: 2},
-				{Key: []byte("a"), Fingerprint: 3},
-				{Key: []byte("c"), Fingerprint: 4},
-				{Key: []byte("a"), Fingerprint: 5},
-				{Key: []byte("b"), Fingerprint: 6},
+		batch := []Claim{
+			{Key: []byte("a"), Fingerprint: 1},
+			{Key: []byte("b"), Fingerprint: 2},
+			{Key: []byte("a"), Fingerprint: 3},
+			{Key: []byte("c"), Fingerprint: 4},
+			{Key: []byte("a"), Fingerprint: 5},
+			{Key: []byte("b"), Fingerprint: 6},
+		}
+		wantNew := []bool{true, true, false, true, false, false}
+		wantFP := []uint64{0, 0, 1, 0, 1, 2}
+		res, err := p.Claim(batch)
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		for i, r := range res {
+			if r.New != wantNew[i] || r.Existing.Fingerprint != wantFP[i] {
+				t.Errorf("claim %d (%s): %+v, want New=%v existing fingerprint %d", i, batch[i].Key, r, wantNew[i], wantFP[i])
 			}
-			wantNew := []bool{true, true, false, true, false, false}
-			wantFP := []uint64{0, 0, 1, 0, 1, 2}
-			res, err := p.Claim(batch)
-			if err != nil {
-				t.Fatalf("Claim: %v", err)
+			if !r.New && !r.Existing.FirstSeen.Equal(clock.Now()) {
+				t.Errorf("claim %d: existing FirstSeen %v, want %v", i, r.Existing.FirstSeen, clock.Now())
 			}
-			for i, r := range res {
-				if r.New != wantNew[i] || r.Existing.Fingerprint != wantFP[i] {
-					t.Errorf("claim %d (%s): %+v, want New=%v existing fingerprint %d", i, batch[i].Key, r, wantNew[i], wantFP[i])
-				}
-				if !r.New && !r.Existing.FirstSeen.Equal(clock.Now()) {
-					t.Errorf("claim %d: existing FirstSeen %v, want %v", i, r.Existing.FirstSeen, clock.Now())
-				}
-			}
+		}
 
-			clock.Advance(time.Minute)
-			res, err = p.Claim(batch)
-			if err != nil {
-				t.Fatalf("second Claim: %v", err)
+		clock.Advance(time.Minute)
+		res, err = p.Claim(batch)
+		if err != nil {
+			t.Fatalf("second Claim: %v", err)
+		}
+		for i, r := range res {
+			first := map[string]uint64{"a": 1, "b": 2, "c": 4}[string(batch[i].Key)]
+			if r.New || r.Existing.Fingerprint != first {
+				t.Errorf("second claim %d (%s): %+v, want a repeat of fingerprint %d", i, batch[i].Key, r, first)
 			}
-			for i, r := range res {
-				first := map[string]uint64{"a": 1, "b": 2, "c": 4}[string(batch[i].Key)]
-				if r.New || r.Existing.Fingerprint != first {
-					t.Errorf("second claim %d (%s): %+v, want a repeat of fingerprint %d", i, batch[i].Key, r, first)
-				}
-			}
-			if st := p.Stats(); st.Claims != 12 || st.ClaimsNew != 3 {
-				t.Errorf("Stats claims = %d, new = %d; want 12, 3", st.Claims, st.ClaimsNew)
-			}
-		})
-	}
+		}
+		if st := p.Stats(); st.Claims != 12 || st.ClaimsNew != 3 {
+			t.Errorf("Stats claims = %d, new = %d; want 12, 3", st.Claims, st.ClaimsNew)
+		}
+	})
 }
 
 func TestClaimSplitsTooBigTxn(t *testing.T) {

@@ -176,6 +176,7 @@ func Classify(err error) Class {
 		errors.Is(err, nats.ErrBadHeaderMsg),
 		errors.Is(err, state.ErrBadKey),
 		errors.Is(err, state.ErrBadTotal),
+		errors.Is(err, state.ErrBadRestore),
 		errors.Is(err, state.ErrCorruptRecord),
 		errors.Is(err, state.ErrClosed):
 		return Permanent

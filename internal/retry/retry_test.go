@@ -160,6 +160,7 @@ func TestClassifyOther(t *testing.T) {
 		{fmt.Errorf("lookup: %w", state.ErrCorruptRecord), retry.Permanent},
 		{fmt.Errorf("claim: %w", state.ErrBadKey), retry.Permanent},
 		{fmt.Errorf("claim: %w", state.ErrBadTotal), retry.Permanent},
+		{fmt.Errorf("restore: %w", state.ErrBadRestore), retry.Permanent},
 		{state.ErrClosed, retry.Permanent},
 		{retry.MarkPermanent(errors.New("anything")), retry.Permanent},
 	} {
