@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -319,6 +320,9 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 			return nil, err
 		}
 	}
+	// The rebuild logs at info, as the stage does, so that the log shows
+	// the progress lines an operator sees during a long rebuild.
+	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	start = time.Now()
 	st, err = state.Open(ctx, opts)
 	if err != nil {

@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -112,5 +113,68 @@ func TestFilterProgressRemaining(t *testing.T) {
 		if fp.Remaining() != 0 {
 			t.Errorf("%+v: remaining %v, want 0 (unknown)", fp, fp.Remaining())
 		}
+	}
+}
+
+// TestOpenReportsStoreProgress rebuilds the filters of three partitions
+// with a progress interval short enough that every partition's end is
+// reported: Open logs the store's progress as partitions finish, up to
+// every record of the store, and the caller's OnFilterProgress still sees
+// every partition's last report.
+func TestOpenReportsStoreProgress(t *testing.T) {
+	const n, parts = 6_000, 3
+	dir := t.TempDir()
+	opts := testOptions(t, dir, parts)
+	s, err := Open(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimAll(t, s, testKeys("store-progress", n))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range parts {
+		if err := os.Remove(filepath.Join(PartitionDir(dir, i), SnapshotFile)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var logs lockedBuffer
+	var mu sync.Mutex
+	doneReports := 0
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	opts.FilterProgressInterval = time.Nanosecond
+	opts.OnFilterProgress = func(fp FilterProgress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if fp.Done {
+			doneReports++
+		}
+	}
+	openStore(t, opts)
+
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "state: opening partitions") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != parts {
+		t.Fatalf("%d store progress lines, want one per partition (%d):\n%s", len(lines), parts, logs.String())
+	}
+	for i, l := range lines {
+		for _, want := range []string{fmt.Sprintf("filters_built=%d ", i+1), fmt.Sprintf("partitions=%d ", parts), "records_scanned=", "rate_per_second="} {
+			if !strings.Contains(l, want) {
+				t.Errorf("store progress line %d without %q: %s", i, want, l)
+			}
+		}
+	}
+	if want := fmt.Sprintf("records_scanned=%d ", n); !strings.Contains(lines[parts-1], want) {
+		t.Errorf("last store progress line without %q: %s", want, lines[parts-1])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if doneReports != parts {
+		t.Errorf("OnFilterProgress saw %d last reports, want %d", doneReports, parts)
 	}
 }

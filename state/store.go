@@ -91,6 +91,8 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 
 	s := &Store{opts: opts, log: opts.Logger, parts: make([]*Partition, opts.Partitions)}
+	popts := opts
+	popts.OnFilterProgress = newOpenProgress(opts).report
 	errs := make([]error, opts.Partitions)
 	sem := make(chan struct{}, max(2, runtime.GOMAXPROCS(0)))
 	var wg sync.WaitGroup
@@ -104,7 +106,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 				errs[i] = fmt.Errorf("state: partition %d: %w", i, err)
 				return
 			}
-			s.parts[i], errs[i] = openPartition(ctx, opts, i)
+			s.parts[i], errs[i] = openPartition(ctx, popts, i)
 		}()
 	}
 	wg.Wait()
@@ -118,6 +120,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	fresh := 0
 	for _, p := range s.parts {
+		p.onProgress = opts.OnFilterProgress // the store's line is for Open only
 		if p.FilterBuild().Fresh {
 			fresh++
 		}
@@ -144,6 +147,56 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		})
 	}
 	return s, nil
+}
+
+// openProgress reports the filter builds of all partitions while Open
+// runs. Partitions build a few at a time, and each logs its own progress
+// only once its own scan has run for FilterProgressInterval, so a rebuild
+// of many partitions that each scan quickly would run without a line: this
+// logs one for the store when a partition's build ends, at most one per
+// FilterProgressInterval (the first after one interval of Open).
+type openProgress struct {
+	log   *slog.Logger
+	user  func(FilterProgress)
+	every time.Duration
+	start time.Time
+
+	mu      sync.Mutex
+	last    time.Time
+	total   int
+	done    int
+	scanned []uint64 // per partition, as last reported
+}
+
+func newOpenProgress(opts Options) *openProgress {
+	now := time.Now()
+	return &openProgress{log: opts.Logger, user: opts.OnFilterProgress, every: opts.FilterProgressInterval,
+		start: now, last: now, total: opts.Partitions, scanned: make([]uint64, opts.Partitions)}
+}
+
+// report is the Options.OnFilterProgress of every partition during Open:
+// it passes fp on to the caller's, and logs the store's progress.
+func (op *openProgress) report(fp FilterProgress) {
+	op.mu.Lock()
+	op.scanned[fp.Partition] = fp.Scanned
+	if fp.Done {
+		op.done++
+		if now := time.Now(); now.Sub(op.last) >= op.every {
+			op.last = now
+			var scanned uint64
+			for _, n := range op.scanned {
+				scanned += n
+			}
+			elapsed := now.Sub(op.start)
+			op.log.Info("state: opening partitions", "filters_built", op.done, "partitions", op.total,
+				"records_scanned", scanned, "rate_per_second", int64(float64(scanned)/max(elapsed.Seconds(), 1e-9)),
+				"elapsed", elapsed.Round(time.Millisecond))
+		}
+	}
+	op.mu.Unlock()
+	if op.user != nil {
+		op.user(fp)
+	}
 }
 
 // every runs fn every d until ctx is done.
