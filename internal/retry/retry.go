@@ -273,7 +273,9 @@ type Options struct {
 // failure of the component: the component works, the input is at fault or
 // belongs to another owner.
 func Do(ctx context.Context, component string, op func() error, o Options) error {
-	b := NewBackoff()
+	// The backoff starts at the first failure: most calls succeed at once,
+	// and then never read the clock.
+	var b Backoff
 	for attempt := 1; ; attempt++ {
 		err := op()
 		if c := Classify(err); c == None || c == Permanent || c == Fenced {
@@ -290,6 +292,9 @@ func Do(ctx context.Context, component string, op func() error, o Options) error
 		}
 		if o.Pause != nil {
 			o.Pause()
+		}
+		if attempt == 1 {
+			b = *NewBackoff()
 		}
 		if werr := b.Wait(ctx); werr != nil {
 			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", component, attempt, werr, err)
