@@ -53,7 +53,7 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 // worker process them one after another until in is closed.
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
-	w := &worker{s: s, p: p, label: label, dlq: dlq, health: s.reporter(label)}
+	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
@@ -419,6 +419,36 @@ func (s *Stage) reporter(instanceName string) retry.Reporter {
 		r = instance{st: s.status, name: instanceName}
 	}
 	return logRecovery{Reporter: r, log: s.log, instance: instanceName}
+}
+
+// quietReporter passes every failure on, and a success only when it ends
+// failures (of the same component, passed on through it). The worker reports
+// a success for every lookup, and passing each on would take the Status lock
+// and build the unit's name per message to change nothing. It relies on
+// being the only reporter of its components (one partition's), and is not
+// safe for concurrent use: each partition's worker has its own.
+type quietReporter struct {
+	next    retry.Reporter
+	failing map[string]bool // components that failed since their last success
+}
+
+func newQuietReporter(next retry.Reporter) *quietReporter {
+	return &quietReporter{next: next, failing: map[string]bool{}}
+}
+
+// Failed implements retry.Reporter.
+func (q *quietReporter) Failed(component string, err error) {
+	q.failing[component] = true
+	q.next.Failed(component, err)
+}
+
+// Succeeded implements retry.Reporter.
+func (q *quietReporter) Succeeded(component string, retried bool) {
+	if !retried && !q.failing[component] {
+		return
+	}
+	delete(q.failing, component)
+	q.next.Succeeded(component, retried)
 }
 
 // logRecovery logs when a component's operation succeeds after failures.
