@@ -42,12 +42,40 @@ func streamState(t *testing.T, js jetstream.JetStream) (uint64, uint64) {
 	return info.State.Msgs, info.State.LastSeq
 }
 
+// stored returns every message in stream OUT, read one by one by sequence
+// (on a cluster, a new consumer may find no responders for a moment; a
+// get by sequence goes to the stream's leader).
+func stored(t *testing.T, js jetstream.JetStream) []natstest.Message {
+	t.Helper()
+	ctx := context.Background()
+	st, err := js.Stream(ctx, "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []natstest.Message
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("get OUT sequence %d: %v", seq, err)
+		}
+		out = append(out, natstest.Message{Seq: m.Sequence, Subject: m.Subject, Header: m.Header, Data: m.Data})
+	}
+	return out
+}
+
 // dataIDs returns how often each Nats-Msg-Id is in stream OUT, leaving
 // out the fence messages.
 func dataIDs(t *testing.T, js jetstream.JetStream) map[string]int {
 	t.Helper()
 	ids := map[string]int{}
-	for _, m := range natstest.ReadAll(t, js, "OUT") {
+	for _, m := range stored(t, js) {
 		if m.Subject == fenceSubject {
 			continue
 		}
@@ -64,7 +92,7 @@ func dataIDs(t *testing.T, js jetstream.JetStream) map[string]int {
 func checkSeqs(t *testing.T, js jetstream.JetStream, msgs []*nats.Msg, res []forward.Result) {
 	t.Helper()
 	at := map[string]uint64{}
-	for _, m := range natstest.ReadAll(t, js, "OUT") {
+	for _, m := range stored(t, js) {
 		if id := m.Header.Get(jetstream.MsgIDHeader); id != "" {
 			at[id] = m.Seq
 		}

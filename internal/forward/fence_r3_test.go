@@ -1,0 +1,75 @@
+package forward_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// TestFencedBatchesOnR3 runs fenced atomic batches on an R3 stream of a
+// 3-node cluster. Two publishers share one fence at once, so their
+// batches check one fence subject concurrently (the server refuses the
+// second proposal in flight with 10164, which is retried as transient):
+// every message is stored once, at the sequence its Result gives. After
+// another owner writes the fence, a batch is refused whole (10071,
+// retry.ErrFenced) and nothing of it is stored.
+func TestFencedBatchesOnR3(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	_, js := c.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: time.Minute, AllowAtomicPublish: true, Replicas: 3}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	f := takeFence(t, js, "A")
+
+	var mu sync.Mutex
+	codes := map[jetstream.ErrorCode]int{}
+	o := forward.Options{Atomic: true, BatchMax: 10, Fence: &forward.Fence{Subject: fenceSubject, Seq: f},
+		OnRetry: func(_, _ int, err error) {
+			var api *jetstream.APIError
+			if errors.As(err, &api) {
+				mu.Lock()
+				codes[api.ErrorCode]++
+				mu.Unlock()
+			}
+		}}
+	const per = 60
+	msgs := [2][]*nats.Msg{keyed(0, per), keyed(per, 2*per)}
+	res := [2][]forward.Result{make([]forward.Result, per), make([]forward.Result, per)}
+	errs := [2]error{}
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { errs[i] = forward.Batch(ctx, js, msgs[i], res[i], o) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("publisher %d: %v", i, err)
+		}
+	}
+	t.Logf("refusals retried: %v (%d is another fenced proposal in flight)", codes, retry.CodeWrongLastSequenceConstant)
+	checkSeqs(t, js, msgs[0], res[0])
+	checkSeqs(t, js, msgs[1], res[1])
+	checkOnce(t, dataIDs(t, js), 0, 2*per)
+
+	takeFence(t, js, "B")
+	err := refusedAsZombie(t, js, keyed(2*per, 2*per+10), o)
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != retry.CodeWrongLastSequence {
+		t.Errorf("zombie's refusal %v, want API error %d", err, retry.CodeWrongLastSequence)
+	}
+	if codes[retry.CodeWrongLastSequence] != 0 {
+		t.Errorf("a fence refusal was retried: %v", codes)
+	}
+}
