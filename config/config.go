@@ -29,6 +29,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
 	"go.yaml.in/yaml/v3"
 )
@@ -342,9 +343,11 @@ type State struct {
 	// one goroutine. Default 8; 1..1024. Existing state records its count
 	// and refuses to open with another.
 	Partitions int `yaml:"partitions"`
-	// MemoryBudget is the total memory for all Badger instances (memtables,
-	// caches), divided between partitions. Default 256MiB; at least 8MiB per
-	// partition, so that Badger's per-instance floors stay inside it.
+	// MemoryBudget is the total memory for all Badger instances (their
+	// memtables; tables are read in place), divided between partitions.
+	// Default 64MiB; at least 8MiB per partition, so that Badger's
+	// per-instance floors stay inside it. state.Options.BadgerSizing
+	// derives Badger's sizes from it.
 	MemoryBudget ByteSize `yaml:"memory_budget"`
 	// SyncWrites: fsync each commit before acknowledging the input. Default
 	// true. False is faster, but a power failure can forget keys whose
@@ -479,7 +482,7 @@ func Default() Config {
 		State: State{
 			DataDir:          "./data",
 			Partitions:       8,
-			MemoryBudget:     256 * MiB,
+			MemoryBudget:     state.DefaultMemoryBudget,
 			SyncWrites:       true,
 			GCInterval:       Duration(10 * time.Minute),
 			SnapshotInterval: Duration(time.Minute),

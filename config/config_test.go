@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/window"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -743,7 +744,8 @@ func TestSummary(t *testing.T) {
 		"4+1 generations of 250000 keys",
 		"bits per key",
 		"MiB",
-		"state.memory_budget 256MiB (32.00 MiB per partition)",
+		"state.memory_budget 64MiB (8.00 MiB per partition)",
+		"badger 8 MiB per partition: up to 3 memtables of",
 		"state.sync_writes=true",
 		"nats.embedded.sync_always=true",
 		"embedded nats-server on 127.0.0.1:4222",
@@ -752,6 +754,8 @@ func TestSummary(t *testing.T) {
 		"stream DEDUPE_DLQ (subjects dedupe.dlq.>",
 		"created",
 		"output.publish auto: atomic batches of up to 1000 messages, at most 32 open at once when the stream allows atomic publish",
+		// The Badger sizing is the state options' own, printed as is.
+		"badger " + c.StateOptions(window.Window{}).BadgerSizing().String(),
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Summary does not contain %q:\n%s", want, s)

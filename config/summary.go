@@ -9,6 +9,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // Summary describes the configuration in words for `dedupe-stage
@@ -63,6 +64,9 @@ func (c Config) Summary() string {
 		per = humanBytes(uint64(max(c.State.MemoryBudget, 0)) / uint64(c.State.Partitions))
 	}
 	line("memory", "state.memory_budget %v (%s per partition) + filter %s", c.State.MemoryBudget, per, humanBytes(filterTotal))
+	if c.State.Partitions > 0 {
+		more("badger %s", c.StateOptions(window.Window{}).BadgerSizing())
+	}
 
 	if c.State.SyncWrites {
 		line("durability", "state.sync_writes=true: each commit of keys is fsynced before the input is acknowledged")

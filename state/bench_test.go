@@ -275,9 +275,9 @@ func memory() (rss, heap int64) {
 
 // BenchmarkDiskBytesPerKey claims 1M keys, closes the store and measures
 // its files. It also reports the memory the open store held once filled
-// (RSS and Go heap growth over the process before Open); with the default
-// 256 MiB budget that is mostly Badger's fixed memtables and caches, not a
-// per-key cost.
+// (RSS and Go heap growth over the process before Open): Badger's
+// memtables (bounded by the memory budget), the filters, and the touched
+// pages of its tables.
 func BenchmarkDiskBytesPerKey(b *testing.B) {
 	const n = 1_000_000
 	for _, parts := range []int{1, 8} {

@@ -3,6 +3,7 @@ package state
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
@@ -16,8 +17,9 @@ const (
 	// MaxPartitions is the largest allowed number of partitions.
 	MaxPartitions = 1024
 	// DefaultMemoryBudget is the default total memory for all Badger
-	// instances of a store: 256 MiB.
-	DefaultMemoryBudget = 256 << 20
+	// instances of a store: 64 MiB (8 MiB per partition at
+	// DefaultPartitions).
+	DefaultMemoryBudget = 64 << 20
 	// MinMemoryBudget is the smallest accepted MemoryBudget: 4 MiB.
 	MinMemoryBudget = 4 << 20
 	// DefaultGCInterval is the default period of value-log GC.
@@ -87,15 +89,15 @@ type Options struct {
 
 	// Badger.
 
-	// MemoryBudget is the total memory in bytes for ALL Badger instances
-	// (memtables, block cache and index cache), split evenly over the
-	// partitions. With B = MemoryBudget/Partitions per partition: half of B
-	// goes to memtables (NumMemtables 2, each MemTableSize = B/4 * 10/13,
-	// because a memtable's arena is 1.3x MemTableSize), a quarter to the
-	// block cache and a quarter to the index cache. Floors of 1 MiB per
-	// memtable and per cache apply, so with a small budget and many
-	// partitions the real use can exceed the budget. Default
-	// DefaultMemoryBudget; at least MinMemoryBudget.
+	// MemoryBudget is the total memory in bytes for ALL Badger instances,
+	// split evenly over the partitions. It goes to memtables: each
+	// partition's share bounds its memtables in memory, arenas and
+	// write-ahead-log pages both. Tables stay on disk, read in place
+	// through their memory maps: there is no block or index cache, and no
+	// per-table Bloom filter. BadgerSizing derives every Badger size from
+	// it and says why. A floor of 1 MiB per memtable applies, so with a
+	// small budget and many partitions the real use can exceed the
+	// budget. Default DefaultMemoryBudget; at least MinMemoryBudget.
 	MemoryBudget int64
 	// SyncWrites makes each Claim commit fsync before Claim returns (group
 	// commit: one fsync per Claim batch, or per split of it). Default true.
@@ -247,28 +249,137 @@ func (o Options) recordTTL() time.Duration {
 
 const maxDuration = time.Duration(1<<63 - 1)
 
-// badgerSizes is the per-partition split of MemoryBudget.
-type badgerSizes struct {
-	MemTableSize   int64
-	NumMemtables   int
+// Fixed Badger settings of every partition; BadgerSizing documents each.
+const (
+	badgerBlockSize          = 64 << 10
+	badgerBaseTableSize      = 16 << 20
+	badgerNumLevelZeroTables = 2
+	badgerNumMemtables       = 1
+	badgerValueThreshold     = 1 << 10
+	minMemTableSize          = 1 << 20
+)
+
+// BadgerSizing is how each partition's Badger instance is configured: the
+// sizes derived from Options.MemoryBudget and the fixed choices that go
+// with them. It is what Open configures; callers that describe a store
+// (check-config) call Options.BadgerSizing instead of sizing Badger
+// themselves.
+//
+// The workload: keys of some tens of bytes with 17-byte values, written
+// once, read back only when the partition's own Bloom filter says "maybe
+// seen" (a repeat, or one of its ~1% false positives), and scanned in
+// full to rebuild that filter. Badger memory-maps its tables and reads
+// them in place, so what a table costs in RAM is the pages of it that are
+// touched; memtables are allocated in full.
+//
+// Blocks are not compressed (Badger's options.None): every read then
+// searches a block in place in the memory map, where a compressed block
+// would be decompressed (and kept in a block cache) for each table a read
+// searches, and a rebuild would decompress every block. The price is disk
+// per key (random keys compress little anyway).
+type BadgerSizing struct {
+	// Share is MemoryBudget/Partitions: the bytes one partition's
+	// memtables may hold.
+	Share int64
+	// NumMemtables is Badger's NumMemtables: how many full memtables may
+	// wait for their flush before writes wait. 1: claims arrive in
+	// fsynced batches far slower than a flush writes a table, so one
+	// waiting memtable absorbs a burst.
+	NumMemtables int
+	// MaxMemtables is how many memtables can be in memory at once:
+	// NumMemtables waiting, plus the one taking writes and the one being
+	// flushed (Badger's flush queue holds NumMemtables and the flusher has
+	// taken one off it).
+	MaxMemtables int
+	// MemtableBytes is what one full memtable holds: its skiplist arena,
+	// allocated in full when the memtable opens (MemTableSize plus 30% for
+	// the largest write batch), and its write-ahead log, a memory-mapped
+	// file whose written pages (up to MemTableSize) stay resident until
+	// the memtable is flushed: 2.3 x MemTableSize.
+	MemtableBytes int64
+	// MemTableSize is Badger's MemTableSize: Share / MaxMemtables / 2.3,
+	// at least 1 MiB. It is also the size of an L0 table (a flushed
+	// memtable) and bounds a write transaction to 15% of it (a larger
+	// Claim batch commits in several transactions).
+	MemTableSize int64
+	// NumLevelZeroTables is Badger's NumLevelZeroTables: L0 tables are
+	// compacted into the level below when there are this many. 2: without
+	// per-table Bloom filters a read of a key searches every L0 table (its
+	// keys are random, so every L0 table's range holds it) and one table
+	// per deeper level; few L0 tables keep that short.
+	NumLevelZeroTables int
+	// BaseTableSize is Badger's BaseTableSize: the size of a table below
+	// L0 (doubling per level below the base level). 16 MiB: every open
+	// table keeps its index and the pages around its last block resident
+	// (about 150 KiB with fault-around), so fewer, larger tables cost
+	// fewer bytes per key. A compaction builds each table in memory before
+	// writing it, so it is also the size of a compaction's buffers.
+	BaseTableSize int64
+	// BlockSize is Badger's BlockSize: the uncompressed size of a table's
+	// blocks. 64 KiB: a table's index holds one key per block and is read
+	// in full when the table opens, so larger blocks make it smaller
+	// (0.06 B per key instead of 1 B at Badger's 4 KiB); a read binary-
+	// searches inside the block, in place.
+	BlockSize int
+	// BloomFalsePositive is Badger's BloomFalsePositive: 0, no per-table
+	// Bloom filters. The partition's own filter answers "definitely new"
+	// before the store is read, so the store is read for keys it holds
+	// (and for the filter's false positives); per-table filters would only
+	// skip the tables that do not hold a key, for about 1.2 B per key of
+	// table index that is read in full at open.
+	BloomFalsePositive float64
+	// BlockCacheSize is Badger's BlockCacheSize: 0. Badger needs a block
+	// cache only for compressed or encrypted blocks; for plain blocks it
+	// would hold copies of what the memory map already holds.
 	BlockCacheSize int64
+	// IndexCacheSize is Badger's IndexCacheSize: 0. Without encryption
+	// Badger reads every table's index in place from its memory map
+	// whatever this is; the index cache holds only decrypted indexes. The
+	// index costs the pages of the map it covers (see BlockSize).
 	IndexCacheSize int64
+	// ValueThreshold is Badger's ValueThreshold: 1 KiB. Values (17 bytes,
+	// a total's 8) are far below it, so they stay in the LSM tree next to
+	// their keys: a read is one table search, never a value-log read, and
+	// the value log stays empty.
+	ValueThreshold int64
 }
 
-const minBadgerPart = 1 << 20
-
-// badgerSizes splits MemoryBudget over the partitions as documented on
-// Options.MemoryBudget.
-func (o Options) badgerSizes() badgerSizes {
-	per := o.MemoryBudget / int64(o.Partitions)
-	s := badgerSizes{
-		NumMemtables:   2,
-		MemTableSize:   per / 4 * 10 / 13,
-		BlockCacheSize: per / 4,
-		IndexCacheSize: per / 4,
+// BadgerSizing returns the Badger configuration of each partition (the
+// same for every partition), as documented on BadgerSizing.
+func (o Options) BadgerSizing() BadgerSizing {
+	s := BadgerSizing{
+		Share:              o.MemoryBudget / int64(max(o.Partitions, 1)),
+		NumMemtables:       badgerNumMemtables,
+		MaxMemtables:       badgerNumMemtables + 2,
+		NumLevelZeroTables: badgerNumLevelZeroTables,
+		BaseTableSize:      badgerBaseTableSize,
+		BlockSize:          badgerBlockSize,
+		ValueThreshold:     badgerValueThreshold,
 	}
-	s.MemTableSize = max(s.MemTableSize, minBadgerPart)
-	s.BlockCacheSize = max(s.BlockCacheSize, minBadgerPart)
-	s.IndexCacheSize = max(s.IndexCacheSize, minBadgerPart)
+	s.MemTableSize = max(s.Share/int64(s.MaxMemtables)*10/23, minMemTableSize)
+	s.MemtableBytes = s.MemTableSize * 23 / 10
 	return s
+}
+
+// String describes the sizing in one line, as check-config prints it.
+func (s BadgerSizing) String() string {
+	return fmt.Sprintf("%s per partition: up to %d memtables of %s (%s each in RAM with arena and log); "+
+		"tables read in place: %s blocks, uncompressed, no per-table Bloom filter, no block or index cache, %d L0 tables, %s base tables",
+		humanBytes(s.Share), s.MaxMemtables, humanBytes(s.MemTableSize), humanBytes(s.MemtableBytes),
+		humanBytes(s.BlockSize), s.NumLevelZeroTables, humanBytes(s.BaseTableSize))
+}
+
+// humanBytes formats n in binary units, e.g. "8 MiB", "1.16 MiB".
+func humanBytes[T int | int64](n T) string {
+	v, unit := float64(n), "B"
+	for _, u := range []string{"KiB", "MiB", "GiB"} {
+		if v < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	if v == math.Trunc(v) {
+		return fmt.Sprintf("%.0f %s", v, unit)
+	}
+	return fmt.Sprintf("%.2f %s", v, unit)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	bbloom "github.com/bits-and-blooms/bloom/v3"
+	"github.com/dgraph-io/badger/v4/options"
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -86,21 +87,50 @@ func TestRecordTTL(t *testing.T) {
 	}
 }
 
-func TestBadgerSizes(t *testing.T) {
-	o := DefaultOptions("/tmp/x", window.Window{W: time.Hour, NearFraction: 0.8})
-	o.MemoryBudget, o.Partitions = 256<<20, 8
-	s := o.badgerSizes()
-	per := int64(32 << 20)
-	if s.NumMemtables != 2 || s.BlockCacheSize != per/4 || s.IndexCacheSize != per/4 {
-		t.Errorf("sizes = %+v for a 32 MiB share", s)
+// TestBadgerSizing checks that the memtables a partition can hold at once
+// fit its share of the budget, down to the floor, and that every Badger
+// instance Open builds is configured as BadgerSizing says.
+func TestBadgerSizing(t *testing.T) {
+	o := DefaultOptions(t.TempDir(), window.Window{W: time.Hour, NearFraction: 0.8})
+	o.Filter.ExpectedKeys = 1000
+	for _, tc := range []struct {
+		budget     int64
+		partitions int
+	}{{DefaultMemoryBudget, DefaultPartitions}, {256 << 20, 8}, {1 << 30, 32}, {MinMemoryBudget, 1}} {
+		o.MemoryBudget, o.Partitions = tc.budget, tc.partitions
+		s := o.BadgerSizing()
+		if s.Share != tc.budget/int64(tc.partitions) {
+			t.Errorf("budget %d over %d partitions: share %d", tc.budget, tc.partitions, s.Share)
+		}
+		if s.MemTableSize > minMemTableSize {
+			if total := int64(s.MaxMemtables) * s.MemtableBytes; total > s.Share {
+				t.Errorf("budget %d over %d partitions: %d memtables of %d bytes in RAM hold %d, more than the share %d",
+					tc.budget, tc.partitions, s.MaxMemtables, s.MemtableBytes, total, s.Share)
+			}
+		}
+		// A memtable's arena is MemTableSize plus Badger's largest batch
+		// (15%) plus that batch's nodes (15%); its log up to MemTableSize.
+		if s.MemtableBytes < s.MemTableSize*23/10 {
+			t.Errorf("MemtableBytes %d below 2.3 x MemTableSize %d", s.MemtableBytes, s.MemTableSize)
+		}
 	}
-	// Memtable arenas are 1.3x MemTableSize; everything fits the share.
-	if total := int64(s.NumMemtables)*s.MemTableSize*13/10 + s.BlockCacheSize + s.IndexCacheSize; total > per {
-		t.Errorf("sizes %+v use %d bytes, more than the %d share", s, total, per)
+	o.MemoryBudget, o.Partitions = 256<<20, MaxPartitions
+	if s := o.BadgerSizing(); s.MemTableSize != minMemTableSize {
+		t.Errorf("sizing %+v with a tiny share, want the 1 MiB memtable floor", s)
 	}
-	o.Partitions = MaxPartitions
-	if s := o.badgerSizes(); s.MemTableSize != minBadgerPart || s.BlockCacheSize != minBadgerPart {
-		t.Errorf("sizes = %+v with a tiny share, want the 1 MiB floors", s)
+
+	o.MemoryBudget, o.Partitions = 48<<20, 3
+	want := o.BadgerSizing()
+	st := openStore(t, o)
+	for i := range st.Partitions() {
+		got := st.Partition(i).db.Opts()
+		if got.MemTableSize != want.MemTableSize || got.NumMemtables != want.NumMemtables ||
+			got.NumLevelZeroTables != want.NumLevelZeroTables || got.BaseTableSize != want.BaseTableSize ||
+			got.BlockSize != want.BlockSize || got.BloomFalsePositive != want.BloomFalsePositive ||
+			got.BlockCacheSize != want.BlockCacheSize || got.IndexCacheSize != want.IndexCacheSize ||
+			got.ValueThreshold != want.ValueThreshold || got.Compression != options.None {
+			t.Errorf("partition %d Badger options %+v, BadgerSizing %+v", i, got, want)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
 
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
@@ -25,7 +26,6 @@ import (
 const LayoutFile = "LAYOUT"
 
 const (
-	valueThreshold   = 1 << 10  // values are 17 bytes: always inline in the LSM tree
 	valueLogFileSize = 64 << 20 // modest value-log files
 	numCompactors    = 2
 )
@@ -272,20 +272,26 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 	return p, nil
 }
 
-// badgerOptions returns the options of one partition's Badger: its share of
-// MemoryBudget (see Options.MemoryBudget), values inline, two compactors,
-// 64 MiB value-log files, no conflict detection (the partition lock
-// serialises writers), no expvar metrics, and Badger's warnings and errors
-// routed to log.
+// badgerOptions returns the options of one partition's Badger: the sizes
+// and choices of Options.BadgerSizing (see BadgerSizing for why each),
+// two compactors, 64 MiB value-log files (values stay in the LSM tree, so
+// the value log stays nearly empty), no conflict detection (the partition
+// lock serialises writers), no expvar metrics, and Badger's warnings and
+// errors routed to log.
 func badgerOptions(opts Options, dir string, log *slog.Logger) badger.Options {
-	sz := opts.badgerSizes()
+	sz := opts.BadgerSizing()
 	return badger.DefaultOptions(dir).
 		WithSyncWrites(opts.SyncWrites).
 		WithMemTableSize(sz.MemTableSize).
 		WithNumMemtables(sz.NumMemtables).
+		WithNumLevelZeroTables(sz.NumLevelZeroTables).
+		WithBaseTableSize(sz.BaseTableSize).
+		WithBlockSize(sz.BlockSize).
+		WithBloomFalsePositive(sz.BloomFalsePositive).
+		WithCompression(options.None).
 		WithBlockCacheSize(sz.BlockCacheSize).
 		WithIndexCacheSize(sz.IndexCacheSize).
-		WithValueThreshold(valueThreshold).
+		WithValueThreshold(sz.ValueThreshold).
 		WithNumCompactors(numCompactors).
 		WithValueLogFileSize(valueLogFileSize).
 		WithDetectConflicts(false).
