@@ -328,8 +328,8 @@ func (pr *progress) report(scanned, added uint64, now time.Time, done bool) Filt
 }
 
 // estimateRecords is the number of keys in db's tables: about the records
-// a full scan reads (it also counts totals and older versions, and misses
-// what is still in memtables).
+// a full scan reads (it also counts totals, the cursor and older versions,
+// and misses what is still in memtables).
 func estimateRecords(db *badger.DB) uint64 {
 	var n uint64
 	for _, t := range db.Tables() {
