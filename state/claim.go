@@ -45,12 +45,12 @@ type ClaimResult struct {
 // unexpired record of its key, or when an earlier claim in the same batch
 // has the same key (then Existing is the record that claim found or wrote):
 // copies inside one batch resolve to exactly one New. Otherwise the claim is
-// New and its record is written with FirstSeen = the clock's now and a
-// Badger TTL of W + W/Generations + 1s, so physical expiry lags logical
-// expiry (Badger's TTL runs on the wall clock, from the time of the write,
-// in whole seconds). Keys the
-// filter proves new skip the Badger read. After the commit succeeds the new
-// keys are added to the filter.
+// New and its record is written with FirstSeen = the clock's now (or the
+// claim's FirstSeen when given) and a Badger TTL of W + W/Generations + 1s,
+// so physical expiry lags logical expiry (Badger's TTL runs on the wall
+// clock, from the time of the write, in whole seconds). Keys the filter
+// proves new skip the Badger read. After the commit succeeds the new keys
+// are added to the filter, at their records' FirstSeen.
 //
 // When the file system holding the partition has less than
 // Options.MinFreeBytes available, Claim writes nothing and returns an error
