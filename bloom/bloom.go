@@ -19,7 +19,8 @@
 // Each generation is sized for ExpectedKeys/G keys at a per-generation
 // false-positive rate chosen so that the union of all G+1 generations meets
 // FalsePositiveRate. A key is hashed once per Add or Test and the locations
-// are reused for every generation.
+// are reused for every generation. A caller that tests a key and then adds
+// it hashes it once with Hash, and uses TestHash and AddHash.
 //
 // Use:
 //
@@ -220,8 +221,24 @@ func setBits(bf *bbloom.BloomFilter, locs []uint64) {
 // least W after the latest Advance time, but may be forgotten before
 // firstSeen+W. Keeping firstSeen <= the latest Advance time avoids this.
 func (f *Filter) Add(key []byte, firstSeen time.Time) {
+	f.AddHash(f.Hash(key), firstSeen)
+}
+
+// Hash is a key's bit locations in a Filter: what Add and Test compute from
+// the key. Its zero value is no key's: pass only a Hash from Filter.Hash.
+type Hash struct{ locs []uint64 }
+
+// Hash returns key's Hash. It is valid for f and for every filter with the
+// same Options.
+func (f *Filter) Hash(key []byte) Hash { return Hash{locs: f.locations(key)} }
+
+// IsZero reports whether h is the zero Hash, not one from Filter.Hash.
+func (h Hash) IsZero() bool { return h.locs == nil }
+
+// AddHash is Add of the key h was computed from.
+func (f *Filter) AddHash(h Hash, firstSeen time.Time) {
 	g := f.generationOf(firstSeen)
-	locs := f.locations(key)
+	locs := h.locs
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if g < f.cur-f.g {
@@ -240,7 +257,12 @@ func (f *Filter) Add(key []byte, firstSeen time.Time) {
 // invariant). Generations are probed newest first and Test stops at the
 // first that answers maybe.
 func (f *Filter) Test(key []byte) bool {
-	locs := f.locations(key)
+	return f.TestHash(f.Hash(key))
+}
+
+// TestHash is Test of the key h was computed from.
+func (f *Filter) TestHash(h Hash) bool {
+	locs := h.locs
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	for i := f.cur; i >= f.cur-f.g; i-- {
