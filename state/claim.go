@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/dedupe-stage/dedupe-stage/bloom"
 )
 
 // Claim asks to record a key as seen.
@@ -131,8 +133,9 @@ type batch struct {
 // claimWrites is everything one New claim writes: its record and what it
 // adds to a total; or the cursor alone (key nil).
 type claimWrites struct {
-	key       []byte    // the claim's key, added to the filter after commit; nil for the cursor
-	firstSeen time.Time // the record's FirstSeen, the time key is added to the filter with
+	key       []byte     // the claim's key, added to the filter after commit; nil for the cursor
+	hash      bloom.Hash // key's filter hash if the claim tested it; zero: hash key to add it
+	firstSeen time.Time  // the record's FirstSeen, the time key is added to the filter with
 	writes    []write
 	total     string // Badger key of the total the claim added to, or ""
 }
@@ -161,7 +164,11 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 		b.results[i] = ClaimResult{Existing: rec}
 		return nil
 	}
-	if p.filter == nil || p.filter.Test(c.Key) {
+	var h bloom.Hash // hashed once: tested now, added after the commit
+	if p.filter != nil {
+		h = p.filter.Hash(c.Key)
+	}
+	if p.filter == nil || p.filter.TestHash(h) {
 		p.claimStoreReads.Add(1)
 		rec, ok, err := readRecord(rtxn, c.Key)
 		if err != nil {
@@ -181,6 +188,7 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 	b.inBatch[string(c.Key)] = rec
 	cw := claimWrites{
 		key:       c.Key,
+		hash:      h,
 		firstSeen: rec.FirstSeen,
 		writes:    []write{{key: recordKey(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
 	}
@@ -213,7 +221,10 @@ func (p *Partition) commit(b *batch) error {
 		}
 		if p.filter != nil {
 			for _, c := range b.claimed[start:end] {
-				if c.key != nil {
+				switch {
+				case !c.hash.IsZero():
+					p.filter.AddHash(c.hash, c.firstSeen)
+				case c.key != nil:
 					p.filter.Add(c.key, c.firstSeen)
 				}
 			}
