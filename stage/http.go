@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,7 +67,8 @@ var ErrBadInspectKey = errors.New("stage: bad key to inspect")
 //
 //	/metrics         Prometheus metrics from g
 //	/healthz         200 while nothing keeps failing, else 503 with what fails
-//	/readyz          200 once every filter is ready and while healthy, else 503
+//	/readyz          200 once every filter is ready and while healthy, else 503;
+//	                 with scale-out, lists the partitions being restored
 //	/inspect?key=K   JSON: whether K is inside the window, first seen, leaves at
 //
 // It is NewHealthHandler and NewInspectHandler on one mux.
@@ -99,6 +101,15 @@ func NewHealthHandler(g prometheus.Gatherer, st *Status) http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "ready")
+		r := st.Restoring()
+		ps := make([]int, 0, len(r))
+		for p := range r {
+			ps = append(ps, p)
+		}
+		slices.Sort(ps)
+		for _, p := range ps {
+			fmt.Fprintf(w, "partition %d restoring from the output stream: %d records read back\n", p, r[p])
+		}
 	})
 	return mux
 }

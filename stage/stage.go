@@ -41,6 +41,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -93,7 +94,8 @@ type Stage struct {
 	keyFn   *keys.KeyFunc
 	metrics *Metrics
 	status  *Status
-	totals  *totals // nil when totals are off
+	totals  *totals   // nil when totals are off
+	so      *scaleOut // nil when scale-out is off
 
 	maxDeliver         int
 	ackWait            time.Duration
@@ -122,9 +124,6 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	}
 	if opts.Conn == nil {
 		return nil, errors.New("stage: Options.Conn is nil")
-	}
-	if cfg.ScaleOut.Enabled {
-		return nil, errors.New("stage: scale_out.enabled: the stage cannot run as one of N instances yet (streams and configuration only); turn it off")
 	}
 	s := &Stage{
 		cfg:                cfg,
@@ -172,10 +171,17 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	} else if err := checkStreamsExist(ctx, s.js, cfg); err != nil {
 		return nil, err
 	}
-	if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
-		return nil, err
+	var cc jetstream.ConsumerConfig
+	if cfg.ScaleOut.Enabled {
+		// The group's member consumers are made when Run joins the group,
+		// with input's settings.
+		cc = jetstream.ConsumerConfig{AckWait: cfg.Input.AckWait.D(), MaxDeliver: cfg.Input.MaxDeliver}
+	} else {
+		if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
+			return nil, err
+		}
+		cc = s.cons.CachedInfo().Config
 	}
-	cc := s.cons.CachedInfo().Config
 	s.maxDeliver, s.ackWait = cc.MaxDeliver, cc.AckWait
 	if s.maxDeliver > 0 {
 		s.log.Warn("consumer limits deliveries: the last allowed delivery of a message is dead-lettered instead of risking its loss", "max_deliver", s.maxDeliver)
@@ -187,6 +193,11 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, err
 	}
 	s.outputBatches = forward.NewLimiter(cfg.Output.MaxBatchesInFlight)
+	if cfg.ScaleOut.Enabled {
+		if err := s.setUpScaleOut(ctx, reg); err != nil {
+			return nil, err
+		}
+	}
 
 	s.status.declare(CompPublish, CompDeadLetter, CompLookup, CompCommit)
 	if cfg.Totals.Enabled {
@@ -237,6 +248,7 @@ type item struct {
 	key []byte
 	fp  uint64
 	tot state.Contribution // what it adds to its total when new; zero when totals are off
+	pin string             // scale-out: the pin the group delivered it under
 }
 
 // deadLetter is a message on its way to the dead-letter subject.
@@ -277,13 +289,20 @@ func (s *Stage) Run(ctx context.Context) error {
 		defer dlqWorker.Done()
 		s.deadLetterWorker(work, dlq)
 	}()
-	go s.pollPending(ctx)
 	flushTotals := s.startTotals()
 
 	s.status.setReady(true)
-	s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
-		"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.Subject("<input subject>"))
-	s.consume(ctx, parts, dlq)
+	if s.so != nil {
+		s.log.Info("judging messages of the partitions the server pins to this instance", "stream", s.cfg.Input.Stream,
+			"group", s.so.group, "instance", s.so.instance, "output_stream", s.cfg.Output.Stream,
+			"output_subjects", handover.PartitionSubject(s.so.prefix, 0, "<input subject>"))
+		s.consumeGroup(ctx, parts, dlq)
+	} else {
+		go s.pollPending(ctx)
+		s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
+			"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.Subject("<input subject>"))
+		s.consume(ctx, parts, dlq)
+	}
 
 	s.status.setReady(false)
 	for _, ch := range parts {
@@ -293,6 +312,9 @@ func (s *Stage) Run(ctx context.Context) error {
 	close(dlq)
 	dlqWorker.Wait()
 	flushTotals()
+	if s.so != nil {
+		s.releaseAll()
+	}
 	s.log.Info("stopped: batches in flight finished")
 	return nil
 }
@@ -319,7 +341,7 @@ func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadL
 				break
 			}
 			b.Reset()
-			s.dispatch(msg, parts, dlq)
+			s.dispatch(msg, -1, parts, dlq)
 		}
 		stop()
 		iter.Stop()
@@ -330,8 +352,10 @@ func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadL
 }
 
 // dispatch judges what can be judged without state (limits, key) and routes
-// the message to its partition.
-func (s *Stage) dispatch(msg jetstream.Msg, parts []chan item, dlq chan<- deadLetter) {
+// the message to its partition: p, when the consumer group delivered it for
+// partition p (scale-out), or the partition of its key (or group) when p is
+// -1.
+func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<- deadLetter) {
 	data := msg.Data()
 	if s.maxDeliver > 0 {
 		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {
@@ -366,8 +390,13 @@ func (s *Stage) dispatch(msg jetstream.Msg, parts []chan item, dlq chan<- deadLe
 		}
 		route = []byte(tot.Group)
 	}
-	p := state.PartitionOf(route, len(parts))
-	parts[p] <- item{msg: msg, key: key, fp: fingerprint(data), tot: tot}
+	it := item{msg: msg, key: key, fp: fingerprint(data), tot: tot}
+	if p < 0 {
+		p = state.PartitionOf(route, len(parts))
+	} else {
+		it.pin = msg.Headers().Get(headerPinID)
+	}
+	parts[p] <- it
 }
 
 // pollPending exports the consumer's backlog every few seconds.

@@ -42,6 +42,9 @@ type Status struct {
 	store *state.Store
 	win   window.Window
 	clock window.Clock
+	// restoring holds, with scale-out, the partitions being restored from
+	// the output stream and the records read back so far.
+	restoring map[int]int
 }
 
 // unit is one component (or one instance of it) as Status tracks it.
@@ -103,6 +106,35 @@ func (st *Status) setStore(s *state.Store, w window.Window, c window.Clock) {
 	st.mu.Lock()
 	st.store, st.win, st.clock = s, w, c
 	st.mu.Unlock()
+}
+
+// setRestoring records that partition p is being restored (records read
+// back so far) or, with on false, that its restore ended.
+func (st *Status) setRestoring(p, records int, on bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !on {
+		delete(st.restoring, p)
+		return
+	}
+	if st.restoring == nil {
+		st.restoring = make(map[int]int)
+	}
+	st.restoring[p] = records
+}
+
+// Restoring returns, with scale-out, each partition this instance is
+// restoring from the output stream and how many records it has read back.
+// The instance judges the other partitions meanwhile; the restored ones'
+// messages wait.
+func (st *Status) Restoring() map[int]int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := make(map[int]int, len(st.restoring))
+	for p, n := range st.restoring {
+		out[p] = n
+	}
+	return out
 }
 
 // Ready reports whether the stage is judging messages.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -81,6 +82,12 @@ type worker struct {
 	out        []*nats.Msg
 	res        []forward.Result
 	lastSignal time.Time // when the batch last told the server it is being worked on
+
+	// Scale-out only: the partition's tenure in this instance (nil when
+	// it does not own the partition), and the last pin it lost, whose
+	// messages are left to the new owner.
+	ten     *tenure
+	lostPin string
 }
 
 // process judges one batch: look up every key, publish the new ones, commit
@@ -92,6 +99,9 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
+	if s.so != nil && !w.own(ctx, batch) {
+		return
+	}
 	if w.firstIdx == nil {
 		w.firstIdx = make(map[string]int, len(batch))
 	}
@@ -146,6 +156,12 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		}
 		copies = append(copies, outCopy{})
 		m := s.outputMsg(it, id, &copies[len(copies)-1])
+		if s.so != nil {
+			// The output is the partition's changelog: the subject
+			// names the partition, the headers carry the record.
+			m.Subject = handover.PartitionSubject(s.so.prefix, w.p.Index(), it.msg.Subject())
+			handover.Annotate(m.Header, now, it.fp)
+		}
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
@@ -168,7 +184,11 @@ func (w *worker) process(ctx context.Context, batch []item) {
 				w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
 				continue
 			}
-			claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
+			c := state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot}
+			if s.so != nil {
+				c.FirstSeen = now // as the forwarded record says
+			}
+			claims = append(claims, c)
 		}
 		if !w.commit(ctx, batch, claims) {
 			return
@@ -207,7 +227,14 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		Inflight:   s.outputBatches,
 		OnFallback: w.fallback,
 	}
+	if w.ten != nil {
+		o.Fence = &w.ten.fence
+	}
 	if err := forward.Batch(ctx, s.js, w.out, w.res, o); err != nil {
+		if retry.IsFenced(err) && w.ten != nil {
+			w.fenced(ctx, err)
+			return false
+		}
 		w.stopping(batch, err)
 		return false
 	}
@@ -248,7 +275,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	t := time.Now()
 	var results []state.ClaimResult
 	err := retry.Do(ctx, CompCommit, func() (err error) {
-		results, err = w.p.Claim(claims)
+		results, err = w.claim(claims)
 		return err
 	}, w.retryOpts(batch, "state commit"))
 	if err != nil && (!retry.IsPermanent(err) || errors.Is(err, state.ErrClosed)) {
@@ -293,6 +320,21 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	}
 	w.newKeys.get().Add(float64(len(results)))
 	return true
+}
+
+// claim claims the batch's forwarded keys. With scale-out it also stores
+// the partition's cursor: the highest output sequence of the batch, up to
+// which the partition's changelog is in the store (this instance alone has
+// written it since its fence, batch after batch).
+func (w *worker) claim(claims []state.Claim) ([]state.ClaimResult, error) {
+	if w.ten == nil {
+		return w.p.Claim(claims)
+	}
+	var cursor uint64
+	for _, r := range w.res {
+		cursor = max(cursor, r.Seq)
+	}
+	return w.p.ClaimWithCursor(claims, cursor)
 }
 
 // indexOfNew returns the position in w.newIdx (and w.res) of batch index
@@ -391,7 +433,7 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 		h = make(nats.Header, 1)
 	}
 	for k := range h {
-		if strings.HasPrefix(k, "Nats-Expected-") {
+		if strings.HasPrefix(k, "Nats-Expected-") || k == headerPinID {
 			delete(h, k)
 		}
 	}

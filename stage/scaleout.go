@@ -1,0 +1,399 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/synadia-io/orbit.go/pcgroups"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// headerPinID is the header nats-server puts on each message a pinned
+// client of a priority group receives: the pin the message was delivered
+// under. A partition's tenure in this instance is one pin.
+const headerPinID = "Nats-Pin-Id"
+
+// pcgPriorityGroup is the priority group pcgroups gives every member's
+// consumer.
+const pcgPriorityGroup = "PCG"
+
+// restoreChunk is how many restored records are written to the store in
+// one call.
+const restoreChunk = 4096
+
+// scaleOut is this instance's part in a scale-out group
+// (docs/scale-out.md): the static consumer group's members it consumes, the
+// fences of the partitions it owns, and their metrics.
+type scaleOut struct {
+	group     string
+	instance  string
+	prefix    string        // output subject prefix
+	outStream string        // output stream: changelog and fences
+	inStream  string        // input stream: the group's members consume it
+	retention time.Duration // how far back a restore without a cursor reads
+	consumer  jetstream.ConsumerConfig
+	metrics   *scaleOutMetrics
+
+	mu    sync.Mutex
+	owned map[int]string // partition -> the pin it is owned under
+}
+
+// scaleOutMetrics are the metrics of partition ownership; they exist only
+// with scale-out on.
+type scaleOutMetrics struct {
+	owned      prometheus.Gauge
+	takeovers  *prometheus.CounterVec
+	refusals   *prometheus.CounterVec
+	stale      *prometheus.CounterVec
+	restored   *prometheus.CounterVec
+	restoring  *prometheus.GaugeVec
+	restoreDur *prometheus.GaugeVec
+}
+
+func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
+	m := &scaleOutMetrics{
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_partitions_owned",
+			Help: "Partitions this instance owns: it holds their fence and judges their messages.",
+		}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_partition_takeovers_total",
+			Help: "Times this instance took a partition's fence and restored the partition, by partition.",
+		}, []string{"partition"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_fence_refusals_total",
+			Help: "Output batches the server refused because the partition's fence moved: another instance took the partition, and nothing of the batch was stored.",
+		}, []string{"partition"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_stale_pin_messages_total",
+			Help: "Messages left unacked because they were delivered under a pin this instance lost; the partition's owner gets them after ack_wait.",
+		}, []string{"partition"}),
+		restored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_restore_records_total",
+			Help: "Records read back from the output stream into the state store when taking a partition, by partition.",
+		}, []string{"partition"}),
+		restoring: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_partition_restoring",
+			Help: "1 while this instance restores the partition from the output stream, else 0.",
+		}, []string{"partition"}),
+		restoreDur: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_partition_restore_seconds",
+			Help: "How long the last takeover of the partition took: the fence and the restore.",
+		}, []string{"partition"}),
+	}
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur)
+	return m
+}
+
+// setUpScaleOut checks what scale-out needs of the streams and creates the
+// static consumer group, with member p<i> consuming partition i, when it
+// does not exist yet (every instance may try at once: the same record is
+// written by all of them).
+func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) error {
+	cfg := s.cfg
+	so := &scaleOut{
+		group:     cfg.ScaleOut.Group,
+		instance:  cfg.ScaleOut.InstanceName(),
+		prefix:    cfg.Output.SubjectPrefix,
+		outStream: cfg.Output.Stream,
+		inStream:  cfg.Input.Stream,
+		retention: cfg.OutputRetention(s.win.W),
+		owned:     make(map[int]string),
+		consumer: jetstream.ConsumerConfig{
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.Input.AckWait.D(),
+			MaxAckPending: cfg.Input.MaxAckPending,
+			MaxDeliver:    cfg.Input.MaxDeliver,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		},
+	}
+	in, err := s.js.Stream(ctx, so.inStream)
+	if err != nil {
+		return fmt.Errorf("scale-out: input stream %s: %w", so.inStream, err)
+	}
+	src, dest, err := cfg.ScaleOutTransform()
+	if err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	if tr := in.CachedInfo().Config.SubjectTransform; tr == nil || tr.Source != src || tr.Destination != dest {
+		have := "none"
+		if tr != nil {
+			have = fmt.Sprintf("%q -> %q", tr.Source, tr.Destination)
+		}
+		return fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
+			"(of state.partitions = %d) first in the stored subject; edit the stream, or create it with the stage (nats.create_streams)",
+			so.inStream, have, src, dest, cfg.State.Partitions)
+	}
+	out, err := s.js.Stream(ctx, so.outStream)
+	if err != nil {
+		return fmt.Errorf("scale-out: output stream %s: %w", so.outStream, err)
+	}
+	oc := out.CachedInfo().Config
+	if oc.Retention != jetstream.LimitsPolicy {
+		return fmt.Errorf("scale-out: output stream %s has retention %v; it is the changelog new owners restore partitions from, so it needs limits retention", so.outStream, oc.Retention)
+	}
+	if oc.MaxAge != 0 && oc.MaxAge < so.retention {
+		return fmt.Errorf("scale-out: output stream %s keeps messages for %v; a new owner restores a partition from it, which needs %v (the window plus the redelivery margin)",
+			so.outStream, oc.MaxAge, so.retention)
+	}
+	if !s.atomicOutput {
+		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
+			cfg.Output.Publish, so.outStream, oc.AllowAtomicPublish)
+	}
+	n := cfg.State.Partitions
+	maps := make([]pcgroups.MemberMapping, n)
+	for i := range maps {
+		maps[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
+	}
+	if _, err := pcgroups.CreateStatic(ctx, s.js, so.inStream, so.group, uint(n), nil, nil, maps); err != nil {
+		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", so.group, so.inStream, n, err)
+	}
+	so.metrics = newScaleOutMetrics(reg)
+	s.so = so
+	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
+		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
+	return nil
+}
+
+// consumeGroup consumes every member of the group until ctx is done: the
+// server delivers a partition's messages to the one instance it pins.
+func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
+	so := s.so
+	var gate sync.RWMutex // held to read while dispatching, to write when stopping
+	stopped := false
+	members := make([]pcgroups.ConsumerGroupConsumeContext, 0, len(parts))
+	for p := range parts {
+		handler := func(msg jetstream.Msg) {
+			gate.RLock()
+			defer gate.RUnlock()
+			if !stopped {
+				s.dispatch(msg, p, parts, dlq)
+			}
+		}
+		b := retry.NewBackoff()
+		for ctx.Err() == nil {
+			m, err := pcgroups.StaticConsume(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p), handler, so.consumer)
+			if err == nil {
+				members = append(members, m)
+				break
+			}
+			s.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
+			b.Wait(ctx)
+		}
+	}
+	var ended sync.WaitGroup
+	for _, m := range members {
+		ended.Add(1)
+		go func() {
+			defer ended.Done()
+			select {
+			case err := <-m.Done():
+				if err != nil && ctx.Err() == nil {
+					s.log.Error("scale-out: the group stopped a member's consumer", "err", err)
+				}
+			case <-ctx.Done():
+			}
+		}()
+	}
+	<-ctx.Done()
+	for _, m := range members {
+		m.Stop()
+	}
+	ended.Wait()
+	gate.Lock()
+	stopped = true
+	gate.Unlock()
+}
+
+// releaseAll unpins the partitions this instance owns, after its workers
+// finished, so that their next owners get them at once instead of after
+// the pin's TTL.
+func (s *Stage) releaseAll() {
+	so := s.so
+	so.mu.Lock()
+	owned := make([]int, 0, len(so.owned))
+	for p := range so.owned {
+		owned = append(owned, p)
+	}
+	so.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, p := range owned {
+		if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+			s.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
+			continue
+		}
+		s.log.Info("scale-out: partition released", "partition", p)
+	}
+}
+
+// tenure is one partition owned by this instance: the pin the server
+// delivers its messages under and the fence its batches expect.
+type tenure struct {
+	pin   string
+	fence forward.Fence
+}
+
+// own makes sure the worker owns its partition under the pin the batch was
+// delivered with, taking the fence and restoring the partition when it
+// does not. It returns false when the batch must be left unacked: it came
+// under a pin this instance lost, or the takeover did not finish.
+func (w *worker) own(ctx context.Context, batch []item) bool {
+	so := w.s.so
+	pin := batch[len(batch)-1].pin
+	if w.ten != nil && w.ten.pin == pin {
+		return true
+	}
+	if w.lostPin != "" && pin == w.lostPin {
+		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
+		return false
+	}
+	if w.ten != nil {
+		w.s.log.Info("scale-out: partition pinned again under a new pin; taking its fence again", "partition", w.label)
+		w.drop()
+	}
+	t, err := w.takeOver(ctx, batch, pin)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.s.log.Warn("scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", w.label, "err", err)
+		}
+		return false
+	}
+	w.ten = t
+	so.mu.Lock()
+	so.owned[w.p.Index()] = pin
+	so.metrics.owned.Set(float64(len(so.owned)))
+	so.mu.Unlock()
+	return true
+}
+
+// takeOver takes the partition's fence and restores the partition from
+// the output stream up to it: from the local cursor when this instance's
+// store has one, else from now minus the output's retention.
+func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenure, error) {
+	s, so := w.s, w.s.so
+	p := w.p.Index()
+	start := time.Now()
+	fenceSubj := handover.FenceSubject(so.prefix, p)
+	f, err := handover.Take(ctx, s.js, so.outStream, fenceSubj, so.instance)
+	if err != nil {
+		return nil, err
+	}
+	cursor, err := w.p.Cursor()
+	if err != nil {
+		return nil, fmt.Errorf("read the partition's cursor: %w", err)
+	}
+	var from uint64
+	var since time.Time
+	if cursor > 0 && cursor < f {
+		from = cursor + 1
+	} else {
+		since = s.clock.Now().Add(-so.retention)
+	}
+	restoring := so.metrics.restoring.WithLabelValues(w.label)
+	restoring.Set(1)
+	defer restoring.Set(0)
+	s.status.setRestoring(p, 0, true)
+	defer s.status.setRestoring(p, 0, false)
+	recs := make([]state.Claim, 0, restoreChunk)
+	total := 0
+	flush := func(upTo uint64) error {
+		if err := w.p.Restore(recs, upTo); err != nil {
+			return err
+		}
+		total += len(recs)
+		so.metrics.restored.WithLabelValues(w.label).Add(float64(len(recs)))
+		s.status.setRestoring(p, total, true)
+		recs = recs[:0]
+		w.keepAlive(batch)
+		return nil
+	}
+	_, err = handover.Restore(ctx, s.js, so.outStream, handover.PartitionFilter(so.prefix, p), from, since, f,
+		func(key []byte, firstSeen time.Time, fp uint64, seq uint64) error {
+			recs = append(recs, state.Claim{Key: key, FirstSeen: firstSeen, Fingerprint: fp})
+			if len(recs) == restoreChunk {
+				return flush(seq)
+			}
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	if cursor != f {
+		if err := flush(f); err != nil { // the rest, and the cursor at the fence
+			return nil, err
+		}
+	}
+	took := time.Since(start)
+	so.metrics.takeovers.WithLabelValues(w.label).Inc()
+	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
+	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
+		"restored", total, "took", took.Round(time.Millisecond))
+	return &tenure{pin: pin, fence: forward.Fence{Subject: fenceSubj, Seq: f}}, nil
+}
+
+// fenced handles an output batch the server refused because the
+// partition's fence moved. The batch stays unacked. When the server still
+// pins this instance (another instance took the fence without the pin, or
+// a retried write moved it), the next batch takes the fence again;
+// otherwise the pin is lost, and what was delivered under it is left for
+// the new owner.
+func (w *worker) fenced(ctx context.Context, err error) {
+	s, so := w.s, w.s.so
+	so.metrics.refusals.WithLabelValues(w.label).Inc()
+	pin := w.ten.pin
+	still, ierr := w.stillPinned(ctx, pin)
+	level := slog.LevelWarn
+	if ierr != nil {
+		level = slog.LevelError
+	}
+	s.log.Log(ctx, level, "scale-out: partition lost: another instance took its fence; the batch is left unacked",
+		"partition", w.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
+	if !still {
+		w.lostPin = pin
+	}
+	w.drop()
+}
+
+// drop ends the worker's tenure.
+func (w *worker) drop() {
+	so := w.s.so
+	w.ten = nil
+	so.mu.Lock()
+	delete(so.owned, w.p.Index())
+	so.metrics.owned.Set(float64(len(so.owned)))
+	so.mu.Unlock()
+}
+
+// stillPinned asks the server whether pin is still the pin of the
+// partition's consumer.
+func (w *worker) stillPinned(ctx context.Context, pin string) (bool, error) {
+	so := w.s.so
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := w.s.js.Consumer(ctx, so.inStream, so.group+"-"+config.ScaleOutMember(w.p.Index()))
+	if err != nil {
+		return false, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == pcgPriorityGroup {
+			return g.PinnedClientID == pin, nil
+		}
+	}
+	return false, errors.New("the consumer has no priority group " + pcgPriorityGroup)
+}

@@ -1,0 +1,228 @@
+package stage_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// newScaleOutEnv is an env whose stage runs as instance name of a
+// scale-out group on a single server (R1 streams): the key is the second
+// token of orders.<key>, 4 partitions.
+func newScaleOutEnv(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t)
+	e.cfg.Input.Subjects = []string{"orders.*"}
+	e.cfg.Key = keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}, MaxLength: 256}
+	e.cfg.Input.AckWait = config.Duration(2 * time.Second)
+	e.cfg.ScaleOut.Enabled = true
+	e.cfg.ScaleOut.Replicas = 1
+	return e
+}
+
+// as returns a copy of e running as instance name on its own data dir.
+func (e *env) as(name string) *env {
+	c := *e
+	c.cfg.ScaleOut.Instance = name
+	c.cfg.State.DataDir = e.t.TempDir()
+	return &c
+}
+
+// publishKeys publishes one message per key on orders.<key> with the
+// key's payload.
+func (e *env) publishKeys(ks []string, payload map[string][]byte) {
+	e.t.Helper()
+	msgs := make([]*nats.Msg, len(ks))
+	for i, k := range ks {
+		msgs[i] = &nats.Msg{Subject: "orders." + k, Data: payload[k]}
+	}
+	natstest.PublishAll(e.t, e.js, msgs)
+}
+
+// scaleOutDrained waits until every member consumer of the group has
+// nothing pending or unacked.
+func (e *env) scaleOutDrained(timeout time.Duration) {
+	e.t.Helper()
+	for p := range e.cfg.State.Partitions {
+		name := e.cfg.ScaleOut.Group + "-" + config.ScaleOutMember(p)
+		natstest.WaitFor(e.t, timeout, "member consumer "+name+" to ack everything", func() bool {
+			c, err := e.js.Consumer(context.Background(), e.cfg.Input.Stream, name)
+			if err != nil {
+				return false
+			}
+			ci, err := c.Info(context.Background())
+			return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+		})
+	}
+}
+
+// scaleOutOutput reads the output's records (not its fences) by key and
+// checks each is on its partition's subject with a record's headers.
+func (e *env) scaleOutOutput() map[string]int {
+	e.t.Helper()
+	out := map[string]int{}
+	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.Output.Stream) {
+		if strings.HasPrefix(m.Subject, e.cfg.Output.SubjectPrefix+"._fence.") {
+			continue
+		}
+		key, _, _, err := handover.DecodeHeader(m.Header)
+		if err != nil {
+			e.t.Errorf("output message on %s: %v", m.Subject, err)
+			continue
+		}
+		if !strings.HasSuffix(m.Subject, ".orders."+string(key)) {
+			e.t.Errorf("key %s on subject %s", key, m.Subject)
+		}
+		if m.Header.Get("Nats-Pin-Id") != "" {
+			e.t.Errorf("key %s: the output carries the input's Nats-Pin-Id", key)
+		}
+		out[string(key)]++
+	}
+	return out
+}
+
+func (e *env) checkOnce(out map[string]int, unique map[string][]byte) {
+	e.t.Helper()
+	for k := range unique {
+		if out[k] != 1 {
+			e.t.Errorf("key %s: %d output messages, want 1", k, out[k])
+		}
+	}
+	for k := range out {
+		if _, ok := unique[k]; !ok {
+			e.t.Errorf("output holds key %q that was never published", k)
+		}
+	}
+}
+
+// TestScaleOutHandOverRestoresFromScratch runs instance a of a group, which
+// the server pins every partition to, then stops it cleanly while instance
+// b, with an empty data dir, stands by: b takes every partition (it is
+// unpinned at a's stop), restores each from the output stream, and
+// recognises a copy of every key a forwarded, while it forwards the new
+// keys once.
+func TestScaleOutHandOverRestoresFromScratch(t *testing.T) {
+	e := newScaleOutEnv(t)
+	ea, eb := e.as("a"), e.as("b")
+	evs, unique := workload(11, 3000, 0.2)
+	ks := make([]string, len(evs))
+	for i, ev := range evs {
+		ks[i] = ev.key
+	}
+	a := ea.start()
+	e.publishKeys(ks, unique)
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), unique)
+	if got := gauge(t, a.reg, "dedupe_partitions_owned"); got != 4 {
+		t.Fatalf("instance a owns %v partitions, want all 4 (it is the only one)", got)
+	}
+
+	b := eb.start()
+	a.stop(t)
+	// Copies of every key, and as many new keys.
+	fresh, freshPayload := workload(12, len(unique), 0)
+	copies := make([]string, 0, 2*len(unique))
+	for k := range unique {
+		copies = append(copies, k)
+	}
+	for _, ev := range fresh {
+		copies = append(copies, ev.key)
+		unique[ev.key] = freshPayload[ev.key]
+	}
+	e.publishKeys(copies, unique)
+	e.scaleOutDrained(90 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), unique)
+	if got := gauge(t, b.reg, "dedupe_partitions_owned"); got != 4 {
+		t.Errorf("instance b owns %v partitions after a stopped, want 4", got)
+	}
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 4 {
+		t.Errorf("instance b took over %v times, want 4", got)
+	}
+	firstRound := len(unique) - len(fresh)
+	if got := counter(t, b.reg, "dedupe_restore_records_total", nil); got != float64(firstRound) {
+		t.Errorf("instance b restored %v records, want the %d keys a forwarded", got, firstRound)
+	}
+	if got := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got < float64(firstRound) {
+		t.Errorf("instance b recognised %v repeats, want at least the %d copies of a's keys", got, firstRound)
+	}
+}
+
+// TestScaleOutFenceRefusesAndOwnerRetakes moves a partition's fence under
+// a running owner, as a new owner does when it takes the partition: the
+// owner's next batch is refused whole (counted), left unacked, and since
+// the server still pins the owner it takes the fence back, restores what
+// was written meanwhile (a record written by "another owner" here), and
+// goes on. Nothing is forwarded twice, and the other owner's record is
+// recognised as a repeat.
+func TestScaleOutFenceRefusesAndOwnerRetakes(t *testing.T) {
+	e := newScaleOutEnv(t).as("a")
+	a := e.start()
+	payload := map[string][]byte{}
+	var first []string
+	for i := range 200 {
+		k := fmt.Sprintf("k-%d", i)
+		payload[k] = []byte(`{"n":1}`)
+		first = append(first, k)
+	}
+	e.publishKeys(first, payload)
+	e.scaleOutDrained(60 * time.Second)
+
+	// Another owner takes every partition's fence and forwards a key.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other := "taken-by-other"
+	payload[other] = []byte(`{"n":2}`)
+	for p := range 4 {
+		f, err := handover.Take(ctx, e.js, e.cfg.Output.Stream, handover.FenceSubject(e.cfg.Output.SubjectPrefix, p), "other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == partitionOf(other, 4) {
+			m := &nats.Msg{Subject: handover.PartitionSubject(e.cfg.Output.SubjectPrefix, p, "orders."+other), Header: nats.Header{}, Data: payload[other]}
+			m.Header.Set(jetstream.MsgIDHeader, other)
+			handover.Annotate(m.Header, time.Now(), fingerprintOf(payload[other]))
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, fmt.Sprint(f))
+			m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, handover.FenceSubject(e.cfg.Output.SubjectPrefix, p))
+			if _, err := e.js.PublishMsg(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var second []string
+	for i := range 200 {
+		k := fmt.Sprintf("k2-%d", i)
+		payload[k] = []byte(`{"n":3}`)
+		second = append(second, k)
+	}
+	second = append(second, other)
+	e.publishKeys(second, payload)
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), payload)
+	if got := counter(t, a.reg, "dedupe_fence_refusals_total", nil); got < 1 {
+		t.Errorf("dedupe_fence_refusals_total = %v, want >= 1: no batch was refused by a moved fence", got)
+	}
+	if got := counter(t, a.reg, "dedupe_partition_takeovers_total", nil); got < 5 {
+		t.Errorf("dedupe_partition_takeovers_total = %v, want >= 5 (4 at start, then again after a refusal)", got)
+	}
+	if got := gauge(t, a.reg, "dedupe_partitions_owned"); got != 4 {
+		t.Errorf("instance owns %v partitions at the end, want 4", got)
+	}
+}
+
+// partitionOf is the scale-out partition of a key: the server's.
+func partitionOf(key string, n int) int { return state.PartitionFNV([]byte(key), n) }
+
+// fingerprintOf is the payload fingerprint the stage records.
+func fingerprintOf(data []byte) uint64 { return xxhash.Sum64(data) }
