@@ -38,11 +38,28 @@ type ScaleOut struct {
 	// output, which is the changelog new owners restore from, with its
 	// node.
 	Replicas int `yaml:"replicas"`
+	// Route says when the route step runs (docs/scale-out.md §3.2):
+	// RouteAuto (default) when the key is not a subject token the server
+	// can hash (ScaleOutTransform fails), RouteAlways, or RouteNever.
+	Route string `yaml:"route"`
+	// RoutedStream is the work-queue stream the route step copies the
+	// input into, one subject per partition. Default "DEDUPE_ROUTED".
+	RoutedStream string `yaml:"routed_stream"`
+	// RoutedSubject is the middle of the routed subjects,
+	// <p>.<routed_subject>.<input subject>. Default "dedupe.routed".
+	RoutedSubject string `yaml:"routed_subject"`
 }
+
+// Values of scale_out.route.
+const (
+	RouteAuto   = "auto"
+	RouteAlways = "always"
+	RouteNever  = "never"
+)
 
 // DefaultScaleOut returns the scale_out section's defaults (off).
 func DefaultScaleOut() ScaleOut {
-	return ScaleOut{Group: "dedupe", Replicas: 3}
+	return ScaleOut{Group: "dedupe", Replicas: 3, Route: RouteAuto, RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed"}
 }
 
 // InstanceName returns Instance, or the host name when Instance is empty
@@ -80,7 +97,7 @@ func (c Config) ScaleOutTransform() (src, dest string, err error) {
 	k := c.Key.Field
 	if k.Source != keys.SourceSubject || k.SubjectToken < 1 {
 		return "", "", fmt.Errorf("key is %v; scale-out needs the key to be a subject token counted from the start (key.source: subject, key.subject_token >= 1), "+
-			"which the server hashes into the partition; keys from headers or JSON need the route step, which is not available yet", k)
+			"which the server hashes into the partition; keys from headers or JSON need the route step (scale_out.route auto or always)", k)
 	}
 	toks := strings.Split(src, ".")
 	if k.SubjectToken > len(toks) || toks[k.SubjectToken-1] != "*" {
@@ -106,6 +123,24 @@ func (c Config) ScaleOutTransform() (src, dest string, err error) {
 		return "", "", fmt.Errorf("subject transform %q -> %q: %w", src, dest, err)
 	}
 	return src, dest, nil
+}
+
+// ScaleOutRouted decides whether the route step runs, the one place that
+// does: with scale_out.route always, or auto when the server cannot
+// partition the input itself (ScaleOutTransform fails: the key is a header
+// or a JSON field, or not a single-token wildcard of the one input
+// subject). why says which and why, for the logs and check-config.
+func (c Config) ScaleOutRouted() (routed bool, why string) {
+	switch c.ScaleOut.Route {
+	case RouteAlways:
+		return true, "scale_out.route is always"
+	case RouteNever:
+		return false, "scale_out.route is never: the input stream's transform partitions by the key token"
+	}
+	if _, _, err := c.ScaleOutTransform(); err != nil {
+		return true, "scale_out.route is auto and the server cannot partition the input by the key itself: " + err.Error()
+	}
+	return false, "scale_out.route is auto and the key is a subject token: the input stream's transform partitions by it"
 }
 
 // OutputRetention is how long the output stream must keep messages with
@@ -156,12 +191,27 @@ func (c Config) validateScaleOut(v *validator) {
 	if c.Output.Limits.MaxBytes > 0 {
 		v.add("output.max_bytes", "%v with scale_out.enabled, want 0: a full output stream would drop records inside the window that a new owner restores from", c.Output.Limits.MaxBytes)
 	}
-	if _, _, err := c.ScaleOutTransform(); err != nil {
-		field := "key"
-		if len(c.Input.Subjects) != 1 {
-			field = "input.subjects"
+	switch s.Route {
+	case RouteAuto, RouteAlways:
+	case RouteNever:
+		if _, _, err := c.ScaleOutTransform(); err != nil {
+			field := "key"
+			if len(c.Input.Subjects) != 1 {
+				field = "input.subjects"
+			}
+			v.add(field, "%v; or set scale_out.route to auto, which routes such keys", err)
 		}
-		v.add(field, "%v", err)
+	default:
+		v.add("scale_out.route", "%q, want auto, always or never", s.Route)
+	}
+	if routed, _ := c.ScaleOutRouted(); routed {
+		checkName(v, "scale_out.routed_stream", s.RoutedStream)
+		if s.RoutedStream == c.Input.Stream || s.RoutedStream == c.Output.Stream || s.RoutedStream == c.DeadLetter.Stream {
+			v.add("scale_out.routed_stream", "%q is also the input, output or dead-letter stream", s.RoutedStream)
+		}
+		if msg := checkSubject(s.RoutedSubject, false); msg != "" {
+			v.add("scale_out.routed_subject", "%q: %s", s.RoutedSubject, msg)
+		}
 	}
 }
 
@@ -179,7 +229,10 @@ func (c Config) scaleOutSummary() []string {
 			s.InstanceName(), s.Group, ScaleOutMember(0), ScaleOutMember(c.State.Partitions-1), s.Group, ScaleOutMember(0)),
 		fmt.Sprintf("hand-over after a crash ≈ input.ack_wait %v (the pin's TTL) + the fence write + the restore; after a clean stop, one round trip (the stop unpins)", c.Input.AckWait),
 	}
-	if src, dest, err := c.ScaleOutTransform(); err != nil {
+	if routed, why := c.ScaleOutRouted(); routed {
+		out = append(out, fmt.Sprintf("route step on: %s; every instance routes the input through the shared consumer %s-route into stream %s, subjects <p>.%s.<input subject>",
+			why, s.Group, s.RoutedStream, s.RoutedSubject))
+	} else if src, dest, err := c.ScaleOutTransform(); err != nil {
 		out = append(out, "input transform: invalid: "+err.Error())
 	} else {
 		out = append(out, fmt.Sprintf("input stream transform %s -> %s (nats-server's FNV-1a 32-bit partition of the key token)", src, dest))

@@ -70,17 +70,28 @@ func TestScaleOutValidate(t *testing.T) {
 			c.Totals.Group = keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}
 			c.Totals.Sinks.KV.Bucket = "t"
 		}, []string{"totals.enabled: true with scale_out.enabled: totals are not supported with scale-out yet"}},
-		{"header key", func(c *Config) { c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"} },
-			[]string{"key: key is header", "route step, which is not available yet"}},
-		{"key token from the end", func(c *Config) { c.Key.Field.SubjectToken = -1 },
+		{"header key", func(c *Config) {
+			c.ScaleOut.Route = RouteNever
+			c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"}
+		},
+			[]string{"key: key is header", "need the route step (scale_out.route auto or always)"}},
+		{"key token from the end", func(c *Config) { c.ScaleOut.Route = RouteNever; c.Key.Field.SubjectToken = -1 },
 			[]string{"counted from the start"}},
-		{"key token not a wildcard", func(c *Config) { c.Key.Field.SubjectToken = 1 },
+		{"key token not a wildcard", func(c *Config) { c.ScaleOut.Route = RouteNever; c.Key.Field.SubjectToken = 1 },
 			[]string{"key.subject_token 1 is not a '*' token of input.subjects[0] \"orders.*\""}},
 		{"key token under >", func(c *Config) {
+			c.ScaleOut.Route = RouteNever
 			c.Input.Subjects = []string{"orders.>"}
 		}, []string{"key.subject_token 2 is not a '*' token"}},
-		{"two input subjects", func(c *Config) { c.Input.Subjects = []string{"orders.*", "refunds.*"} },
+		{"two input subjects", func(c *Config) { c.ScaleOut.Route = RouteNever; c.Input.Subjects = []string{"orders.*", "refunds.*"} },
 			[]string{"input.subjects: input.subjects has 2 subjects, scale-out needs exactly one"}},
+		{"header key, routed", func(c *Config) { c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"} }, nil},
+		{"two input subjects, routed", func(c *Config) { c.Input.Subjects = []string{"orders.*", "refunds.*"} }, nil},
+		{"bad route", func(c *Config) { c.ScaleOut.Route = "sometimes" }, []string{"scale_out.route: \"sometimes\", want auto, always or never"}},
+		{"bad routed subject", func(c *Config) { c.ScaleOut.Route = RouteAlways; c.ScaleOut.RoutedSubject = "a.*" },
+			[]string{"scale_out.routed_subject: \"a.*\": wildcards not allowed here"}},
+		{"routed stream is the input", func(c *Config) { c.ScaleOut.Route = RouteAlways; c.ScaleOut.RoutedStream = c.Input.Stream },
+			[]string{"scale_out.routed_stream: \"EVENTS\" is also the input"}},
 		{"filter subject", func(c *Config) { c.Input.FilterSubject = "orders.x" },
 			[]string{"input.filter_subject: \"orders.x\" with scale_out.enabled"}},
 		{"bad group", func(c *Config) { c.ScaleOut.Group = "a.b" }, []string{"scale_out.group: \"a.b\""}},
@@ -199,5 +210,25 @@ func TestScaleOutStateRecordsTheServersHash(t *testing.T) {
 	}
 	if got := Default().StateOptions(w).Partitioning; got != (state.Partitioning{}) {
 		t.Errorf("single-instance state partitioning %+v, want the zero value (xxhash64)", got)
+	}
+}
+
+func TestScaleOutRouted(t *testing.T) {
+	c := scaleOutOn()
+	if routed, why := c.ScaleOutRouted(); routed {
+		t.Errorf("subject key, route auto: routed (%s); want the server's transform", why)
+	}
+	c.ScaleOut.Route = RouteAlways
+	if routed, _ := c.ScaleOutRouted(); !routed {
+		t.Error("route always: not routed")
+	}
+	c.ScaleOut.Route = RouteAuto
+	c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"}
+	if routed, why := c.ScaleOutRouted(); !routed || !strings.Contains(why, "key is header") {
+		t.Errorf("header key, route auto: routed %v (%s); want routed, saying why", routed, why)
+	}
+	c.ScaleOut.Route = RouteNever
+	if routed, _ := c.ScaleOutRouted(); routed {
+		t.Error("route never: routed")
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -38,10 +39,11 @@ const restoreChunk = 4096
 type scaleOut struct {
 	group     string
 	instance  string
-	prefix    string        // output subject prefix
-	outStream string        // output stream: changelog and fences
-	inStream  string        // input stream: the group's members consume it
-	retention time.Duration // how far back a restore without a cursor reads
+	prefix    string         // output subject prefix
+	outStream string         // output stream: changelog and fences
+	inStream  string         // the stream the group's members consume: the input, or the routed stream
+	routed    *route.Options // the route step's options when it runs, else nil
+	retention time.Duration  // how far back a restore without a cursor reads
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
 
@@ -118,22 +120,12 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		},
 	}
-	in, err := s.js.Stream(ctx, so.inStream)
-	if err != nil {
-		return fmt.Errorf("scale-out: input stream %s: %w", so.inStream, err)
-	}
-	src, dest, err := cfg.ScaleOutTransform()
-	if err != nil {
-		return fmt.Errorf("scale-out: %w", err)
-	}
-	if tr := in.CachedInfo().Config.SubjectTransform; tr == nil || tr.Source != src || tr.Destination != dest {
-		have := "none"
-		if tr != nil {
-			have = fmt.Sprintf("%q -> %q", tr.Source, tr.Destination)
+	if routed, why := cfg.ScaleOutRouted(); routed {
+		if err := s.setUpRoute(ctx, so, reg, why); err != nil {
+			return err
 		}
-		return fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
-			"(of state.partitions = %d) first in the stored subject; edit the stream, or create it with the stage (nats.create_streams)",
-			so.inStream, have, src, dest, cfg.State.Partitions)
+	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
+		return err
 	}
 	out, err := s.js.Stream(ctx, so.outStream)
 	if err != nil {
@@ -166,12 +158,121 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	return nil
 }
 
+// checkTransform checks that the input stream's subject transform puts
+// each key's partition first, as the configuration implies.
+func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Config) error {
+	name := cfg.Input.Stream
+	in, err := js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("scale-out: input stream %s: %w", name, err)
+	}
+	src, dest, err := cfg.ScaleOutTransform()
+	if err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	if tr := in.CachedInfo().Config.SubjectTransform; tr == nil || tr.Source != src || tr.Destination != dest {
+		have := "none"
+		if tr != nil {
+			have = fmt.Sprintf("%q -> %q", tr.Source, tr.Destination)
+		}
+		return fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
+			"(of state.partitions = %d) first in the stored subject; edit the stream, create it with the stage (nats.create_streams), "+
+			"or have the route step partition it (scale_out.route always)",
+			name, have, src, dest, cfg.State.Partitions)
+	}
+	return nil
+}
+
+// setUpRoute prepares the route step: the group consumes the routed
+// stream, which must keep the route step's guarantee (route.CheckStream),
+// and Run routes the input into it.
+func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Registerer, why string) error {
+	cfg := s.cfg
+	name := cfg.ScaleOut.RoutedStream
+	st, err := s.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("scale-out: routed stream %s (scale_out.routed_stream): %w", name, err)
+	}
+	ackWait, margin := cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D()
+	if err := route.CheckStream(st.CachedInfo().Config, cfg.ScaleOut.RoutedSubject, cfg.State.Partitions, ackWait, margin); err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	so.inStream = name
+	so.routed = &route.Options{
+		Conn:              s.nc,
+		InputStream:       cfg.Input.Stream,
+		Group:             so.group,
+		Partitions:        cfg.State.Partitions,
+		RoutedStream:      name,
+		RoutedSubject:     cfg.ScaleOut.RoutedSubject,
+		Key:               s.keyFn,
+		DeadLetterSubject: cfg.DeadLetter.SubjectFor,
+		MaxMessageBytes:   int64(cfg.Pipeline.MaxMessageBytes),
+		BatchSize:         cfg.Pipeline.BatchSize,
+		BatchLinger:       cfg.Pipeline.BatchLinger.D(),
+		AckWait:           ackWait,
+		MaxAckPending:     cfg.Input.MaxAckPending,
+		RestartMargin:     margin,
+		ShutdownTimeout:   s.shutdownTimeout,
+		Registry:          reg,
+		Logger:            s.log,
+		Reporter:          s.status,
+	}
+	if err := so.routed.Validate(); err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	s.log.Info("scale-out: the route step partitions the input", "why", why, "routed_stream", name,
+		"routed_subjects", route.Subject(0, cfg.ScaleOut.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(so.group))
+	return nil
+}
+
+// runRoute runs the route step until ctx is done. A failure to start it
+// (the routed stream or the route consumer) is retried with backoff: the
+// partitions' owners meanwhile judge what was routed before.
+func (s *Stage) runRoute(ctx context.Context) {
+	b := retry.NewBackoff()
+	for ctx.Err() == nil {
+		err := route.Run(ctx, *s.so.routed)
+		if err == nil {
+			return
+		}
+		s.status.Failed(route.CompRoute, err)
+		s.log.Error("scale-out: the route step stopped; restarting it", "err", err)
+		b.Wait(ctx)
+	}
+}
+
+// ReasonNotRouted: a message in the routed stream that the route step did
+// not write (its subject, Nats-Msg-Id or headers are not the route step's).
+const ReasonNotRouted = "not_routed"
+
+// dispatchRouted is dispatch for a message of the routed stream, which the
+// route step already checked: its key and input subject come from what the
+// route step wrote (route.OriginOf), not derived again.
+func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, parts []chan item, dlq chan<- deadLetter) {
+	o, err := route.OriginOf(s.so.routed.RoutedSubject, msg.Subject(), msg.Headers())
+	if err != nil {
+		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
+			detail: "in the routed stream, but not written by the route step: " + err.Error()}
+		return
+	}
+	parts[p] <- item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(headerPinID), subject: o.Subject}
+}
+
 // consumeGroup consumes every member of the group until ctx is done: the
 // server delivers a partition's messages to the one instance it pins.
 func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
 	so := s.so
 	var gate sync.RWMutex // held to read while dispatching, to write when stopping
 	stopped := false
+	if so.routed != nil {
+		routed := make(chan struct{})
+		defer func() { <-routed }()
+		go func() {
+			defer close(routed)
+			s.runRoute(ctx)
+		}()
+	}
 	members := make([]pcgroups.ConsumerGroupConsumeContext, 0, len(parts))
 	for p := range parts {
 		handler := func(msg jetstream.Msg) {

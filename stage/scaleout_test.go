@@ -15,6 +15,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/stage"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -51,14 +52,18 @@ func (e *env) publishKeys(ks []string, payload map[string][]byte) {
 	natstest.PublishAll(e.t, e.js, msgs)
 }
 
-// scaleOutDrained waits until every member consumer of the group has
-// nothing pending or unacked.
+// scaleOutDrained waits until every member consumer of the group (on the
+// input, or on the routed stream) has nothing pending or unacked.
 func (e *env) scaleOutDrained(timeout time.Duration) {
 	e.t.Helper()
+	stream := e.cfg.Input.Stream
+	if routed, _ := e.cfg.ScaleOutRouted(); routed {
+		stream = e.cfg.ScaleOut.RoutedStream
+	}
 	for p := range e.cfg.State.Partitions {
 		name := e.cfg.ScaleOut.Group + "-" + config.ScaleOutMember(p)
 		natstest.WaitFor(e.t, timeout, "member consumer "+name+" to ack everything", func() bool {
-			c, err := e.js.Consumer(context.Background(), e.cfg.Input.Stream, name)
+			c, err := e.js.Consumer(context.Background(), stream, name)
 			if err != nil {
 				return false
 			}
@@ -226,3 +231,77 @@ func partitionOf(key string, n int) int { return state.PartitionFNV([]byte(key),
 
 // fingerprintOf is the payload fingerprint the stage records.
 func fingerprintOf(data []byte) uint64 { return xxhash.Sum64(data) }
+
+// TestScaleOutRoutesHeaderKeys runs two instances of a group whose key is
+// a header, so the route step partitions the input: a workload with
+// repeats (adjacent and far apart) reaches the output once per key, on its
+// partition's subject under the input's subject; inputs without a key are
+// dead-lettered once, by the route step; and after the instance that owned
+// the partitions stops, the other recognises copies of every key.
+func TestScaleOutRoutesHeaderKeys(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Input.AckWait = config.Duration(2 * time.Second)
+	e.cfg.ScaleOut.Enabled = true
+	e.cfg.ScaleOut.Replicas = 1
+	if routed, why := e.cfg.ScaleOutRouted(); !routed {
+		t.Fatalf("header key: not routed (%s)", why)
+	}
+	ea, eb := e.as("a"), e.as("b")
+	a := ea.start()
+	b := eb.start()
+	evs, unique := workload(21, 2000, 0.25)
+	evs = append(evs, event{key: "", payload: []byte("no key 1")}, event{key: "", payload: []byte("no key 2")})
+	e.publish(evs)
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
+	e.scaleOutDrained(60 * time.Second)
+
+	routedOutput := func() map[string]int {
+		out := map[string]int{}
+		for _, m := range natstest.ReadAll(t, e.js, e.cfg.Output.Stream) {
+			if strings.HasPrefix(m.Subject, e.cfg.Output.SubjectPrefix+"._fence.") {
+				continue
+			}
+			key, _, _, err := handover.DecodeHeader(m.Header)
+			if err != nil {
+				t.Errorf("output message on %s: %v", m.Subject, err)
+				continue
+			}
+			if want := handover.PartitionSubject(e.cfg.Output.SubjectPrefix, partitionOf(string(key), 4), "events.orders"); m.Subject != want {
+				t.Errorf("key %s on subject %s, want %s", key, m.Subject, want)
+			}
+			if m.Header.Get("Trace") != "t-"+string(key) {
+				t.Errorf("key %s: the input's headers were not carried: %v", key, m.Header)
+			}
+			out[string(key)]++
+		}
+		return out
+	}
+	e.checkOnce(routedOutput(), unique)
+	dl := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
+	if len(dl) != 2 {
+		t.Errorf("%d dead letters, want the 2 inputs without a key", len(dl))
+	}
+	for _, m := range dl {
+		if r := m.Header.Get(stage.HeaderReason); r != "no_key" {
+			t.Errorf("dead letter with reason %q, want no_key", r)
+		}
+	}
+	owned := gauge(t, a.reg, "dedupe_partitions_owned") + gauge(t, b.reg, "dedupe_partitions_owned")
+	if owned != 4 {
+		t.Errorf("the instances own %v partitions between them, want 4", owned)
+	}
+
+	// The first instance stops; copies of every key go to the other.
+	a.stop(t)
+	var copies []event
+	for k, p := range unique {
+		copies = append(copies, event{key: k, payload: p})
+	}
+	e.publish(copies)
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(routedOutput(), unique)
+	if got := gauge(t, b.reg, "dedupe_partitions_owned"); got != 4 {
+		t.Errorf("instance b owns %v partitions after a stopped, want 4", got)
+	}
+}

@@ -249,6 +249,17 @@ type item struct {
 	fp  uint64
 	tot state.Contribution // what it adds to its total when new; zero when totals are off
 	pin string             // scale-out: the pin the group delivered it under
+	// subject is the input subject of a routed message (scale-out with
+	// the route step); "" means msg.Subject().
+	subject string
+}
+
+// inputSubject returns the subject the message had in the input stream.
+func (it *item) inputSubject() string {
+	if it.subject != "" {
+		return it.subject
+	}
+	return it.msg.Subject()
 }
 
 // deadLetter is a message on its way to the dead-letter subject.
@@ -367,6 +378,10 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	if limit := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > limit {
 		dlq <- deadLetter{msg: msg, reason: ReasonOversized, partition: "none",
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
+		return
+	}
+	if s.so != nil && s.so.routed != nil {
+		s.dispatchRouted(msg, p, parts, dlq)
 		return
 	}
 	key, err := s.keyFn.Key(msg.Subject(), msg.Headers(), data)

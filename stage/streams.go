@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -94,7 +95,7 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 		stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld),
 	}
 	if cfg.ScaleOut.Enabled {
-		if err := scaleOutStreams(cfg, w, streams); err != nil {
+		if streams, err = scaleOutStreams(cfg, w, streams); err != nil {
 			return nil, err
 		}
 	}
@@ -104,25 +105,33 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 // scaleOutStreams changes the streams StreamsToCreate returns (input,
 // output, dead letter) for scale-out: scale_out.replicas each; the input
 // stream's subject transform puts the partition first
-// (config.ScaleOutTransform); the output keeps Limits retention and at
+// (config.ScaleOutTransform), or, when the route step runs
+// (config.ScaleOutRouted), the routed stream is added (route.StreamConfig,
+// its Field "scale_out.routed"); the output keeps Limits retention and at
 // least config.OutputRetention (validation refuses a configured max_age
 // below it, and a max_bytes).
-func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreate) error {
-	src, dest, err := cfg.ScaleOutTransform()
-	if err != nil {
-		return fmt.Errorf("scale-out: %w", err)
-	}
+func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreate) ([]StreamToCreate, error) {
 	for i := range streams {
 		streams[i].Config.Replicas = cfg.ScaleOut.Replicas
 	}
-	in := &streams[0].Config
-	in.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
+	if routed, _ := cfg.ScaleOutRouted(); routed {
+		// The route step partitions the input into the routed stream.
+		so := cfg.ScaleOut
+		streams = append(streams, StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(so.RoutedStream, so.RoutedSubject,
+			cfg.State.Partitions, so.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())})
+	} else {
+		src, dest, err := cfg.ScaleOutTransform()
+		if err != nil {
+			return nil, fmt.Errorf("scale-out: %w", err)
+		}
+		streams[0].Config.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
+	}
 	out := &streams[1].Config
 	out.Retention = jetstream.LimitsPolicy
 	if need := cfg.OutputRetention(w.W); out.MaxAge < need {
 		out.MaxAge = need
 	}
-	return nil
+	return streams, nil
 }
 
 // ensureStreams creates the input, output and dead-letter streams that are

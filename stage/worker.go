@@ -159,7 +159,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		if s.so != nil {
 			// The output is the partition's changelog: the subject
 			// names the partition, the headers carry the record.
-			m.Subject = handover.PartitionSubject(s.so.prefix, w.p.Index(), it.msg.Subject())
+			m.Subject = handover.PartitionSubject(s.so.prefix, w.p.Index(), it.inputSubject())
 			handover.Annotate(m.Header, now, it.fp)
 		}
 		if err := forward.CheckSize(m, maxPayload); err != nil {
