@@ -1,0 +1,348 @@
+package stage_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// The scale-out benchmarks run on one in-process server (R1 streams), so
+// that what they time is the stage's work, not replication; the instances
+// share the process, as they share this machine's cores. Run them alone:
+//
+//	go test -run '^$' -bench 'BenchmarkScaleOut' -benchtime 1x ./stage/
+//
+// The partition count is benchPartitions; the group is "dedupe".
+
+const benchPartitions = 4
+
+// scaleOutBenchConfig is the configuration of one instance: the key is the
+// second token of orders.<key> (the server partitions the input), or, with
+// routed, the Event-Id header (the route step partitions it).
+func scaleOutBenchConfig(b *testing.B, url string, routed bool) config.Config {
+	cfg := config.Default()
+	yes := true
+	cfg.NATS.URL = url
+	cfg.NATS.CreateStreams = &yes
+	cfg.HTTP.Addr = ""
+	cfg.Input.Subjects = []string{"orders.*"}
+	cfg.Input.AckWait = config.Duration(2 * time.Second)
+	cfg.Key = keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}, MaxLength: 256}
+	if routed {
+		cfg.Key = keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceHeader, Header: "Event-Id"}, MaxLength: 256}
+	}
+	cfg.State.Partitions = benchPartitions
+	cfg.ScaleOut.Enabled = true
+	cfg.ScaleOut.Replicas = 1
+	return cfg
+}
+
+// benchInstance is one instance of the group, running.
+type benchInstance struct {
+	reg    *prometheus.Registry
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+	st     *stage.Stage
+}
+
+// startInstance starts instance name on its own connection and data dir.
+func startInstance(b *testing.B, cfg config.Config, name string) *benchInstance {
+	b.Helper()
+	cfg.ScaleOut.Instance = name
+	cfg.State.DataDir = b.TempDir()
+	nc, _ := natstest.Connect(b, cfg.NATS.URL)
+	reg := prometheus.NewRegistry()
+	st, err := stage.New(context.Background(), stage.Options{Config: cfg, Conn: nc, Registry: reg,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatalf("instance %s: %v", name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &benchInstance{reg: reg, nc: nc, cancel: cancel, done: make(chan error, 1), st: st}
+	go func() { in.done <- st.Run(ctx) }()
+	return in
+}
+
+// stop stops the instance cleanly (it unpins what it owns).
+func (in *benchInstance) stop(b *testing.B) {
+	b.Helper()
+	in.cancel()
+	select {
+	case <-in.done:
+	case <-time.After(time.Minute):
+		b.Fatal("instance did not stop in 1m")
+	}
+	_ = in.st.Close()
+}
+
+// sum adds up the counter (or gauge) name over its series.
+func (in *benchInstance) sum(b *testing.B, name string, labels map[string]string) float64 {
+	b.Helper()
+	mfs, err := in.reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue series
+				}
+			}
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return total
+}
+
+// publishOrders publishes the events keys[i] on orders.<key> (or, routed,
+// on orders.x with the key in Event-Id), each with a 256-byte payload.
+func publishOrders(b *testing.B, js jetstream.JetStream, ks []string, routed bool) {
+	b.Helper()
+	pjs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, k := range ks {
+		data := make([]byte, benchPayload)
+		copy(data, k)
+		m := &nats.Msg{Subject: "orders." + k, Data: data}
+		if routed {
+			m = &nats.Msg{Subject: "orders.x", Header: nats.Header{"Event-Id": []string{k}}, Data: data}
+		}
+		if _, err := pjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+			b.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	select {
+	case <-pjs.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		b.Fatal("publishes not acknowledged in 5m")
+	}
+}
+
+// benchKeys returns n event keys, 10% of them repeats of earlier ones.
+func benchKeys(n int) []string {
+	unique := max(1, int(float64(n)*(1-benchRepeatRatio)))
+	ks := make([]string, n)
+	for i := range ks {
+		k := i
+		if i >= unique {
+			k = (i * 7919) % unique
+		}
+		ks[i] = fmt.Sprintf("evt-%016x", uint64(k)*0x9e3779b97f4a7c15)
+	}
+	return ks
+}
+
+// createStreams creates the streams a scale-out stage creates.
+func createStreams(b *testing.B, js jetstream.JetStream, cfg config.Config) {
+	b.Helper()
+	streams, err := stage.StreamsToCreate(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range streams {
+		if _, err := js.CreateStream(context.Background(), s.Config); err != nil {
+			b.Fatalf("create %s: %v", s.Config.Name, err)
+		}
+	}
+}
+
+// BenchmarkScaleOutThroughput drains a backlog of b.N events (10%
+// repeats) through 1, 2 and 3 instances of a group, with the key in the
+// subject (the server partitions the input) and in a header (the route
+// step partitions it, one more write and read per event). The instances
+// start together on an empty server, so each takes the partitions it is
+// pinned first; events/s is what they judge together.
+func BenchmarkScaleOutThroughput(b *testing.B) {
+	for _, routed := range []bool{false, true} {
+		for _, n := range []int{1, 2, 3} {
+			b.Run(fmt.Sprintf("route=%v/instances=%d", routed, n), func(b *testing.B) {
+				srv := natstest.RunServer(b, "")
+				_, js := natstest.Connect(b, srv.ClientURL())
+				cfg := scaleOutBenchConfig(b, srv.ClientURL(), routed)
+				createStreams(b, js, cfg)
+				publishOrders(b, js, benchKeys(b.N), routed)
+				b.ResetTimer()
+				var ins []*benchInstance
+				for i := range n {
+					ins = append(ins, startInstance(b, cfg, fmt.Sprintf("i%d", i)))
+				}
+				deadline := time.Now().Add(benchDrainLimit)
+				for {
+					judged := 0.0
+					for _, in := range ins {
+						judged += in.sum(b, "dedupe_messages_total", nil)
+					}
+					if judged >= float64(b.N) {
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatalf("%v of %d events judged in %v", judged, b.N, benchDrainLimit)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+				for i, in := range ins {
+					b.ReportMetric(in.sum(b, "dedupe_partitions_owned", nil), fmt.Sprintf("partitions_i%d", i))
+					in.stop(b)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkScaleOutRestore times an instance with an empty data dir taking
+// the 4 partitions of an output stream holding benchRestoreKeys records
+// (restored in parallel, one worker per partition): from Run until every
+// partition is taken, which is when its first batch is judged.
+func BenchmarkScaleOutRestore(b *testing.B) {
+	for _, keysN := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keysN), func(b *testing.B) {
+			srv := natstest.RunServer(b, "")
+			_, js := natstest.Connect(b, srv.ClientURL())
+			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+			createStreams(b, js, cfg)
+			pjs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(4096))
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := time.Now()
+			data := make([]byte, benchPayload)
+			for i := range keysN {
+				k := fmt.Sprintf("rec-%016x", uint64(i)*0x9e3779b97f4a7c15)
+				p := partitionOf(k, benchPartitions)
+				m := &nats.Msg{Subject: handover.PartitionSubject(cfg.Output.SubjectPrefix, p, "orders."+k), Header: nats.Header{}, Data: data}
+				m.Header.Set(jetstream.MsgIDHeader, k)
+				handover.Annotate(m.Header, now, fingerprintOf(data))
+				if _, err := pjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+					b.Fatalf("publish record %d: %v", i, err)
+				}
+			}
+			select {
+			case <-pjs.PublishAsyncComplete():
+			case <-time.After(10 * time.Minute):
+				b.Fatal("records not acknowledged in 10m")
+			}
+			// One input message per partition makes each taken.
+			var wake []string
+			for i := 0; len(wake) < benchPartitions; i++ {
+				k := fmt.Sprintf("wake-%d", i)
+				if partitionOf(k, benchPartitions) == len(wake) {
+					wake = append(wake, k)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				publishOrders(b, js, wake, false)
+				b.StartTimer()
+				in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
+				deadline := time.Now().Add(benchDrainLimit)
+				for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
+					if time.Now().After(deadline) {
+						b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				b.StopTimer()
+				if got := in.sum(b, "dedupe_restore_records_total", nil); got < float64(keysN) {
+					b.Fatalf("restored %v records, want %d", got, keysN)
+				}
+				in.stop(b)
+			}
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "restore_s")
+			b.ReportMetric(float64(keysN)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
+		})
+	}
+}
+
+// BenchmarkScaleOutHandOver times a hand-over while input flows at about
+// 2,000 events/s: instance a owns every partition and b stands by; a's
+// connection is closed without a word (what the server sees of a killed
+// process), or a stops cleanly (it unpins), and the figure is the time
+// until b forwards its first event. After a kill it is about the pin's
+// TTL (input.ack_wait, 2 s here).
+func BenchmarkScaleOutHandOver(b *testing.B) {
+	for _, kill := range []bool{true, false} {
+		name := "stop"
+		if kill {
+			name = "kill"
+		}
+		b.Run(name, func(b *testing.B) {
+			total := 0.0
+			for i := range b.N {
+				b.StopTimer()
+				srv := natstest.RunServer(b, "")
+				_, js := natstest.Connect(b, srv.ClientURL())
+				cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+				createStreams(b, js, cfg)
+				a := startInstance(b, cfg, "a")
+				publishOrders(b, js, benchKeys(200), false)
+				natstest.WaitFor(b, time.Minute, "a to own every partition", func() bool {
+					return a.sum(b, "dedupe_partitions_owned", nil) == benchPartitions
+				})
+				bi := startInstance(b, cfg, "b")
+				ctx, stopPub := context.WithCancel(context.Background())
+				pubDone := make(chan struct{})
+				go func() {
+					defer close(pubDone)
+					t := time.NewTicker(time.Millisecond)
+					defer t.Stop()
+					for j := 0; ctx.Err() == nil && j < 120_000; j++ {
+						<-t.C
+						m := &nats.Msg{Subject: fmt.Sprintf("orders.flow-%d-%d", i, j), Data: []byte("x")}
+						_, _ = js.PublishMsgAsync(m)
+						if j%2 == 0 {
+							<-t.C
+						}
+					}
+				}()
+				time.Sleep(time.Second)
+				start := time.Now()
+				if kill {
+					a.nc.Close()
+					a.cancel()
+				} else {
+					a.cancel()
+				}
+				natstest.WaitFor(b, time.Minute, "b's first forward", func() bool {
+					return bi.sum(b, "dedupe_messages_total", map[string]string{"outcome": "new"}) > 0
+				})
+				took := time.Since(start)
+				total += took.Seconds()
+				stopPub()
+				<-pubDone
+				select {
+				case <-a.done:
+				case <-time.After(time.Minute):
+					b.Fatal("a did not stop")
+				}
+				_ = a.st.Close()
+				bi.stop(b)
+			}
+			b.ReportMetric(total/float64(b.N), "handover_s")
+		})
+	}
+}
