@@ -143,6 +143,25 @@ func (c Config) ScaleOutRouted() (routed bool, why string) {
 	return false, "scale_out.route is auto and the key is a subject token: the input stream's transform partitions by it"
 }
 
+// ScaleOutPresence returns how instances see each other, for balance
+// only (docs/scale-out.md §4.2): the KV bucket "<group>-members", how often
+// an instance refreshes its key (input.ack_wait, the pin's TTL), and the
+// key's TTL, three refreshes, after which an instance that stopped
+// refreshing is no longer counted.
+func (c Config) ScaleOutPresence() (bucket string, every, ttl time.Duration) {
+	every = max(c.Input.AckWait.D(), time.Second)
+	return c.ScaleOut.Group + "-members", every, 3 * every
+}
+
+// ScaleOutReleaseCooldown is how long an instance that released a
+// partition to balance the group leaves it to the others before it
+// stands by for it again: five presence refreshes, which bounds how often
+// a partition can move for balance.
+func (c Config) ScaleOutReleaseCooldown() time.Duration {
+	_, every, _ := c.ScaleOutPresence()
+	return 5 * every
+}
+
 // OutputRetention is how long the output stream must keep messages with
 // scale-out on, given the window w: it is the changelog a new owner
 // restores a partition from, reading back w (every key still inside the
@@ -163,8 +182,10 @@ func (c Config) validateScaleOut(v *validator) {
 	checkName(v, "scale_out.group", s.Group)
 	if name := s.InstanceName(); name == "" {
 		v.add("scale_out.instance", "empty and the host name is unknown; set a name unique among the live instances")
-	} else if strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-		v.add("scale_out.instance", "%q: whitespace or control character", name)
+	} else if strings.ContainsFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_=.", r))
+	}) || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".") {
+		v.add("scale_out.instance", "%q: want letters, digits and - _ = . only (it is a key in the presence bucket), not starting or ending with '.'", name)
 	}
 	if s.Replicas < 1 || s.Replicas > MaxScaleOutReplicas {
 		v.add("scale_out.replicas", "%d, want 1..%d", s.Replicas, MaxScaleOutReplicas)

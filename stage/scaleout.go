@@ -49,6 +49,7 @@ type scaleOut struct {
 
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
+	lost  map[int]string // partition -> the pin it was released under (balance)
 }
 
 // scaleOutMetrics are the metrics of partition ownership; they exist only
@@ -61,6 +62,7 @@ type scaleOutMetrics struct {
 	restored   *prometheus.CounterVec
 	restoring  *prometheus.GaugeVec
 	restoreDur *prometheus.GaugeVec
+	released   *prometheus.CounterVec
 }
 
 func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
@@ -93,8 +95,12 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_partition_restore_seconds",
 			Help: "How long the last takeover of the partition took: the fence and the restore.",
 		}, []string{"partition"}),
+		released: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_partition_releases_total",
+			Help: "Partitions this instance released to balance the group (it owned more than its fair share), by partition.",
+		}, []string{"partition"}),
 	}
-	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur)
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released)
 	return m
 }
 
@@ -112,6 +118,7 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		inStream:  cfg.Input.Stream,
 		retention: cfg.OutputRetention(s.win.W),
 		owned:     make(map[int]string),
+		lost:      make(map[int]string),
 		consumer: jetstream.ConsumerConfig{
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       cfg.Input.AckWait.D(),
@@ -261,60 +268,107 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, parts []chan item, dlq 
 
 // consumeGroup consumes every member of the group until ctx is done: the
 // server delivers a partition's messages to the one instance it pins.
+// Beside it run the route step, when on, and balance.
 func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
 	so := s.so
 	var gate sync.RWMutex // held to read while dispatching, to write when stopping
 	stopped := false
+	var side sync.WaitGroup
+	defer side.Wait()
 	if so.routed != nil {
-		routed := make(chan struct{})
-		defer func() { <-routed }()
-		go func() {
-			defer close(routed)
-			s.runRoute(ctx)
-		}()
+		side.Go(func() { s.runRoute(ctx) })
 	}
-	members := make([]pcgroups.ConsumerGroupConsumeContext, 0, len(parts))
-	for p := range parts {
-		handler := func(msg jetstream.Msg) {
+	m := &members{s: s, cc: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
+		return func(msg jetstream.Msg) {
 			gate.RLock()
 			defer gate.RUnlock()
 			if !stopped {
 				s.dispatch(msg, p, parts, dlq)
 			}
 		}
-		b := retry.NewBackoff()
-		for ctx.Err() == nil {
-			m, err := pcgroups.StaticConsume(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p), handler, so.consumer)
-			if err == nil {
-				members = append(members, m)
-				break
-			}
-			s.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
-			b.Wait(ctx)
-		}
+	}}
+	for p := range parts {
+		m.join(ctx, p)
 	}
-	var ended sync.WaitGroup
-	for _, m := range members {
-		ended.Add(1)
-		go func() {
-			defer ended.Done()
-			select {
-			case err := <-m.Done():
-				if err != nil && ctx.Err() == nil {
-					s.log.Error("scale-out: the group stopped a member's consumer", "err", err)
-				}
-			case <-ctx.Done():
-			}
-		}()
+	pr, err := openPresence(ctx, s.js, s.cfg, so.instance)
+	if err != nil {
+		s.log.Warn("scale-out: no presence, so no balance: partitions stay with whoever the server pins first", "err", err)
+	} else {
+		side.Go(func() { s.balance(ctx, pr, m) })
 	}
 	<-ctx.Done()
-	for _, m := range members {
-		m.Stop()
-	}
-	ended.Wait()
+	m.leaveAll()
 	gate.Lock()
 	stopped = true
 	gate.Unlock()
+	if pr != nil {
+		pr.leave()
+	}
+}
+
+// members are this instance's consumers of the group's members, one per
+// partition; balance stops and restarts them.
+type members struct {
+	s       *Stage
+	handler func(p int) func(jetstream.Msg)
+	mu      sync.Mutex
+	cc      map[int]*member
+}
+
+// member is one running consumer of a group member.
+type member struct {
+	cc    pcgroups.ConsumerGroupConsumeContext
+	ended chan struct{} // closed when the library reports it done
+}
+
+// join consumes partition p's member, retrying until ctx is done.
+func (m *members) join(ctx context.Context, p int) {
+	s, so := m.s, m.s.so
+	b := retry.NewBackoff()
+	for ctx.Err() == nil {
+		cc, err := pcgroups.StaticConsume(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p), m.handler(p), so.consumer)
+		if err != nil {
+			s.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
+			b.Wait(ctx)
+			continue
+		}
+		mb := &member{cc: cc, ended: make(chan struct{})}
+		go func() {
+			defer close(mb.ended)
+			if err := <-cc.Done(); err != nil {
+				s.log.Error("scale-out: the group stopped a member's consumer", "member", config.ScaleOutMember(p), "err", err)
+			}
+		}()
+		m.mu.Lock()
+		m.cc[p] = mb
+		m.mu.Unlock()
+		return
+	}
+}
+
+// leave stops consuming partition p's member.
+func (m *members) leave(p int) {
+	m.mu.Lock()
+	mb := m.cc[p]
+	delete(m.cc, p)
+	m.mu.Unlock()
+	if mb != nil {
+		mb.cc.Stop()
+		<-mb.ended
+	}
+}
+
+// leaveAll stops consuming every member.
+func (m *members) leaveAll() {
+	m.mu.Lock()
+	all := make([]int, 0, len(m.cc))
+	for p := range m.cc {
+		all = append(all, p)
+	}
+	m.mu.Unlock()
+	for _, p := range all {
+		m.leave(p)
+	}
 }
 
 // releaseAll unpins the partitions this instance owns, after its workers
@@ -353,6 +407,14 @@ type tenure struct {
 func (w *worker) own(ctx context.Context, batch []item) bool {
 	so := w.s.so
 	pin := batch[len(batch)-1].pin
+	if lost := so.takeLost(w.p.Index()); lost != "" {
+		// Released for balance: what still comes under that pin is the
+		// next owner's.
+		if w.ten != nil && w.ten.pin == lost {
+			w.ten = nil
+		}
+		w.lostPin = lost
+	}
 	if w.ten != nil && w.ten.pin == pin {
 		return true
 	}

@@ -305,3 +305,52 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 		t.Errorf("instance b owns %v partitions after a stopped, want 4", got)
 	}
 }
+
+// TestScaleOutBalances starts instance a alone, which the server pins
+// every partition to, then instance b: a releases the partitions beyond
+// its fair share (2 of 4 with two instances) and b takes them, while the
+// input flows; every key still reaches the output once, and copies of
+// every key, sent after the move, are recognised.
+func TestScaleOutBalances(t *testing.T) {
+	e := newScaleOutEnv(t)
+	ea, eb := e.as("a"), e.as("b")
+	payload := map[string][]byte{}
+	var sent []string
+	batch := func(round int) {
+		var ks []string
+		for i := range 50 {
+			k := fmt.Sprintf("r%d-%d", round, i)
+			payload[k] = []byte(k)
+			ks = append(ks, k)
+		}
+		sent = append(sent, ks...)
+		e.publishKeys(ks, payload)
+	}
+	a := ea.start()
+	batch(0)
+	e.scaleOutDrained(60 * time.Second)
+	if got := gauge(t, a.reg, "dedupe_partitions_owned"); got != 4 {
+		t.Fatalf("a alone owns %v partitions, want 4", got)
+	}
+	b := eb.start()
+	deadline := time.Now().Add(60 * time.Second)
+	for round := 1; ; round++ {
+		batch(round)
+		if gauge(t, a.reg, "dedupe_partitions_owned") == 2 && gauge(t, b.reg, "dedupe_partitions_owned") == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not balanced after 60s: a owns %v, b owns %v", gauge(t, a.reg, "dedupe_partitions_owned"), gauge(t, b.reg, "dedupe_partitions_owned"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := counter(t, a.reg, "dedupe_partition_releases_total", nil); got != 2 {
+		t.Errorf("a released %v partitions, want 2", got)
+	}
+	e.publishKeys(sent, payload) // a copy of every key, after the move
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), payload)
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 2 {
+		t.Errorf("b took over %v partitions, want 2", got)
+	}
+}
