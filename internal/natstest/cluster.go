@@ -189,13 +189,28 @@ func (c *Cluster) Restart(i int) {
 }
 
 // WaitReady waits until every running node sees a JetStream meta leader and
-// answers JetStream requests, failing the test after timeout.
+// answers JetStream requests, and the meta leader counts every running node
+// as a peer that can hold a replica (it has the node's JetStream stats), so
+// that a replicated stream can be placed; it fails the test after timeout.
 func (c *Cluster) WaitReady(timeout time.Duration) {
 	c.tb.Helper()
 	Poll(c.tb, timeout, 50*time.Millisecond, "the cluster's JetStream to be ready", func() (bool, error) {
 		c.mu.Lock()
 		servers := append([]*server.Server(nil), c.servers...)
 		c.mu.Unlock()
+		running, peers := 0, -1
+		for _, s := range servers {
+			if s == nil {
+				continue
+			}
+			running++
+			if s.JetStreamIsLeader() {
+				peers = len(s.JetStreamClusterPeers())
+			}
+		}
+		if peers < running {
+			return false, fmt.Errorf("the meta leader sees %d of %d running nodes as JetStream peers", max(peers, 0), running)
+		}
 		for i, s := range servers {
 			if s == nil {
 				continue
