@@ -78,6 +78,13 @@ func (s ScaleOut) InstanceName() string {
 // MaxScaleOutReplicas is the most replicas JetStream allows a stream.
 const MaxScaleOutReplicas = 5
 
+// MinScaleOutAckWait is the shortest input.ack_wait scale-out accepts. The
+// group's pin TTL is input.ack_wait and each pull request lasts
+// max(ack_wait/2, 1s) (pcgroups derives both from it): below 2s a pin can
+// expire between two pulls of a live owner, and partitions flap between
+// instances.
+const MinScaleOutAckWait = 2 * time.Second
+
 // ScaleOutMember returns the name of the static group's member for
 // partition p: "p<p>".
 func ScaleOutMember(p int) string { return fmt.Sprintf("p%d", p) }
@@ -189,6 +196,10 @@ func (c Config) validateScaleOut(v *validator) {
 	}
 	if s.Replicas < 1 || s.Replicas > MaxScaleOutReplicas {
 		v.add("scale_out.replicas", "%d, want 1..%d", s.Replicas, MaxScaleOutReplicas)
+	}
+	if c.Input.AckWait.D() < MinScaleOutAckWait {
+		v.add("input.ack_wait", "%v with scale_out.enabled, want at least %v: it is the pin's TTL, and a live owner pulls every max(ack_wait/2, 1s), so a shorter one lets a pin expire between two pulls",
+			c.Input.AckWait, Duration(MinScaleOutAckWait))
 	}
 	if c.NATS.IsEmbedded() {
 		v.add("scale_out.enabled", "true with the embedded server (nats.url empty); scale-out needs a JetStream shared by every instance, preferably a cluster: set nats.url")
