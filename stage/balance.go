@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -143,12 +144,7 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 			}
 			continue
 		}
-		so.mu.Lock()
-		owned := make([]int, 0, len(so.owned))
-		for p := range so.owned {
-			owned = append(owned, p)
-		}
-		so.mu.Unlock()
+		owned := s.stillOwned(ctx)
 		for _, p := range toRelease(so.instance, owned, n, len(live)) {
 			m.leave(p)
 			so.release(p)
@@ -163,13 +159,50 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 	}
 }
 
+// stillOwned returns the partitions this instance owns after asking the
+// server, for each, whether the pin it owns it under is still the pinned
+// one. A partition whose pin moved (it expired, or another instance was
+// pinned after an unpin) sends its old owner nothing more, so only the
+// server can tell: its tenure ends here, as after a release, and balance
+// counts only what the server still pins to this instance. A partition
+// whose check fails is counted as owned.
+func (s *Stage) stillOwned(ctx context.Context) []int {
+	so := s.so
+	so.mu.Lock()
+	owned := maps.Clone(so.owned)
+	so.mu.Unlock()
+	var still []int
+	for p, pin := range owned {
+		now, err := s.pinOf(ctx, p)
+		if err == nil && now != pin {
+			so.lose(p, pin)
+			s.log.Info("scale-out: partition's pin moved to another client; its tenure here ends", "partition", p)
+			continue
+		}
+		still = append(still, p)
+	}
+	return still
+}
+
 // release ends this instance's tenure of partition p for balance: the
 // worker treats what it still receives under the pin it owned p with as
 // delivered under a lost pin.
 func (so *scaleOut) release(p int) {
 	so.mu.Lock()
+	pin, ok := so.owned[p]
+	so.mu.Unlock()
+	if ok {
+		so.lose(p, pin)
+	}
+}
+
+// lose ends this instance's tenure of partition p under pin, unless the
+// worker owns it under another pin by now: the worker treats what it
+// still receives under pin as delivered under a lost pin.
+func (so *scaleOut) lose(p int, pin string) {
+	so.mu.Lock()
 	defer so.mu.Unlock()
-	if pin, ok := so.owned[p]; ok {
+	if so.owned[p] == pin {
 		so.lost[p] = pin
 		delete(so.owned, p)
 		so.metrics.owned.Set(float64(len(so.owned)))

@@ -290,20 +290,44 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 	for p := range parts {
 		m.join(ctx, p)
 	}
-	pr, err := openPresence(ctx, s.js, s.cfg, so.instance)
-	if err != nil {
-		s.log.Warn("scale-out: no presence, so no balance: partitions stay with whoever the server pins first", "err", err)
-	} else {
-		side.Go(func() { s.balance(ctx, pr, m) })
-	}
+	var pr *presence
+	side.Go(func() {
+		var err error
+		pr, err = s.joinPresence(ctx)
+		if err == nil {
+			s.balance(ctx, pr, m)
+		}
+	})
 	<-ctx.Done()
 	m.leaveAll()
 	gate.Lock()
 	stopped = true
 	gate.Unlock()
+	side.Wait()
 	if pr != nil {
 		pr.leave()
 	}
+}
+
+// joinPresence opens the presence bucket that balance counts the live
+// instances in, retrying a transient failure (a cluster busy electing a
+// leader times out) until ctx is done. A permanent one leaves the group
+// without balance: partitions stay with whoever the server pins first,
+// which costs throughput, never correctness.
+func (s *Stage) joinPresence(ctx context.Context) (*presence, error) {
+	var pr *presence
+	err := retry.Do(ctx, "presence", func() (err error) {
+		pr, err = openPresence(ctx, s.js, s.cfg, s.so.instance)
+		return err
+	}, retry.Options{OnRetry: func(attempt int, err error) {
+		if attempt == 1 || attempt%20 == 0 {
+			s.log.Warn("scale-out: presence bucket not reachable yet; balance waits for it", "attempt", attempt, "err", err)
+		}
+	}})
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("scale-out: no presence, so no balance: partitions stay with whoever the server pins first", "err", err)
+	}
+	return pr, err
 }
 
 // members are this instance's consumers of the group's members, one per
@@ -542,21 +566,28 @@ func (w *worker) drop() {
 // stillPinned asks the server whether pin is still the pin of the
 // partition's consumer.
 func (w *worker) stillPinned(ctx context.Context, pin string) (bool, error) {
-	so := w.s.so
+	now, err := w.s.pinOf(ctx, w.p.Index())
+	return err == nil && now == pin, err
+}
+
+// pinOf asks the server which pin partition p's consumer is pinned to now
+// ("" when none).
+func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {
+	so := s.so
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := w.s.js.Consumer(ctx, so.inStream, so.group+"-"+config.ScaleOutMember(w.p.Index()))
+	c, err := s.js.Consumer(ctx, so.inStream, so.group+"-"+config.ScaleOutMember(p))
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	info, err := c.Info(ctx)
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	for _, g := range info.PriorityGroups {
 		if g.Group == pcgPriorityGroup {
-			return g.PinnedClientID == pin, nil
+			return g.PinnedClientID, nil
 		}
 	}
-	return false, errors.New("the consumer has no priority group " + pcgPriorityGroup)
+	return "", errors.New("the consumer has no priority group " + pcgPriorityGroup)
 }
