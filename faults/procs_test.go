@@ -249,6 +249,7 @@ type stageConfig struct {
 	MaxMessageBytes  int
 	BatchSize        int
 	Publish          string // output.publish; "" keeps the default (auto)
+	Extra            string // YAML appended as is: sections the fields above do not cover
 }
 
 // defaultStageConfig is the configuration the fault tests start from: a 1s
@@ -299,8 +300,8 @@ http:
   addr: %s
 log:
   format: json
-`, c.NATSURL, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
-		c.SnapshotInterval, c.ExpectedKeys, c.BatchSize, c.MaxMessageBytes, c.HTTPAddr)
+%s`, c.NATSURL, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
+		c.SnapshotInterval, c.ExpectedKeys, c.BatchSize, c.MaxMessageBytes, c.HTTPAddr, c.Extra)
 }
 
 // stage runs the dedupe-stage binary, run after run, on one configuration

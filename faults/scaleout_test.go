@@ -1,0 +1,305 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// The names a scale-out group uses by default (scale_out.group "dedupe").
+const (
+	routedStream  = "DEDUPE_ROUTED"
+	routeConsumer = "dedupe-route"
+)
+
+// scaleOutAckWait is input.ack_wait in the scale-out tests, the shortest
+// scale-out accepts (config.MinScaleOutAckWait): it is also the pin's TTL,
+// so a killed or paused owner's partitions move after about that long.
+const scaleOutAckWait = config.MinScaleOutAckWait
+
+// scaleOutDup is the output stream's duplicate window in the scale-out
+// tests: input.ack_wait plus output.restart_margin (1s), and a second more.
+// A copy that reaches the output after it is caught by the stage's state
+// or the fence, never by the stream's window.
+const scaleOutDup = scaleOutAckWait + 2*time.Second
+
+// scaleOutConfig is the configuration of instance name of a scale-out group
+// on the cluster at url: the Event-Id header is the key, so every instance
+// runs the route step too, and the streams it creates have three replicas.
+func scaleOutConfig(tb testing.TB, url, name string) stageConfig {
+	c := defaultStageConfig(tb, url)
+	c.AckWait = scaleOutAckWait
+	c.DuplicateWindow = scaleOutDup
+	c.RestartMargin = time.Second
+	c.Extra = fmt.Sprintf("scale_out:\n  enabled: true\n  instance: %s\n  replicas: 3\n", name)
+	return c
+}
+
+// scaleOutGroup starts n instances of a group on a fresh 3-node cluster, the
+// first alone (it creates the streams), then warms the group up with w's
+// inputs until the partitions are spread over the instances: an instance
+// takes a partition when the server delivers it the partition's first
+// message under its pin.
+func scaleOutGroup(t *testing.T, n int, w *workload) (*natstest.Cluster, []*stage, jetstream.JetStream) {
+	t.Helper()
+	cl := natstest.StartCluster(t, 3)
+	stages := make([]*stage, n)
+	for i := range stages {
+		stages[i] = newStage(t, scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i)))
+		stages[i].startReady()
+	}
+	js := publisherJS(t, cl.URLs())
+	warmUp(t, js, stages, w)
+	return cl, stages, js
+}
+
+// warmUp publishes new keys of w in rounds until the running instances of
+// stages share the partitions fairly.
+func warmUp(t *testing.T, js jetstream.JetStream, stages []*stage, w *workload) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for round := 0; ; round++ {
+		mustPublish(t, js, w.mix(100, 0, 0, 0), "warm"+strconv.Itoa(round))
+		scaleOutDrained(t, js, stages[0].cfg.Partitions, 30*time.Second)
+		if round%5 == 0 {
+			var owned []int
+			for _, s := range stages {
+				owned = append(owned, s.owned())
+			}
+			t.Logf("warm-up round %d: partitions owned by instance: %v", round, owned)
+		}
+		if spread(stages) != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	waitSpread(t, stages, time.Second)
+}
+
+// spread returns the partitions each instance owns (-1: not running) once
+// the running instances own every partition between them and none owns more
+// than its fair share (the group's balance); nil before.
+func spread(stages []*stage) []int {
+	var owned []int
+	sum, running, most := 0, 0, 0
+	for _, s := range stages {
+		n := s.owned()
+		owned = append(owned, n)
+		if n < 0 {
+			continue
+		}
+		sum += n
+		running++
+		most = max(most, n)
+	}
+	parts := stages[0].cfg.Partitions
+	if running == 0 || sum != parts || most > (parts+running-1)/running {
+		return nil
+	}
+	return owned
+}
+
+// owned returns the partitions s owns, or -1 when it is not running.
+func (s *stage) owned() int {
+	if p := s.last(); p == nil || !p.running() {
+		return -1
+	}
+	code, _ := s.get("/metrics")
+	if code != 200 {
+		return -1
+	}
+	return int(s.metric("dedupe_partitions_owned"))
+}
+
+// waitSpread waits until spread(stages) is not nil.
+func waitSpread(tb testing.TB, stages []*stage, timeout time.Duration) {
+	tb.Helper()
+	var owned []int
+	natstest.WaitFor(tb, timeout, "the running instances to share the partitions fairly", func() bool {
+		owned = spread(stages)
+		return owned != nil
+	})
+	tb.Logf("partitions owned by instance (-1: not running): %v", owned)
+}
+
+// scaleOutDrained waits until the route step and every member of the group
+// have acknowledged everything.
+func scaleOutDrained(tb testing.TB, js jetstream.JetStream, partitions int, timeout time.Duration) {
+	tb.Helper()
+	natstest.WaitDrained(tb, js, inputStream, routeConsumer, timeout)
+	// A member's filter holds one partition of the routed stream, so its
+	// ack floor need not reach the stream's last sequence.
+	for p := range partitions {
+		name := "dedupe-p" + strconv.Itoa(p)
+		natstest.WaitFor(tb, timeout, "member "+name+" to ack everything in "+routedStream, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			c, err := js.Consumer(ctx, routedStream, name)
+			if err != nil {
+				return false
+			}
+			ci, err := c.Info(ctx)
+			return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+		})
+	}
+}
+
+// publishBehind publishes events at perSecond in a goroutine; wait returns
+// when every one is stored, failing the test otherwise.
+func publishBehind(tb testing.TB, js jetstream.JetStream, events []event, round string, perSecond int) (wait func()) {
+	var (
+		wg  sync.WaitGroup
+		err error
+	)
+	wg.Go(func() {
+		_, err = publish(context.Background(), js, events, round, perSecond, 2*time.Minute)
+	})
+	return func() {
+		tb.Helper()
+		wg.Wait()
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// lateCopies returns copies of the first n keys the workload forwarded (far
+// from their first copies) and a payload mismatch of each tenth of them.
+func (w *workload) lateCopies(n int) []event {
+	var out []event
+	for i, k := range w.keys[:min(n, len(w.keys))] {
+		out = append(out, w.copyOf(k))
+		if i%10 == 0 {
+			out = append(out, w.mismatch(k))
+		}
+	}
+	return out
+}
+
+// TestScaleOutKillAddStop runs three instances on a 3-node cluster (R3
+// streams) while a workload with repeats and bad inputs arrives: one is
+// killed mid-run (SIGKILL) and started again on its data dir, another is
+// stopped cleanly. Then copies of the first keys arrive, after the output's
+// duplicate window. The output holds each key exactly once and the dead
+// letters are exactly the bad inputs.
+func TestScaleOutKillAddStop(t *testing.T) {
+	w := newWorkload(61, "so", 4096)
+	_, stages, js := scaleOutGroup(t, 3, w)
+
+	wait := publishBehind(t, js, w.mix(6000, 0.3, 0.02, 0), "run", 600)
+	time.Sleep(3 * time.Second)
+	t.Log("SIGKILL i2")
+	stages[2].last().kill(t)
+	time.Sleep(2 * time.Second)
+	t.Log("starting i2 again")
+	stages[2].startReady()
+	time.Sleep(2 * time.Second)
+	t.Log("SIGTERM i1")
+	stages[1].last().signal(t, syscall.SIGTERM, 30*time.Second)
+	wait()
+	scaleOutDrained(t, js, stages[0].cfg.Partitions, 90*time.Second)
+
+	time.Sleep(scaleOutDup + time.Second)
+	mustPublish(t, js, w.lateCopies(300), "late")
+	scaleOutDrained(t, js, stages[0].cfg.Partitions, 60*time.Second)
+
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	waitSpread(t, stages, 30*time.Second)
+	takeovers := 0.0
+	for _, s := range []*stage{stages[0], stages[2]} {
+		takeovers += s.metric("dedupe_partition_takeovers_total")
+	}
+	if takeovers < 4 {
+		t.Errorf("the running instances took partitions %v times, want at least 4 (the start, the kill, the stop)", takeovers)
+	}
+}
+
+// TestScaleOutZombieFenced pauses (SIGSTOP) the instance that owns every
+// partition in the middle of a burst, longer than the pin's TTL and the
+// output's duplicate window, so that the other instance takes its
+// partitions and forwards what it held; then resumes it (SIGCONT). The
+// batches it judged before the pause are refused by the fence: nothing
+// reaches the output twice. A pause that catches no batch between its
+// judgement and its publish proves nothing about the fence, so the pause is
+// tried up to three times until the resumed instance counts a refusal.
+func TestScaleOutZombieFenced(t *testing.T) {
+	w := newWorkload(62, "zombie", 4096)
+	cl, ab, js := scaleOutGroup(t, 1, w)
+	a := ab[0]
+	b := newStage(t, scaleOutConfig(t, cl.URLs(), "b"))
+
+	for attempt := 1; ; attempt++ {
+		// b is down while a takes every partition back; then b stands by.
+		if p := b.last(); p != nil && p.running() {
+			p.signal(t, syscall.SIGTERM, 30*time.Second)
+			warmUp(t, js, ab, w)
+		}
+		b.startReady()
+
+		wait := publishBehind(t, js, w.mix(4000, 0.3, 0.01, 0), "burst"+strconv.Itoa(attempt), 4000)
+		time.Sleep(500 * time.Millisecond)
+		t.Logf("attempt %d: SIGSTOP a", attempt)
+		if err := a.last().cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		wait()
+		natstest.WaitFor(t, 30*time.Second, "b to own every partition", func() bool { return b.owned() == a.cfg.Partitions })
+		time.Sleep(scaleOutDup + time.Second)
+		t.Logf("attempt %d: SIGCONT a", attempt)
+		if err := a.last().cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		scaleOutDrained(t, js, a.cfg.Partitions, 60*time.Second)
+		refused := a.metric("dedupe_fence_refusals_total")
+		t.Logf("attempt %d: a's batches refused by the fence: %v", attempt, refused)
+		if refused > 0 || attempt == 3 {
+			if refused == 0 {
+				t.Errorf("three pauses of a caught no batch of its in flight: the fence was never tested")
+			}
+			break
+		}
+	}
+	time.Sleep(scaleOutDup + time.Second)
+	mustPublish(t, js, w.lateCopies(300), "late")
+	scaleOutDrained(t, js, a.cfg.Partitions, 60*time.Second)
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+}
+
+// TestScaleOutNodeRestart stops one node of the cluster mid-run and starts
+// it again while two instances work: nothing is lost, nothing doubled.
+func TestScaleOutNodeRestart(t *testing.T) {
+	w := newWorkload(63, "node", 4096)
+	cl, stages, js := scaleOutGroup(t, 2, w)
+
+	wait := publishBehind(t, js, w.mix(5000, 0.3, 0.02, 0), "run", 600)
+	time.Sleep(2 * time.Second)
+	t.Log("stopping node 2")
+	cl.Stop(2)
+	time.Sleep(3 * time.Second)
+	t.Log("starting node 2 again")
+	cl.Restart(2)
+	wait()
+	scaleOutDrained(t, js, stages[0].cfg.Partitions, 90*time.Second)
+
+	time.Sleep(scaleOutDup + time.Second)
+	mustPublish(t, js, w.lateCopies(300), "late")
+	scaleOutDrained(t, js, stages[0].cfg.Partitions, 60*time.Second)
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	for _, s := range stages {
+		if !s.last().running() {
+			t.Errorf("instance %s exited during the node's restart: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
+		}
+	}
+}
