@@ -255,11 +255,16 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	n := 0
+	last := max(from, 1) - 1 // the stream sequence of the last message passed to fn
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(restoreIdle))
 		if errors.Is(err, nats.ErrTimeout) {
+			// Done only when nothing is left to deliver and nothing
+			// delivered is still on its way: NumPending alone is 0 as soon
+			// as the server has sent the last messages, which a loaded
+			// client may not have read yet.
 			left, ierr := cons.Info(ctx)
-			if ierr == nil && left.NumPending == 0 {
+			if ierr == nil && left.NumPending == 0 && left.Delivered.Stream <= last {
 				return n, nil
 			}
 			continue
@@ -286,6 +291,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
 		n++
+		last = seq
 		if seq == upTo || md.NumPending == 0 {
 			return n, nil
 		}
