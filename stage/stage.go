@@ -289,10 +289,19 @@ func (s *Stage) Run(ctx context.Context) error {
 	var workers, dlqWorker sync.WaitGroup
 	for i := range parts {
 		parts[i] = make(chan item, s.cfg.Pipeline.BatchSize)
+		in := parts[i]
+		if s.so != nil {
+			// A member's callback must never wait on its partition (hold).
+			// Unbuffered, so that whatever is not in the batch being
+			// judged is kept alive by hold.
+			held := make(chan item)
+			go hold(parts[i], held, s.ackWait/3)
+			in = held
+		}
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			s.runPartition(work, s.store.Partition(i), parts[i], dlq)
+			s.runPartition(work, s.store.Partition(i), in, dlq)
 		}()
 	}
 	dlqWorker.Add(1)
