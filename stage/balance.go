@@ -165,7 +165,8 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 // pinned after an unpin) sends its old owner nothing more, so only the
 // server can tell: its tenure ends here, as after a release, and balance
 // counts only what the server still pins to this instance. A partition
-// whose check fails is counted as owned.
+// whose check fails, or that is pinned to nobody for the moment, is
+// counted as owned.
 func (s *Stage) stillOwned(ctx context.Context) []int {
 	so := s.so
 	so.mu.Lock()
@@ -174,7 +175,7 @@ func (s *Stage) stillOwned(ctx context.Context) []int {
 	var still []int
 	for p, pin := range owned {
 		now, err := s.pinOf(ctx, p)
-		if err == nil && now != pin {
+		if err == nil && now != "" && now != pin {
 			so.lose(p, pin)
 			s.log.Info("scale-out: partition's pin moved to another client; its tenure here ends", "partition", p)
 			continue

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -417,38 +418,49 @@ func (s *Stage) releaseAll() {
 	}
 }
 
-// tenure is one partition owned by this instance: the pin the server
-// delivers its messages under and the fence its batches expect.
+// tenure is one partition owned by this instance: the fence its batches
+// expect, and the pins the server delivered its messages under meanwhile.
+// The fence, not the pin, is what makes the tenure: a tenure outlives a
+// new pin of this same instance (the server re-pins a client whose pin's
+// TTL passed), since another owner in between would have moved the fence
+// and the next batch would be refused.
 type tenure struct {
-	pin   string
+	pin   string          // the newest pin seen in the tenure
+	pins  map[string]bool // every pin seen in the tenure
 	fence forward.Fence
 }
 
-// own makes sure the worker owns its partition under the pin the batch was
-// delivered with, taking the fence and restoring the partition when it
-// does not. It returns false when the batch must be left unacked: it came
-// under a pin this instance lost, or the takeover did not finish.
+// maxLostPins bounds how many lost pins a worker remembers: a message
+// still arriving under one is left for the partition's new owner.
+const maxLostPins = 16
+
+// own makes sure the worker owns its partition, taking the fence and
+// restoring the partition when it does not. It returns false when the
+// batch must be left unacked: it came under a pin of a tenure this
+// instance lost while it owns none, or the takeover did not finish.
 func (w *worker) own(ctx context.Context, batch []item) bool {
 	so := w.s.so
 	pin := batch[len(batch)-1].pin
 	if lost := so.takeLost(w.p.Index()); lost != "" {
-		// Released for balance: what still comes under that pin is the
-		// next owner's.
-		if w.ten != nil && w.ten.pin == lost {
-			w.ten = nil
+		// Released for balance, or the pin moved: what still comes under
+		// the tenure's pins is the next owner's.
+		if w.ten != nil && w.ten.pins[lost] {
+			w.endTenure(true)
+		} else {
+			w.rememberLost(lost)
 		}
-		w.lostPin = lost
-	}
-	if w.ten != nil && w.ten.pin == pin {
-		return true
-	}
-	if w.lostPin != "" && pin == w.lostPin {
-		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
-		return false
 	}
 	if w.ten != nil {
-		w.s.log.Info("scale-out: partition pinned again under a new pin; taking its fence again", "partition", w.label)
-		w.drop()
+		if !w.ten.pins[pin] {
+			w.ten.pins[pin] = true
+			w.ten.pin = pin
+			so.setOwned(w.p.Index(), pin)
+		}
+		return true
+	}
+	if slices.Contains(w.lostPins, pin) {
+		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
+		return false
 	}
 	t, err := w.takeOver(ctx, batch, pin)
 	if err != nil {
@@ -458,11 +470,28 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 		return false
 	}
 	w.ten = t
+	so.setOwned(w.p.Index(), pin)
+	return true
+}
+
+// setOwned records that this instance owns partition p, under pin now.
+func (so *scaleOut) setOwned(p int, pin string) {
 	so.mu.Lock()
-	so.owned[w.p.Index()] = pin
+	so.owned[p] = pin
 	so.metrics.owned.Set(float64(len(so.owned)))
 	so.mu.Unlock()
-	return true
+}
+
+// rememberLost adds pin to the pins whose messages are left unacked for
+// the partition's new owner, forgetting the oldest past maxLostPins.
+func (w *worker) rememberLost(pin string) {
+	if slices.Contains(w.lostPins, pin) {
+		return
+	}
+	w.lostPins = append(w.lostPins, pin)
+	if len(w.lostPins) > maxLostPins {
+		w.lostPins = slices.Delete(w.lostPins, 0, len(w.lostPins)-maxLostPins)
+	}
 }
 
 // takeOver takes the partition's fence and restores the partition from
@@ -527,47 +556,44 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
 	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
 		"restored", total, "took", took.Round(time.Millisecond))
-	return &tenure{pin: pin, fence: forward.Fence{Subject: fenceSubj, Seq: f}}, nil
+	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f}}, nil
 }
 
 // fenced handles an output batch the server refused because the
-// partition's fence moved. The batch stays unacked. When the server still
-// pins this instance (another instance took the fence without the pin, or
-// a retried write moved it), the next batch takes the fence again;
-// otherwise the pin is lost, and what was delivered under it is left for
-// the new owner.
+// partition's fence moved. The batch stays unacked and the tenure ends.
+// When the server still pins this instance under one of the tenure's pins
+// (another instance took the fence without the pin, or a retried write
+// moved it), the next batch takes the fence again; otherwise the tenure's
+// pins are lost, and what was delivered under them is left for the new
+// owner.
 func (w *worker) fenced(ctx context.Context, err error) {
 	s, so := w.s, w.s.so
 	so.metrics.refusals.WithLabelValues(w.label).Inc()
-	pin := w.ten.pin
-	still, ierr := w.stillPinned(ctx, pin)
+	now, ierr := s.pinOf(ctx, w.p.Index())
+	still := ierr == nil && w.ten.pins[now]
 	level := slog.LevelWarn
 	if ierr != nil {
 		level = slog.LevelError
 	}
 	s.log.Log(ctx, level, "scale-out: partition lost: another instance took its fence; the batch is left unacked",
 		"partition", w.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
-	if !still {
-		w.lostPin = pin
-	}
-	w.drop()
+	w.endTenure(!still)
 }
 
-// drop ends the worker's tenure.
-func (w *worker) drop() {
+// endTenure ends the worker's tenure; with lost, the tenure's pins are
+// remembered as lost.
+func (w *worker) endTenure(lost bool) {
 	so := w.s.so
+	if lost {
+		for pin := range w.ten.pins {
+			w.rememberLost(pin)
+		}
+	}
 	w.ten = nil
 	so.mu.Lock()
 	delete(so.owned, w.p.Index())
 	so.metrics.owned.Set(float64(len(so.owned)))
 	so.mu.Unlock()
-}
-
-// stillPinned asks the server whether pin is still the pin of the
-// partition's consumer.
-func (w *worker) stillPinned(ctx context.Context, pin string) (bool, error) {
-	now, err := w.s.pinOf(ctx, w.p.Index())
-	return err == nil && now == pin, err
 }
 
 // pinOf asks the server which pin partition p's consumer is pinned to now

@@ -84,10 +84,10 @@ type worker struct {
 	lastSignal time.Time // when the batch last told the server it is being worked on
 
 	// Scale-out only: the partition's tenure in this instance (nil when
-	// it does not own the partition), and the last pin it lost, whose
+	// it does not own the partition), and the last pins it lost, whose
 	// messages are left to the new owner.
-	ten     *tenure
-	lostPin string
+	ten      *tenure
+	lostPins []string
 }
 
 // process judges one batch: look up every key, publish the new ones, commit
