@@ -155,16 +155,47 @@ func benchKeys(n int) []string {
 }
 
 // createStreams creates the streams a scale-out stage creates.
-func createStreams(b *testing.B, js jetstream.JetStream, cfg config.Config) {
-	b.Helper()
+func createStreams(tb testing.TB, js jetstream.JetStream, cfg config.Config) {
+	tb.Helper()
 	streams, err := stage.StreamsToCreate(cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	for _, s := range streams {
 		if _, err := js.CreateStream(context.Background(), s.Config); err != nil {
-			b.Fatalf("create %s: %v", s.Config.Name, err)
+			tb.Fatalf("create %s: %v", s.Config.Name, err)
 		}
+	}
+}
+
+// recordKey is the key of the i-th record publishRecords writes.
+func recordKey(i int) string { return fmt.Sprintf("rec-%016x", uint64(i)*0x9e3779b97f4a7c15) }
+
+// publishRecords writes n records to cfg's output stream as an owner of
+// the group forwards them (on orders.<key>, first seen at firstSeen, each
+// with payload data) and waits until all are stored: the changelog a new
+// owner restores from.
+func publishRecords(tb testing.TB, js jetstream.JetStream, cfg config.Config, n int, data []byte, firstSeen time.Time) {
+	tb.Helper()
+	pjs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	fp := fingerprintOf(data)
+	for i := range n {
+		k := recordKey(i)
+		p := partitionOf(k, cfg.State.Partitions)
+		m := &nats.Msg{Subject: handover.PartitionSubject(cfg.Output.SubjectPrefix, p, "orders."+k), Header: nats.Header{}, Data: data}
+		m.Header.Set(jetstream.MsgIDHeader, k)
+		handover.Annotate(m.Header, firstSeen, fp)
+		if _, err := pjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+			tb.Fatalf("publish record %d: %v", i, err)
+		}
+	}
+	select {
+	case <-pjs.PublishAsyncComplete():
+	case <-time.After(10 * time.Minute):
+		tb.Fatal("records not acknowledged in 10m")
 	}
 }
 
@@ -224,27 +255,7 @@ func BenchmarkScaleOutRestore(b *testing.B) {
 			_, js := natstest.Connect(b, srv.ClientURL())
 			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
 			createStreams(b, js, cfg)
-			pjs, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncMaxPending(4096))
-			if err != nil {
-				b.Fatal(err)
-			}
-			now := time.Now()
-			data := make([]byte, benchPayload)
-			for i := range keysN {
-				k := fmt.Sprintf("rec-%016x", uint64(i)*0x9e3779b97f4a7c15)
-				p := partitionOf(k, benchPartitions)
-				m := &nats.Msg{Subject: handover.PartitionSubject(cfg.Output.SubjectPrefix, p, "orders."+k), Header: nats.Header{}, Data: data}
-				m.Header.Set(jetstream.MsgIDHeader, k)
-				handover.Annotate(m.Header, now, fingerprintOf(data))
-				if _, err := pjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
-					b.Fatalf("publish record %d: %v", i, err)
-				}
-			}
-			select {
-			case <-pjs.PublishAsyncComplete():
-			case <-time.After(10 * time.Minute):
-				b.Fatal("records not acknowledged in 10m")
-			}
+			publishRecords(b, js, cfg, keysN, make([]byte, benchPayload), time.Now())
 			// One input message per partition makes each taken.
 			var wake []string
 			for i := 0; len(wake) < benchPartitions; i++ {
