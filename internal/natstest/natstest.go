@@ -102,6 +102,12 @@ func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 	}
 	for uint64(len(out)) < n {
 		batch, err := c.Fetch(int(min(n-uint64(len(out)), 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
+			// On a cluster the ordered consumer can be created before
+			// its node answers pulls: ask again.
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
 		if err != nil {
 			tb.Fatalf("fetch %s: %v", stream, err)
 		}
