@@ -23,10 +23,11 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
-// The stage's config in the container. The key is the Event-Id header, not
-// Nats-Msg-Id: the input stream would drop copies with a repeated
-// Nats-Msg-Id itself, and the test must show that the stage does the work.
-const stageConfig = `# containertest: the stage against the nats container
+// stageConfigFormat is the stage's config in the container, for
+// stageConfig. The key is the Event-Id header, not Nats-Msg-Id: the input
+// stream would drop copies with a repeated Nats-Msg-Id itself, and the test
+// must show that the stage does the work.
+const stageConfigFormat = `# containertest: the stage against the nats container
 key:
   source: header
   header: Event-Id
@@ -34,17 +35,37 @@ input:
   stream: EVENTS
   subjects: ["events.>"]
   consumer: dedupe-stage
-output:
+%soutput:
   stream: EVENTS_DEDUPED
   subject_prefix: deduped
 state:
-  partitions: 4
+  partitions: %d
   memory_budget: 64MiB
 filter:
   expected_keys: 100000
 log:
   format: json
+%s`
+
+// stageConfig returns the stage's config in the container: inputExtra is
+// YAML lines added to the input section (each indented and ending in a
+// newline), sections whole sections appended.
+func stageConfig(inputExtra, sections string) string {
+	return fmt.Sprintf(stageConfigFormat, inputExtra, partitions, sections)
+}
+
+// scaleOutSection turns scale-out on, with streams of three replicas (one
+// per node of the cluster). Each container names its instance with
+// DEDUPE_INSTANCE.
+const scaleOutSection = `scale_out:
+  enabled: true
+  replicas: 3
 `
+
+// scaleOutAckWait is input.ack_wait with scale-out: the shortest it accepts
+// (config.MinScaleOutAckWait). It is the pin's TTL and the presence
+// bucket's refresh, so balance moves partitions within a few seconds.
+const scaleOutAckWait = "  ack_wait: 2s\n"
 
 const (
 	inputStream  = "EVENTS"
@@ -52,6 +73,13 @@ const (
 	consumerName = "dedupe-stage"
 	subject      = "events.orders"
 	copies       = 3
+	// partitions is state.partitions of every stage in the tests.
+	partitions = 4
+	// The names a scale-out group uses by default (scale_out.group
+	// "dedupe"): the route step's consumer on the input, the routed stream
+	// and its members' consumers dedupe-p<N>.
+	routeConsumer = "dedupe-route"
+	routedStream  = "DEDUPE_ROUTED"
 )
 
 // docker runs the docker CLI and returns its trimmed combined output.
@@ -124,11 +152,22 @@ type env struct {
 	stageImage string
 	natsImage  string
 	network    string
-	volume     string
+	volume     string // the stages' shared /data; "" gives each its own
 	configDir  string
+	natsURL    string // the stages' nats.url, on the network
 	js         jetstream.JetStream
+
+	// scaleOut says the stages run as a scale-out group: their output
+	// subjects carry the partition, and drained waits for the route step
+	// and the group's members.
+	scaleOut bool
+	// consumers are the stream and consumer names drained waits on, in
+	// the order messages pass them.
+	consumers [][2]string
 }
 
+// newEnv returns a run of the container test with fresh names; the images
+// are removed when the test ends.
 func newEnv(t *testing.T) *env {
 	b := make([]byte, 4)
 	if _, err := rand.Read(b); err != nil {
@@ -178,6 +217,39 @@ func (e *env) build() {
 	t.Logf("built %s and %s in %s", e.stageImage, e.natsImage, time.Since(start).Round(100*time.Millisecond))
 }
 
+// prepare creates the test's Docker network and the config directory with
+// config as stage.yaml (mounted read-only on /config). Without scaleOut the
+// stages share one named data volume and are drained on the input
+// consumer; with it each stage gets an anonymous /data volume of its own
+// (removed with its container) and drained waits on the route step and
+// every member of the group.
+func (e *env) prepare(config string, scaleOut bool) {
+	t := e.t
+	t.Helper()
+	mustDocker(t, "network", "create", e.network)
+	cleanupDocker(t, "network", "rm", e.network)
+	e.scaleOut = scaleOut
+	if scaleOut {
+		e.volume = ""
+		e.consumers = [][2]string{{inputStream, routeConsumer}}
+		for p := range partitions {
+			e.consumers = append(e.consumers, [2]string{routedStream, "dedupe-p" + strconv.Itoa(p)})
+		}
+	} else {
+		mustDocker(t, "volume", "create", e.volume)
+		cleanupDocker(t, "volume", "rm", "-f", e.volume)
+		e.consumers = [][2]string{{inputStream, consumerName}}
+	}
+	e.configDir = t.TempDir()
+	// The stage runs as uid 65532: the mounted config must be readable by it.
+	if err := os.Chmod(e.configDir, 0o755); err != nil {
+		t.Fatalf("config directory for the stage containers: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(e.configDir, "stage.yaml"), []byte(config), 0o644); err != nil {
+		t.Fatalf("writing the stage containers' config: %v", err)
+	}
+}
+
 // runContainer starts a detached container and registers its removal (with
 // its anonymous volumes); when the test failed, its log is printed first.
 func (e *env) runContainer(name string, args ...string) {
@@ -203,12 +275,26 @@ func (e *env) token() string { return "containertest-" + e.id }
 // startNATS runs the nats-server container, reachable as nats:4222 on the
 // network and from the test on a published loopback port.
 func (e *env) startNATS() {
+	url := e.runNATS("dedupe-containertest-nats-"+e.id, []string{"--network-alias", "nats"})
+	e.natsURL = "nats://nats:4222"
+	_, e.js = natstest.Connect(e.t, url)
+}
+
+// runNATS runs a nats-server container of the project's image (its config:
+// token, JetStream syncing every write) with dockerArgs before the image and
+// serverArgs, when given, instead of the image's command. It waits until
+// the server accepts a client with the token, checks that it refuses one
+// without, and returns the test's URL of it, token included, on a
+// published loopback port.
+func (e *env) runNATS(name string, dockerArgs []string, serverArgs ...string) string {
 	t := e.t
-	name := "dedupe-containertest-nats-" + e.id
-	e.runContainer(name, "--network-alias", "nats", "-p", "127.0.0.1::4222", "-e", "NATS_TOKEN="+e.token(), e.natsImage)
+	t.Helper()
+	args := append([]string{"-p", "127.0.0.1::4222", "-e", "NATS_TOKEN=" + e.token()}, dockerArgs...)
+	e.runContainer(name, append(append(args, e.natsImage), serverArgs...)...)
+	addr := hostPort(t, name, "4222/tcp")
 	// The image's server requires the token; the URL carries it.
-	url := "nats://" + e.token() + "@" + hostPort(t, name, "4222/tcp")
-	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "nats-server container accepting clients", func() (bool, error) {
+	url := "nats://" + e.token() + "@" + addr
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, name+" accepting clients", func() (bool, error) {
 		nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
 		if err != nil {
 			return false, err
@@ -216,11 +302,70 @@ func (e *env) startNATS() {
 		nc.Close()
 		return true, nil
 	})
-	if nc, err := nats.Connect("nats://"+hostPort(t, name, "4222/tcp"), nats.Timeout(2*time.Second)); err == nil {
+	if nc, err := nats.Connect("nats://"+addr, nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()
-		t.Error("the nats container accepts a client without the token")
+		t.Errorf("nats container %s accepts a client without the token", name)
 	}
-	_, e.js = natstest.Connect(t, url)
+	return url
+}
+
+// startCluster runs a 3-node nats-server cluster of the project's image on
+// the test's network, each node routing to the other two, and waits until
+// its JetStream can place a stream with three replicas. The stages get
+// every node in nats.url, so that they fail over between nodes; the test
+// connects to every node's published loopback port.
+func (e *env) startCluster() {
+	t := e.t
+	t.Helper()
+	const nodes = 3
+	names := make([]string, nodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("dedupe-containertest-nats%d-%s", i, e.id)
+	}
+	var stageURLs, testURLs []string
+	for i, name := range names {
+		var routes []string
+		for j, other := range names {
+			if j != i {
+				routes = append(routes, "nats://"+other+":6222")
+			}
+		}
+		testURLs = append(testURLs, e.runNATS(name, nil,
+			"-c", "/nats-server.conf", "-js",
+			"--server_name", fmt.Sprintf("n%d", i),
+			"--cluster_name", "dedupe-containertest-"+e.id,
+			"--cluster", "nats://0.0.0.0:6222",
+			"--routes", strings.Join(routes, ","),
+			// Clients keep to the URLs they were given: the test's
+			// loopback ports, the stages' container names.
+			"--no_advertise",
+		))
+		stageURLs = append(stageURLs, "nats://"+name+":4222")
+	}
+	e.natsURL = strings.Join(stageURLs, ",")
+	_, e.js = natstest.Connect(t, strings.Join(testURLs, ","))
+
+	// A stream with three replicas can be placed once the meta leader is
+	// elected and counts every node as a JetStream peer.
+	start := time.Now()
+	const probe = "CONTAINERTEST_PROBE"
+	natstest.Poll(t, 60*time.Second, 250*time.Millisecond, "the cluster's JetStream to place a stream with 3 replicas", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := e.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name: probe, Subjects: []string{"containertest.probe"}, Storage: jetstream.MemoryStorage, Replicas: nodes,
+		})
+		if err != nil {
+			return false, fmt.Errorf("create the R%d stream %s: %w", nodes, probe, err)
+		}
+		return true, nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.js.DeleteStream(ctx, probe); err != nil {
+		t.Fatalf("delete the probe stream %s: %v", probe, err)
+	}
+	t.Logf("%d-node NATS cluster ready for R%d streams in %s", nodes, nodes, time.Since(start).Round(10*time.Millisecond))
 }
 
 // stage is one stage container and its published HTTP address.
@@ -229,20 +374,22 @@ type stage struct {
 	http string
 }
 
-// startStage runs a stage container on the shared data volume and waits
-// until it is ready. Each of env is one more NAME=VALUE for the container.
+// startStage runs a stage container on the shared data volume (without
+// one, on its own anonymous volume) and waits until it is ready. Each of env is one more NAME=VALUE for the container.
 func (e *env) startStage(name string, env ...string) stage {
 	t := e.t
 	args := []string{
 		"-p", "127.0.0.1::9500",
-		"-v", e.volume + ":/data",
 		"-v", e.configDir + ":/config:ro",
-		"-e", "DEDUPE_NATS_URL=nats://nats:4222",
+		"-e", "DEDUPE_NATS_URL=" + e.natsURL,
 		"-e", "DEDUPE_NATS_TOKEN=" + e.token(),
 		// Not the image's 9464: the HEALTHCHECK must follow it.
 		"-e", "DEDUPE_HTTP_ADDR=0.0.0.0:9500",
 		// Health checks every second instead of every 10s, for the test.
 		"--health-interval", "1s", "--health-retries", "3",
+	}
+	if e.volume != "" {
+		args = append(args, "-v", e.volume+":/data")
 	}
 	for _, v := range env {
 		args = append(args, "-e", v)
@@ -262,6 +409,8 @@ func (e *env) startStage(name string, env ...string) stage {
 	return s
 }
 
+// httpGet GETs url with a 5s timeout and returns the status code and up to
+// 8 MiB of the body.
 func httpGet(url string) (int, string, error) {
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(url)
@@ -363,34 +512,68 @@ func (e *env) publishAsync(keys []string, copies int) (wait func()) {
 	}
 }
 
-// drained waits until the stage acknowledged everything on the input.
+// drained waits until the stages acknowledged everything: every consumer
+// of e.consumers, in order, has nothing pending and nothing awaiting an ack.
+// In order, so that what the route step acked on the input is already in
+// the routed stream when its members are asked.
 func (e *env) drained(what string) {
 	t := e.t
+	t.Helper()
 	natstest.Poll(t, 60*time.Second, 100*time.Millisecond, what, func() (bool, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		c, err := e.js.Consumer(ctx, inputStream, consumerName)
-		if err != nil {
-			return false, err
+		for _, sc := range e.consumers {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			info, err := consumerInfo(ctx, e.js, sc[0], sc[1])
+			cancel()
+			if err != nil {
+				return false, err
+			}
+			if info.NumPending != 0 || info.NumAckPending != 0 {
+				return false, fmt.Errorf("consumer %s on %s: %d pending, %d awaiting an ack", sc[1], sc[0], info.NumPending, info.NumAckPending)
+			}
 		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return false, err
-		}
-		return info.NumPending == 0 && info.NumAckPending == 0, nil
+		return true, nil
 	})
 }
 
+// consumerInfo returns the info of consumer on stream.
+func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, consumer string) (*jetstream.ConsumerInfo, error) {
+	c, err := js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: %w", consumer, stream, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: info: %w", consumer, stream, err)
+	}
+	return info, nil
+}
+
+// outputSubjectOK says whether subj is where the stage forwards an event:
+// deduped.<input subject>, or with scale-out deduped.<partition>.<input
+// subject>.
+func (e *env) outputSubjectOK(subj string) bool {
+	if !e.scaleOut {
+		return subj == "deduped."+subject
+	}
+	p, ok := strings.CutSuffix(strings.TrimPrefix(subj, "deduped."), "."+subject)
+	n, err := strconv.Atoi(p)
+	return ok && err == nil && n >= 0 && n < partitions
+}
+
 // outputCounts returns how often each Nats-Msg-Id occurs in the output
-// stream, checking the subject and payload of each message.
+// stream, checking the subject and payload of each message. Scale-out's
+// partition fences (deduped._fence.<p>) are not events and are skipped.
 func (e *env) outputCounts() map[string]int {
 	t := e.t
 	counts := map[string]int{}
 	for _, m := range natstest.ReadAll(t, e.js, outputStream) {
+		if strings.Contains(m.Subject, "._fence.") {
+			continue
+		}
 		k := m.Header.Get("Nats-Msg-Id")
 		counts[k]++
-		if m.Subject != "deduped."+subject {
-			t.Errorf("output %s on subject %q, want deduped.%s", k, m.Subject, subject)
+		if !e.outputSubjectOK(m.Subject) {
+			t.Errorf("output %s on subject %q, want it forwarded to the output prefix deduped", k, m.Subject)
 		}
 		if want := `{"order":"` + k + `"}`; string(m.Data) != want {
 			t.Errorf("output %s payload %q, want %q", k, m.Data, want)
@@ -400,7 +583,7 @@ func (e *env) outputCounts() map[string]int {
 }
 
 // checkOnce fails unless the output holds each of keys exactly once and
-// nothing else.
+// nothing else; it names the first ten keys that are not.
 func (e *env) checkOnce(keys []string) {
 	t := e.t
 	t.Helper()
@@ -408,10 +591,16 @@ func (e *env) checkOnce(keys []string) {
 	if len(counts) != len(keys) {
 		t.Errorf("output holds %d distinct keys, want %d", len(counts), len(keys))
 	}
+	wrong := 0
 	for _, k := range keys {
 		if counts[k] != 1 {
-			t.Errorf("output holds key %s %d times, want once", k, counts[k])
+			if wrong++; wrong <= 10 {
+				t.Errorf("output holds key %s %d times, want once", k, counts[k])
+			}
 		}
+	}
+	if wrong > 10 {
+		t.Errorf("... and %d more keys not forwarded exactly once, of %d", wrong-10, len(keys))
 	}
 }
 
@@ -465,11 +654,13 @@ func (e *env) checkStopped(s stage, took time.Duration) {
 	}
 }
 
+// tail returns the last n lines of s.
 func tail(s string, n int) string {
 	lines := strings.Split(s, "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// keysFor returns n distinct keys starting with prefix.
 func keysFor(prefix string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
@@ -478,25 +669,17 @@ func keysFor(prefix string, n int) []string {
 	return keys
 }
 
+// TestContainer runs one stage container against the nats-server container:
+// keys published with copies are forwarded once each, SIGTERM under load
+// exits cleanly, and a new container on the same data volume forwards what
+// was left and recognises every copy published again.
 func TestContainer(t *testing.T) {
 	needDocker(t)
 	began := time.Now()
 	e := newEnv(t)
 	e.build()
 
-	mustDocker(t, "network", "create", e.network)
-	cleanupDocker(t, "network", "rm", e.network)
-	mustDocker(t, "volume", "create", e.volume)
-	cleanupDocker(t, "volume", "rm", "-f", e.volume)
-	e.configDir = t.TempDir()
-	// The stage runs as uid 65532: the mounted config must be readable by it.
-	if err := os.Chmod(e.configDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(e.configDir, "stage.yaml"), []byte(stageConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
+	e.prepare(stageConfig("", ""), false)
 	e.startNATS()
 	first := e.startStage("dedupe-containertest-stage-" + e.id)
 
@@ -616,4 +799,148 @@ func TestContainer(t *testing.T) {
 
 	e.stop(second)
 	t.Logf("container test took %s", time.Since(began).Round(100*time.Millisecond))
+}
+
+// owned returns the partitions each stage owns (dedupe_partitions_owned),
+// and an error naming a stage whose metrics cannot be read.
+func owned(t testing.TB, stages []stage) ([]int, error) {
+	t.Helper()
+	out := make([]int, len(stages))
+	for i, s := range stages {
+		code, body, err := httpGet(s.http + "/metrics")
+		if err != nil || code != http.StatusOK {
+			return nil, fmt.Errorf("GET %s/metrics of %s: %d %v", s.http, s.name, code, err)
+		}
+		out[i] = int(sumMetric(t, body, "dedupe_partitions_owned"))
+	}
+	return out, nil
+}
+
+// fair says whether the stages own every partition between them, none more
+// than its share (the group's balance: at most ⌈partitions/stages⌉ each).
+func fair(owned []int) bool {
+	sum, most := 0, 0
+	for _, n := range owned {
+		sum += n
+		most = max(most, n)
+	}
+	return sum == partitions && most <= (partitions+len(owned)-1)/len(owned)
+}
+
+// sumOver is sumMetric added up over the metrics of several stages.
+func sumOver(t testing.TB, bodies []string, name string, want ...string) float64 {
+	t.Helper()
+	var sum float64
+	for _, b := range bodies {
+		sum += sumMetric(t, b, name, want...)
+	}
+	return sum
+}
+
+// balance publishes rounds of a few new keys until the stages share the
+// partitions fairly, and returns the keys it published. An instance owns a
+// partition once the server delivers it a message of the partition under
+// its pin, so the partitions another instance released for balance move
+// only with traffic. It gives up after 20 rounds (about a minute).
+func (e *env) balance(stages []stage) []string {
+	t := e.t
+	t.Helper()
+	var keys []string
+	var last []int
+	start := time.Now()
+	for round := 0; round < 20; round++ {
+		o, err := owned(t, stages)
+		if err != nil {
+			t.Fatalf("reading the partitions each stage owns: %v", err)
+		}
+		last = o
+		if fair(o) {
+			t.Logf("partitions owned by stage %v after %d rounds of new keys (%s)", o, round, time.Since(start).Round(10*time.Millisecond))
+			return keys
+		}
+		k := keysFor(fmt.Sprintf("order-warm%02d", round), 20)
+		e.publish(k, 1)
+		keys = append(keys, k...)
+		e.drained("the group to ack a round of keys published for balance")
+		// Presence refreshes every input.ack_wait; a release waits for one.
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("after 20 rounds of new keys (%s) the stages own %v of %d partitions: want every partition owned and at most %d each",
+		time.Since(start).Round(time.Second), last, partitions, (partitions+len(stages)-1)/len(stages))
+	return nil
+}
+
+// TestContainerScaleOut runs scale-out as deployed: a 3-node cluster of the
+// project's nats-server image and two stage containers in one group, each
+// on its own data volume, with streams of three replicas the first creates.
+// Keys published with copies are forwarded once each and the partitions are
+// shared; then one stage is stopped (SIGTERM: it unpins its partitions) and
+// the other takes them all, forwarding the new keys of a second batch once
+// and recognising copies of the first batch, owned by the stopped stage or
+// not.
+func TestContainerScaleOut(t *testing.T) {
+	needDocker(t)
+	e := newEnv(t)
+	e.build()
+	began := time.Now()
+	e.prepare(stageConfig(scaleOutAckWait, scaleOutSection), true)
+	e.startCluster()
+
+	// The first instance alone creates the streams, then the second joins.
+	a := e.startStage("dedupe-containertest-so-a-"+e.id, "DEDUPE_INSTANCE=a")
+	b := e.startStage("dedupe-containertest-so-b-"+e.id, "DEDUPE_INSTANCE=b")
+	group := []stage{a, b}
+
+	// Batch 1: 300 keys, each published three times, across both stages.
+	keys1 := keysFor("order-a", 300)
+	e.publish(keys1, copies)
+	e.drained("the group to ack all of batch 1")
+	forwarded := append(append([]string(nil), keys1...), e.balance(group)...)
+	e.checkOnce(forwarded)
+	bodies := []string{a.metrics(t), b.metrics(t)}
+	if got := sumOver(t, bodies, "dedupe_messages_total", `outcome="new"`); got != float64(len(forwarded)) {
+		t.Errorf("dedupe_messages_total{outcome=new} of both stages = %v, want %d: one per key", got, len(forwarded))
+	}
+	if got, want := sumOver(t, bodies, "dedupe_messages_total", `outcome="repeat"`), len(keys1)*(copies-1); got < float64(want) {
+		t.Errorf("dedupe_messages_total{outcome=repeat} of both stages = %v, want at least the %d copies", got, want)
+	}
+	if got := sumOver(t, bodies, "dedupe_dead_letters_total"); got != 0 {
+		t.Errorf("dedupe_dead_letters_total of both stages = %v, want 0", got)
+	}
+	ownedB := int(sumMetric(t, bodies[1], "dedupe_partitions_owned"))
+	newA := sumMetric(t, bodies[0], "dedupe_messages_total", `outcome="new"`)
+	repeatA := sumMetric(t, bodies[0], "dedupe_messages_total", `outcome="repeat"`)
+	takeoversA := sumMetric(t, bodies[0], "dedupe_partition_takeovers_total")
+
+	// Stop b cleanly: it finishes, unpins its partitions and leaves.
+	e.stop(b)
+
+	// Batch 2: 300 new keys three times each, and a copy of every key of
+	// batch 1, all for a alone.
+	keys2 := keysFor("order-b", 300)
+	wait2 := e.publishAsync(keys2, copies)
+	e.publish(keys1, 1)
+	wait2()
+	e.drained("the remaining stage to ack all of batch 2")
+	e.checkOnce(append(forwarded, keys2...))
+	natstest.Poll(t, 30*time.Second, 250*time.Millisecond, "the remaining stage to own every partition", func() (bool, error) {
+		o, err := owned(t, []stage{a})
+		if err != nil {
+			return false, err
+		}
+		return o[0] == partitions, fmt.Errorf("%s owns %d of %d partitions", a.name, o[0], partitions)
+	})
+	body := a.metrics(t)
+	if got := sumMetric(t, body, "dedupe_messages_total", `outcome="new"`) - newA; got != float64(len(keys2)) {
+		t.Errorf("after the stop, %s counted %v new keys (dedupe_messages_total{outcome=new}), want the %d of batch 2", a.name, got, len(keys2))
+	}
+	if got, want := sumMetric(t, body, "dedupe_messages_total", `outcome="repeat"`)-repeatA, len(keys1)+len(keys2)*(copies-1); got < float64(want) {
+		t.Errorf("after the stop, %s counted %v repeats (dedupe_messages_total{outcome=repeat}), want at least the %d copies of batches 1 and 2", a.name, got, want)
+	}
+	if got := sumMetric(t, body, "dedupe_partition_takeovers_total") - takeoversA; got < float64(ownedB) {
+		t.Errorf("after the stop, %s took over %v partitions (dedupe_partition_takeovers_total), want at least the %d %s owned", a.name, got, ownedB, b.name)
+	}
+
+	e.stop(a)
+	t.Logf("scale-out container test took %s after the build", time.Since(began).Round(100*time.Millisecond))
 }

@@ -8,6 +8,14 @@
 // pass `promtool check metrics`. It is skipped, saying why, when no Docker
 // engine answers.
 //
+// TestContainerScaleOut runs scale-out as deployed: a 3-node cluster of the
+// project's nats-server image on the test's network and two stage containers
+// in one group (header keys, so the route step runs; streams of three
+// replicas, created by the first). Keys published with copies are forwarded
+// once each and the partitions are shared fairly; then one stage is stopped
+// with SIGTERM and the other owns every partition and forwards a second
+// batch once while recognising copies of the first.
+//
 // The other tests check the operator's files without Docker: the alert rules
 // (`promtool check rules` and the unit tests in testdata/alerts_test.yml),
 // the Prometheus config, the compose file, the Dockerfiles, and that the
