@@ -185,6 +185,19 @@ func (w *workload) lateCopies(n int) []event {
 	return out
 }
 
+// lateCopiesThenCheck publishes late copies of w's first keys once the
+// output's duplicate window has passed, waits until the group judged them,
+// and checks the end state: every key of w once in the output, and the
+// dead letters exactly w's bad inputs.
+func lateCopiesThenCheck(t *testing.T, js jetstream.JetStream, w *workload, partitions int) {
+	t.Helper()
+	time.Sleep(scaleOutDup + time.Second)
+	mustPublish(t, js, w.lateCopies(300), "late")
+	scaleOutDrained(t, js, partitions, 60*time.Second)
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+}
+
 // TestScaleOutKillAddStop runs three instances on a 3-node cluster (R3
 // streams) while a workload with repeats and bad inputs arrives: one is
 // killed mid-run (SIGKILL) and started again on its data dir, another is
@@ -207,13 +220,7 @@ func TestScaleOutKillAddStop(t *testing.T) {
 	stages[1].last().signal(t, syscall.SIGTERM, 30*time.Second)
 	wait()
 	scaleOutDrained(t, js, stages[0].cfg.Partitions, 90*time.Second)
-
-	time.Sleep(scaleOutDup + time.Second)
-	mustPublish(t, js, w.lateCopies(300), "late")
-	scaleOutDrained(t, js, stages[0].cfg.Partitions, 60*time.Second)
-
-	checkOutput(t, js, w.forward)
-	checkDeadLetters(t, js, w.dead)
+	lateCopiesThenCheck(t, js, w, stages[0].cfg.Partitions)
 	waitSpread(t, stages, 30*time.Second)
 	takeovers := 0.0
 	for _, s := range []*stage{stages[0], stages[2]} {
@@ -269,11 +276,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 			break
 		}
 	}
-	time.Sleep(scaleOutDup + time.Second)
-	mustPublish(t, js, w.lateCopies(300), "late")
-	scaleOutDrained(t, js, a.cfg.Partitions, 60*time.Second)
-	checkOutput(t, js, w.forward)
-	checkDeadLetters(t, js, w.dead)
+	lateCopiesThenCheck(t, js, w, a.cfg.Partitions)
 }
 
 // TestScaleOutNodeRestart stops one node of the cluster mid-run and starts
@@ -291,12 +294,7 @@ func TestScaleOutNodeRestart(t *testing.T) {
 	cl.Restart(2)
 	wait()
 	scaleOutDrained(t, js, stages[0].cfg.Partitions, 90*time.Second)
-
-	time.Sleep(scaleOutDup + time.Second)
-	mustPublish(t, js, w.lateCopies(300), "late")
-	scaleOutDrained(t, js, stages[0].cfg.Partitions, 60*time.Second)
-	checkOutput(t, js, w.forward)
-	checkDeadLetters(t, js, w.dead)
+	lateCopiesThenCheck(t, js, w, stages[0].cfg.Partitions)
 	for _, s := range stages {
 		if !s.last().running() {
 			t.Errorf("instance %s exited during the node's restart: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
