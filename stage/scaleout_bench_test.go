@@ -2,9 +2,12 @@ package stage_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +27,7 @@ import (
 // share the process, as they share this machine's cores. Run them alone:
 //
 //	go test -run '^$' -bench 'BenchmarkScaleOut' -benchtime 1x ./stage/
+//	go test -run '^$' -bench 'BenchmarkScaleOutRestore' -benchtime 1x ./stage/ -args -scaleout.restore-keys 10000000
 //
 // The partition count is benchPartitions; the group is "dedupe".
 
@@ -244,12 +248,25 @@ func BenchmarkScaleOutThroughput(b *testing.B) {
 	}
 }
 
+// restoreKeysFlag lists the record counts BenchmarkScaleOutRestore
+// restores, one sub-benchmark each.
+var restoreKeysFlag = flag.String("scaleout.restore-keys", "100000,1000000", "record counts BenchmarkScaleOutRestore restores, comma-separated (10000000 takes minutes to write)")
+
 // BenchmarkScaleOutRestore times an instance with an empty data dir taking
-// the 4 partitions of an output stream holding benchRestoreKeys records
+// the 4 partitions of an output stream holding each count of records
+// -scaleout.restore-keys lists (100k and 1M by default)
 // (restored in parallel, one worker per partition): from Run until every
 // partition is taken, which is when its first batch is judged.
 func BenchmarkScaleOutRestore(b *testing.B) {
-	for _, keysN := range []int{100_000, 1_000_000} {
+	var counts []int
+	for f := range strings.SplitSeq(*restoreKeysFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			b.Fatalf("-scaleout.restore-keys %q: want a comma-separated list of key counts", *restoreKeysFlag)
+		}
+		counts = append(counts, n)
+	}
+	for _, keysN := range counts {
 		b.Run(fmt.Sprintf("keys=%d", keysN), func(b *testing.B) {
 			srv := natstest.RunServer(b, "")
 			_, js := natstest.Connect(b, srv.ClientURL())
