@@ -62,11 +62,17 @@ func TestScaleOutRestoresMillionKeys(t *testing.T) {
 	e.scaleOutDrained(5 * time.Minute)
 	t.Logf("taken, restored and judged %d copies and %d new keys in %v", len(copies), len(news), time.Since(began).Round(time.Millisecond))
 
-	if got := counter(t, r.reg, "dedupe_partition_takeovers_total", nil); got != float64(e.cfg.State.Partitions) {
-		t.Errorf("took partitions %v times, want %d (each once)", got, e.cfg.State.Partitions)
+	// On a loaded machine a pin can lapse and the instance take a
+	// partition again: that restores from its cursor, so the records
+	// restored add up to at least every record once.
+	takeovers := counter(t, r.reg, "dedupe_partition_takeovers_total", nil)
+	restored := counter(t, r.reg, "dedupe_restore_records_total", nil)
+	t.Logf("partitions taken %v times, %v records restored", takeovers, restored)
+	if takeovers < float64(e.cfg.State.Partitions) {
+		t.Errorf("took partitions %v times, want every one of the %d", takeovers, e.cfg.State.Partitions)
 	}
-	if got := counter(t, r.reg, "dedupe_restore_records_total", nil); got != float64(restoreKeys) {
-		t.Errorf("restored %v records, want %d", got, restoreKeys)
+	if restored < float64(restoreKeys) {
+		t.Errorf("restored %v records, want %d", restored, restoreKeys)
 	}
 	// A copy the server redelivers (its ack_wait passed on a loaded
 	// machine) is judged again, a repeat again: at least every copy.
