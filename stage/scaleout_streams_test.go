@@ -41,10 +41,7 @@ func TestScaleOutStreamsOnACluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, s := range streams {
-		st, err := js.CreateStream(ctx, s.Config)
-		if err != nil {
-			t.Fatalf("create %s: %v", s.Config.Name, err)
-		}
+		st := cl.CreateStream(js, s.Config)
 		if got := st.CachedInfo().Config.Replicas; got != 3 {
 			t.Errorf("%s: %d replicas, want 3", s.Config.Name, got)
 		}

@@ -28,9 +28,7 @@ func TestFencedBatchesOnR3(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: time.Minute, AllowAtomicPublish: true, Replicas: 3}
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	c.CreateStream(js, cfg)
 	f := takeFence(t, js, "A")
 
 	var mu sync.Mutex

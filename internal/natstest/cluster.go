@@ -256,3 +256,20 @@ func (c *Cluster) shutdownAll() {
 	}
 	wg.Wait()
 }
+
+// CreateStream creates a stream on the cluster and returns it. A request
+// the cluster leaves unanswered (a meta leader that steps down before it
+// replies) is asked again, with cfg unchanged, for up to a minute: the
+// create is idempotent.
+func (c *Cluster) CreateStream(js jetstream.JetStream, cfg jetstream.StreamConfig) jetstream.Stream {
+	c.tb.Helper()
+	var st jetstream.Stream
+	Poll(c.tb, time.Minute, 100*time.Millisecond, "stream "+cfg.Name+" to be created", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var err error
+		st, err = js.CreateOrUpdateStream(ctx, cfg)
+		return err == nil, err
+	})
+	return st
+}
