@@ -199,9 +199,13 @@ func Take(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, ins
 // restoreBuffer is how many messages Restore's reader asks for at once.
 const restoreBuffer = 4096
 
-// restoreIdle is how long Restore waits for the next message before it
-// asks the server whether any is left on the filter.
+// restoreIdle is how long one wait of Restore for the next message lasts.
 const restoreIdle = 2 * time.Second
+
+// restoreStall is how long Restore waits with no message at all before it
+// gives up with a transient error, so that a lost consumer never holds a
+// takeover forever.
+const restoreStall = 30 * time.Second
 
 // Restore reads the records of one partition back from stream: the
 // messages on filter (PartitionFilter) from sequence from when from > 0,
@@ -210,7 +214,8 @@ const restoreIdle = 2 * time.Second
 // fence). It calls fn for each record in stream order, with the message's
 // stream sequence, and returns how many it passed to fn. Messages above
 // upTo are ignored; Restore returns once it has passed upTo or no message
-// on filter is left, so an empty partition returns 0 at once.
+// on filter is left, so an empty partition returns 0 at once. No message
+// for restoreStall ends it with a transient error.
 //
 // A message on filter that is not a record (Decode) ends Restore with that
 // permanent error; so does an error from fn, wrapped. Restore uses an
@@ -254,18 +259,22 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	// Done at the fence, at the last message on filter (NumPending 0 in
+	// its metadata), or once every message pending at the start is read:
+	// no record at or below the fence can be stored after the fence. A
+	// quiet spell proves nothing (the server may have sent the last
+	// messages, which a loaded client has not read yet), so it only waits
+	// on; one past restoreStall ends the restore with a transient error,
+	// and the takeover is tried again.
 	n := 0
-	last := max(from, 1) - 1 // the stream sequence of the last message passed to fn
+	var read uint64
+	last := max(from, 1) - 1 // the stream sequence of the last message read
+	heard := time.Now()
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(restoreIdle))
 		if errors.Is(err, nats.ErrTimeout) {
-			// Done only when nothing is left to deliver and nothing
-			// delivered is still on its way: NumPending alone is 0 as soon
-			// as the server has sent the last messages, which a loaded
-			// client may not have read yet.
-			left, ierr := cons.Info(ctx)
-			if ierr == nil && left.NumPending == 0 && left.Delivered.Stream <= last {
-				return n, nil
+			if quiet := time.Since(heard); quiet > restoreStall {
+				return n, fmt.Errorf("handover: restore %s: no message for %v, %d of %d pending read", filter, quiet.Round(time.Second), read, pending)
 			}
 			continue
 		}
@@ -275,11 +284,17 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 			}
 			return n, fmt.Errorf("handover: restore %s: %d records read: %w", filter, n, err)
 		}
+		heard = time.Now()
 		md, err := m.Metadata()
 		if err != nil {
 			return n, fmt.Errorf("handover: restore %s: %w", filter, err)
 		}
 		seq := md.Sequence.Stream
+		if seq <= last {
+			continue // read again after the ordered consumer was reset
+		}
+		last = seq
+		read++
 		if seq > upTo {
 			return n, nil
 		}
@@ -291,8 +306,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
 		n++
-		last = seq
-		if seq == upTo || md.NumPending == 0 {
+		if seq == upTo || md.NumPending == 0 || read >= pending {
 			return n, nil
 		}
 	}
