@@ -303,7 +303,12 @@ type router struct {
 func (r *router) consume(ctx context.Context, cons jetstream.Consumer, in chan<- jetstream.Msg) {
 	b := retry.NewBackoff()
 	for ctx.Err() == nil {
-		iter, err := cons.Messages(jetstream.PullMaxMessages(min(r.o.MaxAckPending, 2*r.o.BatchSize)))
+		// Each pull lasts at most ack_wait (heartbeats every half of
+		// it): a pull request a cluster loses, as one can while the
+		// consumer's node takes it over, is noticed and made again
+		// after that long, not after nats.go's default of 30s.
+		iter, err := cons.Messages(jetstream.PullMaxMessages(min(r.o.MaxAckPending, 2*r.o.BatchSize)),
+			jetstream.PullExpiry(max(r.o.AckWait, 2*time.Second)))
 		if err != nil {
 			r.log.Warn("pull subscription failed, retrying", "err", err)
 			_ = b.Wait(ctx)
