@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
@@ -141,19 +142,40 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	if err != nil {
 		return err
 	}
+	// A cluster can leave a request unanswered (a meta leader that steps
+	// down before it replies): a time-out is transient and asked again,
+	// for up to streamSetUpTimeout; a refusal is final.
+	ctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
+	defer cancel()
 	for _, w := range wanted {
 		sc := w.Config
-		_, err := js.Stream(ctx, sc.Name)
-		if err == nil {
+		var st jetstream.Stream
+		created := false
+		err := retry.Do(ctx, "streams", func() error {
+			if _, err := js.Stream(ctx, sc.Name); err == nil {
+				return nil
+			} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("look up stream %s: %w", sc.Name, err)
+			}
+			var err error
+			st, err = js.CreateStream(ctx, sc)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				return nil // another instance created it meanwhile
+			}
+			if err != nil {
+				return fmt.Errorf("create stream %s (%s.stream) on %v: %w", sc.Name, w.Field, sc.Subjects, err)
+			}
+			created = true
+			return nil
+		}, retry.Options{OnRetry: func(attempt int, err error) {
+			log.Warn("stream set-up failed, retrying", "stream", sc.Name, "attempt", attempt, "err", err)
+		}})
+		if err != nil {
+			return err
+		}
+		if !created {
 			log.Info("stream exists, left as it is", "stream", sc.Name)
 			continue
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("look up stream %s: %w", sc.Name, err)
-		}
-		st, err := js.CreateStream(ctx, sc)
-		if err != nil {
-			return fmt.Errorf("create stream %s (%s.stream) on %v: %w", sc.Name, w.Field, sc.Subjects, err)
 		}
 		// What the server applied, which can differ from what was asked
 		// (a duplicate window of 0 becomes its default).
@@ -163,6 +185,10 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	return nil
 }
+
+// streamSetUpTimeout bounds how long the stage asks again for the streams
+// it creates before it gives up starting.
+const streamSetUpTimeout = time.Minute
 
 // checkStreamsExist reports the first of the input, output and dead-letter
 // streams that does not exist, saying how to have it created. It is used
