@@ -27,10 +27,14 @@ const (
 const scaleOutAckWait = config.MinScaleOutAckWait
 
 // scaleOutDup is the output stream's duplicate window in the scale-out
-// tests: input.ack_wait plus output.restart_margin (1s), and a second more.
-// A copy that reaches the output after it is caught by the stage's state
-// or the fence, never by the stream's window.
-const scaleOutDup = scaleOutAckWait + 2*time.Second
+// tests. It covers input.ack_wait plus output.restart_margin (1s), what
+// the stage checks at start, and also a publish retried in place after it
+// timed out (nats.go's 5s request timeout and the backoff), which that
+// check does not count: a 4s window let the retry of a batch that had
+// landed, during a node restart, store its messages twice. A copy that
+// reaches the output after the window is caught by the stage's state or
+// the fence, never by the stream's window.
+const scaleOutDup = 10 * time.Second
 
 // scaleOutConfig is the configuration of instance name of a scale-out group
 // on the cluster at url: the Event-Id header is the key, so every instance
