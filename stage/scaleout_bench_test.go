@@ -4,8 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -70,8 +70,9 @@ func startInstance(b *testing.B, cfg config.Config, name string) *benchInstance 
 	cfg.State.DataDir = b.TempDir()
 	nc, _ := natstest.Connect(b, cfg.NATS.URL)
 	reg := prometheus.NewRegistry()
+	// Warnings and errors only, so that a benchmark that stalls says why.
 	st, err := stage.New(context.Background(), stage.Options{Config: cfg, Conn: nc, Registry: reg,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("instance", name)})
 	if err != nil {
 		b.Fatalf("instance %s: %v", name, err)
 	}
@@ -271,6 +272,7 @@ func BenchmarkScaleOutRestore(b *testing.B) {
 			srv := natstest.RunServer(b, "")
 			_, js := natstest.Connect(b, srv.ClientURL())
 			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+			cfg.Filter.ExpectedKeys = uint64(keysN) // sized for the keys restored, as an operator would
 			createStreams(b, js, cfg)
 			publishRecords(b, js, cfg, keysN, make([]byte, benchPayload), time.Now())
 			// One input message per partition makes each taken.
