@@ -154,6 +154,9 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 		err := retry.Do(ctx, "streams", func() error {
 			if _, err := js.Stream(ctx, sc.Name); err == nil {
 				return nil
+			} else if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+				// The server says so: asking again changes nothing.
+				return retry.MarkPermanent(fmt.Errorf("look up stream %s: %w", sc.Name, err))
 			} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return fmt.Errorf("look up stream %s: %w", sc.Name, err)
 			}
