@@ -30,8 +30,8 @@ const scaleOutAckWait = config.MinScaleOutAckWait
 // tests. It covers input.ack_wait plus output.restart_margin (1s), what
 // the stage checks at start, and also a publish retried in place after it
 // timed out (nats.go's 5s request timeout and the backoff), which that
-// check does not count: a 4s window let the retry of a batch that had
-// landed, during a node restart, store its messages twice. A copy that
+// check does not count: with a 4s window a node restart once doubled 3
+// keys, most likely the retry of a timed-out batch that had landed. A copy that
 // reaches the output after the window is caught by the stage's state or
 // the fence, never by the stream's window.
 const scaleOutDup = 10 * time.Second
