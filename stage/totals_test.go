@@ -274,7 +274,15 @@ func TestTotalsWipeAndReplay(t *testing.T) {
 
 	r := e.start()
 	hist := e.watchKV()
-	e.publishClicks(evs)
+	// In two halves, the first flushed before the second arrives, so that
+	// the watcher sees totals grow however fast the machine is.
+	e.publishClicks(evs[:len(evs)/2])
+	e.drained(60 * time.Second)
+	natstest.WaitFor(t, 10*time.Second, "the first half's totals flushed", func() bool {
+		return gauge(t, r.reg, "dedupe_totals_pending_pairs") == 0 &&
+			counter(t, r.reg, "dedupe_sink_writes_total", map[string]string{"sink": "kv", "result": "applied"}) > 0
+	})
+	e.publishClicks(evs[len(evs)/2:])
 	// Ground truth by stream time: read the stored timestamps back.
 	truth := map[string]int64{}
 	seen := map[string]bool{}
