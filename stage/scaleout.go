@@ -522,7 +522,7 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	defer restoring.Set(0)
 	s.status.setRestoring(p, 0, true)
 	defer s.status.setRestoring(p, 0, false)
-	recs := make([]state.Claim, 0, restoreChunk)
+	recs := make([]state.Restored, 0, restoreChunk)
 	total := 0
 	flush := func(upTo uint64) error {
 		if err := w.p.Restore(recs, upTo); err != nil {
@@ -536,8 +536,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 		return nil
 	}
 	_, err = handover.Restore(ctx, s.js, so.outStream, handover.PartitionFilter(so.prefix, p), from, since, f,
-		func(key []byte, firstSeen time.Time, fp uint64, seq uint64) error {
-			recs = append(recs, state.Claim{Key: key, FirstSeen: firstSeen, Fingerprint: fp})
+		func(r handover.Record, seq uint64) error {
+			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Seq: seq})
 			if len(recs) == restoreChunk {
 				return flush(seq)
 			}

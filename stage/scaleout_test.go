@@ -82,11 +82,12 @@ func (e *env) scaleOutOutput() map[string]int {
 		if strings.HasPrefix(m.Subject, e.cfg.Output.SubjectPrefix+"._fence.") {
 			continue
 		}
-		key, _, _, err := handover.DecodeHeader(m.Header)
+		r, err := handover.DecodeHeader(m.Header)
 		if err != nil {
 			e.t.Errorf("output message on %s: %v", m.Subject, err)
 			continue
 		}
+		key := r.Key
 		if !strings.HasSuffix(m.Subject, ".orders."+string(key)) {
 			e.t.Errorf("key %s on subject %s", key, m.Subject)
 		}
@@ -261,11 +262,12 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 			if strings.HasPrefix(m.Subject, e.cfg.Output.SubjectPrefix+"._fence.") {
 				continue
 			}
-			key, _, _, err := handover.DecodeHeader(m.Header)
+			r, err := handover.DecodeHeader(m.Header)
 			if err != nil {
 				t.Errorf("output message on %s: %v", m.Subject, err)
 				continue
 			}
+			key := r.Key
 			if want := handover.PartitionSubject(e.cfg.Output.SubjectPrefix, partitionOf(string(key), 4), "events.orders"); m.Subject != want {
 				t.Errorf("key %s on subject %s, want %s", key, m.Subject, want)
 			}

@@ -3,6 +3,7 @@ package state
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -38,21 +39,50 @@ func (p *Partition) Cursor() (uint64, error) {
 	return cursor, nil
 }
 
+// Restored is one record read back from the output stream (the
+// partition's changelog), for Restore.
+type Restored struct {
+	// Key is the dedupe key, 1..MaxKeySize bytes.
+	Key []byte
+	// Fingerprint is the payload fingerprint stored with the key.
+	Fingerprint uint64
+	// FirstSeen is the key's first-seen time, decided at judge time; not
+	// zero.
+	FirstSeen time.Time
+	// Total is what the record's forward added to its (group, bucket)
+	// total; empty when it added to none. It is checked as a Claim's.
+	Total Contribution
+	// Seq is the record's output stream sequence. Within one Restore call
+	// the records come in stream order; 0 means unknown.
+	Seq uint64
+}
+
 // Restore puts records read back from the output stream (the partition's
-// changelog) into the partition, adds their keys to the filter, and stores
-// cursor (when not 0) with the last of them, as ClaimWithCursor does. Each
-// rec gives Key, Fingerprint and FirstSeen, which must not be zero; Total
-// must be empty (ErrBadRestore otherwise).
+// changelog) into the partition, adds their keys to the filter and their
+// contributions to the totals, and stores cursor (when not 0) with the
+// last of them, as ClaimWithCursor does.
 //
-// Restore is idempotent and order-free: a record already outside the
-// window at the clock's now is skipped; a key the partition (or an
-// earlier rec) already holds with the same or a later FirstSeen keeps that
-// record; otherwise the record is written, with the Badger TTL a Claim
-// gives. Keys the filter proves new skip the Badger read. The writes are
-// split into as few transactions as Badger takes, like Claim's; when one
-// fails, the ones before it stay, and restoring the same records again
-// completes the partition.
-func (p *Partition) Restore(recs []Claim, cursor uint64) error {
+// A record whose key the partition (or an earlier record of the call)
+// already holds with the same or a later FirstSeen keeps that record and
+// adds nothing: its forward is already counted. A record inside the
+// window at the clock's now is otherwise written, with the Badger TTL a
+// Claim gives, and its Total added in the same transaction, so restoring
+// the same records again changes nothing. A record outside the window is
+// not stored, but its Total is added while its bucket's total is kept
+// (bucket end + W + Options.TotalsKeep is ahead), unless the partition
+// still holds its key with that FirstSeen (Badger keeps a record a little
+// past the window): a bucket is open for W after its end, longer than the
+// keys counted in it are inside the window. Such a contribution commits
+// with its record's Seq as the cursor, so that a Restore that fails part
+// way and is started again from the stored cursor + 1 never adds it
+// twice.
+//
+// Keys the filter proves new skip the Badger read. The writes are split
+// into as few transactions as Badger takes, like Claim's; when one fails,
+// the ones before it stay, and restoring again from the stored cursor + 1
+// (or the same records again, when none had a Seq) completes the
+// partition.
+func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 	for i, r := range recs {
 		if err := checkKey(r.Key); err != nil {
 			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
@@ -60,8 +90,8 @@ func (p *Partition) Restore(recs []Claim, cursor uint64) error {
 		if r.FirstSeen.IsZero() {
 			return p.wrap(fmt.Errorf("restore %d (key %q): %w: no FirstSeen", i, r.Key, ErrBadRestore))
 		}
-		if r.Total.Group != "" {
-			return p.wrap(fmt.Errorf("restore %d (key %q): %w: it carries a total", i, r.Key, ErrBadRestore))
+		if err := checkContribution(r.Total, p.totalsBucket); err != nil {
+			return p.wrap(fmt.Errorf("restore %d (key %q): %w: %w", i, r.Key, ErrBadRestore, err))
 		}
 	}
 	p.mu.Lock()
@@ -78,10 +108,17 @@ func (p *Partition) Restore(recs []Claim, cursor uint64) error {
 	rtxn := p.db.NewTransaction(false)
 	defer rtxn.Discard()
 	for i, r := range recs {
+		rec := Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}
 		if !p.win.Inside(r.FirstSeen, now) {
+			cw, err := p.restoreExpired(rtxn, b, r, rec, now)
+			if err != nil {
+				return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+			}
+			if cw != nil {
+				b.claimed = append(b.claimed, *cw)
+			}
 			continue
 		}
-		rec := Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}
 		k := string(r.Key)
 		if have, ok := b.inBatch[k]; ok {
 			if !have.FirstSeen.Before(rec.FirstSeen) {
@@ -104,9 +141,19 @@ func (p *Partition) Restore(recs []Claim, cursor uint64) error {
 			firstSeen: rec.FirstSeen,
 			writes:    []write{{key: recordKey(r.Key), value: encodeRecord(rec), ttl: p.ttl}},
 		}
+		if r.Total.Group != "" {
+			_, w, err := p.addTotal(rtxn, b, r.Total, now)
+			if err != nil {
+				return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+			}
+			cw.writes = append(cw.writes, w)
+			cw.total = string(w.key)
+		}
 		if j, ok := at[k]; ok {
-			b.claimed[j] = cw // a later record of a key this call writes
-			continue
+			// A later record of a key this call writes: it replaces the
+			// earlier one's record, in stream order (its total write, if
+			// any, holds both contributions).
+			b.claimed[j].key, b.claimed[j].writes = nil, b.claimed[j].writes[1:]
 		}
 		at[k] = len(b.claimed)
 		b.claimed = append(b.claimed, cw)
@@ -118,4 +165,33 @@ func (p *Partition) Restore(recs []Claim, cursor uint64) error {
 		return p.wrap(fmt.Errorf("restore: %w", err))
 	}
 	return nil
+}
+
+// restoreExpired decides a restored record r that is outside the window
+// at now: nil when it adds nothing (no total, its bucket's total no longer
+// kept, or its key still held with this FirstSeen), else the writes of its
+// contribution and, when r has a Seq, of the cursor at r.Seq.
+func (p *Partition) restoreExpired(rtxn *badger.Txn, b *batch, r Restored, rec Record, now time.Time) (*claimWrites, error) {
+	if r.Total.Group == "" || !r.Total.Bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep).After(now) {
+		return nil, nil
+	}
+	if have, ok := b.inBatch[string(r.Key)]; ok && have.FirstSeen.Equal(rec.FirstSeen) {
+		return nil, nil
+	}
+	have, ok, err := readRecord(rtxn, r.Key)
+	if err != nil && !errors.Is(err, ErrCorruptRecord) {
+		return nil, err
+	}
+	if err == nil && ok && have.FirstSeen.Equal(rec.FirstSeen) {
+		return nil, nil // counted when the key was claimed or restored
+	}
+	_, w, err := p.addTotal(rtxn, b, r.Total, now)
+	if err != nil {
+		return nil, err
+	}
+	cw := &claimWrites{writes: []write{w}, total: string(w.key)}
+	if r.Seq > 0 {
+		cw.writes = append(cw.writes, write{key: cursorKey, value: encodeCursor(r.Seq)})
+	}
+	return cw, nil
 }

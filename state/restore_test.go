@@ -192,18 +192,18 @@ func TestRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 		keys := testKeys("restored", 1000)
-		recs := make([]Claim, 0, len(keys)+4)
+		recs := make([]Restored, 0, len(keys)+4)
 		want := map[string]Record{}
 		for i, k := range keys {
-			r := Claim{Key: k, Fingerprint: uint64(i), FirstSeen: now.Add(-time.Duration(i) * w / 2000)}
+			r := Restored{Key: k, Fingerprint: uint64(i), FirstSeen: now.Add(-time.Duration(i) * w / 2000)}
 			recs = append(recs, r)
 			want[string(k)] = Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}
 		}
 		recs = append(recs,
-			Claim{Key: []byte("expired"), Fingerprint: 1, FirstSeen: now.Add(-w)},
-			Claim{Key: []byte("older"), Fingerprint: 101, FirstSeen: now.Add(-w / 4)},
-			Claim{Key: []byte("newer"), Fingerprint: 201, FirstSeen: now.Add(-time.Minute)},
-			Claim{Key: keys[0], Fingerprint: 999, FirstSeen: now.Add(-time.Hour / 2)}, // an earlier copy of a key in this call
+			Restored{Key: []byte("expired"), Fingerprint: 1, FirstSeen: now.Add(-w)},
+			Restored{Key: []byte("older"), Fingerprint: 101, FirstSeen: now.Add(-w / 4)},
+			Restored{Key: []byte("newer"), Fingerprint: 201, FirstSeen: now.Add(-time.Minute)},
+			Restored{Key: keys[0], Fingerprint: 999, FirstSeen: now.Add(-time.Hour / 2)}, // an earlier copy of a key in this call
 		)
 		want["older"] = Record{FirstSeen: now.Add(-w / 4), Fingerprint: 101}
 		want["newer"] = Record{FirstSeen: now.Add(-time.Second), Fingerprint: 200}
@@ -254,12 +254,12 @@ func TestRestore(t *testing.T) {
 
 func TestRestoreRefusesBadRecords(t *testing.T) {
 	p := openStore(t, testOptions(t, t.TempDir(), 1)).Partition(0)
-	for name, rec := range map[string]Claim{
-		"no first seen": {Key: []byte("k")},
-		"a total":       {Key: []byte("k"), FirstSeen: time.Now(), Total: Contribution{Group: "g", Value: 1}},
-		"empty key":     {FirstSeen: time.Now()},
+	for name, rec := range map[string]Restored{
+		"no first seen":       {Key: []byte("k")},
+		"a total, totals off": {Key: []byte("k"), FirstSeen: time.Now(), Total: Contribution{Group: "g", Value: 1}},
+		"empty key":           {FirstSeen: time.Now()},
 	} {
-		err := p.Restore([]Claim{rec}, 1)
+		err := p.Restore([]Restored{rec}, 1)
 		if err == nil || !(errors.Is(err, ErrBadRestore) || errors.Is(err, ErrBadKey)) {
 			t.Errorf("%s: Restore = %v, want ErrBadRestore or ErrBadKey", name, err)
 		}
@@ -267,4 +267,97 @@ func TestRestoreRefusesBadRecords(t *testing.T) {
 	if c, err := p.Cursor(); err != nil || c != 0 {
 		t.Errorf("Cursor() after refused restores = %d, %v; want 0", c, err)
 	}
+}
+
+// TestRestoreTotals restores records that carry contributions, as a new
+// owner of a partition does with totals on: a record inside the window
+// adds its contribution once, however often it is restored; one outside
+// the window still adds it while its bucket's total is kept (and stores
+// the cursor at its sequence), but not when the partition still holds its
+// key with that first-seen time, nor when its bucket's total is past
+// TotalsKeep. A regain from the cursor adds what other owners counted to
+// what the partition counted itself.
+func TestRestoreTotals(t *testing.T) {
+	filterOnAndOff(t, func(t *testing.T, opts Options, clock *window.ManualClock) {
+		opts.TotalsBucket = time.Minute
+		p := openStore(t, opts).Partition(0)
+		now := clock.Now()
+		w := opts.Window.W
+		bNow := BucketOf(now, time.Minute)
+		old := now.Add(-w - 90*time.Second) // outside the window, its bucket still open
+		bOld := BucketOf(old, time.Minute)
+		gone := now.Add(-w - opts.TotalsKeep - 3*time.Minute) // its bucket's total no longer kept
+		bGone := BucketOf(gone, time.Minute)
+		at := func(c Contribution, b time.Time) Contribution { c.Bucket = b; return c }
+
+		recs := []Restored{
+			{Key: []byte("in-1"), FirstSeen: now.Add(-time.Minute), Total: at(contrib("g", 2), bNow), Seq: 11},
+			{Key: []byte("in-2"), FirstSeen: now.Add(-time.Second), Total: at(contrib("g", 3), bNow), Seq: 12},
+			{Key: []byte("in-plain"), FirstSeen: now.Add(-time.Second), Seq: 13},
+			{Key: []byte("old-1"), FirstSeen: old, Total: at(contrib("g", 5), bOld), Seq: 14},
+			{Key: []byte("old-2"), FirstSeen: old, Total: at(contrib("h", 7), bOld), Seq: 15},
+			{Key: []byte("gone"), FirstSeen: gone, Total: at(contrib("g", 100), bGone), Seq: 16},
+		}
+		if err := p.Restore(recs[:5], 0); err != nil {
+			t.Fatal(err)
+		}
+		// The outside-window contributions stored the cursor with them.
+		if c, err := p.Cursor(); err != nil || c != 15 {
+			t.Errorf("Cursor() after a restore without one = %d, %v; want 15, the last outside-window record's", c, err)
+		}
+		if err := p.Restore(recs[5:], 16); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int64{"g@now": 5, "g@old": 5, "h@old": 7}
+		checkTotals := func(when string) {
+			t.Helper()
+			for pair, v := range want {
+				g, b := pair[:1], bNow
+				if pair[2:] == "old" {
+					b = bOld
+				}
+				if got, ok := mustTotal(t, p, g, b); !ok || got != v {
+					t.Errorf("%s: total %s = %d, %v; want %d", when, pair, got, ok, v)
+				}
+			}
+			if got, ok := mustTotal(t, p, "g", bGone); ok {
+				t.Errorf("%s: a bucket past TotalsKeep got a total %d", when, got)
+			}
+		}
+		checkTotals("restored")
+		dirty, err := p.TakeDirtyTotals()
+		if err != nil || len(dirty) != 3 {
+			t.Errorf("TakeDirtyTotals after the restore = %v, %v; want the 3 restored pairs, to be flushed", dirty, err)
+		}
+		lookupRecord(t, p, []byte("in-2"), Record{FirstSeen: now.Add(-time.Second)})
+		if _, found, _ := p.find([]byte("old-1")); found {
+			t.Error("a record outside the window was stored")
+		}
+
+		// The inside-window records again: their keys are held, so their
+		// contributions are counted already.
+		if err := p.Restore(recs[:3], 16); err != nil {
+			t.Fatal(err)
+		}
+		checkTotals("restored again")
+
+		// The partition's own forwards, then a regain from its cursor: a
+		// record of a key it claimed (a batch it claimed but whose cursor
+		// did not commit) adds nothing, other owners' records add theirs.
+		ownSeen := now
+		res, err := p.ClaimWithCursor([]Claim{{Key: []byte("own"), FirstSeen: ownSeen, Total: at(contrib("g", 10), bNow)}}, 20)
+		if err != nil || !res[0].New {
+			t.Fatalf("claim: %+v, %v", res, err)
+		}
+		clock.Advance(w + time.Second) // own is outside the window, still in Badger
+		now = clock.Now()
+		if err := p.Restore([]Restored{
+			{Key: []byte("own"), FirstSeen: ownSeen, Total: at(contrib("g", 10), bNow), Seq: 20},
+			{Key: []byte("other"), FirstSeen: now.Add(-time.Second), Total: at(contrib("g", 4), bNow), Seq: 21},
+		}, 22); err != nil {
+			t.Fatal(err)
+		}
+		want["g@now"] = 5 + 10 + 4
+		checkTotals("regained")
+	})
 }

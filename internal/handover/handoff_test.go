@@ -68,10 +68,10 @@ func (o *owner) take(t *testing.T, js jetstream.JetStream) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var recs []state.Claim
+	var recs []state.Restored
 	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, part), cursor+1, time.Time{}, f,
-		func(key []byte, firstSeen time.Time, fp, _ uint64) error {
-			recs = append(recs, state.Claim{Key: key, FirstSeen: firstSeen, Fingerprint: fp})
+		func(r handover.Record, _ uint64) error {
+			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint})
 			return nil
 		})
 	if err != nil {

@@ -5,8 +5,9 @@
 //
 // Every forwarded message is a record of the partition's state: its
 // Nats-Msg-Id is the key, Annotate adds the first-seen time and the payload
-// fingerprint decided at judge time, and its subject (PartitionSubject)
-// carries the partition. A new owner takes the partition's fence (Take),
+// fingerprint decided at judge time (and AnnotateTotal, with totals, what
+// the forward added to its group's total), and its subject
+// (PartitionSubject) carries the partition. A new owner takes the partition's fence (Take),
 // which refuses every later publish of the old owner that expects the old
 // fence, and then reads the partition's records back up to its own fence
 // message (Restore, Decode): the fence's sequence is a cut in the stream's
@@ -25,7 +26,7 @@
 //
 //	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject("out", p), instance)
 //	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), cursor+1, time.Time{}, f,
-//		func(key []byte, firstSeen time.Time, fp uint64, seq uint64) error { ... })
+//		func(r handover.Record, seq uint64) error { ... })
 //	// then publish with forward.Options{Fence: &forward.Fence{Subject: handover.FenceSubject("out", p), Seq: f}}
 package handover
 
@@ -52,13 +53,40 @@ const (
 	// HeaderFingerprint is the payload fingerprint stored with the key: 16
 	// lowercase hexadecimal digits of the uint64.
 	HeaderFingerprint = "Dedupe-Fingerprint"
+	// HeaderGroup is the group of the total the forward added to, when
+	// totals are on (AnnotateTotal).
+	HeaderGroup = "Dedupe-Group"
+	// HeaderBucket is the start of that total's time bucket: Unix seconds,
+	// in decimal.
+	HeaderBucket = "Dedupe-Bucket"
+	// HeaderValue is what the forward added to that total: a decimal
+	// integer >= 0.
+	HeaderValue = "Dedupe-Value"
 )
+
+// Record is one partition record read back from the changelog: a key, as
+// the partition stores it, and what its forward added to a total.
+type Record struct {
+	// Key is the dedupe key (the message's Nats-Msg-Id).
+	Key []byte
+	// FirstSeen is the key's first-seen time, decided at judge time.
+	FirstSeen time.Time
+	// Fingerprint is the payload fingerprint stored with the key.
+	Fingerprint uint64
+	// Group is the group of the total the forward added Value to, in the
+	// bucket starting at Bucket; "" when the forward added to no total.
+	Group string
+	// Bucket is the start of the total's time bucket, in UTC.
+	Bucket time.Time
+	// Value is what the forward added to the total.
+	Value int64
+}
 
 // ErrNotARecord means a message read from a partition's subjects does not
 // carry a record: no Nats-Msg-Id, or a missing or malformed
-// HeaderFirstSeen or HeaderFingerprint. Decode's errors wrap it and are
-// permanent (retry.IsPermanent): reading the message again gives the same
-// answer.
+// HeaderFirstSeen or HeaderFingerprint, or a malformed contribution to a
+// total. Decode's errors wrap it and are permanent (retry.IsPermanent):
+// reading the message again gives the same answer.
 var ErrNotARecord = errors.New("handover: message is not a partition record")
 
 // Annotate sets the record headers on h (a forward's headers): firstSeen
@@ -69,34 +97,62 @@ func Annotate(h nats.Header, firstSeen time.Time, fingerprint uint64) {
 	h.Set(HeaderFingerprint, fmt.Sprintf("%016x", fingerprint))
 }
 
+// AnnotateTotal sets the headers of what a forward added to a total on h:
+// value to the total of group in the bucket starting at bucket (a whole
+// number of seconds). group must be a valid header value (no control
+// characters), as a total's group is (sink.CheckGroup).
+func AnnotateTotal(h nats.Header, group string, bucket time.Time, value int64) {
+	h.Set(HeaderGroup, group)
+	h.Set(HeaderBucket, strconv.FormatInt(bucket.Unix(), 10))
+	h.Set(HeaderValue, strconv.FormatInt(value, 10))
+}
+
 // Decode reads the record m carries (see DecodeHeader).
-func Decode(m jetstream.Msg) (key []byte, firstSeen time.Time, fingerprint uint64, err error) {
+func Decode(m jetstream.Msg) (Record, error) {
 	return DecodeHeader(m.Headers())
 }
 
 // DecodeHeader reads a record from a message's headers: the key from
 // Nats-Msg-Id, the first-seen time and the fingerprint from the headers
-// Annotate sets. It returns an error wrapping ErrNotARecord, permanent,
-// when one of them is missing or malformed.
-func DecodeHeader(h nats.Header) (key []byte, firstSeen time.Time, fingerprint uint64, err error) {
-	fail := func(format string, args ...any) error {
-		return retry.MarkPermanent(fmt.Errorf("%w: "+format, append([]any{ErrNotARecord}, args...)...))
+// Annotate sets, and the contribution from those AnnotateTotal sets when
+// HeaderGroup is present. It returns an error wrapping ErrNotARecord,
+// permanent, when one of them is missing or malformed.
+func DecodeHeader(h nats.Header) (Record, error) {
+	fail := func(format string, args ...any) (Record, error) {
+		return Record{}, retry.MarkPermanent(fmt.Errorf("%w: "+format, append([]any{ErrNotARecord}, args...)...))
 	}
 	id := h.Get(jetstream.MsgIDHeader)
 	if id == "" {
-		return nil, time.Time{}, 0, fail("no %s", jetstream.MsgIDHeader)
+		return fail("no %s", jetstream.MsgIDHeader)
 	}
 	fs := h.Get(HeaderFirstSeen)
 	ns, perr := strconv.ParseInt(fs, 10, 64)
 	if perr != nil || ns <= 0 {
-		return nil, time.Time{}, 0, fail("%s %q is not positive Unix nanoseconds", HeaderFirstSeen, fs)
+		return fail("%s %q is not positive Unix nanoseconds", HeaderFirstSeen, fs)
 	}
 	fp := h.Get(HeaderFingerprint)
 	v, perr := strconv.ParseUint(fp, 16, 64)
 	if perr != nil || len(fp) != 16 {
-		return nil, time.Time{}, 0, fail("%s %q is not 16 hexadecimal digits", HeaderFingerprint, fp)
+		return fail("%s %q is not 16 hexadecimal digits", HeaderFingerprint, fp)
 	}
-	return []byte(id), time.Unix(0, ns), v, nil
+	r := Record{Key: []byte(id), FirstSeen: time.Unix(0, ns), Fingerprint: v}
+	if vals := h.Values(HeaderGroup); len(vals) > 0 {
+		if vals[0] == "" {
+			return fail("empty %s", HeaderGroup)
+		}
+		b := h.Get(HeaderBucket)
+		secs, err := strconv.ParseInt(b, 10, 64)
+		if err != nil {
+			return fail("%s %q is not Unix seconds", HeaderBucket, b)
+		}
+		val := h.Get(HeaderValue)
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil || n < 0 {
+			return fail("%s %q is not an integer >= 0", HeaderValue, val)
+		}
+		r.Group, r.Bucket, r.Value = vals[0], time.Unix(secs, 0).UTC(), n
+	}
+	return r, nil
 }
 
 // FenceSubject returns partition p's fence subject in an output stream
@@ -221,7 +277,7 @@ const restoreStall = 30 * time.Second
 // permanent error; so does an error from fn, wrapped. Restore uses an
 // ordered consumer, so it needs no consumer of its own in the stream.
 func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string, from uint64, since time.Time, upTo uint64,
-	fn func(key []byte, firstSeen time.Time, fingerprint uint64, seq uint64) error) (int, error) {
+	fn func(r Record, seq uint64) error) (int, error) {
 	if upTo == 0 || from > upTo {
 		return 0, nil
 	}
@@ -298,11 +354,11 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 		if seq > upTo {
 			return n, nil
 		}
-		key, firstSeen, fp, err := Decode(m)
+		r, err := Decode(m)
 		if err != nil {
 			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
-		if err := fn(key, firstSeen, fp, seq); err != nil {
+		if err := fn(r, seq); err != nil {
 			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
 		n++

@@ -38,11 +38,15 @@ type record struct {
 	key       string
 	firstSeen time.Time
 	fp        uint64
+	group     string // "" when the record adds to no total
+	bucket    time.Time
+	value     int64
 	seq       uint64
 }
 
 // publishRecords publishes n annotated records of partition p, keys
-// <p>-<from>.., and returns them with their sequences.
+// <p>-<from>.., every third one with a contribution to a total, and
+// returns them with their sequences.
 func publishRecords(t *testing.T, js jetstream.JetStream, p, from, n int) []record {
 	t.Helper()
 	var out []record
@@ -51,6 +55,10 @@ func publishRecords(t *testing.T, js jetstream.JetStream, p, from, n int) []reco
 		r := record{key: fmt.Sprintf("%d-%d", p, i), firstSeen: base.Add(time.Duration(i)*time.Second + time.Duration(p)), fp: uint64(i)<<32 | uint64(p)}
 		h := nats.Header{jetstream.MsgIDHeader: {r.key}}
 		handover.Annotate(h, r.firstSeen, r.fp)
+		if i%3 == 0 {
+			r.group, r.bucket, r.value = fmt.Sprintf("g%d", i%2), base.Truncate(time.Hour).Add(time.Duration(i%4)*time.Minute), int64(i)
+			handover.AnnotateTotal(h, r.group, r.bucket, r.value)
+		}
 		ack, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: handover.PartitionSubject(prefix, p, "events.x"), Header: h, Data: []byte("payload")})
 		if err != nil {
 			t.Fatal(err)
@@ -68,8 +76,8 @@ func restore(t *testing.T, js jetstream.JetStream, p int, from uint64, since tim
 	defer cancel()
 	var got []record
 	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), from, since, upTo,
-		func(key []byte, firstSeen time.Time, fp, seq uint64) error {
-			got = append(got, record{key: string(key), firstSeen: firstSeen, fp: fp, seq: seq})
+		func(r handover.Record, seq uint64) error {
+			got = append(got, record{key: string(r.Key), firstSeen: r.FirstSeen, fp: r.Fingerprint, group: r.Group, bucket: r.Bucket, value: r.Value, seq: seq})
 			return nil
 		})
 	if err != nil {
@@ -89,7 +97,8 @@ func sameRecords(t *testing.T, what string, got, want []record) {
 	}
 	for i := range want {
 		g, w := got[i], want[i]
-		if g.key != w.key || !g.firstSeen.Equal(w.firstSeen) || g.fp != w.fp || g.seq != w.seq {
+		if g.key != w.key || !g.firstSeen.Equal(w.firstSeen) || g.fp != w.fp || g.seq != w.seq ||
+			g.group != w.group || !g.bucket.Equal(w.bucket) || g.value != w.value {
 			t.Errorf("%s: record %d = %+v, want %+v", what, i, g, w)
 		}
 	}
@@ -117,11 +126,26 @@ func TestDecode(t *testing.T) {
 	if got := h.Get(handover.HeaderFirstSeen); got != "1767000000123456789" {
 		t.Errorf("first-seen header %q, want Unix nanoseconds", got)
 	}
-	key, fs, fp, err := handover.DecodeHeader(h)
-	if err != nil || string(key) != "k1" || !fs.Equal(first) || fp != 0xab {
-		t.Errorf("DecodeHeader = %q %v %x %v", key, fs, fp, err)
+	r, err := handover.DecodeHeader(h)
+	if err != nil || string(r.Key) != "k1" || !r.FirstSeen.Equal(first) || r.Fingerprint != 0xab || r.Group != "" {
+		t.Errorf("DecodeHeader = %+v %v", r, err)
+	}
+	bucket := time.Unix(1_767_000_000, 0).UTC()
+	handover.AnnotateTotal(h, "campaign 7", bucket, 42)
+	if got := h.Get(handover.HeaderBucket); got != "1767000000" {
+		t.Errorf("bucket header %q, want Unix seconds", got)
+	}
+	r, err = handover.DecodeHeader(h)
+	if err != nil || r.Group != "campaign 7" || !r.Bucket.Equal(bucket) || r.Value != 42 || string(r.Key) != "k1" {
+		t.Errorf("DecodeHeader with a total = %+v %v", r, err)
 	}
 	for name, edit := range map[string]func(nats.Header){
+		"empty group":           func(h nats.Header) { h.Set(handover.HeaderGroup, "") },
+		"no bucket":             func(h nats.Header) { h.Del(handover.HeaderBucket) },
+		"bucket not a num":      func(h nats.Header) { h.Set(handover.HeaderBucket, "2026-01-01T00:00:00Z") },
+		"no value":              func(h nats.Header) { h.Del(handover.HeaderValue) },
+		"value negative":        func(h nats.Header) { h.Set(handover.HeaderValue, "-1") },
+		"value not a num":       func(h nats.Header) { h.Set(handover.HeaderValue, "1e3") },
 		"no id":                 func(h nats.Header) { h.Del(jetstream.MsgIDHeader) },
 		"no first-seen":         func(h nats.Header) { h.Del(handover.HeaderFirstSeen) },
 		"no fingerprint":        func(h nats.Header) { h.Del(handover.HeaderFingerprint) },
@@ -137,7 +161,7 @@ func TestDecode(t *testing.T) {
 				bad[k] = append([]string(nil), v...)
 			}
 			edit(bad)
-			_, _, _, err := handover.DecodeHeader(bad)
+			_, err := handover.DecodeHeader(bad)
 			if !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
 				t.Errorf("DecodeHeader: %v, want a permanent ErrNotARecord", err)
 			}
@@ -155,15 +179,15 @@ func FuzzDecodeHeader(f *testing.F) {
 		h := nats.Header{}
 		h.Set(jetstream.MsgIDHeader, key)
 		handover.Annotate(h, time.Unix(0, ns), fp)
-		k, fs, gotFP, err := handover.DecodeHeader(h)
+		r, err := handover.DecodeHeader(h)
 		if key == "" {
 			if err == nil {
 				t.Fatal("decoded a record without a key")
 			}
 			return
 		}
-		if err != nil || string(k) != key || fs.UnixNano() != ns || gotFP != fp {
-			t.Fatalf("round trip of %q %d %x: %q %d %x %v", key, ns, fp, k, fs.UnixNano(), gotFP, err)
+		if err != nil || string(r.Key) != key || r.FirstSeen.UnixNano() != ns || r.Fingerprint != fp {
+			t.Fatalf("round trip of %q %d %x: %+v %v", key, ns, fp, r, err)
 		}
 	})
 }
@@ -315,13 +339,13 @@ func TestRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 5), 0, time.Time{}, 1<<40,
-		func([]byte, time.Time, uint64, uint64) error { return nil })
+		func(handover.Record, uint64) error { return nil })
 	if !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
 		t.Errorf("restore of a message without a record: %v, want a permanent ErrNotARecord", err)
 	}
 	stop := errors.New("stop")
 	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), 0, time.Time{}, f1b,
-		func([]byte, time.Time, uint64, uint64) error { return stop })
+		func(handover.Record, uint64) error { return stop })
 	if !errors.Is(err, stop) || n != 0 {
 		t.Errorf("restore whose fn fails: %d, %v; want 0 and fn's error", n, err)
 	}
