@@ -48,7 +48,18 @@ type ScaleOut struct {
 	// RoutedSubject is the middle of the routed subjects,
 	// <p>.<routed_subject>.<input subject>. Default "dedupe.routed".
 	RoutedSubject string `yaml:"routed_subject"`
+	// MaxEventTimeAhead bounds how far an event's time (totals.time) may
+	// be ahead of the clock when it is judged; an event further ahead is
+	// dead-lettered (future_time). A new owner restores a partition's
+	// open totals from the output stream back to now - (W + totals.bucket
+	// + this + the redelivery margin), which holds every event counted in
+	// an open bucket only if none ran further ahead. Used with totals and
+	// totals.time only. Default 1h; 0 to 366d.
+	MaxEventTimeAhead Duration `yaml:"max_event_time_ahead"`
 }
+
+// MaxEventTimeAheadLimit is the longest scale_out.max_event_time_ahead.
+const MaxEventTimeAheadLimit = Duration(366 * 24 * time.Hour)
 
 // Values of scale_out.route.
 const (
@@ -59,7 +70,8 @@ const (
 
 // DefaultScaleOut returns the scale_out section's defaults (off).
 func DefaultScaleOut() ScaleOut {
-	return ScaleOut{Group: "dedupe", Replicas: 3, Route: RouteAuto, RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed"}
+	return ScaleOut{Group: "dedupe", Replicas: 3, Route: RouteAuto, RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed",
+		MaxEventTimeAhead: Duration(time.Hour)}
 }
 
 // InstanceName returns Instance, or the host name when Instance is empty
@@ -89,27 +101,38 @@ const MinScaleOutAckWait = 2 * time.Second
 // partition p: "p<p>".
 func ScaleOutMember(p int) string { return fmt.Sprintf("p%d", p) }
 
+// PartitionField returns where the partition key is read from, and the
+// name of its setting: the key (key), or with totals on the group
+// (totals.group), so that every event of a group meets in one partition.
+func (c Config) PartitionField() (field keys.FieldSpec, name string) {
+	if c.Totals.Enabled {
+		return c.Totals.Group, "totals.group"
+	}
+	return c.Key.Field, "key"
+}
+
 // ScaleOutTransform returns the input stream's subject transform with
 // scale-out on: the source is input.subjects[0] and the destination puts
 // {{partition(N,w)}} first, where N is state.partitions and w is the
-// wildcard that holds the key's subject token, then the subject itself
-// (each '*' as its {{wildcard(i)}}, a '>' kept). An error says why the
-// configuration cannot be partitioned by the server.
+// wildcard that holds the partition key's subject token (PartitionField),
+// then the subject itself (each '*' as its {{wildcard(i)}}, a '>' kept).
+// An error says why the configuration cannot be partitioned by the
+// server.
 func (c Config) ScaleOutTransform() (src, dest string, err error) {
 	in := c.Input
 	if len(in.Subjects) != 1 {
 		return "", "", fmt.Errorf("input.subjects has %d subjects, scale-out needs exactly one (the stream's subject transform has one source)", len(in.Subjects))
 	}
 	src = in.Subjects[0]
-	k := c.Key.Field
+	k, name := c.PartitionField()
 	if k.Source != keys.SourceSubject || k.SubjectToken < 1 {
-		return "", "", fmt.Errorf("key is %v; scale-out needs the key to be a subject token counted from the start (key.source: subject, key.subject_token >= 1), "+
-			"which the server hashes into the partition; keys from headers or JSON need the route step (scale_out.route auto or always)", k)
+		return "", "", fmt.Errorf("%s is %v; scale-out needs the partition key to be a subject token counted from the start (%s.source: subject, %s.subject_token >= 1), "+
+			"which the server hashes into the partition; partition keys from headers or JSON need the route step (scale_out.route auto or always)", name, k, name, name)
 	}
 	toks := strings.Split(src, ".")
 	if k.SubjectToken > len(toks) || toks[k.SubjectToken-1] != "*" {
-		return "", "", fmt.Errorf("key.subject_token %d is not a '*' token of input.subjects[0] %q; scale-out needs the key's token to be a single-token wildcard of the input subject, so that the server can hash it into the partition",
-			k.SubjectToken, src)
+		return "", "", fmt.Errorf("%s.subject_token %d is not a '*' token of input.subjects[0] %q; scale-out needs the partition key's token to be a single-token wildcard of the input subject, so that the server can hash it into the partition",
+			name, k.SubjectToken, src)
 	}
 	wild, keyWild := 0, 0
 	out := make([]string, len(toks))
@@ -142,12 +165,13 @@ func (c Config) ScaleOutRouted() (routed bool, why string) {
 	case RouteAlways:
 		return true, "scale_out.route is always"
 	case RouteNever:
-		return false, "scale_out.route is never: the input stream's transform partitions by the key token"
+		return false, "scale_out.route is never: the input stream's transform partitions by the partition key's token"
 	}
+	_, name := c.PartitionField()
 	if _, _, err := c.ScaleOutTransform(); err != nil {
-		return true, "scale_out.route is auto and the server cannot partition the input by the key itself: " + err.Error()
+		return true, "scale_out.route is auto and the server cannot partition the input by the " + name + " itself: " + err.Error()
 	}
-	return false, "scale_out.route is auto and the key is a subject token: the input stream's transform partitions by it"
+	return false, "scale_out.route is auto and the " + name + " is a subject token: the input stream's transform partitions by it"
 }
 
 // ScaleOutPresence returns how instances see each other, for balance
@@ -174,9 +198,32 @@ func (c Config) ScaleOutReleaseCooldown() time.Duration {
 // restores a partition from, reading back w (every key still inside the
 // window) plus the longest redelivery after a crash (MinDuplicateWindow:
 // input.ack_wait + output.restart_margin), the margin for a restore that
-// starts late.
+// starts late. With totals it also reads back totals.bucket (a bucket is
+// open until its end + W, so it holds events first seen up to a bucket
+// before W), and with totals.time scale_out.max_event_time_ahead (an
+// event counted in a bucket may have been first seen that long before
+// the bucket starts).
 func (c Config) OutputRetention(w time.Duration) time.Duration {
-	return w + c.MinDuplicateWindow()
+	r := w + c.MinDuplicateWindow()
+	if c.Totals.Enabled {
+		r += c.Totals.Bucket.D()
+		if c.Totals.Time.Enabled() {
+			r += c.ScaleOut.MaxEventTimeAhead.D()
+		}
+	}
+	return r
+}
+
+// outputRetentionTerms names the terms of OutputRetention, for messages.
+func (c Config) outputRetentionTerms() string {
+	terms := "W + input.ack_wait + output.restart_margin"
+	if c.Totals.Enabled {
+		terms += " + totals.bucket"
+		if c.Totals.Time.Enabled() {
+			terms += " + scale_out.max_event_time_ahead"
+		}
+	}
+	return terms
 }
 
 // validateScaleOut checks the scale_out section and what scale-out needs
@@ -210,15 +257,15 @@ func (c Config) validateScaleOut(v *validator) {
 	if c.Output.BatchMax < c.Pipeline.BatchSize {
 		v.add("output.batch_max", "%d, below pipeline.batch_size %d; with scale_out.enabled a partition's output batch is one atomic batch, so it must fit", c.Output.BatchMax, c.Pipeline.BatchSize)
 	}
-	if c.Totals.Enabled {
-		v.add("totals.enabled", "true with scale_out.enabled: totals are not supported with scale-out yet (a new owner would have to restore the open totals); turn one of them off")
+	if s.MaxEventTimeAhead < 0 || s.MaxEventTimeAhead > MaxEventTimeAheadLimit {
+		v.add("scale_out.max_event_time_ahead", "%v, want 0 to %v", s.MaxEventTimeAhead, MaxEventTimeAheadLimit)
 	}
 	if c.Input.FilterSubject != "" {
 		v.add("input.filter_subject", "%q with scale_out.enabled; each partition's consumer filters on its partition token, so the input cannot be filtered too", c.Input.FilterSubject)
 	}
 	if w, err := c.Window.Derive(); err == nil && c.Output.Limits.MaxAge > 0 && c.Output.Limits.MaxAge.D() < c.OutputRetention(w.W) {
-		v.add("output.max_age", "%v with scale_out.enabled, want 0 (computed) or at least W + input.ack_wait + output.restart_margin = %v: the output stream is the changelog a new owner restores from",
-			c.Output.Limits.MaxAge, Duration(c.OutputRetention(w.W)))
+		v.add("output.max_age", "%v with scale_out.enabled, want 0 (computed) or at least %s = %v: the output stream is the changelog a new owner restores from",
+			c.Output.Limits.MaxAge, c.outputRetentionTerms(), Duration(c.OutputRetention(w.W)))
 	}
 	if c.Output.Limits.MaxBytes > 0 {
 		v.add("output.max_bytes", "%v with scale_out.enabled, want 0: a full output stream would drop records inside the window that a new owner restores from", c.Output.Limits.MaxBytes)
@@ -227,7 +274,7 @@ func (c Config) validateScaleOut(v *validator) {
 	case RouteAuto, RouteAlways:
 	case RouteNever:
 		if _, _, err := c.ScaleOutTransform(); err != nil {
-			field := "key"
+			_, field := c.PartitionField()
 			if len(c.Input.Subjects) != 1 {
 				field = "input.subjects"
 			}

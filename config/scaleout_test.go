@@ -65,11 +65,39 @@ func TestScaleOutValidate(t *testing.T) {
 			[]string{"scale_out.enabled: true with the embedded server"}},
 		{"async output", func(c *Config) { c.Output.Publish = PublishAsync },
 			[]string{"output.publish: \"async\" with scale_out.enabled", "atomic batch"}},
-		{"totals", func(c *Config) {
+		{"totals, the group a subject token", func(c *Config) {
+			c.Input.Subjects = []string{"orders.*.*"}
+			c.Key.Field.SubjectToken = 3
 			c.Totals.Enabled = true
 			c.Totals.Group = keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}
 			c.Totals.Sinks.KV.Bucket = "t"
-		}, []string{"totals.enabled: true with scale_out.enabled: totals are not supported with scale-out yet"}},
+			c.ScaleOut.Route = RouteNever
+		}, nil},
+		{"totals, the group a header, routed", func(c *Config) {
+			c.Totals.Enabled = true
+			c.Totals.Group = keys.FieldSpec{Source: keys.SourceHeader, Header: "Group"}
+			c.Totals.Sinks.KV.Bucket = "t"
+		}, nil},
+		{"totals, the group a header, not routed", func(c *Config) {
+			c.Totals.Enabled = true
+			c.Totals.Group = keys.FieldSpec{Source: keys.SourceHeader, Header: "Group"}
+			c.Totals.Sinks.KV.Bucket = "t"
+			c.ScaleOut.Route = RouteNever
+		}, []string{"totals.group: totals.group is header", "partition keys from headers or JSON need the route step"}},
+		{"totals, max_event_time_ahead negative", func(c *Config) {
+			c.Totals.Enabled = true
+			c.Totals.Group = keys.FieldSpec{Source: keys.SourceHeader, Header: "Group"}
+			c.Totals.Sinks.KV.Bucket = "t"
+			c.ScaleOut.MaxEventTimeAhead = -1
+		}, []string{"scale_out.max_event_time_ahead: -1ns, want 0 to 366d"}},
+		{"totals, output max_age below the retention", func(c *Config) {
+			c.Totals.Enabled = true
+			c.Totals.Group = keys.FieldSpec{Source: keys.SourceHeader, Header: "Group"}
+			c.Totals.Time = keys.FieldSpec{Source: keys.SourceHeader, Header: "Ts"}
+			c.Totals.Bucket = Duration(time.Hour)
+			c.Totals.Sinks.KV.Bucket = "t"
+			c.Output.Limits.MaxAge = Duration(2 * time.Hour)
+		}, []string{"want 0 (computed) or at least W + input.ack_wait + output.restart_margin + totals.bucket + scale_out.max_event_time_ahead = 3h11m10s"}},
 		{"header key", func(c *Config) {
 			c.ScaleOut.Route = RouteNever
 			c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"}

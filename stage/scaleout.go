@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/synadia-io/orbit.go/pcgroups"
@@ -18,6 +19,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -226,6 +228,18 @@ func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Reg
 		Logger:            s.log,
 		Reporter:          s.status,
 	}
+	if cfg.Totals.Enabled {
+		// All of a group's events meet in one partition: the route step
+		// partitions by the group, read as the totals read it.
+		spec := cfg.Totals.Group
+		ex, err := keys.NewExtractor(spec)
+		if err != nil {
+			return fmt.Errorf("scale-out: totals.group: %w", err)
+		}
+		so.routed.PartitionKey = func(subject string, hdr nats.Header, data []byte, _ []byte) ([]byte, error) {
+			return groupOf(ex, spec, subject, hdr, data)
+		}
+	}
 	if err := so.routed.Validate(); err != nil {
 		return fmt.Errorf("scale-out: %w", err)
 	}
@@ -264,7 +278,15 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, parts []chan item, dlq 
 			detail: "in the routed stream, but not written by the route step: " + err.Error()}
 		return
 	}
-	parts[p] <- item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(headerPinID), subject: o.Subject}
+	it := item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(headerPinID), subject: o.Subject}
+	if s.totals != nil {
+		var dl *deadLetter
+		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data()); dl != nil {
+			dlq <- *dl
+			return
+		}
+	}
+	parts[p] <- it
 }
 
 // consumeGroup consumes every member of the group until ctx is done: the
@@ -537,7 +559,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	}
 	_, err = handover.Restore(ctx, s.js, so.outStream, handover.PartitionFilter(so.prefix, p), from, since, f,
 		func(r handover.Record, seq uint64) error {
-			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Seq: seq})
+			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
+				Total: state.Contribution{Group: r.Group, Bucket: r.Bucket, Value: r.Value}, Seq: seq})
 			if len(recs) == restoreChunk {
 				return flush(seq)
 			}

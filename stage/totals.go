@@ -7,10 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -33,6 +35,10 @@ const (
 	// ReasonClosedBucket: a new event for a bucket that is closed (its end
 	// + W is past), with totals.late_events "dead-letter".
 	ReasonClosedBucket = "closed_bucket"
+	// ReasonFutureTime: with scale-out, an event time (totals.time) more
+	// than scale_out.max_event_time_ahead ahead of the clock: a new owner
+	// restoring the open totals would not read back that far.
+	ReasonFutureTime = "future_time"
 )
 
 // outcomeDropped is the outcome of a late event dropped by
@@ -105,41 +111,74 @@ func (t *totals) close() {
 	closeSinks(t.sinks)
 }
 
-// extract reads a message's group, time and value. A message that has no
-// usable one returns a dead letter with its reason.
-func (t *totals) extract(msg jetstream.Msg, data []byte) (state.Contribution, *deadLetter) {
-	subject, hdr := msg.Subject(), msg.Headers()
+// groupOf reads a message's group with ex, the totals.group extractor
+// (spec), and checks it is usable as a total's group. A message without a
+// usable group returns a *keys.Error with the dead-letter reason
+// (ReasonNoGroup, ReasonBadGroup or keys.ReasonBadPayload). It is the one
+// place a group is read: the totals and, with scale-out, the route step
+// (which partitions by it) both call it.
+func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.Header, data []byte) ([]byte, error) {
+	g, err := ex.Extract(subject, hdr, data)
+	if err != nil {
+		reason := keys.ReasonOf(err)
+		switch reason {
+		case keys.ReasonNoKey:
+			reason = ReasonNoGroup
+		case keys.ReasonBadPayload:
+		default:
+			reason = ReasonBadGroup
+		}
+		return nil, &keys.Error{Reason: reason, Detail: fmt.Sprintf("group (%v): %v", spec, err)}
+	}
+	if err := sink.CheckGroup(string(g)); err != nil {
+		return nil, &keys.Error{Reason: ReasonBadGroup, Detail: fmt.Sprintf("group (%v) %q: %v", spec, g, err)}
+	}
+	return g, nil
+}
+
+// extract reads a message's group, time and value; subject is the input
+// subject the message arrived on (for a routed message, the one the route
+// step recorded, not the routed stream's). A message that has no usable
+// one returns a dead letter with its reason.
+func (t *totals) extract(msg jetstream.Msg, subject string, data []byte) (state.Contribution, *deadLetter) {
+	hdr := msg.Headers()
 	dl := func(reason, format string, args ...any) (state.Contribution, *deadLetter) {
 		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, partition: "none", detail: fmt.Sprintf(format, args...)}
 	}
-	g, err := t.group.Extract(subject, hdr, data)
+	g, err := groupOf(t.group, t.cfg.Group, subject, hdr, data)
 	if err != nil {
-		switch reason := keys.ReasonOf(err); reason {
-		case keys.ReasonNoKey:
-			return dl(ReasonNoGroup, "group (%v): %v", t.cfg.Group, err)
-		case keys.ReasonBadPayload:
-			return dl(reason, "group (%v): %v", t.cfg.Group, err)
-		default:
-			return dl(ReasonBadGroup, "group (%v): %v", t.cfg.Group, err)
-		}
-	}
-	if err := sink.CheckGroup(string(g)); err != nil {
-		return dl(ReasonBadGroup, "group (%v) %q: %v", t.cfg.Group, g, err)
+		var ke *keys.Error
+		errors.As(err, &ke)
+		return dl(ke.Reason, "%s", ke.Detail)
 	}
 	var at time.Time
-	if t.time == nil {
+	switch {
+	case t.time == nil && t.s.so != nil && t.s.so.routed != nil:
+		// The routed copy's own timestamp is the route step's; the input's
+		// travels in a header.
+		if at, err = route.InputTime(hdr); err != nil {
+			return dl(ReasonBadTime, "the routed message's input stream timestamp: %v", err)
+		}
+	case t.time == nil:
 		md, err := msg.Metadata()
 		if err != nil {
 			return dl(ReasonBadTime, "no stream timestamp: %v", err)
 		}
 		at = md.Timestamp
-	} else {
+	default:
 		raw, err := t.time.Extract(subject, hdr, data)
 		if err != nil {
 			return dl(ReasonBadTime, "time (%v): %v", t.cfg.Time, err)
 		}
 		if at, err = keys.ParseTime(raw); err != nil {
 			return dl(ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
+		}
+		if t.s.so != nil {
+			ahead := t.s.cfg.ScaleOut.MaxEventTimeAhead.D()
+			if now := t.s.clock.Now(); at.Sub(now) > ahead {
+				return dl(ReasonFutureTime, "time (%v) %s is %v ahead of the clock, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",
+					t.cfg.Time, at.UTC().Format(time.RFC3339), at.Sub(now).Round(time.Second), ahead)
+			}
 		}
 	}
 	v := int64(1)

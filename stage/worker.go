@@ -158,9 +158,13 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		m := s.outputMsg(it, id, &copies[len(copies)-1])
 		if s.so != nil {
 			// The output is the partition's changelog: the subject
-			// names the partition, the headers carry the record.
+			// names the partition, the headers carry the record and
+			// what it adds to a total, for a new owner to restore.
 			m.Subject = handover.PartitionSubject(s.so.prefix, w.p.Index(), it.inputSubject())
 			handover.Annotate(m.Header, now, it.fp)
+			if it.tot.Group != "" {
+				handover.AnnotateTotal(m.Header, it.tot.Group, it.tot.Bucket, it.tot.Value)
+			}
 		}
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
