@@ -48,17 +48,37 @@ func scaleOutConfig(tb testing.TB, url, name string) stageConfig {
 	return c
 }
 
+// totalsKV is the KV bucket the scale-out tests with totals write.
+const totalsKV = "totals_scaleout"
+
+// totalsExtra is the totals section of a scale-out test with totals: a
+// count per (Group header, minute of the Ts header), flushed every 200ms
+// to the KV bucket totalsKV. The group is then the partition key, which
+// the route step partitions by.
+const totalsExtra = `totals:
+  enabled: true
+  group: {source: header, header: ` + headerGroup + `}
+  time: {source: header, header: ` + headerTime + `}
+  bucket: 1m
+  flush_interval: 200ms
+  sinks:
+    kv: {bucket: ` + totalsKV + `}
+`
+
 // scaleOutGroup starts n instances of a group on a fresh 3-node cluster, the
 // first alone (it creates the streams), then warms the group up with w's
 // inputs until the partitions are spread over the instances: an instance
 // takes a partition when the server delivers it the partition's first
-// message under its pin.
-func scaleOutGroup(t *testing.T, n int, w *workload) (*natstest.Cluster, []*stage, jetstream.JetStream) {
+// message under its pin. extra is YAML added to every instance's
+// configuration.
+func scaleOutGroup(t *testing.T, n int, w *workload, extra string) (*natstest.Cluster, []*stage, jetstream.JetStream) {
 	t.Helper()
 	cl := natstest.StartCluster(t, 3)
 	stages := make([]*stage, n)
 	for i := range stages {
-		stages[i] = newStage(t, scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i)))
+		c := scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i))
+		c.Extra += extra
+		stages[i] = newStage(t, c)
 		stages[i].startReady()
 	}
 	js := publisherJS(t, cl.URLs())
@@ -203,14 +223,16 @@ func lateCopiesThenCheck(t *testing.T, js jetstream.JetStream, w *workload, part
 }
 
 // TestScaleOutKillAddStop runs three instances on a 3-node cluster (R3
-// streams) while a workload with repeats and bad inputs arrives: one is
-// killed mid-run (SIGKILL) and started again on its data dir, another is
-// stopped cleanly. Then copies of the first keys arrive, after the output's
-// duplicate window. The output holds each key exactly once and the dead
-// letters are exactly the bad inputs.
+// streams), counting totals per group and minute, while a workload with
+// repeats and bad inputs arrives: one is killed mid-run (SIGKILL) and
+// started again on its data dir, another is stopped cleanly. Then copies
+// of the first keys arrive, after the output's duplicate window. The
+// output holds each key exactly once, the dead letters are exactly the bad
+// inputs, and every total ends equal to the number of keys of its group
+// and minute, however often its partition moved.
 func TestScaleOutKillAddStop(t *testing.T) {
 	w := newWorkload(61, "so", 4096)
-	_, stages, js := scaleOutGroup(t, 3, w)
+	_, stages, js := scaleOutGroup(t, 3, w, totalsExtra)
 
 	wait := publishBehind(t, js, w.mix(6000, 0.3, 0.02, 0), "run", 600)
 	time.Sleep(3 * time.Second)
@@ -233,6 +255,57 @@ func TestScaleOutKillAddStop(t *testing.T) {
 	if takeovers < 4 {
 		t.Errorf("the running instances took partitions %v times, want at least 4 (the start, the kill, the stop)", takeovers)
 	}
+	keys := make([]string, 0, len(w.forward))
+	for k := range w.forward {
+		keys = append(keys, k)
+	}
+	checkTotals(t, js, totalsTruth(keys), 30*time.Second)
+}
+
+// checkTotals waits until the KV bucket totalsKV holds exactly want, and
+// fails with the differences if it does not within timeout.
+func checkTotals(t *testing.T, js jetstream.JetStream, want map[string]int64, timeout time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, totalsKV)
+	if err != nil {
+		t.Fatalf("totals bucket %s: %v", totalsKV, err)
+	}
+	var diff []string
+	same := func() bool {
+		diff = diff[:0]
+		got := map[string]int64{}
+		lister, err := kv.ListKeys(ctx)
+		if err != nil {
+			diff = append(diff, err.Error())
+			return false
+		}
+		for id := range lister.Keys() {
+			e, err := kv.Get(ctx, id)
+			if err != nil {
+				diff = append(diff, err.Error())
+				return false
+			}
+			got[id], _ = strconv.ParseInt(string(e.Value()), 10, 64)
+		}
+		for id, v := range want {
+			if got[id] != v {
+				diff = append(diff, fmt.Sprintf("%s = %d, want %d", id, got[id], v))
+			}
+		}
+		for id, v := range got {
+			if _, ok := want[id]; !ok {
+				diff = append(diff, fmt.Sprintf("%s = %d, want none", id, v))
+			}
+		}
+		return len(diff) == 0
+	}
+	for deadline := time.Now().Add(timeout); !same() && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(diff) > 0 {
+		t.Errorf("%d totals differ from the ground truth (%d totals): %v", len(diff), len(want), diff)
+	}
 }
 
 // TestScaleOutZombieFenced pauses (SIGSTOP) the instance that owns every
@@ -245,7 +318,7 @@ func TestScaleOutKillAddStop(t *testing.T) {
 // tried up to three times until the resumed instance counts a refusal.
 func TestScaleOutZombieFenced(t *testing.T) {
 	w := newWorkload(62, "zombie", 4096)
-	cl, ab, js := scaleOutGroup(t, 1, w)
+	cl, ab, js := scaleOutGroup(t, 1, w, "")
 	a := ab[0]
 	b := newStage(t, scaleOutConfig(t, cl.URLs(), "b"))
 
@@ -291,7 +364,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 // it again while two instances work: nothing is lost, nothing doubled.
 func TestScaleOutNodeRestart(t *testing.T) {
 	w := newWorkload(63, "node", 4096)
-	cl, stages, js := scaleOutGroup(t, 2, w)
+	cl, stages, js := scaleOutGroup(t, 2, w, "")
 
 	wait := publishBehind(t, js, w.mix(5000, 0.3, 0.02, 0), "run", 600)
 	time.Sleep(2 * time.Second)

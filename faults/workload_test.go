@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/sink"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -170,8 +172,44 @@ func (e event) msg(round string) *nats.Msg {
 	h.Set(jetstream.MsgIDHeader, round+"-"+strconv.Itoa(e.id))
 	if e.key != "" {
 		h.Set(headerKey, e.key)
+		g, at := totalOf(e.key)
+		h.Set(headerGroup, g)
+		h.Set(headerTime, strconv.FormatInt(at.Unix(), 10))
 	}
 	return &nats.Msg{Subject: "events.faults", Header: h, Data: e.data}
+}
+
+// Headers a test with totals reads (totalsExtra): every input with a key
+// carries its key's group and event time.
+const (
+	headerGroup = "Group"
+	headerTime  = "Ts"
+)
+
+// totalsBase is the latest event time of the inputs: this process's start,
+// to the minute.
+var totalsBase = time.Now().Truncate(time.Minute)
+
+// totalOf returns the group and event time every copy of key carries: one
+// of 5 groups and one of the 3 minutes up to totalsBase, by the key's
+// FNV-1a hash.
+func totalOf(key string) (group string, at time.Time) {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	v := h.Sum32()
+	return "g" + strconv.Itoa(int(v%5)), totalsBase.Add(-time.Duration(v/5%3) * time.Minute)
+}
+
+// totalsTruth returns what the totals must end as when every key of keys
+// counts once: per sink ID (sink.Total.ID), the number of keys of that
+// group and minute.
+func totalsTruth(keys []string) map[string]int64 {
+	out := map[string]int64{}
+	for _, k := range keys {
+		g, at := totalOf(k)
+		out[sink.Total{Group: g, Bucket: at.UTC()}.ID()]++
+	}
+	return out
 }
 
 // publisherJS is a JetStream context whose async publishes time out, so
