@@ -28,12 +28,12 @@ const scaleOutAckWait = config.MinScaleOutAckWait
 
 // scaleOutDup is the output stream's duplicate window in the scale-out
 // tests. It covers input.ack_wait plus output.restart_margin (1s), what
-// the stage checks at start, and also a publish retried in place after it
-// timed out (nats.go's 5s request timeout and the backoff), which that
-// check does not count: with a 4s window a node restart once doubled 3
-// keys, most likely the retry of a timed-out batch that had landed. A copy that
-// reaches the output after the window is caught by the stage's state or
-// the fence, never by the stream's window.
+// the stage checks at start, with room to spare: with a 4s window a node
+// restart once doubled 3 keys, most likely the retry of a timed-out batch
+// that had landed (nats.go's 5s request timeout), which a fenced batch
+// now checks for before it is sent again (forward's landed check). A copy
+// that reaches the output after the window is caught by the stage's state
+// or the fence, never by the stream's window.
 const scaleOutDup = 10 * time.Second
 
 // scaleOutConfig is the configuration of instance name of a scale-out group

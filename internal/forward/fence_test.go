@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
@@ -286,4 +287,63 @@ func TestBatchSeqMatchesTheStream(t *testing.T) {
 	}
 	checkSeqs(t, js, plain, pres)
 	checkSeqs(t, js, atomic, ares)
+}
+
+// TestFencedBatchLandedWithoutAnswer loses the answer to a fenced atomic
+// batch that the stream stored (as a publish time-out during a leader
+// election can) and answers only after the stream's duplicate window has
+// passed, so that publishing it again would store it twice. Batch asks the
+// stream whether the batch landed before it publishes again: every message
+// is stored once, at the sequence its Result gives; a batch that did not
+// land is published again.
+func TestFencedBatchLandedWithoutAnswer(t *testing.T) {
+	_, js := runServer(t, 0)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"},
+		Duplicates: 500 * time.Millisecond, AllowAtomicPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	f := takeFence(t, js, "A")
+	o := forward.Options{Atomic: true, Fence: &forward.Fence{Subject: fenceSubject, Seq: f}}
+
+	calls := 0
+	restore := forward.SetPublishBatch(func(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg,
+		real func(context.Context, jetstream.JetStream, []*nats.Msg, ...jetstreamext.PublishMsgBatchOpt) (*jetstreamext.BatchAck, error),
+	) (*jetstreamext.BatchAck, error) {
+		calls++
+		switch calls {
+		case 1: // stored, answer lost, the window passes
+			if _, err := real(ctx, js, msgs); err != nil {
+				return nil, err
+			}
+			time.Sleep(time.Second)
+			return nil, nats.ErrTimeout
+		case 3: // not stored at all
+			return nil, nats.ErrTimeout
+		}
+		return real(ctx, js, msgs)
+	})
+	defer restore()
+
+	landed := keyed(0, 5)
+	res := make([]forward.Result, len(landed))
+	if err := forward.Batch(ctx, js, landed, res, o); err != nil {
+		t.Fatalf("a batch whose answer was lost: %v", err)
+	}
+	checkSeqs(t, js, landed, res)
+	if calls != 1 {
+		t.Errorf("the batch was published %d times, want once: it had landed", calls)
+	}
+
+	lost := keyed(5, 10)
+	res = make([]forward.Result, len(lost))
+	calls = 2
+	if err := forward.Batch(ctx, js, lost, res, o); err != nil {
+		t.Fatalf("a batch that timed out unstored: %v", err)
+	}
+	checkSeqs(t, js, lost, res)
+	if calls != 4 {
+		t.Errorf("the unstored batch was published %d times, want twice", calls-2)
+	}
+	checkOnce(t, dataIDs(t, js), 0, 10)
 }

@@ -32,11 +32,13 @@
 package forward
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -237,7 +239,24 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 		send = slices.Clone(msgs)
 		send[0] = o.Fence.apply(msgs[0])
 	}
+	tried := false
 	err := retry.Do(ctx, o.Component, func() error {
+		if tried && o.Fence != nil {
+			// The last attempt failed without an answer (a time-out, a
+			// lost connection), so it may have been stored. Publishing it
+			// again would store it twice once the stream's duplicate
+			// window has passed; the fence makes this owner the
+			// partition's only writer, so the stream tells whether it was.
+			seq, err := landed(ctx, js, o.Fence, send[len(send)-1])
+			if err != nil {
+				return fmt.Errorf("atomic batch of %d messages: did the last attempt land: %w", len(msgs), err)
+			}
+			if seq > 0 {
+				ack = &jetstreamext.BatchAck{Sequence: seq}
+				return nil
+			}
+		}
+		tried = true
 		if err := o.Inflight.acquire(ctx); err != nil {
 			return err
 		}
@@ -246,7 +265,7 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 				m.Header = nats.Header{}
 			}
 		}
-		a, err := jetstreamext.PublishMsgBatch(ctx, js, send)
+		a, err := publishBatch(ctx, js, send)
 		o.Inflight.release()
 		for _, m := range send {
 			m.Header.Del(jetstreamext.BatchIDHeader)
@@ -282,6 +301,63 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 		o.OnFallback(len(msgs), refused)
 	}
 	return each(ctx, js, msgs, res, o)
+}
+
+// publishBatch publishes one atomic batch; a variable so that tests can
+// lose an answer.
+var publishBatch = jetstreamext.PublishMsgBatch
+
+// landed tells whether last, the last message of a fenced atomic batch
+// whose publish got no answer, is stored: the last message on its
+// subject after the fence is last itself (the same payload and headers,
+// the fence's and the batch's aside; the first-seen time a record
+// carries tells two forwards of one key apart). An atomic batch is stored
+// whole or not at all, so it returns the sequence of the batch's last
+// message, or 0 when the batch is not stored.
+func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Msg) (uint64, error) {
+	name, err := js.StreamNameBySubject(ctx, last.Subject)
+	if err != nil {
+		return 0, err
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	m, err := st.GetLastMsgForSubject(ctx, last.Subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	if m.Sequence <= f.Seq || !bytes.Equal(m.Data, last.Data) || !sameHeaders(m.Header, last.Header) {
+		return 0, nil
+	}
+	return m.Sequence, nil
+}
+
+// sameHeaders compares a stored message's headers with those it was sent
+// with, leaving out the ones the fence and the batch add.
+func sameHeaders(stored, sent nats.Header) bool {
+	skip := func(k string) bool {
+		return strings.HasPrefix(k, "Nats-Expected-") || strings.HasPrefix(k, "Nats-Batch-")
+	}
+	n := 0
+	for k, v := range sent {
+		if skip(k) {
+			continue
+		}
+		n++
+		if !slices.Equal(stored[k], v) {
+			return false
+		}
+	}
+	for k := range stored {
+		if !skip(k) {
+			n--
+		}
+	}
+	return n == 0
 }
 
 // each publishes msgs asynchronously, one by one, and awaits every PubAck;
