@@ -142,12 +142,8 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		return fmt.Errorf("scale-out: output stream %s: %w", so.outStream, err)
 	}
 	oc := out.CachedInfo().Config
-	if oc.Retention != jetstream.LimitsPolicy {
-		return fmt.Errorf("scale-out: output stream %s has retention %v; it is the changelog new owners restore partitions from, so it needs limits retention", so.outStream, oc.Retention)
-	}
-	if oc.MaxAge != 0 && oc.MaxAge < so.retention {
-		return fmt.Errorf("scale-out: output stream %s keeps messages for %v; a new owner restores a partition from it, which needs %v (the window plus the redelivery margin)",
-			so.outStream, oc.MaxAge, so.retention)
+	if err := so.checkChangelog(oc); err != nil {
+		return err
 	}
 	if !s.atomicOutput {
 		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
@@ -165,6 +161,22 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	s.so = so
 	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
 		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
+	return nil
+}
+
+// checkChangelog checks that the output stream, as configured in oc, keeps
+// what a new owner restores a partition from: limits retention, and
+// messages for at least the retention a restore reads back. It is checked
+// at start and again at every takeover, since the stream can be edited
+// while the group runs.
+func (so *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
+	if oc.Retention != jetstream.LimitsPolicy {
+		return fmt.Errorf("scale-out: output stream %s has retention %v; it is the changelog new owners restore partitions from, so it needs limits retention", so.outStream, oc.Retention)
+	}
+	if oc.MaxAge != 0 && oc.MaxAge < so.retention {
+		return fmt.Errorf("scale-out: output stream %s keeps messages for %v; a new owner restores a partition from it, which needs %v (config.OutputRetention: the window, the redelivery margin and, with totals, the bucket)",
+			so.outStream, oc.MaxAge, so.retention)
+	}
 	return nil
 }
 
@@ -524,6 +536,24 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	p := w.p.Index()
 	start := time.Now()
 	fenceSubj := handover.FenceSubject(so.prefix, p)
+	// The output stream may have been edited since the start: a changelog
+	// that no longer keeps what a restore reads would restore the
+	// partition short, so the partition is not taken (its batch comes back,
+	// and the check runs again).
+	var oc jetstream.StreamConfig
+	err := retry.Do(ctx, "fence", func() error {
+		st, err := s.js.Stream(ctx, so.outStream)
+		if err == nil {
+			oc = st.CachedInfo().Config
+		}
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("read the output stream's configuration: %w", err)
+	}
+	if err := so.checkChangelog(oc); err != nil {
+		return nil, err
+	}
 	f, err := handover.Take(ctx, s.js, so.outStream, fenceSubj, so.instance)
 	if err != nil {
 		return nil, err

@@ -52,6 +52,15 @@ func (e *env) publishKeys(ks []string, payload map[string][]byte) {
 	natstest.PublishAll(e.t, e.js, msgs)
 }
 
+// keysOf returns the keys of evs, in order.
+func keysOf(evs []event) []string {
+	ks := make([]string, len(evs))
+	for i, ev := range evs {
+		ks[i] = ev.key
+	}
+	return ks
+}
+
 // scaleOutDrained waits until every member consumer of the group (on the
 // input, or on the routed stream) has nothing pending or unacked.
 func (e *env) scaleOutDrained(timeout time.Duration) {
@@ -123,10 +132,7 @@ func TestScaleOutHandOverRestoresFromScratch(t *testing.T) {
 	e := newScaleOutEnv(t)
 	ea, eb := e.as("a"), e.as("b")
 	evs, unique := workload(11, 3000, 0.2)
-	ks := make([]string, len(evs))
-	for i, ev := range evs {
-		ks[i] = ev.key
-	}
+	ks := keysOf(evs)
 	a := ea.start()
 	e.publishKeys(ks, unique)
 	e.scaleOutDrained(60 * time.Second)
@@ -354,5 +360,58 @@ func TestScaleOutBalances(t *testing.T) {
 	e.checkOnce(e.scaleOutOutput(), payload)
 	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 2 {
 		t.Errorf("b took over %v partitions, want 2", got)
+	}
+}
+
+// TestScaleOutTakeoverChecksRetention starts instance b beside instance a,
+// which owns every partition, then shortens the output stream's max_age
+// below what a restore reads back and stops a: b does not take partitions
+// whose changelog may be short (the messages stay unacked and nothing is
+// forwarded) until the stream keeps enough again; then b takes every
+// partition and forwards each key once.
+func TestScaleOutTakeoverChecksRetention(t *testing.T) {
+	e := newScaleOutEnv(t)
+	e.cfg.Output.RestartMargin = config.Duration(time.Second) // a 1m duplicate window passes the start-up check
+	ea, eb := e.as("a"), e.as("b")
+	evs, unique := workload(31, 400, 0)
+	ks := keysOf(evs)
+	a := ea.start()
+	e.publishKeys(ks[:200], unique)
+	e.scaleOutDrained(60 * time.Second)
+
+	ctx := context.Background()
+	st, err := e.js.Stream(ctx, e.cfg.Output.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup := st.CachedInfo().Config.Duplicates
+	setMaxAge := func(d time.Duration) {
+		t.Helper()
+		c := st.CachedInfo().Config
+		c.MaxAge, c.Duplicates = d, dup
+		if d > 0 {
+			c.Duplicates = min(dup, d) // the server refuses a window past max_age
+		}
+		if _, err := e.js.UpdateStream(ctx, c); err != nil {
+			t.Fatalf("set the output's max_age to %v: %v", d, err)
+		}
+	}
+	b := eb.start()        // checked at its start, while the stream keeps enough
+	setMaxAge(time.Minute) // the restore reads back W + ack_wait + margin, over an hour
+	a.stop(t)
+	e.publishKeys(ks[200:], unique)
+	time.Sleep(3 * e.cfg.Input.AckWait.D()) // b is offered the partitions again and again
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 0 {
+		t.Errorf("instance b took partitions %v times with a changelog kept for 1m, want 0", got)
+	}
+	if got := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != 0 {
+		t.Errorf("instance b forwarded %v keys without taking a partition", got)
+	}
+
+	setMaxAge(0)
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), unique)
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got < 4 {
+		t.Errorf("instance b took partitions %v times once the stream kept enough, want at least 4", got)
 	}
 }
