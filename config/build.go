@@ -34,13 +34,14 @@ func (c Config) StateOptions(w window.Window) state.Options {
 	return so
 }
 
-// Routing describes what the stage hashes to choose a partition, as
-// recorded in the state's state.RoutingFile: the key (state.RoutingKey),
-// or the totals group when totals are on, so that every copy of a key and
-// every event of a group meet in one partition.
+// Routing describes what the stage hashes to choose a partition
+// (PartitionField), as recorded in the state's state.RoutingFile: the key
+// (state.RoutingKey), or the totals group when totals are on, so that
+// every copy of a key and every event of a group meet in one partition.
 func (c Config) Routing() string {
-	if c.Totals.Enabled {
-		return "totals.group " + c.Totals.Group.String()
+	field, name := c.PartitionField()
+	if name == "key" {
+		return state.RoutingKey
 	}
-	return state.RoutingKey
+	return name + " " + field.String()
 }

@@ -214,8 +214,8 @@ func (c Config) OutputRetention(w time.Duration) time.Duration {
 	return r
 }
 
-// outputRetentionTerms names the terms of OutputRetention, for messages.
-func (c Config) outputRetentionTerms() string {
+// OutputRetentionTerms names the terms of OutputRetention, for messages.
+func (c Config) OutputRetentionTerms() string {
 	terms := "W + input.ack_wait + output.restart_margin"
 	if c.Totals.Enabled {
 		terms += " + totals.bucket"
@@ -265,7 +265,7 @@ func (c Config) validateScaleOut(v *validator) {
 	}
 	if w, err := c.Window.Derive(); err == nil && c.Output.Limits.MaxAge > 0 && c.Output.Limits.MaxAge.D() < c.OutputRetention(w.W) {
 		v.add("output.max_age", "%v with scale_out.enabled, want 0 (computed) or at least %s = %v: the output stream is the changelog a new owner restores from",
-			c.Output.Limits.MaxAge, c.outputRetentionTerms(), Duration(c.OutputRetention(w.W)))
+			c.Output.Limits.MaxAge, c.OutputRetentionTerms(), Duration(c.OutputRetention(w.W)))
 	}
 	if c.Output.Limits.MaxBytes > 0 {
 		v.add("output.max_bytes", "%v with scale_out.enabled, want 0: a full output stream would drop records inside the window that a new owner restores from", c.Output.Limits.MaxBytes)

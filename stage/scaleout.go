@@ -47,6 +47,7 @@ type scaleOut struct {
 	inStream  string         // the stream the group's members consume: the input, or the routed stream
 	routed    *route.Options // the route step's options when it runs, else nil
 	retention time.Duration  // how far back a restore without a cursor reads
+	terms     string         // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
 
@@ -120,6 +121,7 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		outStream: cfg.Output.Stream,
 		inStream:  cfg.Input.Stream,
 		retention: cfg.OutputRetention(s.win.W),
+		terms:     cfg.OutputRetentionTerms(),
 		owned:     make(map[int]string),
 		lost:      make(map[int]string),
 		consumer: jetstream.ConsumerConfig{
@@ -174,8 +176,8 @@ func (so *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
 		return fmt.Errorf("scale-out: output stream %s has retention %v; it is the changelog new owners restore partitions from, so it needs limits retention", so.outStream, oc.Retention)
 	}
 	if oc.MaxAge != 0 && oc.MaxAge < so.retention {
-		return fmt.Errorf("scale-out: output stream %s keeps messages for %v; a new owner restores a partition from it, which needs %v (config.OutputRetention: the window, the redelivery margin and, with totals, the bucket)",
-			so.outStream, oc.MaxAge, so.retention)
+		return fmt.Errorf("scale-out: output stream %s keeps messages for %v; a new owner restores a partition from it, which needs %s = %v",
+			so.outStream, oc.MaxAge, so.terms, so.retention)
 	}
 	return nil
 }
