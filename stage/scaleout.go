@@ -156,7 +156,22 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	for i := range maps {
 		maps[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
 	}
-	if _, err := pcgroups.CreateStatic(ctx, s.js, so.inStream, so.group, uint(n), nil, nil, maps); err != nil {
+	// A cluster can leave a request unanswered (no responders while a
+	// leader is elected, a time-out): asked again, for as long as the
+	// streams' set-up is. Anything else pcgroups says (an invalid or
+	// mismatched group) no retry changes.
+	gctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
+	defer cancel()
+	err = retry.Do(gctx, "consumer group", func() error {
+		_, err := pcgroups.CreateStatic(gctx, s.js, so.inStream, so.group, uint(n), nil, nil, maps)
+		var api *jetstream.APIError
+		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) &&
+			!errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &api) {
+			return retry.MarkPermanent(err)
+		}
+		return err
+	}, retry.Options{})
+	if err != nil {
 		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", so.group, so.inStream, n, err)
 	}
 	so.metrics = newScaleOutMetrics(reg)

@@ -10,6 +10,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
@@ -413,5 +415,31 @@ func TestScaleOutTakeoverChecksRetention(t *testing.T) {
 	e.checkOnce(e.scaleOutOutput(), unique)
 	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got < 4 {
 		t.Errorf("instance b took partitions %v times once the stream kept enough, want at least 4", got)
+	}
+}
+
+// TestScaleOutMismatchedGroupRefusedAtOnce starts an instance against a
+// static consumer group that already exists with other members: no retry
+// can change that, so the start fails at once, naming the group, instead
+// of asking again for as long as a lost request would be.
+func TestScaleOutMismatchedGroupRefusedAtOnce(t *testing.T) {
+	e := newScaleOutEnv(t)
+	first := e.start() // creates the streams and the group, a member per partition
+	first.stop(t)
+	ctx := context.Background()
+	if err := pcgroups.DeleteStatic(ctx, e.js, e.cfg.Input.Stream, e.cfg.ScaleOut.Group); err != nil {
+		t.Fatal(err)
+	}
+	one := []pcgroups.MemberMapping{{Member: "all", Partitions: []int{0, 1, 2, 3}}}
+	if _, err := pcgroups.CreateStatic(ctx, e.js, e.cfg.Input.Stream, e.cfg.ScaleOut.Group, 4, nil, nil, one); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	_, err := stage.New(ctx, stage.Options{Config: e.cfg, Conn: e.nc, Registry: prometheus.NewRegistry(), Clock: e.clock})
+	if err == nil || !strings.Contains(err.Error(), "static consumer group dedupe") {
+		t.Fatalf("start against a group with other members: %v, want a refusal naming the group", err)
+	}
+	if took := time.Since(started); took > 10*time.Second {
+		t.Errorf("the refusal took %v: a mismatched group was asked again", took)
 	}
 }
