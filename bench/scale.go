@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +48,10 @@ type ScalePoint struct {
 	// key costs, without the fixed part. Nil on the first measured point
 	// and on extrapolated ones.
 	Marginal *Slope `json:"marginal,omitempty"`
+	// FileRSSByKind splits AfterOpen.RSSFile by the mapped file's kind
+	// (see fileRSSByKind): which of Badger's files the open store holds in
+	// memory.
+	FileRSSByKind map[string]int64 `json:"rss_file_by_kind,omitempty"`
 	// HeapPerKey is (AfterOpen.Heap - Baseline.Heap) / Keys.
 	HeapPerKey   float64 `json:"heap_bytes_per_key"`
 	FilterBytes  uint64  `json:"filter_bytes"`
@@ -81,6 +87,9 @@ func runScale(ctx context.Context, f *flags, dir string) ([]*ScalePoint, error) 
 		args := []string{"--scale-point", strconv.Itoa(n), "--scale-dir", pdir,
 			"--partitions", strconv.Itoa(f.partitions), "--sync-writes=" + strconv.FormatBool(f.syncWrites),
 			"--progress", f.progressEvery.String()}
+		if f.memprofile != "" {
+			args = append(args, "--memprofile", f.memprofile)
+		}
 		if f.window > 0 {
 			args = append(args, "--window", f.window.String())
 		}
@@ -120,6 +129,12 @@ func runScale(ctx context.Context, f *flags, dir string) ([]*ScalePoint, error) 
 		pts = append(pts, &p)
 		fmt.Fprintf(logOut, "  scale %d: fill %.0fs, RSS after open %s MiB (anon %s, file %s; %.1f B/key), disk %.1f B/key, start-up %.0f ms from snapshot, %.0f ms rebuild\n",
 			n, p.FillSec, mib(p.AfterOpen.RSS), mib(p.AfterOpen.RSSAnon), mib(p.AfterOpen.RSSFile), p.RSSPerKey, p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs)
+		fmt.Fprintf(logOut, "  scale %d: after open: Go heap live %s MiB, held by the Go runtime %s MiB, anonymous RSS %s MiB\n",
+			n, mib(p.AfterOpen.Heap), mib(p.AfterOpen.RuntimeHeld), mib(p.AfterOpen.RSSAnon))
+		if len(p.FileRSSByKind) > 0 {
+			fmt.Fprintf(logOut, "  scale %d: file-backed RSS after open by file: tables %s MiB, memtable logs %s MiB, value logs %s MiB, other %s MiB\n",
+				n, mib(p.FileRSSByKind["sst"]), mib(p.FileRSSByKind["mem"]), mib(p.FileRSSByKind["vlog"]), mib(p.FileRSSByKind["other"]))
+		}
 		if p.Marginal != nil {
 			fmt.Fprintf(logOut, "  scale %d: marginal RSS per key since %d keys: %.2f B (anon %.2f, file %.2f); fixed part %s MiB\n",
 				n, p.Marginal.FromKeys, p.Marginal.RSSPerKey, p.Marginal.AnonPerKey, p.Marginal.FilePerKey, mib(p.Marginal.FixedRSS))
@@ -290,6 +305,12 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	p.FillSec = time.Since(start).Seconds()
 	p.FillPerSec = float64(n) / p.FillSec
 	p.AfterFill = readMem()
+	if f.memprofile != "" {
+		if err := writeHeapProfile(fmt.Sprintf("%s-%d-fill.pprof", f.memprofile, n)); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	if err := st.Close(); err != nil {
 		return nil, err
 	}
@@ -304,12 +325,19 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	}
 	p.StartupSnapshotMs = ms(time.Since(start))
 	p.AfterOpen = readMem()
+	p.FileRSSByKind = fileRSSByKind()
 	p.FilterBytes = st.Stats().FilterBytes
 	p.FilterPerKey = float64(p.FilterBytes) / float64(n)
 	p.RSSPerKey = float64(p.AfterOpen.RSS-p.Baseline.RSS) / float64(n)
 	p.RSSAnonPerKey = float64(p.AfterOpen.RSSAnon-p.Baseline.RSSAnon) / float64(n)
 	p.RSSFilePerKey = float64(p.AfterOpen.RSSFile-p.Baseline.RSSFile) / float64(n)
 	p.HeapPerKey = float64(p.AfterOpen.Heap-p.Baseline.Heap) / float64(n)
+	if f.memprofile != "" {
+		if err := writeHeapProfile(fmt.Sprintf("%s-%d.pprof", f.memprofile, n)); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	if err := st.Close(); err != nil {
 		return nil, err
 	}
@@ -378,3 +406,17 @@ func claimParallel(st *state.Store, claims [][]state.Claim, workers int) error {
 }
 
 func mib(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+
+// writeHeapProfile writes the live heap (after a GC) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	runtime.GC()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("--memprofile: %w", err)
+	}
+	return f.Close()
+}
