@@ -268,7 +268,31 @@ func (c Config) PublishAtomic(streamAllowsAtomic bool) (bool, error) {
 	case PublishAsync:
 		return false, nil
 	}
-	return streamAllowsAtomic && c.NATS.URL == "" && c.NATS.Embedded.SyncAlways, nil
+	return streamAllowsAtomic && c.KnownToSyncEveryWrite(), nil
+}
+
+// KnownToSyncEveryWrite tells whether the stage knows that the server
+// fsyncs every write before acknowledging it: only the embedded server with
+// sync_always; an external server's sync_interval cannot be read.
+func (c Config) KnownToSyncEveryWrite() bool {
+	return c.NATS.IsEmbedded() && c.NATS.Embedded.SyncAlways
+}
+
+// TotalsStreamAtomic tells whether the totals stream sink publishes each
+// flush as atomic batches, given whether its stream allows atomic publish.
+// It follows output.publish, as the output does, without refusing: a
+// stream that does not allow atomic publish gets one message at a time,
+// and scale_out does not make auto atomic (the totals carry no fence).
+// atomic: when the stream allows it; async: never; auto: when the stream
+// allows it and the server is the embedded one with sync_always.
+func (c Config) TotalsStreamAtomic(streamAllowsAtomic bool) bool {
+	switch c.Output.Publish {
+	case PublishAtomic:
+		return streamAllowsAtomic
+	case PublishAsync:
+		return false
+	}
+	return streamAllowsAtomic && c.KnownToSyncEveryWrite()
 }
 
 // Subject returns the output subject for a message read on inputSubject.

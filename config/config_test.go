@@ -870,6 +870,18 @@ func TestPublishAtomic(t *testing.T) {
 			}
 		})
 	}
+	for _, c := range cases {
+		// The totals stream follows output.publish without refusing, and
+		// scale-out does not make auto atomic.
+		want := c.want || (c.err != nil && c.allowed)
+		scaled := c.cfg
+		scaled.ScaleOut.Enabled = true
+		for _, cfg := range []Config{c.cfg, scaled} {
+			if got := cfg.TotalsStreamAtomic(c.allowed); got != want {
+				t.Errorf("%s, scale_out %v: TotalsStreamAtomic(%v) = %v, want %v", c.name, cfg.ScaleOut.Enabled, c.allowed, got, want)
+			}
+		}
+	}
 	if !strings.Contains(ErrAtomicNotAllowed.Error(), "output.publish") {
 		t.Errorf("ErrAtomicNotAllowed does not name its field: %v", ErrAtomicNotAllowed)
 	}

@@ -225,7 +225,7 @@ func (c Config) publishSummary() string {
 		return "output.publish atomic: " + atomic + "; the stage refuses to start if the stream does not allow atomic publish"
 	case out.Publish == PublishAsync:
 		return "output.publish async: one asynchronous publish per message"
-	case c.NATS.URL == "" && c.NATS.Embedded.SyncAlways:
+	case c.KnownToSyncEveryWrite():
 		return "output.publish auto: " + atomic + " when the stream allows atomic publish, else one publish per message"
 	}
 	return "output.publish auto: one asynchronous publish per message (atomic needs the embedded server with sync_always, or output.publish atomic)"

@@ -269,7 +269,11 @@ func (c Config) totalsSummary() []string {
 		out = append(out, fmt.Sprintf("sink kv: bucket %s%s", s.KV.Bucket, create(s.KV.Create)))
 	}
 	if s.Stream.Enabled() {
-		out = append(out, fmt.Sprintf("sink stream: %s (subjects %s)%s", s.Stream.Stream, s.Stream.Subjects(), create(s.Stream.Create)))
+		publish := "one publish per total"
+		if c.TotalsStreamAtomic(true) {
+			publish = "each flush as atomic batches when the stream allows atomic publish, else one publish per total"
+		}
+		out = append(out, fmt.Sprintf("sink stream: %s (subjects %s)%s; %s", s.Stream.Stream, s.Stream.Subjects(), create(s.Stream.Create), publish))
 	}
 	if s.Postgres.Enabled() {
 		tbl := "must exist"

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -16,14 +18,22 @@ const benchBatch = 100
 // postgres sink is left out when DEDUPE_TEST_POSTGRES_DSN is unset.
 func benchSinks(b *testing.B) map[string]func(b *testing.B) Sink {
 	srv := natstest.RunServer(b, "")
-	return map[string]func(b *testing.B) Sink{
-		"kv": func(b *testing.B) Sink { return NewKV(newKVBucket(b, srv)) },
-		"stream": func(b *testing.B) Sink {
+	// A server that fsyncs every write, as the embedded default does.
+	syncSrv := natstest.RunServerWith(b, func(o *server.Options) { o.SyncAlways = true })
+	stream := func(srv *server.Server, o StreamOptions) func(b *testing.B) Sink {
+		return func(b *testing.B) Sink {
 			_, js := natstest.Connect(b, srv.ClientURL())
 			prefix := fmt.Sprintf("bench%d", bucketSeq.Add(1))
 			newTotalsStream(b, js, prefix)
-			return NewStream(js, prefix)
-		},
+			return NewStreamWith(js, prefix, o)
+		}
+	}
+	return map[string]func(b *testing.B) Sink{
+		"kv":                 func(b *testing.B) Sink { return NewKV(newKVBucket(b, srv)) },
+		"stream":             stream(srv, StreamOptions{}),
+		"stream-atomic":      stream(srv, StreamOptions{Atomic: true}),
+		"stream-sync":        stream(syncSrv, StreamOptions{}),
+		"stream-atomic-sync": stream(syncSrv, StreamOptions{Atomic: true}),
 		"postgres": func(b *testing.B) Sink {
 			pool := testPool(b)
 			table := newTable(b, pool)
@@ -42,10 +52,12 @@ func benchSinks(b *testing.B) map[string]func(b *testing.B) Sink {
 // BenchmarkWrite measures Write with batches of benchBatch totals over
 // benchBatch groups: "raise" gives every total a larger value than the last
 // Write (all Applied), "stale" repeats one batch (all Stale after the first).
+// The stream sink runs one message at a time and as atomic batches, on a
+// server without fsync and on one that fsyncs every write ("-sync").
 func BenchmarkWrite(b *testing.B) {
 	ctx := context.Background()
 	sinks := benchSinks(b)
-	for _, name := range []string{"kv", "stream", "postgres"} {
+	for _, name := range []string{"kv", "stream", "stream-atomic", "stream-sync", "stream-atomic-sync", "postgres"} {
 		newSink := sinks[name]
 		for _, mode := range []string{"raise", "stale"} {
 			b.Run(name+"/"+mode, func(b *testing.B) {

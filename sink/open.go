@@ -36,24 +36,29 @@ func StreamSubjects(subjectPrefix string) string { return subjectPrefix + ".>" }
 
 // OpenStream returns the stream sink publishing under subjectPrefix, after
 // checking that stream exists. A missing stream is created (file storage,
-// subjects StreamSubjects(subjectPrefix)) when create is set; otherwise the
-// error wraps jetstream.ErrStreamNotFound.
-func OpenStream(ctx context.Context, js jetstream.JetStream, stream, subjectPrefix string, create bool) (Sink, error) {
-	_, err := js.Stream(ctx, stream)
-	if err == nil {
-		return NewStream(js, subjectPrefix), nil
-	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) || !create {
+// subjects StreamSubjects(subjectPrefix), atomic publish allowed) when
+// create is set; otherwise the error wraps jetstream.ErrStreamNotFound.
+// atomic, given whether the stream allows atomic publish, decides
+// StreamOptions.Atomic; nil means never.
+func OpenStream(ctx context.Context, js jetstream.JetStream, stream, subjectPrefix string, create bool, atomic func(streamAllowsAtomic bool) bool) (Sink, error) {
+	st, err := js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && create {
+		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: stream, Subjects: []string{StreamSubjects(subjectPrefix)}, Storage: jetstream.FileStorage,
+			Description:        "dedupe-stage totals: the largest value per (group, bucket) is current",
+			AllowAtomicPublish: true,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("sink stream: create stream %s: %w", stream, err)
+		}
+	} else if err != nil {
 		return nil, fmt.Errorf("sink stream: stream %s: %w", stream, err)
 	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: stream, Subjects: []string{StreamSubjects(subjectPrefix)}, Storage: jetstream.FileStorage,
-		Description: "dedupe-stage totals: the largest value per (group, bucket) is current",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sink stream: create stream %s: %w", stream, err)
+	var o StreamOptions
+	if atomic != nil {
+		o.Atomic = atomic(st.CachedInfo().Config.AllowAtomicPublish)
 	}
-	return NewStream(js, subjectPrefix), nil
+	return NewStreamWith(js, subjectPrefix, o), nil
 }
 
 // OpenPostgres connects a pool to dsn, creates table when createSchema is

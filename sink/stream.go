@@ -11,6 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
 
 // Headers the stream sink sets on every message, next to Nats-Msg-Id.
@@ -28,10 +32,29 @@ const (
 // it waits for their acks.
 const streamWindow = 256
 
+// StreamOptions configure the stream sink. The zero value publishes one
+// message at a time, asynchronously.
+type StreamOptions struct {
+	// Atomic publishes each Write as atomic batches of at most BatchMax
+	// totals: a server that fsyncs every write (sync_always) then syncs
+	// once per batch instead of once per total. The stream must allow
+	// atomic publish. A batch the server refuses as a whole (one of its
+	// message ids is already in the stream's duplicate window, as after a
+	// flush that stored but did not return) is published again one message
+	// at a time, so that the window drops the repeats and the rest are
+	// stored. Default false.
+	Atomic bool
+	// BatchMax is the most totals of one atomic batch, at most the
+	// server's max_batch_size. Default forward.DefaultBatchMax (the
+	// server's default, 1000).
+	BatchMax int
+}
+
 // streamSink is the JetStream stream sink; see NewStream.
 type streamSink struct {
 	js     jetstream.JetStream
 	prefix string
+	opts   StreamOptions
 	err    error // from CheckSubjectPrefix, returned by every Write
 	closed atomic.Bool
 }
@@ -61,7 +84,16 @@ type streamSink struct {
 //
 // The sink does not own js. It is safe for concurrent use.
 func NewStream(js jetstream.JetStream, subjectPrefix string) Sink {
-	return &streamSink{js: js, prefix: subjectPrefix, err: CheckSubjectPrefix(subjectPrefix)}
+	return NewStreamWith(js, subjectPrefix, StreamOptions{})
+}
+
+// NewStreamWith is NewStream with options: with StreamOptions.Atomic, each
+// Write is published as atomic batches.
+func NewStreamWith(js jetstream.JetStream, subjectPrefix string, o StreamOptions) Sink {
+	if o.BatchMax <= 0 {
+		o.BatchMax = forward.DefaultBatchMax
+	}
+	return &streamSink{js: js, prefix: subjectPrefix, opts: o, err: CheckSubjectPrefix(subjectPrefix)}
 }
 
 // CheckSubjectPrefix returns nil if prefix is usable as the stream sink's
@@ -105,6 +137,20 @@ func (s *streamSink) Write(ctx context.Context, totals []Total) (Result, error) 
 		return Result{}, err
 	}
 	res := Result{Stale: dropped}
+	if s.opts.Atomic {
+		for start := 0; start < len(uniq); start += s.opts.BatchMax {
+			if err := s.writeAtomic(ctx, uniq[start:min(start+s.opts.BatchMax, len(uniq))], &res); err != nil {
+				return res, err
+			}
+		}
+		return res, nil
+	}
+	return res, s.writeAsync(ctx, uniq, &res)
+}
+
+// writeAsync publishes totals asynchronously, streamWindow in flight at a
+// time, and counts the acks in res.
+func (s *streamSink) writeAsync(ctx context.Context, uniq []Total, res *Result) error {
 	for start := 0; start < len(uniq); start += streamWindow {
 		chunk := uniq[start:min(start+streamWindow, len(uniq))]
 		futures := make([]jetstream.PubAckFuture, 0, len(chunk))
@@ -135,14 +181,40 @@ func (s *streamSink) Write(ctx context.Context, totals []Total) (Result, error) 
 					pubErr = fmt.Errorf("sink stream: publish %s: %w", f.Msg().Header.Get(jetstream.MsgIDHeader), err)
 				}
 			case <-ctx.Done():
-				return res, fmt.Errorf("sink stream: waiting for acks: %w", ctx.Err())
+				return fmt.Errorf("sink stream: waiting for acks: %w", ctx.Err())
 			}
 		}
 		if pubErr != nil {
-			return res, pubErr
+			return pubErr
 		}
 	}
-	return res, nil
+	return nil
+}
+
+// writeAtomic publishes totals (at most BatchMax) as one atomic batch, and
+// one at a time (writeAsync) when the server refuses the batch as a whole.
+// A batch that fails otherwise is not retried here: Write returns the error
+// and the caller writes the totals again, and their ids make the repeat
+// safe.
+func (s *streamSink) writeAtomic(ctx context.Context, totals []Total, res *Result) error {
+	msgs := make([]*nats.Msg, len(totals))
+	for i, t := range totals {
+		m, id, err := s.message(t)
+		if err != nil {
+			return err
+		}
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		msgs[i] = m
+	}
+	_, err := jetstreamext.PublishMsgBatch(ctx, s.js, msgs)
+	switch retry.ClassifyBatch(err) {
+	case retry.None:
+		res.Applied += len(totals)
+		return nil
+	case retry.Permanent:
+		return s.writeAsync(ctx, totals, res)
+	}
+	return fmt.Errorf("sink stream: atomic batch of %d totals: %w", len(totals), err)
 }
 
 // message builds the message for t and returns it with its Nats-Msg-Id.

@@ -14,6 +14,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 // newTotalsStream creates a stream capturing prefix.> with a one-minute
@@ -24,7 +25,7 @@ func newTotalsStream(t testing.TB, js jetstream.JetStream, prefix string) jetstr
 	defer cancel()
 	name := strings.ToUpper(strings.ReplaceAll(prefix, ".", "_"))
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: name, Subjects: []string{prefix + ".>"}, Duplicates: time.Minute,
+		Name: name, Subjects: []string{prefix + ".>"}, Duplicates: time.Minute, AllowAtomicPublish: true,
 	})
 	if err != nil {
 		t.Fatalf("create stream %s: %v", name, err)
@@ -67,15 +68,15 @@ func (r *streamReader) snapshot(ctx context.Context) (map[string]int64, error) {
 }
 
 // streamEnv returns a conformance env over a fresh stream on srv; every
-// sink gets its own connection.
-func streamEnv(t *testing.T, srv *server.Server) env {
+// sink gets its own connection and the options o.
+func streamEnv(t *testing.T, srv *server.Server, o StreamOptions) env {
 	_, js := natstest.Connect(t, srv.ClientURL())
 	prefix := fmt.Sprintf("totals.t%d", bucketSeq.Add(1))
 	r := &streamReader{st: newTotalsStream(t, js, prefix), next: 1, latest: map[string]int64{}}
 	return env{
 		newSink: func(t *testing.T) Sink {
 			_, js := natstest.Connect(t, srv.ClientURL())
-			return NewStream(js, prefix)
+			return NewStreamWith(js, prefix, o)
 		},
 		snapshot: r.snapshot,
 		log:      true,
@@ -84,7 +85,7 @@ func streamEnv(t *testing.T, srv *server.Server) env {
 
 func TestStream(t *testing.T) {
 	srv := natstest.RunServer(t, "")
-	runConformance(t, "stream", func(t *testing.T) env { return streamEnv(t, srv) })
+	runConformance(t, "stream", func(t *testing.T) env { return streamEnv(t, srv, StreamOptions{}) })
 
 	t.Run("message form", func(t *testing.T) {
 		_, js := natstest.Connect(t, srv.ClientURL())
@@ -147,6 +148,53 @@ func TestStream(t *testing.T) {
 		}
 		if res.Applied != 0 {
 			t.Fatalf("Write to a subject no stream captures = %+v, want nothing applied", res)
+		}
+	})
+}
+
+// TestStreamAtomic runs the conformance tests with atomic batches (small
+// ones, so that a Write spans several), and checks that a batch holding a
+// total the stream already has is published one by one: the repeat is
+// Stale and the rest are stored, each once.
+func TestStreamAtomic(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	runConformance(t, "stream", func(t *testing.T) env {
+		return streamEnv(t, srv, StreamOptions{Atomic: true, BatchMax: 7})
+	})
+
+	t.Run("batch with a stored total", func(t *testing.T) {
+		_, js := natstest.Connect(t, srv.ClientURL())
+		newTotalsStream(t, js, "atomicrepeat")
+		s := NewStreamWith(js, "atomicrepeat", StreamOptions{Atomic: true})
+		first := []Total{tot("a", bucket0, 1), tot("b", bucket0, 2)}
+		if res := checkedWrite(t, s, first); res != (Result{Applied: 2}) {
+			t.Fatalf("first Write = %+v, want 2 applied", res)
+		}
+		// "a" with the same value is already in the duplicate window: the
+		// server refuses the atomic batch as a whole.
+		second := []Total{tot("a", bucket0, 1), tot("b", bucket0, 3), tot("c", bucket0, 4)}
+		if res := checkedWrite(t, s, second); res != (Result{Applied: 2, Stale: 1}) {
+			t.Fatalf("Write holding a stored total = %+v, want 2 applied and 1 stale", res)
+		}
+		ids := map[string]int{}
+		batched := 0
+		for _, m := range natstest.ReadAll(t, js, "ATOMICREPEAT") {
+			ids[m.Header.Get(jetstream.MsgIDHeader)]++
+			if m.Header.Get(jetstreamext.BatchIDHeader) != "" {
+				batched++
+			}
+		}
+		// The server keeps the batch headers: the first Write went as one
+		// atomic batch, the second one by one.
+		if batched != 2 {
+			t.Errorf("%d stored totals came in an atomic batch, want the first Write's 2", batched)
+		}
+		want := map[string]int{
+			tot("a", bucket0, 1).ID() + ":1": 1, tot("b", bucket0, 2).ID() + ":2": 1,
+			tot("b", bucket0, 3).ID() + ":3": 1, tot("c", bucket0, 4).ID() + ":4": 1,
+		}
+		if !maps.Equal(ids, want) {
+			t.Fatalf("stream holds ids %v, want each of %v once", ids, want)
 		}
 	})
 }

@@ -16,8 +16,9 @@ import (
 // or stream also when createStreams, nats.create_streams in effect). It is
 // the one place that maps the configuration to sinks: a new sink is written
 // in sink/ and opened here. Errors name the YAML field. On error it closes
-// what it opened.
-func openSinks(ctx context.Context, js jetstream.JetStream, cfg config.Totals, createStreams bool, m *sink.Metrics) (sinks []sink.Sink, err error) {
+// what it opened. atomic decides whether the stream sink publishes atomic
+// batches (config.Config.TotalsStreamAtomic).
+func openSinks(ctx context.Context, js jetstream.JetStream, cfg config.Totals, createStreams bool, atomic func(streamAllowsAtomic bool) bool, m *sink.Metrics) (sinks []sink.Sink, err error) {
 	defer func() {
 		if err != nil {
 			closeSinks(sinks)
@@ -35,7 +36,7 @@ func openSinks(ctx context.Context, js jetstream.JetStream, cfg config.Totals, c
 		sinks = append(sinks, sink.Instrument(s, m))
 	}
 	if sk.Stream.Enabled() {
-		s, err := sink.OpenStream(ctx, js, sk.Stream.Stream, sk.Stream.SubjectPrefix, createStreams || sk.Stream.Create)
+		s, err := sink.OpenStream(ctx, js, sk.Stream.Stream, sk.Stream.SubjectPrefix, createStreams || sk.Stream.Create, atomic)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return sinks, fmt.Errorf("totals.sinks.stream.stream %s: %w (create it, or set totals.sinks.stream.create)", sk.Stream.Stream, err)
 		} else if err != nil {

@@ -290,7 +290,7 @@ func outputPublish(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 			"batch_max", cfg.Output.BatchMax, "max_batches_in_flight", cfg.Output.MaxBatchesInFlight)
 	} else {
 		log.Info("output published one message at a time", "stream", cfg.Output.Stream, "publish", cfg.Output.Publish,
-			"stream_allows_atomic_publish", allowed, "embedded_sync_always", cfg.NATS.URL == "" && cfg.NATS.Embedded.SyncAlways)
+			"stream_allows_atomic_publish", allowed, "embedded_sync_always", cfg.KnownToSyncEveryWrite())
 	}
 	return atomic, nil
 }

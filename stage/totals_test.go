@@ -212,8 +212,18 @@ func (e *env) postgresSink() func() map[string]int64 {
 // copies) through a stage that is restarted in the middle, and checks that
 // every sink ends with exactly the ground truth: each key counted once.
 func TestTotalsGroundTruth(t *testing.T) {
+	// With output.publish atomic the totals stream sink publishes atomic
+	// batches too, and the re-flush at the restart, whose totals the stream
+	// already holds, takes the one-by-one fallback.
+	for _, publish := range []string{config.PublishAuto, config.PublishAtomic} {
+		t.Run(publish, func(t *testing.T) { totalsGroundTruth(t, publish) })
+	}
+}
+
+func totalsGroundTruth(t *testing.T, publish string) {
 	e := newEnv(t)
 	e.withTotals()
+	e.cfg.Output.Publish = publish
 	e.cfg.Totals.Time = keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "ts"}
 	e.cfg.Totals.Value = keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "amount"}
 	pg := e.postgresSink()
@@ -233,6 +243,15 @@ func TestTotalsGroundTruth(t *testing.T) {
 
 	assertTotals(t, "KV sink", e.kvTotals(), truth)
 	assertTotals(t, "stream sink", e.streamTotals(), truth)
+	batched := 0
+	for _, m := range natstest.ReadAll(t, e.js, totalsStream) {
+		if m.Header.Get("Nats-Batch-Id") != "" {
+			batched++
+		}
+	}
+	if wantBatched := publish == config.PublishAtomic; (batched > 0) != wantBatched {
+		t.Errorf("output.publish %s: %d totals stream messages came in atomic batches; want atomic batches: %v", publish, batched, wantBatched)
+	}
 	if pg != nil {
 		assertTotals(t, "PostgreSQL sink", pg(), truth)
 	}
