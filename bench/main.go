@@ -64,6 +64,7 @@ type flags struct {
 	scaleTimeout         time.Duration
 	scalePoint           int
 	scaleDir             string
+	scaleReopenAt        int64
 	render               string
 	mix                  Mix
 	kinds                []Kind
@@ -107,6 +108,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.memprofile, "memprofile", "", "with --scale: write heap profiles of each scale point, right after the fill to PREFIX-<keys>-fill.pprof and after the reopen from snapshots to PREFIX-<keys>.pprof")
 	fs.IntVar(&f.scalePoint, "scale-point", 0, "internal: measure one scale point in this process and print JSON")
 	fs.StringVar(&f.scaleDir, "scale-dir", "", "internal: directory of the scale point")
+	fs.Int64Var(&f.scaleReopenAt, "scale-reopen-at", 0, "internal: with --scale-point, only reopen the filled store at this clock time (Unix ns) and print JSON")
 	fs.StringVar(&f.render, "render", "", "read a results JSON (for example one with scale points merged in), print its tables and write --out and its chart; run nothing")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -233,6 +235,9 @@ func realMain(args []string) int {
 		}
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 2
+	}
+	if f.scalePoint > 0 && f.scaleReopenAt != 0 {
+		return runScaleReopen(f)
 	}
 	if f.scalePoint > 0 {
 		return runScalePoint(f)

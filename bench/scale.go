@@ -29,12 +29,15 @@ type ScalePoint struct {
 	Partitions int     `json:"partitions"`
 	FillSec    float64 `json:"fill_seconds"`
 	FillPerSec float64 `json:"fill_keys_per_sec"`
-	// Baseline is the process before the store opens.
-	Baseline MemSnap `json:"mem_baseline"`
-	// AfterFill is with the store open right after claiming N keys.
-	AfterFill MemSnap `json:"mem_after_fill"`
-	// AfterOpen is after reopening the store from its snapshots: the
+	// FillBaseline is the filling process before the store opens;
+	// AfterFill is that process with the store open right after claiming
+	// N keys: Badger's table builders are still live.
+	FillBaseline MemSnap `json:"mem_fill_baseline"`
+	AfterFill    MemSnap `json:"mem_after_fill"`
+	// Baseline is a fresh process before it opens the filled store, and
+	// AfterOpen that process after opening it from its snapshots: the
 	// memory a restarted stage holds for N keys.
+	Baseline  MemSnap `json:"mem_baseline"`
 	AfterOpen MemSnap `json:"mem_after_open"`
 	// RSSPerKey is (AfterOpen.RSS - Baseline.RSS) / Keys; RSSAnonPerKey
 	// and RSSFilePerKey split it into anonymous memory (Go heap, Badger's
@@ -244,8 +247,8 @@ func runScalePoint(f *flags) int {
 	return 0
 }
 
-func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
-	n := f.scalePoint
+// scaleOptions are the store options of a scale point of n keys on clock.
+func scaleOptions(f *flags, n int, clock window.Clock) (state.Options, error) {
 	cfg := config.Default()
 	if f.window > 0 {
 		cfg.Window.Paths = []config.Path{{Name: "bench", Max: config.Duration(f.window)}}
@@ -253,12 +256,8 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	}
 	win, err := cfg.Window.Derive()
 	if err != nil {
-		return nil, err
+		return state.Options{}, err
 	}
-	p := &ScalePoint{Keys: n, Partitions: f.partitions}
-	p.Baseline = readMem()
-
-	clock := window.NewManualClock(time.Now().Truncate(time.Second))
 	opts := state.DefaultOptions(f.scaleDir, win)
 	opts.Partitions = f.partitions
 	opts.Clock = clock
@@ -270,6 +269,20 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	opts.GCInterval = 0
 	opts.SnapshotInterval = 0
 	opts.Logger = warnLogger(os.Stderr)
+	return opts, nil
+}
+
+func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
+	n := f.scalePoint
+	p := &ScalePoint{Keys: n, Partitions: f.partitions}
+	fillBaseline := readMem()
+
+	clock := window.NewManualClock(time.Now().Truncate(time.Second))
+	opts, err := scaleOptions(f, n, clock)
+	if err != nil {
+		return nil, err
+	}
+	win := opts.Window
 	st, err := state.Open(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -305,6 +318,7 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	p.FillSec = time.Since(start).Seconds()
 	p.FillPerSec = float64(n) / p.FillSec
 	p.AfterFill = readMem()
+	p.FillBaseline = fillBaseline
 	if f.memprofile != "" {
 		if err := writeHeapProfile(fmt.Sprintf("%s-%d-fill.pprof", f.memprofile, n)); err != nil {
 			st.Close()
@@ -317,30 +331,21 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 	p.DiskBytes, p.DiskApparent = diskUsage(f.scaleDir)
 	p.DiskPerKey = float64(p.DiskBytes) / float64(n)
 
-	// Reopen from the snapshots: the start-up of a stage with N keys.
-	start = time.Now()
-	st, err = state.Open(ctx, opts)
+	// Reopen from the snapshots in a fresh process: the start-up and the
+	// memory of a restarted stage with N keys. In this process the
+	// runtime's metadata would still be sized for the fill's peak heap.
+	r, err := reopenInChild(ctx, f, clock.Now())
 	if err != nil {
 		return nil, err
 	}
-	p.StartupSnapshotMs = ms(time.Since(start))
-	p.AfterOpen = readMem()
-	p.FileRSSByKind = fileRSSByKind()
-	p.FilterBytes = st.Stats().FilterBytes
+	p.Baseline, p.AfterOpen, p.FileRSSByKind = r.Baseline, r.AfterOpen, r.FileRSSByKind
+	p.StartupSnapshotMs = r.StartupMs
+	p.FilterBytes = r.FilterBytes
 	p.FilterPerKey = float64(p.FilterBytes) / float64(n)
 	p.RSSPerKey = float64(p.AfterOpen.RSS-p.Baseline.RSS) / float64(n)
 	p.RSSAnonPerKey = float64(p.AfterOpen.RSSAnon-p.Baseline.RSSAnon) / float64(n)
 	p.RSSFilePerKey = float64(p.AfterOpen.RSSFile-p.Baseline.RSSFile) / float64(n)
 	p.HeapPerKey = float64(p.AfterOpen.Heap-p.Baseline.Heap) / float64(n)
-	if f.memprofile != "" {
-		if err := writeHeapProfile(fmt.Sprintf("%s-%d.pprof", f.memprofile, n)); err != nil {
-			st.Close()
-			return nil, err
-		}
-	}
-	if err := st.Close(); err != nil {
-		return nil, err
-	}
 
 	// Reopen without snapshots: a full rebuild.
 	for i := range opts.Partitions {
@@ -419,4 +424,80 @@ func writeHeapProfile(path string) error {
 		return fmt.Errorf("--memprofile: %w", err)
 	}
 	return f.Close()
+}
+
+// Reopen is what the process that reopens a filled store measures.
+type Reopen struct {
+	Baseline      MemSnap          `json:"mem_baseline"`
+	AfterOpen     MemSnap          `json:"mem_after_open"`
+	FileRSSByKind map[string]int64 `json:"rss_file_by_kind,omitempty"`
+	StartupMs     float64          `json:"startup_ms"`
+	FilterBytes   uint64           `json:"filter_bytes"`
+}
+
+// reopenInChild runs this binary with --scale-reopen-at to reopen the
+// scale point's store from its snapshots at clock time now.
+func reopenInChild(ctx context.Context, f *flags, now time.Time) (*Reopen, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--scale-point", strconv.Itoa(f.scalePoint), "--scale-dir", f.scaleDir,
+		"--scale-reopen-at", strconv.FormatInt(now.UnixNano(), 10),
+		"--partitions", strconv.Itoa(f.partitions), "--sync-writes=" + strconv.FormatBool(f.syncWrites)}
+	if f.window > 0 {
+		args = append(args, "--window", f.window.String())
+	}
+	if f.memprofile != "" {
+		args = append(args, "--memprofile", f.memprofile)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("reopen in a fresh process: %w", err)
+	}
+	var r Reopen
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		return nil, fmt.Errorf("reopen in a fresh process: %w", err)
+	}
+	return &r, nil
+}
+
+// runScaleReopen is the child process of reopenInChild: it opens the store
+// from its snapshots, measures, closes it and prints a Reopen as JSON.
+func runScaleReopen(f *flags) int {
+	r, err := scaleReopen(context.Background(), f)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: scale reopen:", err)
+		return 1
+	}
+	b, _ := json.Marshal(r)
+	fmt.Println(string(b))
+	return 0
+}
+
+func scaleReopen(ctx context.Context, f *flags) (*Reopen, error) {
+	r := &Reopen{Baseline: readMem()}
+	clock := window.NewManualClock(time.Unix(0, f.scaleReopenAt))
+	opts, err := scaleOptions(f, f.scalePoint, clock)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st, err := state.Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	r.StartupMs = ms(time.Since(start))
+	r.AfterOpen = readMem()
+	r.FileRSSByKind = fileRSSByKind()
+	r.FilterBytes = st.Stats().FilterBytes
+	if f.memprofile != "" {
+		if err := writeHeapProfile(fmt.Sprintf("%s-%d.pprof", f.memprofile, f.scalePoint)); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	return r, st.Close()
 }
