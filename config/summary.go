@@ -66,6 +66,7 @@ func (c Config) Summary() string {
 	line("memory", "state.memory_budget %v (%s per partition) + filter %s", c.State.MemoryBudget, per, humanBytes(filterTotal))
 	if c.State.Partitions > 0 {
 		more("badger %s", c.StateOptions(window.Window{}).BadgerSizing())
+		more("while writing, Badger's table builders come on top: buffers of twice a table's size, up to 8 per partition (hundreds of MiB to GiBs at tens of millions of keys)")
 	}
 
 	if c.State.SyncWrites {
