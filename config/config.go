@@ -278,14 +278,15 @@ func (c Config) KnownToSyncEveryWrite() bool {
 	return c.NATS.IsEmbedded() && c.NATS.Embedded.SyncAlways
 }
 
-// TotalsStreamAtomic tells whether the totals stream sink publishes each
-// flush as atomic batches, given whether its stream allows atomic publish.
-// It follows output.publish, as the output does, without refusing: a
-// stream that does not allow atomic publish gets one message at a time,
-// and scale_out does not make auto atomic (the totals carry no fence).
-// atomic: when the stream allows it; async: never; auto: when the stream
-// allows it and the server is the embedded one with sync_always.
-func (c Config) TotalsStreamAtomic(streamAllowsAtomic bool) bool {
+// SideStreamAtomic tells whether the stage publishes to a stream beside the
+// output (the dead-letter stream, the totals stream sink) as atomic
+// batches, given whether that stream allows atomic publish. It follows
+// output.publish, as the output does, without refusing: a stream that does
+// not allow atomic publish gets one message at a time, and scale_out does
+// not make auto atomic (these streams carry no fence). atomic: when the
+// stream allows it; async: never; auto: when the stream allows it and the
+// server is the embedded one with sync_always.
+func (c Config) SideStreamAtomic(streamAllowsAtomic bool) bool {
 	switch c.Output.Publish {
 	case PublishAtomic:
 		return streamAllowsAtomic

@@ -877,8 +877,8 @@ func TestPublishAtomic(t *testing.T) {
 		scaled := c.cfg
 		scaled.ScaleOut.Enabled = true
 		for _, cfg := range []Config{c.cfg, scaled} {
-			if got := cfg.TotalsStreamAtomic(c.allowed); got != want {
-				t.Errorf("%s, scale_out %v: TotalsStreamAtomic(%v) = %v, want %v", c.name, cfg.ScaleOut.Enabled, c.allowed, got, want)
+			if got := cfg.SideStreamAtomic(c.allowed); got != want {
+				t.Errorf("%s, scale_out %v: SideStreamAtomic(%v) = %v, want %v", c.name, cfg.ScaleOut.Enabled, c.allowed, got, want)
 			}
 		}
 	}

@@ -270,7 +270,7 @@ func (c Config) totalsSummary() []string {
 	}
 	if s.Stream.Enabled() {
 		publish := "one publish per total"
-		if c.TotalsStreamAtomic(true) {
+		if c.SideStreamAtomic(true) {
 			publish = "each flush as atomic batches when the stream allows atomic publish, else one publish per total"
 		}
 		out = append(out, fmt.Sprintf("sink stream: %s (subjects %s)%s; %s", s.Stream.Stream, s.Stream.Subjects(), create(s.Stream.Create), publish))

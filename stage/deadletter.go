@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
@@ -25,42 +26,109 @@ const (
 	shrunkValueMax = 256
 )
 
-// deadLetterWorker publishes dead letters, waiting for the stream to store
-// each, then acks the original. Transient failures are retried until they
-// succeed or ctx is cancelled (an unpublished dead letter stays unacked). A
-// dead letter the server refuses permanently is shrunk (no payload, the
-// input's headers cut) and published again; if that is refused too, it is
-// counted in dedupe_dead_letters_unstorable_total, logged with the input's
-// stream and sequence, and the input is acked: it stays in its stream.
+// deadLetterBatch is the most dead letters the worker publishes together.
+const deadLetterBatch = 256
+
+// deadLetterWorker publishes dead letters, the ones queued together as one
+// batch (forward.Batch: atomic batches when the dead-letter stream allows
+// them and config.Config.SideStreamAtomic says so, else asynchronous
+// publishes), waiting for the stream to store each, then acks the
+// originals. Transient failures are retried until they succeed or ctx is
+// cancelled (an unpublished dead letter stays unacked). A dead letter the
+// server refuses permanently, or that cannot fit its limits, is shrunk (no
+// payload, the input's headers cut) and published again on its own; if
+// that is refused too, it is counted in dedupe_dead_letters_unstorable_total,
+// logged with the input's stream and sequence, and the input is acked: it
+// stays in its stream.
 func (s *Stage) deadLetterWorker(ctx context.Context, in <-chan deadLetter) {
 	health := s.reporter("")
-	for dl := range in {
-		m := s.deadLetterMsg(dl)
-		err := s.storeDeadLetter(ctx, dl, m, health)
-		if err != nil && retry.IsPermanent(err) {
-			s.log.Warn("dead letter refused; storing it without payload and with its headers cut",
-				"reason", dl.reason, "subject", m.Subject, "err", err)
-			err = s.storeDeadLetter(ctx, dl, s.shrink(dl, m), health)
-		}
-		if err != nil && !retry.IsPermanent(err) {
-			continue // ctx ended: left unacked, it comes back after ack_wait
-		}
-		if err != nil {
-			stream, seq := "", uint64(0)
-			if md, merr := dl.msg.Metadata(); merr == nil {
-				stream, seq = md.Stream, md.Sequence.Stream
+	var msgs, send []*nats.Msg
+	var res, sent []forward.Result
+	var idx []int
+	batcher.Run(in, deadLetterBatch, 0, func(batch []deadLetter) {
+		msgs, send, idx = msgs[:0], send[:0], idx[:0]
+		res = append(res[:0], make([]forward.Result, len(batch))...)
+		for i, dl := range batch {
+			m := s.deadLetterMsg(dl)
+			msgs = append(msgs, m)
+			if err := forward.CheckSize(m, s.nc.MaxPayload()); err != nil {
+				res[i] = forward.Result{Done: true, Err: err}
+				continue
 			}
-			s.metrics.DeadLettersUnstorable.WithLabelValues(dl.reason).Inc()
-			s.log.Error("dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
-				"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
+			send, idx = append(send, m), append(idx, i)
 		}
-		s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
-		s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
-		_ = dl.msg.Ack()
+		sent = append(sent[:0], make([]forward.Result, len(send))...)
+		if len(send) > 0 {
+			// An error here is ctx's: the unsettled ones stay unacked.
+			_ = forward.Batch(ctx, s.js, send, sent, s.deadLetterOptions(batch, health))
+		}
+		for j, i := range idx {
+			res[i] = sent[j]
+		}
+		for i, dl := range batch {
+			s.settleDeadLetter(ctx, dl, msgs[i], res[i], health)
+		}
+	})
+}
+
+// deadLetterOptions are the publish options of a batch of dead letters:
+// transient failures retried (and logged) while ctx lasts, the originals
+// kept in progress while that takes long.
+func (s *Stage) deadLetterOptions(batch []deadLetter, health retry.Reporter) forward.Options {
+	b := retry.NewBackoff()
+	last := time.Now()
+	return forward.Options{
+		Component: CompDeadLetter,
+		Atomic:    s.atomicDeadLetters,
+		Retry: retry.Options{
+			Reporter: health,
+			Pause: func() {
+				if b.Since() > s.ackWait/3 && time.Since(last) > s.ackWait/3 {
+					for _, dl := range batch {
+						_ = dl.msg.InProgress()
+					}
+					last = time.Now()
+				}
+			},
+		},
+		OnRetry: func(attempt, failed int, err error) {
+			s.log.Warn("dead-letter publish failed, retrying", "dead_letters", failed, "attempt", attempt, "err", err)
+		},
 	}
 }
 
-// storeDeadLetter publishes m and waits for the stream to store it,
+// settleDeadLetter finishes dead letter dl, published as m with result r:
+// one refused permanently is shrunk and stored on its own; then the
+// original is acked and counted. One still unsettled (ctx ended) is left
+// unacked: it comes back after ack_wait.
+func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg, r forward.Result, health retry.Reporter) {
+	if !r.Done {
+		return
+	}
+	err := r.Err
+	if err != nil {
+		s.log.Warn("dead letter refused; storing it without payload and with its headers cut",
+			"reason", dl.reason, "subject", m.Subject, "err", err)
+		err = s.storeDeadLetter(ctx, dl, s.shrink(dl, m), health)
+		if err != nil && !retry.IsPermanent(err) {
+			return // ctx ended: left unacked, it comes back after ack_wait
+		}
+	}
+	if err != nil {
+		stream, seq := "", uint64(0)
+		if md, merr := dl.msg.Metadata(); merr == nil {
+			stream, seq = md.Stream, md.Sequence.Stream
+		}
+		s.metrics.DeadLettersUnstorable.WithLabelValues(dl.reason).Inc()
+		s.log.Error("dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
+			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
+	}
+	s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
+	s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
+	_ = dl.msg.Ack()
+}
+
+// storeDeadLetter publishes m alone and waits for the stream to store it,
 // retrying transient failures until ctx ends. A dead letter that cannot
 // fit the server's limits is refused before any publish.
 func (s *Stage) storeDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg, health retry.Reporter) error {

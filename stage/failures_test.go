@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
@@ -164,7 +165,16 @@ var failureCases = []failureCase{
 	},
 }
 
+// TestPermanentFailuresDoNotWedge runs every case with output.publish auto
+// (here one publish per message, dead letters too) and atomic (the output
+// and the dead letters as atomic batches).
 func TestPermanentFailuresDoNotWedge(t *testing.T) {
+	for _, publish := range []string{config.PublishAuto, config.PublishAtomic} {
+		t.Run("publish="+publish, func(t *testing.T) { permanentFailuresDoNotWedge(t, publish) })
+	}
+}
+
+func permanentFailuresDoNotWedge(t *testing.T, publish string) {
 	for _, tc := range failureCases {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := natstest.RunServerWith(t, func(o *server.Options) {
@@ -173,6 +183,7 @@ func TestPermanentFailuresDoNotWedge(t *testing.T) {
 				}
 			})
 			e := newEnvOn(t, srv)
+			e.cfg.Output.Publish = publish
 			r := e.start()
 			if tc.setup != nil {
 				tc.setup(t, e)

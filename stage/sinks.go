@@ -17,7 +17,7 @@ import (
 // the one place that maps the configuration to sinks: a new sink is written
 // in sink/ and opened here. Errors name the YAML field. On error it closes
 // what it opened. atomic decides whether the stream sink publishes atomic
-// batches (config.Config.TotalsStreamAtomic).
+// batches (config.Config.SideStreamAtomic).
 func openSinks(ctx context.Context, js jetstream.JetStream, cfg config.Totals, createStreams bool, atomic func(streamAllowsAtomic bool) bool, m *sink.Metrics) (sinks []sink.Sink, err error) {
 	defer func() {
 		if err != nil {

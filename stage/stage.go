@@ -102,8 +102,11 @@ type Stage struct {
 	shutdownTimeout    time.Duration
 	fpMismatchIsRepeat bool // treat fingerprint mismatches as repeats instead of dead-lettering them
 
-	atomicOutput  bool             // publish the output as atomic batches (outputPublish)
-	outputBatches *forward.Limiter // bounds the atomic batches open on the output stream
+	atomicOutput bool // publish the output as atomic batches (outputPublish)
+	// atomicDeadLetters: publish dead letters as atomic batches
+	// (deadLetterPublish).
+	atomicDeadLetters bool
+	outputBatches     *forward.Limiter // bounds the atomic batches open on the output stream
 
 	beforePublish func(partition, batchLen int) // test hook
 
@@ -190,6 +193,9 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, err
 	}
 	if s.atomicOutput, err = outputPublish(ctx, s.js, cfg, s.log); err != nil {
+		return nil, err
+	}
+	if s.atomicDeadLetters, err = deadLetterPublish(ctx, s.js, cfg, s.log); err != nil {
 		return nil, err
 	}
 	s.outputBatches = forward.NewLimiter(cfg.Output.MaxBatchesInFlight)

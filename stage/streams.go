@@ -88,12 +88,15 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 		}
 	}
 	out := stream("output", cfg.Output.Stream, []string{cfg.Output.Subjects()}, cfg.OutputDuplicateWindow(), cfg.Output.Limits, jetstream.DiscardOld)
-	// The stage may publish its output as atomic batches (output.publish).
+	dl := stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld)
+	// The stage may publish its output and its dead letters as atomic
+	// batches (output.publish).
 	out.Config.AllowAtomicPublish = true
+	dl.Config.AllowAtomicPublish = true
 	streams := []StreamToCreate{
 		stream("input", cfg.Input.Stream, cfg.Input.Subjects, 0, cfg.Input.Limits, jetstream.DiscardNew),
 		out,
-		stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld),
+		dl,
 	}
 	if cfg.ScaleOut.Enabled {
 		if streams, err = scaleOutStreams(cfg, w, streams); err != nil {
@@ -268,6 +271,21 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 		return nil
 	}
 	return err
+}
+
+// deadLetterPublish decides whether dead letters are published as atomic
+// batches (config.Config.SideStreamAtomic), from the dead-letter stream's
+// AllowAtomicPublish.
+func deadLetterPublish(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (bool, error) {
+	st, err := js.Stream(ctx, cfg.DeadLetter.Stream)
+	if err != nil {
+		return false, fmt.Errorf("dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
+	}
+	allowed := st.CachedInfo().Config.AllowAtomicPublish
+	atomic := cfg.SideStreamAtomic(allowed)
+	log.Info("dead letters published together", "stream", cfg.DeadLetter.Stream, "atomic_batches", atomic,
+		"stream_allows_atomic_publish", allowed, "publish", cfg.Output.Publish)
+	return atomic, nil
 }
 
 // outputPublish decides whether the output is published as atomic batches

@@ -100,7 +100,7 @@ func newTotals(ctx context.Context, s *Stage, reg prometheus.Registerer) (_ *tot
 		Help: "New events for closed buckets (bucket end + W past), by action: dead_lettered or dropped. They never change a total.",
 	}, []string{"action"})
 	reg.MustRegister(t.flushSeconds, t.pending, t.lateEvents)
-	if t.sinks, err = openSinks(ctx, s.js, cfg, s.cfg.NATS.ShouldCreateStreams(), s.cfg.TotalsStreamAtomic, sink.NewMetrics(reg)); err != nil {
+	if t.sinks, err = openSinks(ctx, s.js, cfg, s.cfg.NATS.ShouldCreateStreams(), s.cfg.SideStreamAtomic, sink.NewMetrics(reg)); err != nil {
 		return nil, err
 	}
 	return t, nil
