@@ -337,7 +337,13 @@ type BadgerSizing struct {
 	// before the store is read, so the store is read for keys it holds
 	// (and for the filter's false positives); per-table filters would only
 	// skip the tables that do not hold a key, for about 1.2 B per key of
-	// table index that is read in full at open.
+	// table index that is read in full at open. That skip is what a read
+	// of a held key costs without them: at 10M keys, reopened (5 tables
+	// per partition), a lookup of a held key took 12.1 and 12.3 µs
+	// without per-table filters and 7.8 and 8.3 µs with 1% ones
+	// (BenchmarkLookupSeen -seen-keys 10000000, two runs each, alternated).
+	// About 4 µs more per repeat that reads the store, 0.4 µs per event at
+	// 10% repeats; the memory is kept instead.
 	BloomFalsePositive float64
 	// BlockCacheSize is Badger's BlockCacheSize: 0. Badger needs a block
 	// cache only for compressed or encrypted blocks; for plain blocks it
