@@ -238,11 +238,17 @@ func marginalPerKey(pts []*ScalePoint) float64 {
 // prints the ScalePoint as JSON on stdout.
 func runScalePoint(f *flags) int {
 	p, err := scalePoint(context.Background(), f)
+	return printChild("scale point", p, err)
+}
+
+// printChild ends a child process of the scale mode: v as JSON on stdout
+// and exit code 0, or err on stderr and 1.
+func printChild(what string, v any, err error) int {
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench: scale point:", err)
+		fmt.Fprintf(os.Stderr, "bench: %s: %v\n", what, err)
 		return 1
 	}
-	b, _ := json.Marshal(p)
+	b, _ := json.Marshal(v)
 	fmt.Println(string(b))
 	return 0
 }
@@ -468,13 +474,7 @@ func reopenInChild(ctx context.Context, f *flags, now time.Time) (*Reopen, error
 // from its snapshots, measures, closes it and prints a Reopen as JSON.
 func runScaleReopen(f *flags) int {
 	r, err := scaleReopen(context.Background(), f)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench: scale reopen:", err)
-		return 1
-	}
-	b, _ := json.Marshal(r)
-	fmt.Println(string(b))
-	return 0
+	return printChild("scale reopen", r, err)
 }
 
 func scaleReopen(ctx context.Context, f *flags) (*Reopen, error) {
