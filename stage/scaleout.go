@@ -158,12 +158,15 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	}
 	// A cluster can leave a request unanswered (no responders while a
 	// leader is elected, a time-out): asked again, for as long as the
-	// streams' set-up is. Anything else pcgroups says (an invalid or
-	// mismatched group) no retry changes.
+	// streams' set-up is, each request for streamRequestTimeout of it.
+	// Anything else pcgroups says (an invalid or mismatched group) no
+	// retry changes.
 	gctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
 	defer cancel()
 	err = retry.Do(gctx, "consumer group", func() error {
-		_, err := pcgroups.CreateStatic(gctx, s.js, so.inStream, so.group, uint(n), nil, nil, maps)
+		rctx, cancel := context.WithTimeout(gctx, streamRequestTimeout)
+		defer cancel()
+		_, err := pcgroups.CreateStatic(rctx, s.js, so.inStream, so.group, uint(n), nil, nil, maps)
 		var api *jetstream.APIError
 		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) &&
 			!errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &api) {

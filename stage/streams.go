@@ -147,7 +147,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	// A cluster can leave a request unanswered (a meta leader that steps
 	// down before it replies): a time-out is transient and asked again,
-	// for up to streamSetUpTimeout; a refusal is final.
+	// for up to streamSetUpTimeout; a refusal is final. Each request has
+	// streamRequestTimeout of it, so that one lost reply does not spend it all.
 	ctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
 	defer cancel()
 	for _, w := range wanted {
@@ -155,6 +156,8 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 		var st jetstream.Stream
 		created := false
 		err := retry.Do(ctx, "streams", func() error {
+			ctx, cancel := context.WithTimeout(ctx, streamRequestTimeout)
+			defer cancel()
 			if _, err := js.Stream(ctx, sc.Name); err == nil {
 				return nil
 			} else if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
@@ -193,8 +196,12 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 }
 
 // streamSetUpTimeout bounds how long the stage asks again for the streams
-// it creates before it gives up starting.
-const streamSetUpTimeout = time.Minute
+// it creates before it gives up starting; streamRequestTimeout bounds one
+// request of it.
+const (
+	streamSetUpTimeout   = time.Minute
+	streamRequestTimeout = 10 * time.Second
+)
 
 // checkStreamsExist reports the first of the input, output and dead-letter
 // streams that does not exist, saying how to have it created. It is used
