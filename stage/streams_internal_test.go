@@ -33,6 +33,9 @@ func (l *lostReply) Stream(ctx context.Context, name string) (jetstream.Stream, 
 	return l.JetStream.Stream(ctx, name)
 }
 
+// TestStreamSetUpOutlivesALostReply: when the first stream lookup gets no
+// answer, it waits at most streamRequestTimeout, is asked again, and the
+// set-up creates every stream within its minute.
 func TestStreamSetUpOutlivesALostReply(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	_, js := natstest.Connect(t, srv.ClientURL())
