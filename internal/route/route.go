@@ -40,6 +40,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -105,6 +106,7 @@ const (
 // Defaults of Options.
 const (
 	DefaultBatchSize       = 256
+	DefaultBatchesInFlight = 4
 	DefaultAckWait         = 10 * time.Second
 	DefaultMaxAckPending   = 4096
 	DefaultRestartMargin   = time.Minute
@@ -146,6 +148,11 @@ type Options struct {
 	// BatchLinger is how long a batch waits to fill; 0 takes what is
 	// already delivered. Default 0.
 	BatchLinger time.Duration
+	// BatchesInFlight is how many batches are routed at once, each by its
+	// own goroutine: a batch waits a replicated write's round trip for
+	// its copies to be stored, and the batches behind it use that time.
+	// Default DefaultBatchesInFlight.
+	BatchesInFlight int
 	// AckWait of the route consumer. Default DefaultAckWait.
 	AckWait time.Duration
 	// MaxAckPending of the route consumer, shared by all instances.
@@ -192,7 +199,7 @@ func (o Options) Validate() error {
 	if o.Partitions < 1 {
 		errs = append(errs, fmt.Errorf("route: Options.Partitions is %d, want at least 1", o.Partitions))
 	}
-	for field, v := range map[string]int64{"BatchSize": int64(o.BatchSize), "MaxAckPending": int64(o.MaxAckPending),
+	for field, v := range map[string]int64{"BatchSize": int64(o.BatchSize), "BatchesInFlight": int64(o.BatchesInFlight), "MaxAckPending": int64(o.MaxAckPending),
 		"MaxMessageBytes": o.MaxMessageBytes, "AckWait": int64(o.AckWait), "BatchLinger": int64(o.BatchLinger),
 		"RestartMargin": int64(o.RestartMargin), "ShutdownTimeout": int64(o.ShutdownTimeout)} {
 		if v < 0 {
@@ -206,6 +213,9 @@ func (o Options) Validate() error {
 func (o Options) withDefaults() Options {
 	if o.BatchSize == 0 {
 		o.BatchSize = DefaultBatchSize
+	}
+	if o.BatchesInFlight == 0 {
+		o.BatchesInFlight = DefaultBatchesInFlight
 	}
 	if o.AckWait == 0 {
 		o.AckWait = DefaultAckWait
@@ -260,57 +270,72 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("route: consumer %s on stream %s: %w", ConsumerName(o.Group), o.InputStream, err)
 	}
-	r := &router{o: o, js: js, metrics: NewMetrics(o.Registry), log: o.Logger.With("component", "route")}
+	metrics, log := NewMetrics(o.Registry), o.Logger.With("component", "route")
+	atomic := st.CachedInfo().Config.AllowAtomicPublish
+	if !atomic {
+		log.Warn("the routed stream does not allow atomic publish, so each routed copy is its own publish; allow it (AllowAtomicPublish) to route a batch in one",
+			"routed_stream", o.RoutedStream)
+	}
 
-	// The batch in flight runs on its own context: a stop finishes it, and
-	// only the shutdown timeout abandons it (unacked, so it comes back).
+	// The batches in flight run on their own context: a stop finishes
+	// them, and only the shutdown timeout abandons them (unacked, so they
+	// come back).
 	work, abandon := context.WithCancel(context.Background())
 	defer abandon()
 	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(o.ShutdownTimeout, abandon) })
 	defer stopTimer()
 
+	// BatchesInFlight routers share in, each gathering and routing its own
+	// batches: the order of routed copies is not kept, and need not be
+	// (the package comment).
 	in := make(chan jetstream.Msg, o.BatchSize)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		batcher.Run(in, o.BatchSize, o.BatchLinger, func(batch []jetstream.Msg) { r.process(work, batch) })
-	}()
-	r.log.Info("routing", "stream", o.InputStream, "consumer", ConsumerName(o.Group), "partitions", o.Partitions,
-		"routed_stream", o.RoutedStream, "routed_subjects", Subject(0, o.RoutedSubject, "<input subject>"), "key", o.Key.Config().String())
-	r.consume(ctx, cons, in)
+	var routers sync.WaitGroup
+	for range o.BatchesInFlight {
+		r := &router{o: o, js: js, metrics: metrics, log: log, atomic: atomic}
+		routers.Go(func() {
+			batcher.Run(in, o.BatchSize, o.BatchLinger, func(batch []jetstream.Msg) { r.process(work, batch) })
+		})
+	}
+	log.Info("routing", "stream", o.InputStream, "consumer", ConsumerName(o.Group), "partitions", o.Partitions,
+		"routed_stream", o.RoutedStream, "routed_subjects", Subject(0, o.RoutedSubject, "<input subject>"), "key", o.Key.Config().String(),
+		"batches_in_flight", o.BatchesInFlight)
+	consume(ctx, o, log, cons, in)
 	close(in)
-	<-done
-	r.log.Info("route step stopped: batch in flight finished")
+	routers.Wait()
+	log.Info("route step stopped: batch in flight finished")
 	return nil
 }
 
-// router routes batches. One goroutine calls process.
+// router routes batches. One goroutine calls process; the routers of one
+// Run share their metrics.
 type router struct {
 	o       Options
 	js      jetstream.JetStream
 	metrics *Metrics
 	log     *slog.Logger
+	atomic  bool // the routed stream allows atomic publish
 
 	// per batch, reused
 	out  []*nats.Msg
 	idx  []int
 	res  []forward.Result
+	dls  []deadLetter
 	seen time.Time // when the batch last told the server it is being worked on
 }
 
 // consume pulls messages into in until ctx is done. A broken subscription
 // (consumer deleted, server restarted) is made again with backoff.
-func (r *router) consume(ctx context.Context, cons jetstream.Consumer, in chan<- jetstream.Msg) {
+func consume(ctx context.Context, o Options, log *slog.Logger, cons jetstream.Consumer, in chan<- jetstream.Msg) {
 	b := retry.NewBackoff()
 	for ctx.Err() == nil {
 		// Each pull lasts at most ack_wait (heartbeats every half of
 		// it): a pull request a cluster loses, as one can while the
 		// consumer's node takes it over, is noticed and made again
 		// after that long, not after nats.go's default of 30s.
-		iter, err := cons.Messages(jetstream.PullMaxMessages(min(r.o.MaxAckPending, 2*r.o.BatchSize)),
-			jetstream.PullExpiry(max(r.o.AckWait, 2*time.Second)))
+		iter, err := cons.Messages(jetstream.PullMaxMessages(min(o.MaxAckPending, (o.BatchesInFlight+1)*o.BatchSize)),
+			jetstream.PullExpiry(max(o.AckWait, 2*time.Second)))
 		if err != nil {
-			r.log.Warn("pull subscription failed, retrying", "err", err)
+			log.Warn("pull subscription failed, retrying", "err", err)
 			_ = b.Wait(ctx)
 			continue
 		}
@@ -319,7 +344,7 @@ func (r *router) consume(ctx context.Context, cons jetstream.Consumer, in chan<-
 			msg, err := iter.Next()
 			if err != nil {
 				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() == nil {
-					r.log.Warn("pull subscription ended, re-subscribing", "err", err)
+					log.Warn("pull subscription ended, re-subscribing", "err", err)
 				}
 				break
 			}
@@ -342,10 +367,10 @@ type deadLetter struct {
 
 // process routes one batch: build every copy, publish them all in flight,
 // ack each input once its copy is stored, and dead-letter what cannot be
-// routed. If ctx ends while the routed stream keeps failing, the rest is
+// routed (beside the copies, in flight at the same time). If ctx ends while the routed stream keeps failing, the rest is
 // left unacked and comes back after AckWait.
 func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
-	r.out, r.idx, r.seen = r.out[:0], r.idx[:0], time.Now()
+	r.out, r.idx, r.dls, r.seen = r.out[:0], r.idx[:0], r.dls[:0], time.Now()
 	maxPayload := r.o.Conn.MaxPayload()
 	for i, msg := range batch {
 		m, dl := r.routed(msg)
@@ -355,22 +380,34 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 			}
 		}
 		if dl != nil {
-			r.deadLetter(ctx, *dl)
+			r.dls = append(r.dls, *dl)
 			continue
 		}
 		r.out = append(r.out, m)
 		r.idx = append(r.idx, i)
 	}
+	// The batch's dead letters are stored beside its routed copies, in
+	// flight at the same time.
+	var dead sync.WaitGroup
+	if len(r.dls) > 0 {
+		dead.Go(func() { r.deadLetters(ctx) })
+	}
+	defer func() {
+		dead.Wait()
+		clear(r.dls)
+	}()
 	if len(r.out) == 0 {
 		return
 	}
 	r.res = append(r.res[:0], make([]forward.Result, len(r.out))...)
 	err := forward.Batch(ctx, r.js, r.out, r.res, forward.Options{
 		Component: CompRoute,
-		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { r.keepAlive(batch) }},
+		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(batch, &r.seen, r.o.AckWait) }},
 		OnRetry: func(attempt, failed int, err error) {
 			r.log.Warn("routed publishes failed, retrying; nothing is acked meanwhile", "attempt", attempt, "failed", failed, "err", err)
 		},
+		Atomic:     r.atomic,
+		OnFallback: r.fallback,
 	})
 	if err != nil {
 		r.log.Warn("stopping with routed publishes unsettled; their inputs stay unacked and come back", "err", err)
@@ -381,7 +418,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 		case !res.Done:
 			continue
 		case res.Err != nil:
-			r.deadLetter(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
+			r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
 		default:
 			outcome := OutcomeRouted
 			if res.Duplicate {
@@ -451,16 +488,16 @@ func (r *router) ack(msg jetstream.Msg, outcome string) {
 	r.metrics.Messages.WithLabelValues(outcome).Inc()
 }
 
-// keepAlive tells the server the batch is still being worked on, once a
-// third of AckWait has passed since it last did.
-func (r *router) keepAlive(batch []jetstream.Msg) {
-	if time.Since(r.seen) < r.o.AckWait/3 {
+// keepAlive tells the server that msgs are still being worked on, once a
+// third of ackWait has passed since it last did (*seen).
+func keepAlive(msgs []jetstream.Msg, seen *time.Time, ackWait time.Duration) {
+	if time.Since(*seen) < ackWait/3 {
 		return
 	}
-	for _, m := range batch {
+	for _, m := range msgs {
 		_ = m.InProgress()
 	}
-	r.seen = time.Now()
+	*seen = time.Now()
 }
 
 // describe renders a publish error for a dead letter's detail: the server's
@@ -473,20 +510,88 @@ func describe(err error) string {
 	return err.Error()
 }
 
-// deadLetter publishes dl and waits until the dead-letter stream stores it,
-// retrying transient failures until ctx ends (then the input stays unacked
-// and comes back). A dead letter refused for good is published again
-// without its payload; if that is refused too, the refusal is logged with
-// the input's stream and sequence and counted as OutcomeUnstorable, and
-// the input is acked: it stays in its stream. Either way the input is
-// never dropped without a trace.
-func (r *router) deadLetter(ctx context.Context, dl deadLetter) {
-	m := r.deadLetterMsg(dl, true)
-	err := r.publishDeadLetter(ctx, dl, m)
-	if err != nil && retry.IsPermanent(err) {
-		r.log.Warn("dead letter refused; storing it without payload", "reason", dl.reason, "subject", m.Subject, "err", err)
-		err = r.publishDeadLetter(ctx, dl, r.deadLetterMsg(dl, false))
+// fallback logs a batch of routed copies the routed stream refused as a
+// whole, which forward then publishes one copy at a time. A copy already
+// in the duplicate window (an input redelivered after its copy was
+// stored) is expected; any other refusal is a warning.
+func (r *router) fallback(messages int, err error) {
+	level := slog.LevelWarn
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == retry.CodeBatchDuplicateMsgID {
+		level = slog.LevelInfo
 	}
+	r.log.Log(context.Background(), level, "routed stream refused a batch of copies; publishing them one at a time",
+		"messages", messages, "err", describe(err))
+}
+
+// deadLetters publishes the batch's dead letters (r.dls) together, many in
+// flight, and acks each input once its dead letter is stored. A dead
+// letter refused for good is stored without its payload (shrunk); one
+// still failing when ctx ends stays unacked and comes back. It runs beside
+// the batch's routed publishes, so it keeps its own inputs alive.
+func (r *router) deadLetters(ctx context.Context) {
+	maxPayload := r.o.Conn.MaxPayload()
+	msgs := make([]*nats.Msg, 0, len(r.dls))
+	idx := make([]int, 0, len(r.dls))
+	inputs := make([]jetstream.Msg, len(r.dls))
+	for i, dl := range r.dls {
+		inputs[i] = dl.msg
+		m := r.deadLetterMsg(dl, true)
+		if err := forward.CheckSize(m, maxPayload); err != nil {
+			r.shrunk(ctx, dl, err)
+			continue
+		}
+		msgs = append(msgs, m)
+		idx = append(idx, i)
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	res := make([]forward.Result, len(msgs))
+	seen := time.Now()
+	err := forward.Batch(ctx, r.js, msgs, res, forward.Options{
+		Component: CompRouteDeadLetter,
+		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(inputs, &seen, r.o.AckWait) }},
+		OnRetry: func(attempt, failed int, err error) {
+			r.log.Warn("dead-letter publishes failed, retrying; their inputs stay unacked meanwhile", "attempt", attempt, "failed", failed, "err", err)
+		},
+	})
+	if err != nil {
+		r.log.Warn("stopping with dead letters unsettled; their inputs stay unacked and come back", "err", err)
+	}
+	for k, i := range idx {
+		switch res := res[k]; {
+		case !res.Done:
+		case res.Err != nil:
+			r.shrunk(ctx, r.dls[i], res.Err)
+		default:
+			r.deadLettered(r.dls[i], OutcomeDeadLetter)
+		}
+	}
+}
+
+// deadLetterAlone publishes dl's dead letter and waits until it is
+// stored; one refused for good is stored without its payload (shrunk).
+func (r *router) deadLetterAlone(ctx context.Context, dl deadLetter) {
+	err := r.publishDeadLetter(ctx, dl, r.deadLetterMsg(dl, true))
+	switch {
+	case err == nil:
+		r.deadLettered(dl, OutcomeDeadLetter)
+	case retry.IsPermanent(err):
+		r.shrunk(ctx, dl, err)
+	}
+}
+
+// shrunk stores dl after its dead letter with the payload was refused for
+// good (refused): without the payload, retrying transient failures until
+// ctx ends (then the input stays unacked and comes back). If that is
+// refused too, the refusal is logged with the input's stream and sequence
+// and counted as OutcomeUnstorable, and the input is acked: it stays in
+// its stream. Either way the input is never dropped without a trace.
+func (r *router) shrunk(ctx context.Context, dl deadLetter, refused error) {
+	m := r.deadLetterMsg(dl, false)
+	r.log.Warn("dead letter refused; storing it without payload", "reason", dl.reason, "subject", m.Subject, "err", refused)
+	err := r.publishDeadLetter(ctx, dl, m)
 	if err != nil && !retry.IsPermanent(err) {
 		return
 	}
@@ -502,6 +607,11 @@ func (r *router) deadLetter(ctx context.Context, dl deadLetter) {
 		r.log.Error("dead letter cannot be stored even without payload; the input is acked and stays in its stream",
 			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
 	}
+	r.deadLettered(dl, outcome)
+}
+
+// deadLettered counts dl's reason and acks its input with outcome.
+func (r *router) deadLettered(dl deadLetter, outcome string) {
 	r.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
 	r.ack(dl.msg, outcome)
 }

@@ -111,7 +111,11 @@ func DuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
 //   - subjects StreamSubjects(routedSubject, partitions);
 //   - the duplicate window DuplicateWindow(ackWait, restartMargin), ackWait
 //     being the route consumer's;
-//   - file storage and the given replicas (0 means 1), as the input's.
+//   - file storage and the given replicas (0 means 1), as the input's;
+//   - atomic publish allowed: Run publishes each batch's copies as one
+//     atomic batch, one replicated proposal and one acknowledgement (and,
+//     on a server that syncs every write, one fsync) instead of one per
+//     copy.
 //
 // CheckStream accepts it.
 func StreamConfig(name, routedSubject string, partitions, replicas int, ackWait, restartMargin time.Duration) jetstream.StreamConfig {
@@ -123,6 +127,8 @@ func StreamConfig(name, routedSubject string, partitions, replicas int, ackWait,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 		Duplicates:  DuplicateWindow(ackWait, restartMargin),
+
+		AllowAtomicPublish: true,
 	}
 }
 
