@@ -265,7 +265,7 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 				m.Header = nats.Header{}
 			}
 		}
-		a, err := publishBatch(ctx, js, send)
+		a, err := publishBatch(ctx, js, send, noFirstAck)
 		o.Inflight.release()
 		for _, m := range send {
 			m.Header.Del(jetstreamext.BatchIDHeader)
@@ -306,6 +306,12 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 // publishBatch publishes one atomic batch; a variable so that tests can
 // lose an answer.
 var publishBatch = jetstreamext.PublishMsgBatch
+
+// noFirstAck sends a batch's messages without waiting for the server to
+// acknowledge the first one: one round trip per batch (the commit's)
+// instead of two. The server still answers the commit with the batch's
+// fate, and with the error that ended a batch early.
+var noFirstAck = jetstreamext.BatchFlowControl{AckFirst: false}
 
 // landed tells whether last, the last message of a fenced atomic batch
 // whose publish got no answer, is stored: the last message on its
