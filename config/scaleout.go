@@ -294,6 +294,22 @@ func (c Config) validateScaleOut(v *validator) {
 	}
 }
 
+// PartitionBatch is the most messages a partition judges together: one
+// state commit, one round of acks and one output publish. Without
+// scale-out it is pipeline.batch_size. With scale-out a partition has one
+// fenced atomic batch in flight at a time (a replicated stream refuses a
+// second proposal that checks the same fence, 10164), so its throughput is
+// its batch over that batch's round trip: the batch takes whatever arrived
+// during the last one, up to output.batch_max (at least
+// pipeline.batch_size, as Validate requires). At low load a batch is as
+// small as before: it waits only pipeline.batch_linger.
+func (c Config) PartitionBatch() int {
+	if c.ScaleOut.Enabled {
+		return max(c.Output.BatchMax, c.Pipeline.BatchSize)
+	}
+	return c.Pipeline.BatchSize
+}
+
 // scaleOutSummary describes the scale_out section for Summary: the
 // group, this instance, the input's transform and the hand-over time
 // after a crash. The stage prints the fence and output subjects it
@@ -316,6 +332,8 @@ func (c Config) scaleOutSummary() []string {
 	} else {
 		out = append(out, fmt.Sprintf("input stream transform %s -> %s (nats-server's FNV-1a 32-bit partition of the key token)", src, dest))
 	}
+	out = append(out, fmt.Sprintf("a partition judges up to %d messages together (output.batch_max): one fenced batch in flight per partition, so a batch grows with what arrives during the last one's round trip",
+		c.PartitionBatch()))
 	out = append(out, fmt.Sprintf("streams created with %d replicas", s.Replicas))
 	return out
 }

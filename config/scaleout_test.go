@@ -212,11 +212,18 @@ func TestScaleOutSummary(t *testing.T) {
 		"hand-over after a crash ≈ input.ack_wait 10s",
 		"input stream transform orders.* -> {{partition(4,1)}}.orders.{{wildcard(1)}}",
 		"streams created with 3 replicas",
+		"a partition judges up to 1000 messages together (output.batch_max)",
 		"output.publish auto with scale-out: atomic batches",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("summary does not say %q:\n%s", want, got)
 		}
+	}
+	if got, want := c.PartitionBatch(), c.Output.BatchMax; got != want {
+		t.Errorf("with scale-out a partition's batch is %d, want output.batch_max %d", got, want)
+	}
+	if got, want := Default().PartitionBatch(), Default().Pipeline.BatchSize; got != want {
+		t.Errorf("without scale-out a partition's batch is %d, want pipeline.batch_size %d", got, want)
 	}
 	if s := Default().Summary(); !strings.Contains(s, "scale-out:   off (one instance)") {
 		t.Errorf("default summary does not say scale-out is off:\n%s", s)

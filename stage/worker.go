@@ -58,7 +58,7 @@ func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan 
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
-	batcher.Run(in, s.cfg.Pipeline.BatchSize, s.cfg.Pipeline.BatchLinger.D(), func(batch []item) {
+	batcher.Run(in, s.cfg.PartitionBatch(), s.cfg.Pipeline.BatchLinger.D(), func(batch []item) {
 		w.process(ctx, batch)
 	})
 }
