@@ -335,6 +335,9 @@ func realMain(args []string) int {
 			f.keep = true
 			fmt.Fprintf(os.Stderr, "bench: scale-out: logs and configurations kept in %s\n", dir)
 		}
+		if so != nil {
+			so.Kept = f.keep || f.dir != ""
+		}
 	}
 	if f.scale != "" && ctx.Err() == nil {
 		pts, err := runScale(ctx, f, dir)

@@ -1,18 +1,24 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"math"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
@@ -151,4 +157,124 @@ func TestSeriesHistogram(t *testing.T) {
 	if count != 101 || math.Abs(sum-(100*0.003+0.1)) > 1e-9 || p99 != 0.004 {
 		t.Errorf("count %v, sum %v, p99 bucket %v; want 101, 0.4, 0.004", count, sum, p99)
 	}
+}
+
+// TestScaleOutVerify feeds the ground-truth check of a row an output with
+// a key missing, a key twice, a message of no workload key and a fence
+// message, and a dead-letter stream with one bad input missing, one twice
+// and a good input: it must count each, keep the fence apart, and fail
+// the row.
+func TestScaleOutVerify(t *testing.T) {
+	e := testScaleOutEnv(t, 1000, 0.01)
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	e.js = js
+	n := namesForRow(0)
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: n.output, Subjects: []string{n.outPrefix + ".>"}},
+		{Name: n.dlq, Subjects: []string{n.dlqSubj}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.warmKeys = 5 // warm-up keys 0..4 of this row
+	out := func(key string, i int) *nats.Msg {
+		return &nats.Msg{Subject: n.outPrefix + ".1.in", Data: Payload(key, i, 64)}
+	}
+	var msgs []*nats.Msg
+	for i := range e.thr.Keys {
+		switch i {
+		case 7: // lost
+		case 9: // doubled
+			msgs = append(msgs, out(e.thr.Key(i), i), out(e.thr.Key(i), i))
+		default:
+			msgs = append(msgs, out(e.thr.Key(i), i))
+		}
+	}
+	for i := range 5 {
+		msgs = append(msgs, out(KeyString("wup", e.f.seed, i), i))
+	}
+	msgs = append(msgs, &nats.Msg{Subject: n.outPrefix + "._fence.1", Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
+	for j := range e.bad {
+		dl := &nats.Msg{Subject: n.dlqSubj, Header: nats.Header{headerBad: []string{strconv.Itoa(j)}}}
+		switch j {
+		case 0: // not dead-lettered
+		case 1: // twice
+			msgs = append(msgs, dl, dl)
+		default:
+			msgs = append(msgs, dl)
+		}
+	}
+	msgs = append(msgs, &nats.Msg{Subject: n.dlqSubj, Data: []byte("a good input")})
+	natstest.PublishAll(t, js, msgs)
+
+	res := &ScaleOutRow{}
+	if err := e.verify(ctx, n, 0, res); err != nil {
+		t.Fatal(err)
+	}
+	want := ScaleOutCorrect{Expected: e.thr.Keys + 5, Output: e.thr.Keys + 5 + 1, Fences: 1, Lost: 1, Duplicated: 2,
+		DeadLetterWant: e.bad, DeadLettered: e.bad + 1, DeadLetterLost: 1, DeadLetterExtra: 2}
+	if res.Correct != want {
+		t.Errorf("correctness\n got %+v\nwant %+v", res.Correct, want)
+	}
+}
+
+// TestScaleOutRow runs the mode end to end on one small row, capped:
+// the real binaries, a 3-node cluster, a cgroup. The row matches the
+// ground truth, the cap was applied (or the reason it could not be is
+// recorded), and nothing is left behind: no process of the run and no
+// cgroup.
+func TestScaleOutRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 30s); not with -short")
+	}
+	dir := t.TempDir()
+	f, err := parseFlags([]string{"--scaleout", "--events", "2000", "--scaleout-rows", "subject", "--scaleout-instances", "2",
+		"--cpu-cap", "0.5", "--scaleout-ack-wait", "2s", "--progress", "0", "--dir", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := logOut
+	logOut = testWriter{t}
+	defer func() { logOut = saved }()
+	so, err := runScaleOut(context.Background(), f, 70*time.Minute, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(so.Rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(so.Rows))
+	}
+	r := so.Rows[0]
+	if !r.Correct.OK || r.Correct.Expected < 1400 || r.Correct.DeadLetterWant != 20 {
+		t.Errorf("row %s: %+v; want every key once and the 20 bad inputs dead-lettered once", r.Row, r.Correct)
+	}
+	if !r.Capped && so.CgroupError == "" {
+		t.Errorf("row %s not capped and no reason recorded", r.Row)
+	}
+	if so.CgroupError != "" {
+		t.Logf("CPU caps not applied here: %s", so.CgroupError)
+	}
+	if r.EventsPerSec <= 0 || r.StageCPUMicrosPerEvent <= 0 || r.Stage.Batches <= 0 || len(r.PerInst) != 2 {
+		t.Errorf("row %s: events/s %v, CPU µs/event %v, batches %v, %d instances measured; want all measured",
+			r.Row, r.EventsPerSec, r.StageCPUMicrosPerEvent, r.Stage.Batches, len(r.PerInst))
+	}
+	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "dedupe-bench-"+strconv.Itoa(os.Getpid())+"-*")); len(left) > 0 {
+		t.Errorf("cgroups left behind: %v", left)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
+			t.Errorf("process left behind: %s", strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+}
+
+// testWriter writes the harness's progress lines to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
