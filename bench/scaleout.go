@@ -459,7 +459,7 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 	fmt.Fprintf(logOut, "== scale-out %s\n", row)
 	n := namesForRow(idx)
 	res := &ScaleOutRow{Row: row.String(), Mode: row.mode, Instances: row.instances, CPUCap: row.cap}
-	rowDir := filepath.Join(e.dir, "rows", strings.ReplaceAll(row.String(), " ", "-"))
+	rowDir := filepath.Join(e.dir, "rows", fmt.Sprintf("%02d-%s", idx, strings.ReplaceAll(row.String(), " ", "-")))
 	if err := os.MkdirAll(rowDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -568,6 +568,11 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 		if _, err := e.js.PauseConsumer(ctx, c.stream, c.name, time.Now().Add(time.Hour)); err != nil {
 			return nil, fmt.Errorf("pause consumer %s: %w", c.name, err)
 		}
+	}
+	// On a cluster the answer can come before the consumer's leader
+	// applies the pause.
+	if err := e.waitPaused(ctx, cons, 30*time.Second); err != nil {
+		return nil, err
 	}
 	before := make([]series, len(insts))
 	for k, in := range insts {
@@ -885,6 +890,34 @@ func (e *soEnv) waitDrained(ctx context.Context, cons []soConsumer, insts []*ins
 		case <-time.After(every):
 		}
 	}
+}
+
+// waitPaused waits until every consumer of cons reports itself paused.
+func (e *soEnv) waitPaused(ctx context.Context, cons []soConsumer, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, c := range cons {
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			ci, err := e.js.Consumer(rctx, c.stream, c.name)
+			var info *jetstream.ConsumerInfo
+			if err == nil {
+				info, err = ci.Info(rctx)
+			}
+			cancel()
+			if err == nil && info.Paused {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("consumer %s not paused within %v (%v)", c.name, timeout, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 // waiting returns the messages pending or unacknowledged in cons.

@@ -99,7 +99,9 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 		if err != nil || n < 1 || n > f.partitions {
 			return fmt.Errorf("--scaleout-instances: %q, want 1..%d (a group cannot use more instances than --partitions)", s, f.partitions)
 		}
-		f.soInstances = append(f.soInstances, n)
+		if !slices.Contains(f.soInstances, n) {
+			f.soInstances = append(f.soInstances, n)
+		}
 	}
 	for s := range strings.SplitSeq(f.soCaps, ",") {
 		if s = strings.TrimSpace(s); s == "" {
@@ -109,7 +111,9 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 		if err != nil || c < 0 || c > 64 || (c > 0 && c*cgroupPeriod < 1000) {
 			return fmt.Errorf("--cpu-cap: %q, want 0 (uncapped) or 0.01..64 cores", s)
 		}
-		f.cpuCaps = append(f.cpuCaps, c)
+		if !slices.Contains(f.cpuCaps, c) {
+			f.cpuCaps = append(f.cpuCaps, c)
+		}
 	}
 	switch {
 	case len(f.soModes) == 0:
