@@ -139,9 +139,13 @@ type ScaleOutRow struct {
 	// DrainSeconds is from resuming the consumers to every consumer of
 	// the group having acknowledged everything.
 	DrainSeconds float64 `json:"drain_seconds"`
+	// Drained is the backlog events still waiting in the consumers when
+	// they were resumed: every event unless the pause leaked (noted).
+	Drained int `json:"drained_events"`
+	// EventsPerSec is Drained / DrainSeconds.
 	EventsPerSec float64 `json:"events_per_sec"`
 	// StageCPUMicrosPerEvent is the CPU of every instance over the drain
-	// (/proc/<pid>/stat utime + stime), per backlog event.
+	// (/proc/<pid>/stat utime + stime), per drained event.
 	StageCPUMicrosPerEvent float64 `json:"stage_cpu_us_per_event"`
 	// ServerCPUMicrosPerEvent is the same for the three nats-servers.
 	ServerCPUMicrosPerEvent float64 `json:"server_cpu_us_per_event"`
@@ -583,18 +587,29 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 	total := len(e.thr.Main) + e.bad
 	prog := startProgress(row.String()+" publish backlog", uint64(total), e.f.progressEvery, nil)
 	pctx, cancel := context.WithTimeout(ctx, e.f.timeout)
+	stopWatch, repaused := e.keepPaused(pctx, cons)
 	took, err := publishAll(pctx, hjs, total, e.backlogMsg(row, n), prog)
+	stopWatch()
 	cancel()
 	prog.end()
 	if err != nil {
 		return nil, fmt.Errorf("publish backlog: %w", err)
 	}
 	res.PublishSeconds = took.Seconds()
-	// With the consumers paused, the whole backlog waits in them.
+	if err := e.waitPaused(ctx, cons, 30*time.Second); err != nil {
+		return nil, err
+	}
+	if r := repaused.Load(); r > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("a consumer was found unpaused %d times during the publish and paused again (an instance re-created a member's consumer)", r))
+	}
+	// With the consumers paused, the backlog waits in them: what does at
+	// the resume is what the drain handles, and what events/s counts.
+	res.Drained = total
 	if waiting, err := e.waiting(ctx, cons); err != nil {
 		return nil, err
 	} else if waiting != uint64(total) {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d of the %d backlog events waited in the paused consumers when the drain began: the pause did not hold", waiting, total))
+		res.Drained = int(waiting)
+		res.Notes = append(res.Notes, fmt.Sprintf("%d of the %d backlog events waited in the paused consumers when the drain began; events/s and CPU per event count those", waiting, total))
 	}
 
 	// 5. Resume, time the drain.
@@ -637,7 +652,7 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 		return nil, fmt.Errorf("drain: %w", err)
 	}
 	res.DrainSeconds = drain.Seconds()
-	res.EventsPerSec = float64(total) / drain.Seconds()
+	res.EventsPerSec = float64(res.Drained) / drain.Seconds()
 	var sSum, nSum float64
 	for i := range sCPU1 {
 		sSum += (sCPU1[i] - sCPU0[i]).Seconds()
@@ -645,8 +660,8 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 	for i := range nCPU1 {
 		nSum += (nCPU1[i] - nCPU0[i]).Seconds()
 	}
-	res.StageCPUMicrosPerEvent = sSum * 1e6 / float64(total)
-	res.ServerCPUMicrosPerEvent = nSum * 1e6 / float64(total)
+	res.StageCPUMicrosPerEvent = sSum * 1e6 / float64(res.Drained)
+	res.ServerCPUMicrosPerEvent = nSum * 1e6 / float64(res.Drained)
 	// The machine's busy time minus the stage's and the servers' (the
 	// harness's own polling counts as other load).
 	res.OtherCores = max(0, machine.OtherCores+machine.Cores-(sSum+nSum)/wall)
@@ -890,6 +905,39 @@ func (e *soEnv) waitDrained(ctx context.Context, cons []soConsumer, insts []*ins
 		case <-time.After(every):
 		}
 	}
+}
+
+// keepPaused checks every 100 ms, until stop is called, that the
+// consumers of cons are still paused, and pauses again one that is not:
+// an instance that joins a member again (after releasing it for balance)
+// creates its consumer anew, which lifts the pause. repaused counts those.
+func (e *soEnv) keepPaused(ctx context.Context, cons []soConsumer) (stop func(), repaused *atomic.Int64) {
+	repaused = &atomic.Int64{}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for _, c := range cons {
+				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				ci, err := e.js.Consumer(rctx, c.stream, c.name)
+				if err == nil && !ci.CachedInfo().Paused {
+					if _, err := e.js.PauseConsumer(rctx, c.stream, c.name, time.Now().Add(time.Hour)); err == nil {
+						repaused.Add(1)
+					}
+				}
+				cancel()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }, repaused
 }
 
 // waitPaused waits until every consumer of cons reports itself paused.
