@@ -11,7 +11,9 @@
 // It prints a table, writes a JSON file and an SVG chart next to it, and
 // exits non-zero when any configuration lost or duplicated an event. With
 // --scale it also measures RAM, disk and start-up time of the state at
-// millions of keys. See bench/README.md for the method.
+// millions of keys; --scaleout runs scale_out instead, as processes of the
+// real binary on a 3-node cluster, optionally CPU-capped. See
+// bench/README.md for the method.
 //
 //	go run ./bench --events 1000000 --repeat-ratio 0.1 --out bench-results/results.json
 package main
@@ -69,6 +71,16 @@ type flags struct {
 	mix                  Mix
 	kinds                []Kind
 	commandLine, workDir string
+
+	// The scale-out mode (--scaleout).
+	scaleOut               bool
+	soRows, soInst, soCaps string
+	soModes                []string
+	soInstances            []int
+	cpuCaps                []float64
+	badRatio               float64
+	replicas               int
+	soAckWait, soWarmup    time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -110,17 +122,36 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.scaleDir, "scale-dir", "", "internal: directory of the scale point")
 	fs.Int64Var(&f.scaleReopenAt, "scale-reopen-at", 0, "internal: with --scale-point, only reopen the filled store at this clock time (Unix ns) and print JSON")
 	fs.StringVar(&f.render, "render", "", "read a results JSON (for example one with scale points merged in), print its tables and write --out and its chart; run nothing")
+	fs.BoolVar(&f.scaleOut, "scaleout", false, "run the scale-out mode instead of --configs: a 3-node nats-server cluster, the stage as 1..N processes of the real binary (see bench/README.md)")
+	fs.StringVar(&f.soRows, "scaleout-rows", "off,header,subject", "scale-out rows: off (scale_out off, one instance: the reference), header (scale_out on, key in a header: the route step runs), subject (scale_out on, key as a subject token)")
+	fs.StringVar(&f.soInst, "scaleout-instances", "1,2,3", "scale-out: instance counts of the header and subject rows")
+	fs.StringVar(&f.soCaps, "cpu-cap", "0,0.25", "scale-out: CPU cap per instance in cores (cgroup v1 cpu quota), one set of rows per value; 0: uncapped")
+	fs.Float64Var(&f.badRatio, "bad-ratio", 0.01, "scale-out: share of the backlog's events without a usable key (dead-lettered once each)")
+	fs.IntVar(&f.replicas, "replicas", 3, "scale-out: replicas of every stream (scale_out.replicas, and the reference's streams)")
+	fs.DurationVar(&f.soAckWait, "scaleout-ack-wait", config.Default().Input.AckWait.D(), "scale-out: input.ack_wait of the instances (the pin's TTL)")
+	fs.DurationVar(&f.soWarmup, "scaleout-warmup", 2*time.Minute, "scale-out: bound on the warm-up that waits for the instances to share the partitions")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.scaleOut {
+		if err := scaleOutFlags(f, set); err != nil {
+			return nil, err
+		}
+	}
 	var err error
 	if f.mix, err = ParseMix(f.ages); err != nil {
 		return nil, err
 	}
-	for c := range strings.SplitSeq(f.configs, ",") {
+	configs := f.configs
+	if f.scaleOut {
+		configs = ""
+	}
+	for c := range strings.SplitSeq(configs, ",") {
 		c = strings.TrimSpace(c)
 		if c == "" {
 			continue
@@ -150,7 +181,7 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("--publish %q: want auto, atomic or async", f.publish)
 	case f.partitions < 1:
 		return nil, fmt.Errorf("--partitions %d: want >= 1", f.partitions)
-	case len(f.kinds) == 0 && f.scale == "" && f.scalePoint == 0 && f.render == "":
+	case len(f.kinds) == 0 && f.scale == "" && f.scalePoint == 0 && f.render == "" && !f.scaleOut:
 		return nil, errors.New("nothing to do: --configs is empty and --scale is not set")
 	}
 	f.commandLine = "go run ./bench " + strings.Join(args, " ")
@@ -171,6 +202,7 @@ type Results struct {
 	AllRounds []*Result     `json:"all_rounds,omitempty"`
 	Headline  *Headline     `json:"headline,omitempty"`
 	Scale     []*ScalePoint `json:"scale,omitempty"`
+	ScaleOut  *ScaleOutRun  `json:"scale_out,omitempty"`
 	Errors    []string      `json:"errors,omitempty"`
 }
 
@@ -265,9 +297,11 @@ func realMain(args []string) int {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			return 1
 		}
-		if !f.keep {
-			defer os.RemoveAll(dir)
-		}
+		defer func() {
+			if !f.keep {
+				os.RemoveAll(dir)
+			}
+		}()
 	}
 	f.workDir = dir
 	res := &Results{Command: f.commandLine, Started: time.Now().UTC(), Machine: probeMachine(dir), Settings: settings(f)}
@@ -283,6 +317,26 @@ func realMain(args []string) int {
 			res.Errors = append(res.Errors, err.Error())
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			failed = true
+		}
+	}
+	if f.scaleOut {
+		so, err := runScaleOut(ctx, f, win.W, dir)
+		res.ScaleOut = so
+		if so != nil && so.Cluster != "" {
+			res.Settings = so.Cluster
+		}
+		if err != nil {
+			res.Errors = append(res.Errors, err.Error())
+			fmt.Fprintln(os.Stderr, "bench: scale-out:", err)
+			failed = true
+		}
+		if failed || !scaleOutCorrect(so) {
+			// Keep the logs and configurations for a look.
+			f.keep = true
+			fmt.Fprintf(os.Stderr, "bench: scale-out: logs and configurations kept in %s\n", dir)
+		}
+		if so != nil {
+			so.Kept = f.keep || f.dir != ""
 		}
 	}
 	if f.scale != "" && ctx.Err() == nil {
@@ -303,6 +357,15 @@ func realMain(args []string) int {
 	checked := res.Results
 	if len(res.AllRounds) > 0 {
 		checked = res.AllRounds
+	}
+	if so := res.ScaleOut; so != nil {
+		for _, r := range so.Rows {
+			if c := r.Correct; !c.OK {
+				fmt.Fprintf(os.Stderr, "bench: scale-out %s is not correct: lost %d, duplicated %d, bad inputs not dead-lettered %d, extra dead letters %d\n",
+					r.Row, c.Lost, c.Duplicated, c.DeadLetterLost, c.DeadLetterExtra)
+				failed = true
+			}
+		}
 	}
 	for _, r := range checked {
 		if !r.Correctness.OK {

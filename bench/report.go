@@ -20,6 +20,9 @@ func printTables(w io.Writer, res *Results) {
 			wi.PayloadBytes, wi.KeyBytes, wi.KeySource, wi.Window, wi.Span, wi.Seed, itoa(int64(wi.FilterExpected)))
 		fmt.Fprintf(w, "latency phase: %s events (%s keys) paced at %.0f events/s after each drain\n\n", itoa(int64(wi.LatencyEvents)), itoa(int64(wi.LatencyKeys)), wi.LatencyRatePerSec)
 	}
+	if res.ScaleOut != nil {
+		printScaleOut(w, res.ScaleOut)
+	}
 	if len(res.Results) > 0 {
 		var raw float64
 		for _, r := range res.Results {

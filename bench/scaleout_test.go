@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+)
+
+// testScaleOutEnv is a scale-out environment with a workload and no
+// processes, for the parts of a row that need none.
+func testScaleOutEnv(t *testing.T, events int, badRatio float64) *soEnv {
+	t.Helper()
+	f, err := parseFlags([]string{"--scaleout", "--events", strconv.Itoa(events), "--bad-ratio", strconv.FormatFloat(badRatio, 'g', -1, 64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := int(math.Round(float64(events) * badRatio))
+	keyed := events - bad
+	w := 70 * time.Minute
+	thr, err := Generate(Spec{Prefix: "thr", Seed: 1, Events: keyed, Keys: int(float64(keyed) * 0.7), Mix: f.mix, BurstSize: 3, PayloadSize: 256, W: w, Span: w * 9 / 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &soEnv{f: f, thr: thr, bad: bad, dir: t.TempDir(), cl: &natsCluster{clients: []int{4222, 4223, 4224}}}
+}
+
+// TestScaleOutBacklog checks the backlog each mode publishes against the
+// instances' own key configuration: every keyed event once, in the
+// workload's order, under its key; every bad input refused by the key
+// function (so the stage must dead-letter it), spread over the backlog.
+func TestScaleOutBacklog(t *testing.T) {
+	for _, mode := range []string{soOff, soHeader, soSubject} {
+		t.Run(mode, func(t *testing.T) {
+			e := testScaleOutEnv(t, 10_000, 0.01)
+			n := namesForRow(0)
+			cfg, err := config.Parse([]byte(e.yaml(soRow{mode: mode, instances: 1}, n, "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("the instance's configuration is invalid: %v", err)
+			}
+			kf, err := keys.NewKeyFunc(cfg.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total := len(e.thr.Main) + e.bad
+			msg := e.backlogMsg(soRow{mode: mode}, n)
+			var badAt []int
+			k := 0
+			for i := range total {
+				m := msg(i)
+				key, err := kf.Key(m.Subject, m.Header, m.Data)
+				if m.Header.Get(headerBad) != "" {
+					var ke *keys.Error
+					if !errors.As(err, &ke) {
+						t.Fatalf("bad input %d on %s: key %q, err %v; want a key error", len(badAt), m.Subject, key, err)
+					}
+					badAt = append(badAt, i)
+					continue
+				}
+				if err != nil {
+					t.Fatalf("event %d: %v", i, err)
+				}
+				if want := e.thr.Key(int(e.thr.Main[k].Key)); string(key) != want {
+					t.Fatalf("event %d: key %q, want %q (the workload's event %d)", i, key, want, k)
+				}
+				k++
+			}
+			if k != len(e.thr.Main) || len(badAt) != e.bad {
+				t.Fatalf("backlog: %d keyed events and %d bad inputs, want %d and %d", k, len(badAt), len(e.thr.Main), e.bad)
+			}
+			gap := total / e.bad
+			for i := 1; i < len(badAt); i++ {
+				if d := badAt[i] - badAt[i-1]; d < gap-1 || d > gap+1 {
+					t.Fatalf("bad inputs %d and %d are %d events apart, want about %d", i-1, i, d, gap)
+				}
+			}
+		})
+	}
+}
+
+// TestScaleOutFlags checks the mode's defaults and refusals.
+func TestScaleOutFlags(t *testing.T) {
+	f, err := parseFlags([]string{"--scaleout"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.syncAlways || f.repeatRatio != 0.3 || f.mix[ClassNear] != 0 || f.mix[ClassPast] != 0 || len(f.kinds) != 0 {
+		t.Errorf("defaults: sync-always %v, repeat-ratio %v, mix %v, configs %v; want false, 0.3, no near or past copies, none",
+			f.syncAlways, f.repeatRatio, f.mix, f.kinds)
+	}
+	rows := planRows(f.soModes, f.soInstances, f.cpuCaps)
+	if len(rows) != 14 || rows[0] != (soRow{mode: soOff, instances: 1}) || rows[13] != (soRow{mode: soSubject, instances: 3, cap: 0.25}) {
+		t.Errorf("default rows: %v; want off, header x1..3, subject x1..3, uncapped then capped at 0.25", rows)
+	}
+	if f, err := parseFlags([]string{"--scaleout", "--sync-always", "--repeat-ratio", "0.1"}); err != nil || !f.syncAlways || f.repeatRatio != 0.1 {
+		t.Errorf("flags given: sync-always %v, repeat-ratio %v, err %v; want them kept", f.syncAlways, f.repeatRatio, err)
+	}
+	for _, args := range [][]string{
+		{"--scaleout", "--configs", "raw"},
+		{"--scaleout", "--ages", "burst=0.5,past=0.5"},
+		{"--scaleout", "--scaleout-instances", "9"},
+		{"--scaleout", "--cpu-cap", "-1"},
+		{"--scaleout", "--scaleout-rows", "on"},
+		{"--scaleout", "--scaleout-ack-wait", "1s"},
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%v: accepted, want an error", args)
+		}
+	}
+}
+
+// TestSeriesHistogram reads a histogram's mean and p99 bucket back from
+// the text a real registry serves (promhttp, as the stage's /metrics), as the scale-out mode reads the
+// instances' /metrics, over the difference of two scrapes.
+func TestSeriesHistogram(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dedupe_publish_seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 10)})
+	reg.MustRegister(h)
+	expose := func() series {
+		rec := httptest.NewRecorder()
+		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		s, err := parseSeries(rec.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for range 50 {
+		h.Observe(0.5) // before: not part of the difference
+	}
+	before := expose()
+	for i := range 100 {
+		h.Observe(0.003)
+		if i == 0 {
+			h.Observe(0.1)
+		}
+	}
+	count, sum, p99 := expose().minus(before).histogram("dedupe_publish_seconds", 0.99)
+	if count != 101 || math.Abs(sum-(100*0.003+0.1)) > 1e-9 || p99 != 0.004 {
+		t.Errorf("count %v, sum %v, p99 bucket %v; want 101, 0.4, 0.004", count, sum, p99)
+	}
+}
+
+// TestScaleOutVerify feeds the ground-truth check of a row an output with
+// a key missing, a key twice, a message of no workload key and a fence
+// message, and a dead-letter stream with one bad input missing, one twice
+// and a good input: it must count each, keep the fence apart, and fail
+// the row.
+func TestScaleOutVerify(t *testing.T) {
+	e := testScaleOutEnv(t, 1000, 0.01)
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	e.js = js
+	n := namesForRow(0)
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: n.output, Subjects: []string{n.outPrefix + ".>"}},
+		{Name: n.dlq, Subjects: []string{n.dlqSubj}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.warmKeys = 5 // warm-up keys 0..4 of this row
+	out := func(key string, i int) *nats.Msg {
+		return &nats.Msg{Subject: n.outPrefix + ".1.in", Data: Payload(key, i, 64)}
+	}
+	var msgs []*nats.Msg
+	for i := range e.thr.Keys {
+		switch i {
+		case 7: // lost
+		case 9: // doubled
+			msgs = append(msgs, out(e.thr.Key(i), i), out(e.thr.Key(i), i))
+		default:
+			msgs = append(msgs, out(e.thr.Key(i), i))
+		}
+	}
+	for i := range 5 {
+		msgs = append(msgs, out(KeyString("wup", e.f.seed, i), i))
+	}
+	msgs = append(msgs, &nats.Msg{Subject: n.outPrefix + "._fence.1", Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
+	for j := range e.bad {
+		dl := &nats.Msg{Subject: n.dlqSubj, Header: nats.Header{headerBad: []string{strconv.Itoa(j)}}}
+		switch j {
+		case 0: // not dead-lettered
+		case 1: // twice
+			msgs = append(msgs, dl, dl)
+		default:
+			msgs = append(msgs, dl)
+		}
+	}
+	msgs = append(msgs, &nats.Msg{Subject: n.dlqSubj, Data: []byte("a good input")})
+	natstest.PublishAll(t, js, msgs)
+
+	res := &ScaleOutRow{}
+	if err := e.verify(ctx, n, 0, res); err != nil {
+		t.Fatal(err)
+	}
+	want := ScaleOutCorrect{Expected: e.thr.Keys + 5, Output: e.thr.Keys + 5 + 1, Fences: 1, Lost: 1, Duplicated: 2,
+		DeadLetterWant: e.bad, DeadLettered: e.bad + 1, DeadLetterLost: 1, DeadLetterExtra: 2}
+	if res.Correct != want {
+		t.Errorf("correctness\n got %+v\nwant %+v", res.Correct, want)
+	}
+}
+
+// TestScaleOutRow runs the mode end to end on one small row, capped:
+// the real binaries, a 3-node cluster, a cgroup. The row matches the
+// ground truth, the cap was applied (or the reason it could not be is
+// recorded), and nothing is left behind: no process of the run and no
+// cgroup.
+func TestScaleOutRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 30s); not with -short")
+	}
+	dir := t.TempDir()
+	f, err := parseFlags([]string{"--scaleout", "--events", "2000", "--scaleout-rows", "subject", "--scaleout-instances", "2",
+		"--cpu-cap", "0.5", "--scaleout-ack-wait", "2s", "--progress", "0", "--dir", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := logOut
+	logOut = testWriter{t}
+	defer func() { logOut = saved }()
+	so, err := runScaleOut(context.Background(), f, 70*time.Minute, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(so.Rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(so.Rows))
+	}
+	r := so.Rows[0]
+	if !r.Correct.OK || r.Correct.Expected < 1400 || r.Correct.DeadLetterWant != 20 {
+		t.Errorf("row %s: %+v; want every key once and the 20 bad inputs dead-lettered once", r.Row, r.Correct)
+	}
+	if !r.Capped && so.CgroupError == "" {
+		t.Errorf("row %s not capped and no reason recorded", r.Row)
+	}
+	if so.CgroupError != "" {
+		t.Logf("CPU caps not applied here: %s", so.CgroupError)
+	}
+	if r.EventsPerSec <= 0 || r.StageCPUMicrosPerEvent <= 0 || r.Stage.Batches <= 0 || len(r.PerInst) != 2 {
+		t.Errorf("row %s: events/s %v, CPU µs/event %v, batches %v, %d instances measured; want all measured",
+			r.Row, r.EventsPerSec, r.StageCPUMicrosPerEvent, r.Stage.Batches, len(r.PerInst))
+	}
+	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "dedupe-bench-"+strconv.Itoa(os.Getpid())+"-*")); len(left) > 0 {
+		t.Errorf("cgroups left behind: %v", left)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
+			t.Errorf("process left behind: %s", strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+}
+
+// testWriter writes the harness's progress lines to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
