@@ -471,6 +471,10 @@ type tenure struct {
 	pin   string          // the newest pin seen in the tenure
 	pins  map[string]bool // every pin seen in the tenure
 	fence forward.Fence
+	// written is when the fence was last written (at most), refresh how
+	// often it is written again (refreshFence).
+	written time.Time
+	refresh time.Duration
 }
 
 // maxLostPins bounds how many lost pins a worker remembers: a message
@@ -499,7 +503,7 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 			w.ten.pin = pin
 			so.setOwned(w.p.Index(), pin)
 		}
-		return true
+		return w.refreshFence(ctx)
 	}
 	if slices.Contains(w.lostPins, pin) {
 		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
@@ -612,7 +616,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
 	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
 		"restored", total, "took", took.Round(time.Millisecond))
-	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f}}, nil
+	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
+		written: start, refresh: fenceRefresh(out.Config.MaxAge)}, nil
 }
 
 // fenced handles an output batch the server refused because the
