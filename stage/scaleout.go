@@ -54,6 +54,8 @@ type scaleOut struct {
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
 	lost  map[int]string // partition -> the pin it was released under (balance)
+	// rechecked: partition -> when a lost pin was last checked again (recheckLost)
+	rechecked map[int]time.Time
 }
 
 // scaleOutMetrics are the metrics of partition ownership; they exist only
@@ -505,7 +507,7 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 		}
 		return w.refreshFence(ctx)
 	}
-	if slices.Contains(w.lostPins, pin) {
+	if slices.Contains(w.lostPins, pin) && !w.recheckLost(ctx, pin) {
 		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
 		return false
 	}
@@ -661,6 +663,11 @@ func (w *worker) endTenure(lost bool) {
 // ("" when none).
 func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {
 	so := s.so
+	if pinCheckFault != nil {
+		if err := pinCheckFault(p); err != nil {
+			return "", err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := s.js.Consumer(ctx, so.inStream, so.group+"-"+config.ScaleOutMember(p))
