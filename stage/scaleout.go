@@ -145,6 +145,8 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		}
 	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
 		return err
+	} else if err := checkUntokened(ctx, s.js, cfg); err != nil {
+		return err
 	}
 	out, err := s.js.Stream(ctx, so.outStream)
 	if err != nil {
