@@ -6,3 +6,10 @@ func (s *Stage) SetBeforePublishHook(f func(partition int, batchLen int)) { s.be
 
 // SetReady marks st ready or not. For tests only.
 func SetReady(st *Status, r bool) { st.setReady(r) }
+
+// SetPinCheckFault makes the stage's pin checks fail for partition p with
+// f(p) when that is not nil, until the returned restore runs.
+func SetPinCheckFault(f func(p int) error) (restore func()) {
+	pinCheckFault = f
+	return func() { pinCheckFault = nil }
+}

@@ -54,6 +54,8 @@ type scaleOut struct {
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
 	lost  map[int]string // partition -> the pin it was released under (balance)
+	// rechecked: partition -> when a lost pin was last checked again (recheckLost)
+	rechecked map[int]time.Time
 }
 
 // scaleOutMetrics are the metrics of partition ownership; they exist only
@@ -67,6 +69,7 @@ type scaleOutMetrics struct {
 	restoring  *prometheus.GaugeVec
 	restoreDur *prometheus.GaugeVec
 	released   *prometheus.CounterVec
+	refused    *prometheus.CounterVec
 }
 
 func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
@@ -103,8 +106,12 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_partition_releases_total",
 			Help: "Partitions this instance released to balance the group (it owned more than its fair share), by partition.",
 		}, []string{"partition"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_partition_refused_total",
+			Help: "Takeovers of the partition this instance refused because the output stream does not keep what its restore needs (reason limits: the stream's configuration drops records; short: records the restore needs are gone). The partition's input waits; the log names the stream field and the fix.",
+		}, []string{"partition", "reason"}),
 	}
-	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released)
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused)
 	return m
 }
 
@@ -137,6 +144,8 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 			return err
 		}
 	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
+		return err
+	} else if err := checkUntokened(ctx, s.js, cfg); err != nil {
 		return err
 	}
 	out, err := s.js.Stream(ctx, so.outStream)
@@ -181,22 +190,6 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	s.so = so
 	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
 		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
-	return nil
-}
-
-// checkChangelog checks that the output stream, as configured in oc, keeps
-// what a new owner restores a partition from: limits retention, and
-// messages for at least the retention a restore reads back. It is checked
-// at start and again at every takeover, since the stream can be edited
-// while the group runs.
-func (so *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
-	if oc.Retention != jetstream.LimitsPolicy {
-		return fmt.Errorf("scale-out: output stream %s has retention %v; it is the changelog new owners restore partitions from, so it needs limits retention", so.outStream, oc.Retention)
-	}
-	if oc.MaxAge != 0 && oc.MaxAge < so.retention {
-		return fmt.Errorf("scale-out: output stream %s keeps messages for %v; a new owner restores a partition from it, which needs %s = %v",
-			so.outStream, oc.MaxAge, so.terms, so.retention)
-	}
 	return nil
 }
 
@@ -482,6 +475,10 @@ type tenure struct {
 	pin   string          // the newest pin seen in the tenure
 	pins  map[string]bool // every pin seen in the tenure
 	fence forward.Fence
+	// written is when the fence was last written (at most), refresh how
+	// often it is written again (refreshFence).
+	written time.Time
+	refresh time.Duration
 }
 
 // maxLostPins bounds how many lost pins a worker remembers: a message
@@ -510,15 +507,18 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 			w.ten.pin = pin
 			so.setOwned(w.p.Index(), pin)
 		}
-		return true
+		return w.refreshFence(ctx)
 	}
-	if slices.Contains(w.lostPins, pin) {
+	if slices.Contains(w.lostPins, pin) && !w.recheckLost(ctx, pin) {
 		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
 		return false
 	}
 	t, err := w.takeOver(ctx, batch, pin)
 	if err != nil {
-		if ctx.Err() == nil {
+		if r := refusedReason(err); r != "" {
+			so.metrics.refused.WithLabelValues(w.label, r).Inc()
+			w.s.log.Error("scale-out: partition refused; its batch stays unacked and comes back", "partition", w.label, "err", err)
+		} else if ctx.Err() == nil {
 			w.s.log.Warn("scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", w.label, "err", err)
 		}
 		return false
@@ -556,25 +556,11 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	p := w.p.Index()
 	start := time.Now()
 	fenceSubj := handover.FenceSubject(so.prefix, p)
-	// The output stream may have been edited since the start: a changelog
-	// that no longer keeps what a restore reads would restore the
+	// The output stream may have been edited, or purged, since the start: a
+	// changelog that no longer keeps what a restore reads would restore the
 	// partition short, so the partition is not taken (its batch comes back,
 	// and the check runs again).
-	var oc jetstream.StreamConfig
-	err := retry.Do(ctx, "fence", func() error {
-		st, err := s.js.Stream(ctx, so.outStream)
-		if err == nil {
-			oc = st.CachedInfo().Config
-		}
-		return err
-	}, retry.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("read the output stream's configuration: %w", err)
-	}
-	if err := so.checkChangelog(oc); err != nil {
-		return nil, err
-	}
-	f, err := handover.Take(ctx, s.js, so.outStream, fenceSubj, so.instance)
+	out, err := so.outputState(ctx, s.js)
 	if err != nil {
 		return nil, err
 	}
@@ -582,12 +568,17 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	if err != nil {
 		return nil, fmt.Errorf("read the partition's cursor: %w", err)
 	}
-	var from uint64
-	var since time.Time
-	if cursor > 0 && cursor < f {
-		from = cursor + 1
-	} else {
-		since = s.clock.Now().Add(-so.retention)
+	now := s.clock.Now()
+	from, since := so.restoreStart(cursor, out.State.LastSeq, now)
+	if err := so.checkChangelog(out.Config); err != nil {
+		return nil, err
+	}
+	if err := so.checkReach(out.State, p, from, now); err != nil {
+		return nil, err
+	}
+	f, err := handover.Take(ctx, s.js, so.outStream, fenceSubj, so.instance)
+	if err != nil {
+		return nil, err
 	}
 	restoring := so.metrics.restoring.WithLabelValues(w.label)
 	restoring.Set(1)
@@ -629,7 +620,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
 	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
 		"restored", total, "took", took.Round(time.Millisecond))
-	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f}}, nil
+	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
+		written: start, refresh: fenceRefresh(out.Config.MaxAge)}, nil
 }
 
 // fenced handles an output batch the server refused because the
@@ -673,6 +665,11 @@ func (w *worker) endTenure(lost bool) {
 // ("" when none).
 func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {
 	so := s.so
+	if pinCheckFault != nil {
+		if err := pinCheckFault(p); err != nil {
+			return "", err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := s.js.Consumer(ctx, so.inStream, so.group+"-"+config.ScaleOutMember(p))

@@ -19,3 +19,15 @@ func SetPublishBatch(f func(ctx context.Context, js jetstream.JetStream, msgs []
 	}
 	return func() { publishBatch = real }
 }
+
+// SetPublishMsg makes the fenced one-by-one publishes go through f, which
+// may call the real publish it is given, until the returned restore runs.
+func SetPublishMsg(f func(ctx context.Context, js jetstream.JetStream, m *nats.Msg,
+	real func(context.Context, jetstream.JetStream, *nats.Msg) (*jetstream.PubAck, error),
+) (*jetstream.PubAck, error)) (restore func()) {
+	real := publishMsg
+	publishMsg = func(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (*jetstream.PubAck, error) {
+		return f(ctx, js, m, real)
+	}
+	return func() { publishMsg = real }
+}

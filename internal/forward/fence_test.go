@@ -347,3 +347,53 @@ func TestFencedBatchLandedWithoutAnswer(t *testing.T) {
 	}
 	checkOnce(t, dataIDs(t, js), 0, 10)
 }
+
+// TestFencedFallbackLandedWithoutAnswer has the server refuse a fenced
+// atomic batch whole (10201, as after a lost PubAck of a batch that did
+// land), so that its messages go one by one, and loses the answer to one
+// of those publishes after the message was stored, answering only after the
+// stream's duplicate window has passed. Batch asks the stream whether the
+// message landed before it publishes it again: every message is stored
+// once, at the sequence its Result gives.
+func TestFencedFallbackLandedWithoutAnswer(t *testing.T) {
+	_, js := runServer(t, 0)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"},
+		Duplicates: 500 * time.Millisecond, AllowAtomicPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	f := takeFence(t, js, "A")
+	o := forward.Options{Atomic: true, Fence: &forward.Fence{Subject: fenceSubject, Seq: f}}
+	restoreBatch := forward.SetPublishBatch(func(context.Context, jetstream.JetStream, []*nats.Msg,
+		func(context.Context, jetstream.JetStream, []*nats.Msg, ...jetstreamext.PublishMsgBatchOpt) (*jetstreamext.BatchAck, error),
+	) (*jetstreamext.BatchAck, error) {
+		return nil, &jetstream.APIError{Code: 400, ErrorCode: 10201, Description: "atomic publish batch contains duplicate message id"}
+	})
+	defer restoreBatch()
+	calls := 0
+	restore := forward.SetPublishMsg(func(ctx context.Context, js jetstream.JetStream, m *nats.Msg,
+		real func(context.Context, jetstream.JetStream, *nats.Msg) (*jetstream.PubAck, error),
+	) (*jetstream.PubAck, error) {
+		calls++
+		if calls == 3 { // stored, answer lost, the window passes
+			if _, err := real(ctx, js, m); err != nil {
+				return nil, err
+			}
+			time.Sleep(time.Second)
+			return nil, nats.ErrTimeout
+		}
+		return real(ctx, js, m)
+	})
+	defer restore()
+
+	msgs := keyed(0, 5)
+	res := make([]forward.Result, len(msgs))
+	if err := forward.Batch(ctx, js, msgs, res, o); err != nil {
+		t.Fatalf("a fallback publish whose answer was lost: %v", err)
+	}
+	checkSeqs(t, js, msgs, res)
+	if calls != 5 {
+		t.Errorf("%d publishes of 5 messages, want 5: the one whose answer was lost had landed", calls)
+	}
+	checkOnce(t, dataIDs(t, js), 0, 5)
+}

@@ -371,8 +371,9 @@ func sameHeaders(stored, sent nats.Header) bool {
 // at a time (fencedRound).
 func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, o Options) error {
 	if o.Fence != nil {
+		unanswered := make([]bool, len(msgs))
 		return settle(ctx, res, o, "fenced publishes", func(pending []int) ([]int, error) {
-			return fencedRound(ctx, js, msgs, res, o.Fence, pending)
+			return fencedRound(ctx, js, msgs, res, o.Fence, pending, unanswered)
 		})
 	}
 	futures := make([]jetstream.PubAckFuture, len(msgs))
@@ -423,12 +424,29 @@ func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []R
 // a time and waiting for each PubAck, so that no two fenced publishes are
 // in flight at once. It returns the messages that failed transiently and
 // the last such error, or, at the first fence refusal, that refusal
-// (retry.IsFenced).
-func fencedRound(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, f *Fence, pending []int) ([]int, error) {
+// (retry.IsFenced). A message whose last publish got no answer
+// (unanswered[i]) may be stored: as for an atomic batch, the stream is
+// asked first (landed), and a message it holds is not published again,
+// which would store it twice once the duplicate window has passed.
+func fencedRound(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, f *Fence, pending []int, unanswered []bool) ([]int, error) {
 	var last error
 	still := pending[:0]
 	for k, i := range pending {
-		ack, err := js.PublishMsg(ctx, f.apply(msgs[i]))
+		m := f.apply(msgs[i])
+		if unanswered[i] {
+			seq, err := landed(ctx, js, f, m)
+			if err != nil {
+				still = append(still, i)
+				last = fmt.Errorf("did the last publish land: %w", err)
+				continue
+			}
+			if seq > 0 {
+				res[i] = Result{Done: true, Seq: seq}
+				continue
+			}
+		}
+		ack, err := publishMsg(ctx, js, m)
+		unanswered[i] = err != nil && !isAnswer(err)
 		switch retry.Classify(err) {
 		case retry.None:
 			res[i] = Result{Done: true, Duplicate: ack.Duplicate, Seq: ack.Sequence}
@@ -442,6 +460,20 @@ func fencedRound(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 		}
 	}
 	return still, last
+}
+
+// publishMsg publishes one message and awaits its PubAck; a variable so
+// that tests can lose an answer.
+var publishMsg = func(ctx context.Context, js jetstream.JetStream, m *nats.Msg) (*jetstream.PubAck, error) {
+	return js.PublishMsg(ctx, m)
+}
+
+// isAnswer tells whether err is the server's answer to a publish (an API
+// error: the message was refused, not stored), as opposed to no answer (a
+// time-out, a lost connection), after which the message may be stored.
+func isAnswer(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api)
 }
 
 // settle runs round over the indexes of res still pending, with retry.Do,

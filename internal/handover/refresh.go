@@ -1,0 +1,67 @@
+package handover
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// Refresh writes a partition's fence again for the instance that holds it,
+// so that the fence does not age out of an output stream with a max_age
+// while its owner holds it (docs/scale-out.md §3.4): a fence message on
+// fenceSubject expecting seq, the sequence of the owner's own last fence
+// message. It returns the new message's sequence, which the owner's
+// publishes expect from then on; nothing else changes (no other writer
+// stored anything between the two, or the write would be refused, so no
+// restore is needed). When another writer moved the fence, Refresh returns
+// an error for which retry.IsFenced is true: the owner's tenure is over.
+// Transient failures are retried until ctx ends; before a write that got
+// no answer is sent again, the fence subject's last message is read, and
+// if it is the one written, its sequence is returned.
+func Refresh(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, instance string, seq uint64) (uint64, error) {
+	body, err := json.Marshal(fenceBody{Instance: instance, Time: time.Now().UTC()})
+	if err != nil {
+		return 0, fmt.Errorf("handover: refresh %s: %w", fenceSubject, err)
+	}
+	var out uint64
+	tried := false
+	err = retry.Do(ctx, "fence", func() error {
+		if tried {
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			m, err := st.GetLastMsgForSubject(ctx, fenceSubject)
+			switch {
+			case err != nil && !errors.Is(err, jetstream.ErrMsgNotFound):
+				return err
+			case err == nil && m.Sequence > seq && bytes.Equal(m.Data, body):
+				out = m.Sequence // the last write landed
+				return nil
+			}
+		}
+		tried = true
+		m := &nats.Msg{Subject: fenceSubject, Data: body, Header: nats.Header{
+			jetstream.ExpectedLastSubjSeqHeader:     {strconv.FormatUint(seq, 10)},
+			jetstream.ExpectedLastSubjSeqSubjHeader: {fenceSubject},
+		}}
+		ack, err := js.PublishMsg(ctx, m)
+		if err == nil {
+			out = ack.Sequence
+		}
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return 0, fmt.Errorf("handover: refresh %s expecting sequence %d: %w", fenceSubject, seq, err)
+	}
+	return out, nil
+}

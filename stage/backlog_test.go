@@ -1,0 +1,54 @@
+package stage_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// TestScaleOutRefusesBacklogWithoutPartitionToken stores 7 messages in the
+// input stream, then gives it the subject transform that puts the
+// partition first, and publishes 3 more: the 7 carry no partition token and
+// no member of the group would ever consume them, so the start is refused
+// with their count and what to do.
+func TestScaleOutRefusesBacklogWithoutPartitionToken(t *testing.T) {
+	e := newScaleOutEnv(t)
+	ctx := context.Background()
+	sc := jetstream.StreamConfig{Name: e.cfg.Input.Stream, Subjects: e.cfg.Input.Subjects}
+	if _, err := e.js.CreateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(from, to int) {
+		var msgs []*nats.Msg
+		for i := from; i < to; i++ {
+			msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("orders.k%d", i), Data: []byte("{}")})
+		}
+		natstest.PublishAll(t, e.js, msgs)
+	}
+	publish(0, 7)
+	src, dest, err := e.cfg.ScaleOutTransform()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
+	if _, err := e.js.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	publish(7, 10)
+	st, err := stage.New(ctx, stage.Options{Config: e.cfg, Conn: e.nc, Registry: prometheus.NewRegistry(), Clock: e.clock})
+	if err == nil {
+		_ = st.Close()
+		t.Fatal("started with 7 input messages no member consumes, want a refusal")
+	}
+	if !strings.Contains(err.Error(), "holds 7 messages without a partition token") || !strings.Contains(err.Error(), "nats stream purge "+e.cfg.Input.Stream) {
+		t.Errorf("start refused with %q, want the count (7) and what to do", err)
+	}
+}

@@ -1,0 +1,140 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// ErrChangelog means the output stream does not keep what a new owner
+// restores a partition from (docs/scale-out.md §3.3): a limit that drops
+// records (retention, max_age, max_msgs_per_subject, max_msgs or
+// max_bytes with discard old), or records the restore needs are already
+// gone (a purge, a deleted message, a limit lowered for a while). Taking a
+// partition then would restore it short, and copies of the keys it lost
+// would be forwarded again. The stage refuses to start on a stream
+// configured so; a takeover refused so leaves its batch unacked (it comes
+// back after ack_wait and the check runs again) and counts
+// dedupe_partition_refused_total. The error names the stream field and the
+// `nats stream edit` command that fixes it.
+var ErrChangelog = errors.New("the output stream does not keep what a restore needs")
+
+// Reasons a takeover is refused, the reason label of
+// dedupe_partition_refused_total.
+const (
+	refusedLimits = "limits" // the stream's configuration drops records
+	refusedShort  = "short"  // records the restore needs are gone
+)
+
+// changelogError is an ErrChangelog with its reason.
+type changelogError struct {
+	reason string
+	msg    string
+}
+
+func (e *changelogError) Error() string        { return e.msg }
+func (e *changelogError) Is(target error) bool { return target == ErrChangelog }
+
+// refusedReason returns the reason of an ErrChangelog, or "" for any other
+// error.
+func refusedReason(err error) string {
+	var ce *changelogError
+	if errors.As(err, &ce) {
+		return ce.reason
+	}
+	return ""
+}
+
+// checkChangelog checks that the output stream, as configured in oc, keeps
+// what a new owner restores a partition from: limits retention, messages
+// for at least the retention a restore reads back, and no count or size
+// limit that drops the oldest messages (the streams the stage creates have
+// none). It is checked at start and again at every takeover, since the
+// stream can be edited while the group runs.
+func (so *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
+	fail := func(field, now, fix string) error {
+		return &changelogError{reason: refusedLimits, msg: fmt.Sprintf(
+			"scale-out: %v: output stream %s has %s %s; it is the changelog new owners restore partitions from, and that drops records a restore needs (fix: nats stream edit %s %s)",
+			ErrChangelog, so.outStream, field, now, so.outStream, fix)}
+	}
+	switch {
+	case oc.Retention != jetstream.LimitsPolicy:
+		return fail("retention", oc.Retention.String(), "--retention limits")
+	case oc.MaxAge != 0 && oc.MaxAge < so.retention:
+		return fail("max_age", fmt.Sprintf("%v, below %s = %v", oc.MaxAge, so.terms, so.retention),
+			fmt.Sprintf("--max-age %v", so.retention))
+	case oc.MaxMsgsPerSubject > 0 && !(oc.Discard == jetstream.DiscardNew && oc.DiscardNewPerSubject):
+		return fail("max_msgs_per_subject", fmt.Sprint(oc.MaxMsgsPerSubject), "--max-msgs-per-subject=-1")
+	case oc.MaxMsgs > 0 && oc.Discard == jetstream.DiscardOld:
+		return fail("max_msgs", fmt.Sprintf("%d with discard old", oc.MaxMsgs), "--max-msgs=-1")
+	case oc.MaxBytes > 0 && oc.Discard == jetstream.DiscardOld:
+		return fail("max_bytes", fmt.Sprintf("%d with discard old", oc.MaxBytes), "--max-bytes=-1")
+	}
+	return nil
+}
+
+// restoreStart returns where a takeover's restore reads from: the local
+// cursor + 1 when the store has a cursor into this stream (at most its
+// last sequence: a larger one is from a stream since deleted and made
+// again), else from since = now - the output's retention.
+func (so *scaleOut) restoreStart(cursor, lastSeq uint64, now time.Time) (from uint64, since time.Time) {
+	if cursor > 0 && cursor <= lastSeq {
+		return cursor + 1, time.Time{}
+	}
+	return 0, now.Add(-so.retention)
+}
+
+// checkReach checks that the output stream, in state st, still holds every
+// record a restore from sequence from (a cursor restore) or time since
+// needs. Only MaxAge removes messages from a stream that passes
+// checkChangelog, and only those older than the retention, which no
+// restore needs. So when the stream's first message is past the restore's
+// start and younger than now - retention (or the stream holds nothing and
+// its last message was that young), messages the restore needs may have
+// been removed: by a purge, a delete, or a limit lowered for a while.
+//
+// It cannot tell a removal from a stream that was quiet around the
+// retention's edge; such a refusal ends once that edge passes the first
+// message. Messages removed from the middle (a purge of some subjects) do
+// not move the first message and are not seen.
+func (so *scaleOut) checkReach(st jetstream.StreamState, p int, from uint64, now time.Time) error {
+	edge := now.Add(-so.retention)
+	first, firstTime := st.FirstSeq, st.FirstTime
+	if st.Msgs == 0 {
+		first, firstTime = st.LastSeq+1, st.LastTime
+	}
+	if first <= max(from, 1) || !firstTime.After(edge) {
+		return nil
+	}
+	start := "from sequence 1 (everything since " + edge.UTC().Format(time.RFC3339) + ")"
+	if from > 0 {
+		start = fmt.Sprintf("from sequence %d (its local cursor + 1)", from)
+	}
+	return &changelogError{reason: refusedShort, msg: fmt.Sprintf(
+		"scale-out: %v: output stream %s begins at sequence %d of %s, but partition %d's restore reads %s: messages removed before it (a purge, a deleted message, max_age, max_msgs or max_bytes lowered for a while) may hold records of keys still in the window, whose copies would be forwarded again. "+
+			"No stream edit brings them back; the partition is refused until %s, when they are past the retention %s = %v (check with nats stream info %s that first_seq stays put and no limit drops messages)",
+		ErrChangelog, so.outStream, first, firstTime.UTC().Format(time.RFC3339), p, start,
+		firstTime.Add(so.retention).UTC().Format(time.RFC3339), so.terms, so.retention, so.outStream)}
+}
+
+// outputState reads the output stream's configuration and state, retrying
+// a transient failure until ctx ends.
+func (so *scaleOut) outputState(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
+	var info *jetstream.StreamInfo
+	err := retry.Do(ctx, "fence", func() error {
+		st, err := js.Stream(ctx, so.outStream)
+		if err == nil {
+			info = st.CachedInfo()
+		}
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("read the output stream's configuration: %w", err)
+	}
+	return info, nil
+}

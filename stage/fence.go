@@ -1,0 +1,42 @@
+package stage
+
+import (
+	"context"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// fenceRefresh is how often an owner writes its fence again in an output
+// stream that removes messages after maxAge: a quarter of it, so that the
+// fence never ages out while its owner holds it (docs/scale-out.md §3.4);
+// 0, never, without a max_age.
+func fenceRefresh(maxAge time.Duration) time.Duration { return maxAge / 4 }
+
+// refreshFence writes the tenure's fence again (handover.Refresh) once its
+// refresh interval has passed since it was written, before the worker's
+// next batch expects it. It returns false when the batch must be left
+// unacked: the fence moved (the tenure ends, as in fenced) or ctx ended.
+// A partition with no batch for longer than the output's max_age lets its
+// fence age out; its next batch is then refused and, the instance still
+// pinned, takes the fence again from its cursor.
+func (w *worker) refreshFence(ctx context.Context) bool {
+	t := w.ten
+	if t.refresh <= 0 || time.Since(t.written) < t.refresh {
+		return true
+	}
+	so := w.s.so
+	written := time.Now()
+	seq, err := handover.Refresh(ctx, w.s.js, so.outStream, t.fence.Subject, so.instance, t.fence.Seq)
+	switch {
+	case err == nil:
+		t.fence.Seq, t.written = seq, written
+		return true
+	case retry.IsFenced(err):
+		w.fenced(ctx, err)
+	case ctx.Err() == nil:
+		w.s.log.Warn("scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "err", err)
+	}
+	return false
+}

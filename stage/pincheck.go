@@ -1,0 +1,44 @@
+package stage
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// pinCheckFault, when set (tests only), makes pinOf fail for partition p
+// with the error it returns.
+var pinCheckFault func(p int) error
+
+// recheckLost is for a batch delivered under pin, a pin this worker counts
+// as lost. A pin is counted lost on what the server said or could not say
+// (a pin check that failed inside fenced, with the consumer's leader gone),
+// so at most once per ack_wait it asks the server again: when the server
+// still pins this instance under pin, the pin is not lost after all (the
+// server delivers the partition to no one else, so without this the
+// partition would stall), and it returns true: the batch takes the fence
+// again and restores what another owner wrote meanwhile. Otherwise it
+// returns false and the batch is left unacked for the partition's owner.
+func (w *worker) recheckLost(ctx context.Context, pin string) bool {
+	so := w.s.so
+	p := w.p.Index()
+	so.mu.Lock()
+	if so.rechecked == nil {
+		so.rechecked = make(map[int]time.Time)
+	}
+	due := time.Since(so.rechecked[p]) >= so.consumer.AckWait
+	if due {
+		so.rechecked[p] = time.Now()
+	}
+	so.mu.Unlock()
+	if !due {
+		return false
+	}
+	now, err := w.s.pinOf(ctx, p)
+	if err != nil || now != pin {
+		return false
+	}
+	w.lostPins = slices.DeleteFunc(w.lostPins, func(l string) bool { return l == pin })
+	w.s.log.Warn("scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", w.label)
+	return true
+}
