@@ -2,9 +2,11 @@ package stage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -26,13 +28,17 @@ func checkUntokened(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	for p := range filters {
 		filters[p] = strconv.Itoa(p) + ".>"
 	}
-	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
+	// An ephemeral consumer counts them; it is deleted at once, and its
+	// inactivity threshold removes it should the delete be lost, so that
+	// no consumer of the check lingers on the input stream.
+	c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,
+		InactiveThreshold: 5 * time.Second, Description: "dedupe-stage: counts the partitioned messages at start"})
 	if err != nil {
 		return fmt.Errorf("scale-out: input stream %s: count the partitioned messages: %w", name, err)
 	}
-	ci, err := c.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("scale-out: input stream %s: count the partitioned messages: %w", name, err)
+	ci := c.CachedInfo()
+	if err := st.DeleteConsumer(ctx, ci.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("scale-out: input stream %s: delete the consumer that counted the partitioned messages: %w", name, err)
 	}
 	info, err := st.Info(ctx)
 	if err != nil {

@@ -48,6 +48,19 @@ func TestScaleOutRefusesBacklogWithoutPartitionToken(t *testing.T) {
 		_ = st.Close()
 		t.Fatal("started with 7 input messages no member consumes, want a refusal")
 	}
+	// The check counts with a consumer of its own and removes it: a
+	// consumer left on the input would hold pending messages forever.
+	in, err2 := e.js.Stream(ctx, e.cfg.Input.Stream)
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	names := in.ConsumerNames(ctx)
+	for name := range names.Name() {
+		t.Errorf("consumer %s left on the input stream by the start's checks", name)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(err.Error(), "holds 7 messages without a partition token") || !strings.Contains(err.Error(), "nats stream purge "+e.cfg.Input.Stream) {
 		t.Errorf("start refused with %q, want the count (7) and what to do", err)
 	}
