@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
 )
 
 // The scale-out mode runs the real binaries as child processes: three
@@ -219,12 +221,7 @@ func procCPU(pid int) (time.Duration, error) {
 func buildBinary(ctx context.Context, out, pkg string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s: %w", pkg, err)
-	}
-	return nil
+	return gobuild.Binary(ctx, out, pkg)
 }
 
 // freeLoopbackPorts returns n distinct loopback TCP ports that were free a

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,55 +167,91 @@ type env struct {
 	consumers [][2]string
 }
 
-// newEnv returns a run of the container test with fresh names; the images
-// are removed when the test ends.
+// newEnv returns a run of the container test with fresh names. The images
+// are built once per run of the package and shared by its tests (see
+// build); TestMain removes them.
 func newEnv(t *testing.T) *env {
 	b := make([]byte, 4)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
 	}
 	id := hex.EncodeToString(b)
-	e := &env{
-		t:          t,
-		id:         id,
-		stageImage: "dedupe-stage-containertest:" + id,
-		natsImage:  "dedupe-stage-nats-containertest:" + id,
-		network:    "dedupe-containertest-" + id,
-		volume:     "dedupe-containertest-data-" + id,
+	return &env{
+		t:       t,
+		id:      id,
+		network: "dedupe-containertest-" + id,
+		volume:  "dedupe-containertest-data-" + id,
 	}
-	// Cleanups run last-registered first: containers (registered as they
-	// start), then the volume, the network and the images.
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = docker(ctx, "rmi", "-f", e.stageImage, e.natsImage)
-	})
-	return e
 }
 
-// build runs deploy/build-images.sh into a temporary build directory.
+// images are the package's images, built once by the first test that
+// needs them.
+var images struct {
+	once  sync.Once
+	tag   string // "" until a build was tried
+	dir   string // the build directory
+	took  time.Duration
+	err   error
+	stage string
+	nats  string
+}
+
+// TestMain removes the shared images and their build directory once every
+// test has run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if images.tag != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, _ = docker(ctx, "rmi", "-f", images.stage, images.nats)
+		cancel()
+		os.RemoveAll(images.dir)
+	}
+	os.Exit(code)
+}
+
+// build runs deploy/build-images.sh into a temporary build directory, once
+// per run of the package, and names the images in e.
 func (e *env) build() {
 	t := e.t
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	root, err := filepath.Abs(repoRoot)
-	if err != nil {
-		t.Fatal(err)
+	images.once.Do(func() {
+		start := time.Now()
+		b := make([]byte, 4)
+		if _, err := rand.Read(b); err != nil {
+			images.err = err
+			return
+		}
+		images.tag = hex.EncodeToString(b)
+		images.stage = "dedupe-stage-containertest:" + images.tag
+		images.nats = "dedupe-stage-nats-containertest:" + images.tag
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		defer cancel()
+		root, err := filepath.Abs(repoRoot)
+		if err != nil {
+			images.err = err
+			return
+		}
+		if images.dir, err = os.MkdirTemp("", "dedupe-containertest-build"); err != nil {
+			images.err = err
+			return
+		}
+		cmd := exec.CommandContext(ctx, filepath.Join(root, "deploy", "build-images.sh"))
+		cmd.Env = append(os.Environ(),
+			"TAG="+images.tag,
+			"STAGE_IMAGE=dedupe-stage-containertest",
+			"NATS_IMAGE=dedupe-stage-nats-containertest",
+			"BUILD_DIR="+images.dir,
+			"VERSION=containertest-"+images.tag,
+		)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			images.err = fmt.Errorf("deploy/build-images.sh: %w\n%s", err, out)
+		}
+		images.took = time.Since(start)
+	})
+	if images.err != nil {
+		t.Fatal(images.err)
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "deploy", "build-images.sh"))
-	cmd.Env = append(os.Environ(),
-		"TAG="+e.id,
-		"STAGE_IMAGE=dedupe-stage-containertest",
-		"NATS_IMAGE=dedupe-stage-nats-containertest",
-		"BUILD_DIR="+t.TempDir(),
-		"VERSION=containertest-"+e.id,
-	)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("deploy/build-images.sh: %v\n%s", err, out)
-	}
-	t.Logf("built %s and %s in %s", e.stageImage, e.natsImage, time.Since(start).Round(100*time.Millisecond))
+	e.stageImage, e.natsImage = images.stage, images.nats
+	t.Logf("images %s and %s (built once for the package in %s)", e.stageImage, e.natsImage, images.took.Round(100*time.Millisecond))
 }
 
 // prepare creates the test's Docker network and the config directory with

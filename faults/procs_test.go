@@ -2,6 +2,7 @@ package faults
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -46,10 +48,8 @@ func runTests(m *testing.M) int {
 		{stageBin, "github.com/dedupe-stage/dedupe-stage/cmd/dedupe-stage"},
 		{natsBin, "github.com/nats-io/nats-server/v2"},
 	} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n", b.pkg, err)
+		if err := gobuild.Binary(context.Background(), b.out, b.pkg); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -29,9 +30,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "dedupe-stage")
-	build := exec.Command("go", "build", "-o", binary, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := gobuild.Binary(context.Background(), binary, "."); err != nil {
 		fmt.Fprintln(os.Stderr, "building dedupe-stage:", err)
 		os.Exit(1)
 	}
