@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -1045,7 +1046,7 @@ func internals(s series, drain time.Duration) ScaleOutInternal {
 
 // verify reads the row's output and dead-letter streams: every key of the
 // warm-up (from warmFrom) and of the backlog once, fence messages
-// (<prefix>._fence.<p>) apart, every bad input dead-lettered once.
+// (handover.ControlSubjects) apart, every bad input dead-lettered once.
 func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleOutRow) error {
 	kf, err := keys.NewKeyFunc(keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "id"}})
 	if err != nil {
@@ -1057,7 +1058,7 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 		foreign int
 		bad     []int
 	)
-	fence := n.outPrefix + "._fence."
+	fence := strings.TrimSuffix(handover.ControlSubjects(n.outPrefix), ">")
 	c := &res.Correct
 	*c = ScaleOutCorrect{}
 	if c.Output, err = readStreamAgain(ctx, e.js, n.output, func() {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
@@ -172,7 +173,7 @@ func TestScaleOutVerify(t *testing.T) {
 	n := namesForRow(0)
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
-		{Name: n.output, Subjects: []string{n.outPrefix + ".>"}},
+		{Name: n.output, Subjects: []string{n.outPrefix + ".>", handover.ControlSubjects(n.outPrefix)}},
 		{Name: n.dlq, Subjects: []string{n.dlqSubj}},
 	} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {
@@ -196,7 +197,7 @@ func TestScaleOutVerify(t *testing.T) {
 	for i := range 5 {
 		msgs = append(msgs, out(KeyString("wup", e.f.seed, i), i))
 	}
-	msgs = append(msgs, &nats.Msg{Subject: n.outPrefix + "._fence.1", Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
+	msgs = append(msgs, &nats.Msg{Subject: handover.FenceSubject(n.outPrefix, 1), Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
 	for j := range e.bad {
 		dl := &nats.Msg{Subject: n.dlqSubj, Header: nats.Header{headerBad: []string{strconv.Itoa(j)}}}
 		switch j {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
@@ -336,4 +337,17 @@ func (c Config) scaleOutSummary() []string {
 		c.PartitionBatch()))
 	out = append(out, fmt.Sprintf("streams created with %d replicas", s.Replicas))
 	return out
+}
+
+// OutputStreamSubjects returns the subjects of the output stream: the
+// forwarded messages (Output.Subjects), and with scale-out the control
+// records beside them on a root of their own
+// (handover.ControlSubjects: "_dedupe.<prefix>.>"), so that a consumer of
+// the output prefix receives forwarded messages only.
+func (c Config) OutputStreamSubjects() []string {
+	subjects := []string{c.Output.Subjects()}
+	if c.ScaleOut.Enabled {
+		subjects = append(subjects, handover.ControlSubjects(c.Output.SubjectPrefix))
+	}
+	return subjects
 }

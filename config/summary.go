@@ -118,7 +118,7 @@ func (c Config) Summary() string {
 	if out.AllowShortDuplicateWindow {
 		onShort = "only warns"
 	}
-	line("output", "stream %s (subjects %s), %s", out.Stream, out.Subjects(), dup)
+	line("output", "stream %s (subjects %s), %s", out.Stream, strings.Join(c.OutputStreamSubjects(), ", "), dup)
 	more("a crash needs a duplicate window >= %v (ack_wait + restart_margin); with a shorter one the stage %s",
 		Duration(c.MinDuplicateWindow()), onShort)
 	more("%s", c.publishSummary())

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -285,6 +287,14 @@ func (c Config) validateStreams(v *validator) {
 		for _, s := range inputs {
 			if subjectsOverlap(outputs, s) {
 				v.add("output.subject_prefix", "%q: output subjects %q overlap input subject %q", out.SubjectPrefix, outputs, s)
+			}
+		}
+		if c.ScaleOut.Enabled {
+			control := handover.ControlSubjects(out.SubjectPrefix)
+			for _, s := range append(slices.Clone(inputs), dl.Subjects()) {
+				if subjectsOverlap(control, s) {
+					v.add("output.subject_prefix", "%q: the group's control subjects %q overlap subject %q of another stream", out.SubjectPrefix, control, s)
+				}
 			}
 		}
 	}

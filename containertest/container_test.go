@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -599,12 +600,12 @@ func (e *env) outputSubjectOK(subj string) bool {
 
 // outputCounts returns how often each Nats-Msg-Id occurs in the output
 // stream, checking the subject and payload of each message. Scale-out's
-// partition fences (deduped._fence.<p>) are not events and are skipped.
+// partition fences (handover.FenceSubject) are not events and are skipped.
 func (e *env) outputCounts() map[string]int {
 	t := e.t
 	counts := map[string]int{}
 	for _, m := range natstest.ReadAll(t, e.js, outputStream) {
-		if strings.Contains(m.Subject, "._fence.") {
+		if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects("deduped"), ">")) {
 			continue
 		}
 		k := m.Header.Get("Nats-Msg-Id")

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -335,7 +336,7 @@ func checkOutput(tb testing.TB, js jetstream.JetStream, want map[string][]byte) 
 	got := map[string]int{}
 	wrong := 0
 	for _, m := range natstest.ReadAll(tb, js, outputStream) {
-		if strings.HasPrefix(m.Subject, "deduped._fence.") {
+		if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects("deduped"), ">")) {
 			continue
 		}
 		k := m.Header.Get(jetstream.MsgIDHeader)

@@ -28,7 +28,7 @@ func TestScaleOutFenceOutlivesMaxAge(t *testing.T) {
 	}
 	maxAge := e.cfg.OutputRetention(w.W) + time.Second
 	if _, err := e.js.CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: e.cfg.Output.Stream, Subjects: []string{e.cfg.Output.Subjects()}, Retention: jetstream.LimitsPolicy,
+		Name: e.cfg.Output.Stream, Subjects: e.cfg.OutputStreamSubjects(), Retention: jetstream.LimitsPolicy,
 		MaxAge: maxAge, Duplicates: e.cfg.MinDuplicateWindow(), AllowAtomicPublish: true,
 	}); err != nil {
 		t.Fatal(err)

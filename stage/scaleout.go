@@ -156,6 +156,9 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	if err := so.checkChangelog(oc); err != nil {
 		return err
 	}
+	if err := checkControlSubjects(oc, cfg); err != nil {
+		return err
+	}
 	if !s.atomicOutput {
 		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
 			cfg.Output.Publish, so.outStream, oc.AllowAtomicPublish)

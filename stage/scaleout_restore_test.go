@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -88,7 +89,7 @@ func TestScaleOutRestoresMillionKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter(e.cfg.Output.SubjectPrefix+"._fence.>"))
+	info, err := out.Info(ctx, jetstream.WithSubjectFilter(handover.ControlSubjects(e.cfg.Output.SubjectPrefix)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func (e *env) scaleOutOutput() map[string]int {
 	e.t.Helper()
 	out := map[string]int{}
 	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.Output.Stream) {
-		if strings.HasPrefix(m.Subject, e.cfg.Output.SubjectPrefix+"._fence.") {
+		if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects(e.cfg.Output.SubjectPrefix), ">")) {
 			continue
 		}
 		r, err := handover.DecodeHeader(m.Header)
@@ -267,7 +267,7 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	routedOutput := func() map[string]int {
 		out := map[string]int{}
 		for _, m := range natstest.ReadAll(t, e.js, e.cfg.Output.Stream) {
-			if strings.HasPrefix(m.Subject, e.cfg.Output.SubjectPrefix+"._fence.") {
+			if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects(e.cfg.Output.SubjectPrefix), ">")) {
 				continue
 			}
 			r, err := handover.DecodeHeader(m.Header)

@@ -87,7 +87,7 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 			MaxAgeComputed: l.MaxAge == 0,
 		}
 	}
-	out := stream("output", cfg.Output.Stream, []string{cfg.Output.Subjects()}, cfg.OutputDuplicateWindow(), cfg.Output.Limits, jetstream.DiscardOld)
+	out := stream("output", cfg.Output.Stream, cfg.OutputStreamSubjects(), cfg.OutputDuplicateWindow(), cfg.Output.Limits, jetstream.DiscardOld)
 	dl := stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld)
 	// The stage may publish its output and its dead letters as atomic
 	// batches (output.publish).

@@ -17,10 +17,13 @@
 //
 //	<prefix>.<p>.<input subject>   a forwarded message of partition p (PartitionSubject)
 //	<prefix>.<p>.>                 all of partition p's records (PartitionFilter)
-//	<prefix>._fence.<p>            partition p's fence (FenceSubject)
+//	_dedupe.<prefix>.fence.<p>     partition p's fence (FenceSubject)
+//	_dedupe.<prefix>.>             every control record (ControlSubjects)
 //
-// "_fence" is not a partition number, so PartitionFilter never matches a
-// fence message.
+// Control records have a subject root of their own in the output stream,
+// so that a consumer of <prefix>.> receives forwarded messages only; one
+// atomic batch may still check a fence and write data, since both are
+// subjects of one stream.
 //
 // Use, on taking partition p:
 //
@@ -155,10 +158,22 @@ func DecodeHeader(h nats.Header) (Record, error) {
 	return r, nil
 }
 
+// controlRoot is the first token of every control record's subject.
+const controlRoot = "_dedupe"
+
+// ControlSubjects returns the subjects of the control records (fences) of
+// an output stream whose forwarded messages are under outputPrefix:
+// "_dedupe.<outputPrefix>.>". A scale-out output stream holds them beside
+// "<outputPrefix>.>".
+func ControlSubjects(outputPrefix string) string {
+	return controlRoot + "." + outputPrefix + ".>"
+}
+
 // FenceSubject returns partition p's fence subject in an output stream
-// whose subjects start with outputPrefix: "<outputPrefix>._fence.<p>".
+// whose forwarded messages are under outputPrefix:
+// "_dedupe.<outputPrefix>.fence.<p>".
 func FenceSubject(outputPrefix string, p int) string {
-	return outputPrefix + "._fence." + strconv.Itoa(p)
+	return controlRoot + "." + outputPrefix + ".fence." + strconv.Itoa(p)
 }
 
 // PartitionSubject returns the output subject of a message of partition p

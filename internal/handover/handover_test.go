@@ -26,7 +26,7 @@ func outStream(t *testing.T) jetstream.JetStream {
 	t.Helper()
 	s := natstest.RunServer(t, "")
 	_, js := natstest.Connect(t, s.ClientURL())
-	cfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{prefix + ".>"}, Duplicates: time.Minute, AllowAtomicPublish: true}
+	cfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{prefix + ".>", handover.ControlSubjects(prefix)}, Duplicates: time.Minute, AllowAtomicPublish: true}
 	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -105,8 +105,11 @@ func sameRecords(t *testing.T, what string, got, want []record) {
 }
 
 func TestSubjects(t *testing.T) {
-	if got := handover.FenceSubject("out", 3); got != "out._fence.3" {
+	if got := handover.FenceSubject("out", 3); got != "_dedupe.out.fence.3" {
 		t.Errorf("FenceSubject = %q", got)
+	}
+	if got := handover.ControlSubjects("out"); got != "_dedupe.out.>" {
+		t.Errorf("ControlSubjects = %q", got)
 	}
 	if got := handover.PartitionSubject("out", 12, "events.a.b"); got != "out.12.events.a.b" {
 		t.Errorf("PartitionSubject = %q", got)
