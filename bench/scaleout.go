@@ -1102,9 +1102,14 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 	}
 
 	c.DeadLetterWant = e.bad
+	dlFence, dlFences := strings.TrimSuffix(handover.ControlSubjects(n.dlqSubj), ">"), 0
 	if c.DeadLettered, err = readStreamAgain(ctx, e.js, n.dlq, func() {
-		bad, c.DeadLetterExtra = make([]int, e.bad), 0
+		bad, c.DeadLetterExtra, dlFences = make([]int, e.bad), 0, 0
 	}, func(m jetstream.Msg) {
+		if strings.HasPrefix(m.Subject(), dlFence) {
+			dlFences++
+			return
+		}
 		j, err := strconv.Atoi(m.Headers().Get(headerBad))
 		if err != nil || j < 0 || j >= len(bad) {
 			c.DeadLetterExtra++
@@ -1114,6 +1119,7 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 	}); err != nil {
 		return err
 	}
+	c.DeadLettered -= dlFences
 	for _, b := range bad {
 		if b == 0 {
 			c.DeadLetterLost++

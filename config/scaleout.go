@@ -351,3 +351,15 @@ func (c Config) OutputStreamSubjects() []string {
 	}
 	return subjects
 }
+
+// DeadLetterStreamSubjects returns the subjects of the dead-letter stream:
+// the dead letters (DeadLetter.Subjects), and with scale-out the fences
+// that keep a former owner from dead-lettering an input its partition's
+// new owner decides ("_dedupe.<dead_letter.subject>.>").
+func (c Config) DeadLetterStreamSubjects() []string {
+	subjects := []string{c.DeadLetter.Subjects()}
+	if c.ScaleOut.Enabled {
+		subjects = append(subjects, handover.ControlSubjects(c.DeadLetter.Subject))
+	}
+	return subjects
+}

@@ -122,7 +122,7 @@ func (c Config) Summary() string {
 	more("a crash needs a duplicate window >= %v (ack_wait + restart_margin); with a shorter one the stage %s",
 		Duration(c.MinDuplicateWindow()), onShort)
 	more("%s", c.publishSummary())
-	line("dead letter", "stream %s (subjects %s, e.g. %s)", dl.Stream, dl.Subjects(), dl.SubjectFor("no_key"))
+	line("dead letter", "stream %s (subjects %s, e.g. %s)", dl.Stream, strings.Join(c.DeadLetterStreamSubjects(), ", "), dl.SubjectFor("no_key"))
 	if create {
 		more("missing streams and the consumer are created")
 	} else {

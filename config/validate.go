@@ -310,6 +310,18 @@ func (c Config) validateStreams(v *validator) {
 		if prefixOK && subjectsOverlap(dead, outputs) {
 			v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap output subjects %q", dl.Subject, dead, outputs)
 		}
+		if c.ScaleOut.Enabled {
+			control := handover.ControlSubjects(dl.Subject)
+			others := append(slices.Clone(inputs), outputs)
+			if prefixOK {
+				others = append(others, handover.ControlSubjects(out.SubjectPrefix))
+			}
+			for _, s := range others {
+				if subjectsOverlap(control, s) {
+					v.add("dead_letter.subject", "%q: the group's dead-letter fence subjects %q overlap subject %q of another stream", dl.Subject, control, s)
+				}
+			}
+		}
 	}
 }
 

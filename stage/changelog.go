@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
@@ -83,26 +82,27 @@ func (so *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
 	return nil
 }
 
-// ErrControlSubjects is returned at start when the output stream does not
-// hold the control records' subjects (handover.ControlSubjects): the
-// fences have no subject to be written on.
-var ErrControlSubjects = errors.New("the output stream has no subjects for the group's control records")
+// ErrControlSubjects is returned at start when the output or dead-letter
+// stream does not hold the group's control subjects
+// (handover.ControlSubjects): the fences have no subject to be written on.
+var ErrControlSubjects = errors.New("a stream has no subjects for the group's fences")
 
-// checkControlSubjects checks that the output stream, as configured in oc,
-// stores every partition's fence subject. The streams the stage creates
-// hold "_dedupe.<prefix>.>" beside "<prefix>.>"
-// (config.Config.OutputStreamSubjects); an existing stream without it is
-// refused with the nats stream edit command that adds it.
-func checkControlSubjects(oc jetstream.StreamConfig, cfg config.Config) error {
-	for p := range cfg.State.Partitions {
-		fence := handover.FenceSubject(cfg.Output.SubjectPrefix, p)
+// checkControlSubjects checks that a stream, as configured in oc, whose
+// messages are under prefix stores every partition's fence subject
+// (handover.FenceSubject(prefix, p)). The streams the stage creates hold
+// "_dedupe.<prefix>.>" beside "<prefix>.>" (config.Config.OutputStreamSubjects,
+// DeadLetterStreamSubjects); an existing stream without it is refused with
+// the nats stream edit command that adds it.
+func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions int) error {
+	control := handover.ControlSubjects(prefix)
+	for p := range partitions {
+		fence := handover.FenceSubject(prefix, p)
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
-			subjects := append(slices.Clone(oc.Subjects), handover.ControlSubjects(cfg.Output.SubjectPrefix))
-			return fmt.Errorf("scale-out: %w: output stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
-				"the group keeps its control records on %s, apart from the forwarded messages, so that a consumer of %s sees data only "+
+			subjects := append(slices.Clone(oc.Subjects), control)
+			return fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
+				"the group keeps its fences on %s, apart from the messages under %s.>, so that their consumers see data only "+
 				"(fix: nats stream edit %s --subjects '%s')",
-				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, handover.ControlSubjects(cfg.Output.SubjectPrefix),
-				cfg.Output.Subjects(), oc.Name, strings.Join(subjects, ","))
+				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, oc.Name, strings.Join(subjects, ","))
 		}
 	}
 	return nil

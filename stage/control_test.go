@@ -3,6 +3,7 @@ package stage_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -76,4 +78,77 @@ func TestScaleOutControlSubjectsApart(t *testing.T) {
 		c.Subjects = []string{e.cfg.Output.Subjects(), handover.ControlSubjects(e.cfg.Output.SubjectPrefix)}
 	})
 	e.as("a").start().stop(t)
+}
+
+// TestScaleOutDeadLetterFence moves every partition's dead-letter fence
+// under a running owner, as a new owner does when it takes the partitions:
+// the dead letters the owner decided under its tenure are refused
+// (counted) and left unacked, the owner, still pinned, takes the
+// partitions again, and in the end every input it dead-letters is stored
+// once. Without the fence the first dead letters would be stored beside
+// the new owner's (a zombie's second dead letter, once past the stream's
+// duplicate window).
+func TestScaleOutDeadLetterFence(t *testing.T) {
+	e := newScaleOutEnv(t).as("a")
+	a := e.start()
+	payload := map[string][]byte{}
+	var ks []string
+	for i := range 100 {
+		k := fmt.Sprintf("k-%d", i)
+		payload[k] = []byte(`{"n":1}`)
+		ks = append(ks, k)
+	}
+	e.publishKeys(ks, payload)
+	e.scaleOutDrained(60 * time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for p := range e.cfg.State.Partitions {
+		if _, err := handover.Take(ctx, e.js, e.cfg.DeadLetter.Stream, handover.FenceSubject(e.cfg.DeadLetter.Subject, p), "other"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A copy of every key with another body: a fingerprint mismatch each,
+	// dead-lettered (pipeline.on_fingerprint_mismatch: dead_letter).
+	other := map[string][]byte{}
+	for _, k := range ks {
+		other[k] = []byte(`{"n":2}`)
+	}
+	e.publishKeys(ks, other)
+	e.scaleOutDrained(90 * time.Second)
+
+	e.checkOnce(e.scaleOutOutput(), payload)
+	perSeq := map[string]int{}
+	for _, m := range e.deadLetters() {
+		perSeq[m.Header.Get(stage.HeaderOriginalSequence)]++
+	}
+	if len(perSeq) != len(ks) {
+		t.Errorf("%d inputs dead-lettered, want the %d copies", len(perSeq), len(ks))
+	}
+	for seq, n := range perSeq {
+		if n != 1 {
+			t.Errorf("input sequence %s dead-lettered %d times, want once", seq, n)
+		}
+	}
+	if got := counter(t, a.reg, "dedupe_dead_letter_fence_refusals_total", nil); got < 1 {
+		t.Errorf("dedupe_dead_letter_fence_refusals_total = %v, want >= 1: no dead letter was refused by a moved fence", got)
+	}
+	if got := counter(t, a.reg, "dedupe_partition_takeovers_total", nil); got < 5 {
+		t.Errorf("dedupe_partition_takeovers_total = %v, want >= 5 (4 at start, then again after a refusal)", got)
+	}
+}
+
+// deadLetters returns the dead-letter stream's dead letters, without the
+// scale-out group's fences (handover.ControlSubjects of the dead-letter
+// subject).
+func (e *env) deadLetters() []natstest.Message {
+	e.t.Helper()
+	control := strings.TrimSuffix(handover.ControlSubjects(e.cfg.DeadLetter.Subject), ">")
+	var dl []natstest.Message
+	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.DeadLetter.Stream) {
+		if !strings.HasPrefix(m.Subject, control) {
+			dl = append(dl, m)
+		}
+	}
+	return dl
 }

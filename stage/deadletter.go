@@ -3,6 +3,7 @@ package stage
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,9 +59,11 @@ func (s *Stage) deadLetterWorker(ctx context.Context, in <-chan deadLetter) {
 			send, idx = append(send, m), append(idx, i)
 		}
 		sent = append(sent[:0], make([]forward.Result, len(send))...)
-		if len(send) > 0 {
+		if len(send) > 0 && !s.fencedDeadLetters(batch, idx) {
 			// An error here is ctx's: the unsettled ones stay unacked.
 			_ = forward.Batch(ctx, s.js, send, sent, s.deadLetterOptions(batch, health))
+		} else if len(send) > 0 {
+			s.publishFencedDeadLetters(ctx, batch, idx, send, sent, health)
 		}
 		for j, i := range idx {
 			res[i] = sent[j]
@@ -69,6 +72,64 @@ func (s *Stage) deadLetterWorker(ctx context.Context, in <-chan deadLetter) {
 			s.settleDeadLetter(ctx, dl, msgs[i], res[i], health)
 		}
 	})
+}
+
+// fencedDeadLetters reports whether any dead letter to send (batch[idx[j]])
+// carries a partition's dead-letter fence.
+func (s *Stage) fencedDeadLetters(batch []deadLetter, idx []int) bool {
+	for _, i := range idx {
+		if batch[i].fence != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// publishFencedDeadLetters publishes the dead letters to send
+// (send[j] of batch[idx[j]]) in groups of one fence each, every publish of
+// a group expecting its fence (forward.Options.Fence), and puts each
+// result in sent. A group the server refuses because the fence moved is
+// left unsettled (unacked: the partition's new owner decides those
+// inputs), counted in dedupe_dead_letter_fence_refusals_total, and ends
+// the tenure that decided it, as a lost pin does: the worker asks the
+// server whether it still owns the partition before it takes it again.
+func (s *Stage) publishFencedDeadLetters(ctx context.Context, batch []deadLetter, idx []int, send []*nats.Msg, sent []forward.Result, health retry.Reporter) {
+	type group struct {
+		fence *forward.Fence
+		js    []int
+	}
+	var groups []group
+	for j, i := range idx {
+		f := batch[i].fence
+		k := slices.IndexFunc(groups, func(g group) bool {
+			return (g.fence == nil && f == nil) || (g.fence != nil && f != nil && *g.fence == *f)
+		})
+		if k < 0 {
+			groups = append(groups, group{fence: f})
+			k = len(groups) - 1
+		}
+		groups[k].js = append(groups[k].js, j)
+	}
+	for _, g := range groups {
+		msgs := make([]*nats.Msg, len(g.js))
+		res := make([]forward.Result, len(g.js))
+		for k, j := range g.js {
+			msgs[k] = send[j]
+		}
+		opts := s.deadLetterOptions(batch, health)
+		opts.Fence = g.fence
+		err := forward.Batch(ctx, s.js, msgs, res, opts)
+		for k, j := range g.js {
+			sent[j] = res[k]
+		}
+		if g.fence != nil && retry.IsFenced(err) {
+			dl := batch[idx[g.js[0]]]
+			s.so.metrics.dlRefusals.WithLabelValues(dl.partition).Inc()
+			s.so.lose(dl.p, dl.pin)
+			s.log.Warn("scale-out: dead letters refused: another instance took the partition's dead-letter fence; they stay unacked for its owner",
+				"partition", dl.partition, "dead_letters", len(g.js), "fence", g.fence.Subject, "err", err)
+		}
+	}
 }
 
 // deadLetterOptions are the publish options of a batch of dead letters:

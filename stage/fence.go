@@ -23,20 +23,36 @@ func fenceRefresh(maxAge time.Duration) time.Duration { return maxAge / 4 }
 // pinned, takes the fence again from its cursor.
 func (w *worker) refreshFence(ctx context.Context) bool {
 	t := w.ten
-	if t.refresh <= 0 || time.Since(t.written) < t.refresh {
-		return true
-	}
 	so := w.s.so
-	written := time.Now()
-	seq, err := handover.Refresh(ctx, w.s.js, so.outStream, t.fence.Subject, so.instance, t.fence.Seq)
-	switch {
-	case err == nil:
+	if t.refresh > 0 && time.Since(t.written) >= t.refresh {
+		written := time.Now()
+		seq, err := handover.Refresh(ctx, w.s.js, so.outStream, t.fence.Subject, so.instance, t.fence.Seq)
+		if err != nil {
+			return w.refreshFailed(ctx, "output", err)
+		}
 		t.fence.Seq, t.written = seq, written
-		return true
+	}
+	// The dead-letter fence, on the dead-letter stream's own max_age.
+	if so.dlRefresh > 0 && t.dlFence.Subject != "" && time.Since(t.dlWritten) >= so.dlRefresh {
+		written := time.Now()
+		seq, err := handover.Refresh(ctx, w.s.js, so.dlStream, t.dlFence.Subject, so.instance, t.dlFence.Seq)
+		if err != nil {
+			return w.refreshFailed(ctx, "dead_letter", err)
+		}
+		t.dlFence.Seq, t.dlWritten = seq, written
+	}
+	return true
+}
+
+// refreshFailed handles a failed refresh of the tenure's fence in stream
+// (output or dead_letter) and returns false: the batch is left unacked.
+// A fence that moved ends the tenure, as in fenced.
+func (w *worker) refreshFailed(ctx context.Context, stream string, err error) bool {
+	switch {
 	case retry.IsFenced(err):
 		w.fenced(ctx, err)
 	case ctx.Err() == nil:
-		w.s.log.Warn("scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "err", err)
+		w.s.log.Warn("scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "stream", stream, "err", err)
 	}
 	return false
 }

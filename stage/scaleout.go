@@ -44,6 +44,9 @@ type scaleOut struct {
 	instance  string
 	prefix    string         // output subject prefix
 	outStream string         // output stream: changelog and fences
+	dlStream  string         // dead-letter stream: dead letters and their fences
+	dlSubject string         // dead-letter subject prefix
+	dlRefresh time.Duration  // how often a dead-letter fence is written again (fenceRefresh)
 	inStream  string         // the stream the group's members consume: the input, or the routed stream
 	routed    *route.Options // the route step's options when it runs, else nil
 	retention time.Duration  // how far back a restore without a cursor reads
@@ -70,6 +73,7 @@ type scaleOutMetrics struct {
 	restoreDur *prometheus.GaugeVec
 	released   *prometheus.CounterVec
 	refused    *prometheus.CounterVec
+	dlRefusals *prometheus.CounterVec
 }
 
 func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
@@ -85,6 +89,10 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_fence_refusals_total",
 			Help: "Output batches the server refused because the partition's fence moved: another instance took the partition, and nothing of the batch was stored.",
+		}, []string{"partition"}),
+		dlRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_dead_letter_fence_refusals_total",
+			Help: "Dead letters the server refused because the partition's dead-letter fence moved: another instance took the partition; they stay unacked for its owner.",
 		}, []string{"partition"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_stale_pin_messages_total",
@@ -111,7 +119,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Help: "Takeovers of the partition this instance refused because the output stream does not keep what its restore needs (reason limits: the stream's configuration drops records; short: records the restore needs are gone). The partition's input waits; the log names the stream field and the fix.",
 		}, []string{"partition", "reason"}),
 	}
-	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused)
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals)
 	return m
 }
 
@@ -156,9 +164,18 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	if err := so.checkChangelog(oc); err != nil {
 		return err
 	}
-	if err := checkControlSubjects(oc, cfg); err != nil {
+	if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
 		return err
 	}
+	dl, err := s.js.Stream(ctx, cfg.DeadLetter.Stream)
+	if err != nil {
+		return fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
+	}
+	if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
+		return err
+	}
+	so.dlStream, so.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
+	so.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
 	if !s.atomicOutput {
 		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
 			cfg.Output.Publish, so.outStream, oc.AllowAtomicPublish)
@@ -482,6 +499,11 @@ type tenure struct {
 	// often it is written again (refreshFence).
 	written time.Time
 	refresh time.Duration
+	// dlFence is the partition's fence in the dead-letter stream, taken
+	// after the output's, and dlWritten when it was last written: every
+	// dead letter the tenure decides expects it (fenceDeadLetter).
+	dlFence   forward.Fence
+	dlWritten time.Time
 }
 
 // maxLostPins bounds how many lost pins a worker remembers: a message
@@ -583,6 +605,14 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	if err != nil {
 		return nil, err
 	}
+	// The dead letters' fence, after the output's: an instance that took
+	// this one has taken the output's first.
+	dlFenceSubj := handover.FenceSubject(so.dlSubject, p)
+	dlWritten := time.Now()
+	dlf, err := handover.Take(ctx, s.js, so.dlStream, dlFenceSubj, so.instance)
+	if err != nil {
+		return nil, fmt.Errorf("take the dead-letter fence: %w", err)
+	}
 	restoring := so.metrics.restoring.WithLabelValues(w.label)
 	restoring.Set(1)
 	defer restoring.Set(0)
@@ -624,7 +654,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
 		"restored", total, "took", took.Round(time.Millisecond))
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
-		written: start, refresh: fenceRefresh(out.Config.MaxAge)}, nil
+		written: start, refresh: fenceRefresh(out.Config.MaxAge),
+		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil
 }
 
 // fenced handles an output batch the server refused because the

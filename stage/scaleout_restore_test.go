@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -101,7 +100,7 @@ func TestScaleOutRestoresMillionKeys(t *testing.T) {
 		t.Errorf("output holds %d messages, want the %d records, the %d new keys and %d fence messages: a copy was forwarded again",
 			info.State.Msgs, restoreKeys, len(news), fences)
 	}
-	if n := len(natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)); n != 0 {
+	if n := len(e.deadLetters()); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
 	r.stop(t)

@@ -287,7 +287,7 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 		return out
 	}
 	e.checkOnce(routedOutput(), unique)
-	dl := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
+	dl := e.deadLetters()
 	if len(dl) != 2 {
 		t.Errorf("%d dead letters, want the 2 inputs without a key", len(dl))
 	}

@@ -131,7 +131,7 @@ func TestScaleOutTotalsAcrossHandOvers(t *testing.T) {
 	future := click{key: "future", campaign: "camp-0", ts: time.Now().Add(2 * time.Hour).Unix(), amount: 5}
 	e.publishClicksOn([]click{future})
 	natstest.WaitFor(t, 30*time.Second, "the future event dead-lettered", func() bool {
-		for _, m := range natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream) {
+		for _, m := range e.deadLetters() {
 			if m.Header.Get("Dedupe-Reason") == stage.ReasonFutureTime {
 				return true
 			}

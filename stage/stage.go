@@ -274,6 +274,12 @@ type deadLetter struct {
 	reason    string
 	detail    string
 	partition string
+	// fence is the dead-letter fence of the tenure that decided it, with
+	// scale-out (nil: not fenced); p and pin are that tenure's partition
+	// and pin.
+	fence *forward.Fence
+	p     int
+	pin   string
 }
 
 // Run consumes the input until ctx is done, then stops fetching, finishes

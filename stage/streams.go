@@ -88,7 +88,7 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 		}
 	}
 	out := stream("output", cfg.Output.Stream, cfg.OutputStreamSubjects(), cfg.OutputDuplicateWindow(), cfg.Output.Limits, jetstream.DiscardOld)
-	dl := stream("dead_letter", cfg.DeadLetter.Stream, []string{cfg.DeadLetter.Subjects()}, 0, cfg.DeadLetter.Limits, jetstream.DiscardOld)
+	dl := stream("dead_letter", cfg.DeadLetter.Stream, cfg.DeadLetterStreamSubjects(), 0, cfg.DeadLetter.Limits, jetstream.DiscardOld)
 	// The stage may publish its output and its dead letters as atomic
 	// batches (output.publish).
 	out.Config.AllowAtomicPublish = true

@@ -142,7 +142,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 				w.acks = append(w.acks, i)
 				continue
 			case lateDeadLetter:
-				w.dlq <- dl
+				w.dlq <- w.fenceDeadLetter(dl)
 				continue
 			}
 		}
@@ -362,7 +362,18 @@ func (w *worker) stopping(batch []item, err error) {
 // deadLetter sends batch item it to the dead-letter worker; it acks it
 // once stored.
 func (w *worker) deadLetter(it *item, reason, detail string) {
-	w.dlq <- deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail}
+	w.dlq <- w.fenceDeadLetter(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
+}
+
+// fenceDeadLetter returns dl carrying the tenure's dead-letter fence, when
+// the worker owns its partition in a scale-out group: the dead letter is
+// stored only while no other instance has taken the partition since.
+func (w *worker) fenceDeadLetter(dl deadLetter) deadLetter {
+	if t := w.ten; t != nil && t.dlFence.Subject != "" {
+		f := t.dlFence
+		dl.fence, dl.p, dl.pin = &f, w.p.Index(), t.pin
+	}
+	return dl
 }
 
 // repeat handles a message whose key the window already holds.
