@@ -92,7 +92,7 @@ func (s *Stage) deadLetterOptions(batch []deadLetter, health retry.Reporter) for
 			},
 		},
 		OnRetry: func(attempt, failed int, err error) {
-			s.log.Warn("dead-letter publish failed, retrying", "dead_letters", failed, "attempt", attempt, "err", err)
+			s.logs.Warn("dead_letter_publish_retry", "dead-letter publish failed, retrying", "dead_letters", failed, "attempt", attempt, "err", err)
 		},
 	}
 }
@@ -107,7 +107,7 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 	}
 	err := r.Err
 	if err != nil {
-		s.log.Warn("dead letter refused; storing it without payload and with its headers cut",
+		s.logs.Warn("dead_letter_refused", "dead letter refused; storing it without payload and with its headers cut",
 			"reason", dl.reason, "subject", m.Subject, "err", err)
 		err = s.storeDeadLetter(ctx, dl, s.shrink(dl, m), health)
 		if err != nil && !retry.IsPermanent(err) {
@@ -120,7 +120,7 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 			stream, seq = md.Stream, md.Sequence.Stream
 		}
 		s.metrics.DeadLettersUnstorable.WithLabelValues(dl.reason).Inc()
-		s.log.Error("dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
+		s.logs.Error("dead_letter_unstorable", "dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
 			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
 	}
 	s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
@@ -149,7 +149,7 @@ func (s *Stage) storeDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg,
 			}
 		},
 		OnRetry: func(attempt int, err error) {
-			s.log.Warn("dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
+			s.logs.Warn("dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},
 	})
 }

@@ -36,7 +36,7 @@ func (w *worker) refreshFence(ctx context.Context) bool {
 	case retry.IsFenced(err):
 		w.fenced(ctx, err)
 	case ctx.Err() == nil:
-		w.s.log.Warn("scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "err", err)
+		w.s.logs.Warn("fence_refresh_failed", "scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "err", err)
 	}
 	return false
 }

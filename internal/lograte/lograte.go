@@ -80,7 +80,13 @@ func (o Options) Validate() error {
 // zero value is not usable; build one with New. A nil *Limiter writes
 // every line, unlimited and uncounted.
 type Limiter struct {
-	log      *slog.Logger
+	log *slog.Logger
+	*limits
+}
+
+// limits are what the Limiters made by With share: the options, the
+// counters and each reason's interval.
+type limits struct {
 	lines    int
 	interval time.Duration
 	now      func() time.Time
@@ -97,8 +103,9 @@ type period struct {
 	start      time.Time
 	written    int
 	suppressed int
-	// level and msg of the last line suppressed, for the line Flush
-	// writes in its place.
+	// log, level and msg of the last line suppressed, for the line
+	// Flush writes in its place.
+	log   *slog.Logger
 	level slog.Level
 	msg   string
 }
@@ -128,8 +135,8 @@ func New(log *slog.Logger, o Options, reg prometheus.Registerer) *Limiter {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	l := &Limiter{
-		log: log, lines: o.Lines, interval: o.Interval, now: o.Now,
+	l := &Limiter{log: log, limits: &limits{
+		lines: o.Lines, interval: o.Interval, now: o.Now,
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_log_events_total",
 			Help: "Events that log a rate-limited line, by reason, counted whether the line was written or suppressed.",
@@ -139,9 +146,18 @@ func New(log *slog.Logger, o Options, reg prometheus.Registerer) *Limiter {
 			Help: "Log lines not written because their reason had used its lines for the interval, by reason; a later line carries the count.",
 		}, []string{"reason"}),
 		reasons: make(map[string]*period),
-	}
+	}}
 	reg.MustRegister(l.events, l.suppressed)
 	return l
+}
+
+// With returns a Limiter that writes to log.With(args...) and shares l's
+// intervals and counters: a reason is limited across both.
+func (l *Limiter) With(args ...any) *Limiter {
+	if l == nil {
+		return nil
+	}
+	return &Limiter{log: l.log.With(args...), limits: l.limits}
 }
 
 // Log writes msg with args (slog key-value pairs or slog.Attr) at level
@@ -157,7 +173,7 @@ func (l *Limiter) Log(ctx context.Context, level slog.Level, reason, msg string,
 	if !l.log.Enabled(ctx, level) {
 		return
 	}
-	ok, n := l.allow(reason, level, msg)
+	ok, n := l.allow(l.log, reason, level, msg)
 	if !ok {
 		l.suppressed.WithLabelValues(reason).Inc()
 		return
@@ -190,7 +206,7 @@ func (l *Limiter) Error(reason, msg string, args ...any) {
 
 // allow reports whether a line of reason is written now and, if so, how
 // many lines of it were suppressed before it.
-func (l *Limiter) allow(reason string, level slog.Level, msg string) (bool, int) {
+func (l *limits) allow(log *slog.Logger, reason string, level slog.Level, msg string) (bool, int) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -209,13 +225,14 @@ func (l *Limiter) allow(reason string, level slog.Level, msg string) (bool, int)
 		return true, n
 	}
 	p.suppressed++
-	p.level, p.msg = level, msg
+	p.log, p.level, p.msg = log, level, msg
 	return false, 0
 }
 
 // Flush writes, for each reason whose interval has passed with lines
-// suppressed, one line: the last suppressed message at its level, with
-// the count as SuppressedKey. With all, it does so for every reason with
+// suppressed, one line: the last suppressed message at its level, to the
+// logger it was meant for, with the reason and the count as
+// SuppressedKey. Limiters made by With share what Flush reports. With all, it does so for every reason with
 // lines suppressed, interval passed or not (at shutdown).
 func (l *Limiter) Flush(all bool) {
 	if l == nil {
@@ -241,7 +258,7 @@ func (l *Limiter) Flush(all bool) {
 	}
 	l.mu.Unlock()
 	for _, x := range out {
-		l.log.Log(context.Background(), x.p.level, x.p.msg, "reason", x.reason, SuppressedKey, x.p.suppressed,
+		x.p.log.Log(context.Background(), x.p.level, x.p.msg, "reason", x.reason, SuppressedKey, x.p.suppressed,
 			"interval", l.interval.String())
 	}
 }

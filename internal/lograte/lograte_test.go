@@ -241,3 +241,22 @@ func TestOptionsValidate(t *testing.T) {
 		t.Fatalf("DefaultOptions().Validate() = %v", err)
 	}
 }
+
+func TestLimiterWithSharesTheLimit(t *testing.T) {
+	l, c, buf, _ := newLimiter(t)
+	r := l.With("component", "route")
+	for range 5 {
+		l.Warn("x", "event x")
+		r.Warn("x", "event x")
+	}
+	lines := buf.lines(t)
+	if len(lines) != 3 {
+		t.Fatalf("lines = %d, want 3 for the shared reason", len(lines))
+	}
+	c.advance(10 * time.Second)
+	l.Flush(false)
+	lines = buf.lines(t)
+	if got := lines[len(lines)-1]; got["component"] != "route" || got["suppressed"] != float64(7) {
+		t.Fatalf("count line = %v, want component=route (the last suppressed line's logger) suppressed=7", got)
+	}
+}
