@@ -19,7 +19,7 @@
 // The copy keeps the input's headers and payload, except the input's
 // Nats-Expected-* headers (they were checks against the input stream) and
 // its Nats-Msg-Id (replaced; kept in HeaderOriginalMsgID), and adds
-// HeaderKey and HeaderInputTime. A message the route step cannot route (no
+// HeaderKey, HeaderInputTime, HeaderInputStream and HeaderInputSequence. A message the route step cannot route (no
 // key, a bad payload, a key too long, a message too large, a copy the
 // routed stream refuses for good) is dead-lettered with its reason, as the
 // stage dead-letters it, and then acked: nothing is dropped silently.
@@ -67,6 +67,13 @@ const (
 	// HeaderOriginalMsgID carries the input's Nats-Msg-Id, which MsgID
 	// replaces; absent when the input had none.
 	HeaderOriginalMsgID = "Dedupe-Original-Msg-Id"
+	// HeaderInputStream and HeaderInputSequence carry the input stream and
+	// sequence of the original (as MsgID does) in headers that survive the
+	// stage replacing Nats-Msg-Id on its forwarded copy: a dead letter of
+	// a routed message names the input (InputOf), not the routed copy,
+	// which is deleted once acked.
+	HeaderInputStream   = "Dedupe-Input-Stream"
+	HeaderInputSequence = "Dedupe-Input-Sequence"
 )
 
 // Headers of a dead letter: the names the stage's dead letters carry.
@@ -469,7 +476,7 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 		}
 	}
 	p := state.PartitionFNV(pkey, r.o.Partitions)
-	h := make(nats.Header, len(in)+4)
+	h := make(nats.Header, len(in)+6)
 	for k, v := range in {
 		if strings.HasPrefix(k, "Nats-Expected-") || k == jetstream.MsgIDHeader {
 			continue
@@ -482,6 +489,8 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 	h.Set(jetstream.MsgIDHeader, MsgID(md.Stream, md.Sequence.Stream))
 	h.Set(HeaderKey, string(key))
 	h.Set(HeaderInputTime, formatInputTime(md.Timestamp))
+	h.Set(HeaderInputStream, md.Stream)
+	h.Set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
 	return &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, nil
 }
 
