@@ -15,6 +15,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 )
 
 // Limits of a shrunk dead letter (deadLetterWorker).
@@ -126,7 +127,7 @@ func (s *Stage) publishFencedDeadLetters(ctx context.Context, batch []deadLetter
 			dl := batch[idx[g.js[0]]]
 			s.so.metrics.dlRefusals.WithLabelValues(dl.partition).Inc()
 			s.so.lose(dl.p, dl.pin)
-			s.log.Warn("scale-out: dead letters refused: another instance took the partition's dead-letter fence; they stay unacked for its owner",
+			s.logs.Warn("dead_letter_fenced", "scale-out: dead letters refused: another instance took the partition's dead-letter fence; they stay unacked for its owner",
 				"partition", dl.partition, "dead_letters", len(g.js), "fence", g.fence.Subject, "err", err)
 		}
 	}
@@ -153,7 +154,7 @@ func (s *Stage) deadLetterOptions(batch []deadLetter, health retry.Reporter) for
 			},
 		},
 		OnRetry: func(attempt, failed int, err error) {
-			s.log.Warn("dead-letter publish failed, retrying", "dead_letters", failed, "attempt", attempt, "err", err)
+			s.logs.Warn("dead_letter_publish_retry", "dead-letter publish failed, retrying", "dead_letters", failed, "attempt", attempt, "err", err)
 		},
 	}
 }
@@ -168,7 +169,7 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 	}
 	err := r.Err
 	if err != nil {
-		s.log.Warn("dead letter refused; storing it without payload and with its headers cut",
+		s.logs.Warn("dead_letter_refused", "dead letter refused; storing it without payload and with its headers cut",
 			"reason", dl.reason, "subject", m.Subject, "err", err)
 		err = s.storeDeadLetter(ctx, dl, s.shrink(dl, m), health)
 		if err != nil && !retry.IsPermanent(err) {
@@ -176,13 +177,10 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 		}
 	}
 	if err != nil {
-		stream, seq := "", uint64(0)
-		if md, merr := dl.msg.Metadata(); merr == nil {
-			stream, seq = md.Stream, md.Sequence.Stream
-		}
+		subject, stream, seq, _ := s.sourceOf(dl)
 		s.metrics.DeadLettersUnstorable.WithLabelValues(dl.reason).Inc()
-		s.log.Error("dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
-			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
+		s.logs.Error("dead_letter_unstorable", "dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
+			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", subject, "err", err)
 	}
 	s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
 	s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
@@ -210,7 +208,7 @@ func (s *Stage) storeDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg,
 			}
 		},
 		OnRetry: func(attempt int, err error) {
-			s.log.Warn("dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
+			s.logs.Warn("dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},
 	})
 }
@@ -239,13 +237,35 @@ func (s *Stage) deadLetterMsg(dl deadLetter) *nats.Msg {
 func (s *Stage) markDeadLetter(h nats.Header, dl deadLetter, detail string) {
 	h.Set(HeaderReason, dl.reason)
 	h.Set(HeaderDetail, detail)
-	h.Set(HeaderOriginalSubject, dl.msg.Subject())
-	if md, err := dl.msg.Metadata(); err == nil {
-		h.Set(HeaderOriginalStream, md.Stream)
-		h.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
-		// One dead letter per input message, even if this one is redelivered.
-		h.Set(jetstream.MsgIDHeader, "dlq:"+md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
+	subject, stream, seq, ok := s.sourceOf(dl)
+	h.Set(HeaderOriginalSubject, subject)
+	if ok {
+		h.Set(HeaderOriginalStream, stream)
+		h.Set(HeaderOriginalSequence, strconv.FormatUint(seq, 10))
+		// One dead letter per input message, even if this one is
+		// redelivered: the route step's id for the same input.
+		h.Set(jetstream.MsgIDHeader, "dlq:"+stream+":"+strconv.FormatUint(seq, 10))
 	}
+}
+
+// sourceOf returns where the input of dead letter dl is. For a message of
+// the routed stream (scale-out with the route step) that is the input
+// message the route step copied (route.InputOf), not the routed copy,
+// which the work-queue stream deletes once it is acked; for any other, and
+// for a message in the routed stream that the route step did not write,
+// the message's own subject, stream and sequence. ok is false when the
+// stream and sequence cannot be read.
+func (s *Stage) sourceOf(dl deadLetter) (subject, stream string, seq uint64, ok bool) {
+	md, err := dl.msg.Metadata()
+	if err != nil {
+		return dl.msg.Subject(), "", 0, false
+	}
+	if s.so != nil && s.so.routed != nil && md.Stream == s.so.inStream && dl.reason != ReasonNotRouted {
+		if subject, stream, seq, ok := route.InputOf(s.so.routed.RoutedSubject, dl.msg.Subject(), dl.msg.Headers()); ok {
+			return subject, stream, seq, true
+		}
+	}
+	return dl.msg.Subject(), md.Stream, md.Sequence.Stream, true
 }
 
 // shrink returns the smallest useful form of dead letter m: no payload; the

@@ -52,7 +52,7 @@ func (w *worker) refreshFailed(ctx context.Context, stream string, err error) bo
 	case retry.IsFenced(err):
 		w.fenced(ctx, err)
 	case ctx.Err() == nil:
-		w.s.log.Warn("scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "stream", stream, "err", err)
+		w.s.logs.Warn("fence_refresh_failed", "scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", w.label, "stream", stream, "err", err)
 	}
 	return false
 }

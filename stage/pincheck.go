@@ -39,6 +39,6 @@ func (w *worker) recheckLost(ctx context.Context, pin string) bool {
 		return false
 	}
 	w.lostPins = slices.DeleteFunc(w.lostPins, func(l string) bool { return l == pin })
-	w.s.log.Warn("scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", w.label)
+	w.s.logs.Warn("lost_pin_still_held", "scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", w.label)
 	return true
 }

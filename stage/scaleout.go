@@ -271,6 +271,7 @@ func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Reg
 		ShutdownTimeout:   s.shutdownTimeout,
 		Registry:          reg,
 		Logger:            s.log,
+		Logs:              s.logs,
 		Reporter:          s.status,
 	}
 	if cfg.Totals.Enabled {
@@ -542,9 +543,9 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 	if err != nil {
 		if r := refusedReason(err); r != "" {
 			so.metrics.refused.WithLabelValues(w.label, r).Inc()
-			w.s.log.Error("scale-out: partition refused; its batch stays unacked and comes back", "partition", w.label, "err", err)
+			w.s.logs.Error("partition_refused", "scale-out: partition refused; its batch stays unacked and comes back", "partition", w.label, "err", err)
 		} else if ctx.Err() == nil {
-			w.s.log.Warn("scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", w.label, "err", err)
+			w.s.logs.Warn("take_over_failed", "scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", w.label, "err", err)
 		}
 		return false
 	}
@@ -674,7 +675,7 @@ func (w *worker) fenced(ctx context.Context, err error) {
 	if ierr != nil {
 		level = slog.LevelError
 	}
-	s.log.Log(ctx, level, "scale-out: partition lost: another instance took its fence; the batch is left unacked",
+	s.logs.Log(ctx, level, "partition_lost", "scale-out: partition lost: another instance took its fence; the batch is left unacked",
 		"partition", w.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
 	w.endTenure(!still)
 }

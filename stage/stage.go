@@ -42,6 +42,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -85,6 +86,7 @@ type Options struct {
 type Stage struct {
 	cfg     config.Config
 	log     *slog.Logger
+	logs    *lograte.Limiter // log: the lines of per-message and per-batch events, rate-limited
 	clock   window.Clock
 	win     window.Window
 	nc      *nats.Conn
@@ -153,6 +155,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	s.logs = lograte.New(s.log, lograte.DefaultOptions(), reg)
 	var err error
 	if s.win, err = cfg.Window.Derive(); err != nil {
 		return nil, fmt.Errorf("window: %w", err)
@@ -322,6 +325,11 @@ func (s *Stage) Run(ctx context.Context) error {
 		s.deadLetterWorker(work, dlq)
 	}()
 	flushTotals := s.startTotals()
+	// The suppressed counts of rate-limited lines are written every
+	// interval, and the last ones once everything else has stopped.
+	logsCtx, stopLogs := context.WithCancel(context.Background())
+	var logs sync.WaitGroup
+	logs.Go(func() { s.logs.Run(logsCtx) })
 
 	s.status.setReady(true)
 	if s.so != nil {
@@ -347,6 +355,8 @@ func (s *Stage) Run(ctx context.Context) error {
 	if s.so != nil {
 		s.releaseAll()
 	}
+	stopLogs()
+	logs.Wait()
 	s.log.Info("stopped: batches in flight finished")
 	return nil
 }

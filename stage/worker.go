@@ -17,6 +17,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -224,7 +225,7 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		Retry:     w.retryOpts(batch, "output publish"),
 		OnRetry: func(attempt, failed int, err error) {
 			s.metrics.PublishRetries.Add(float64(failed))
-			s.log.Warn("output publish failed, retrying", "partition", w.label, "messages", failed, "attempt", attempt, "err", err)
+			s.logs.Warn("output_publish_retry", "output publish failed, retrying", "partition", w.label, "messages", failed, "attempt", attempt, "err", err)
 		},
 		Atomic:     s.atomicOutput,
 		BatchMax:   s.cfg.Output.BatchMax,
@@ -263,7 +264,7 @@ func (w *worker) fallback(messages int, err error) {
 	if errors.As(err, &api) && api.ErrorCode == retry.CodeBatchDuplicateMsgID {
 		level = slog.LevelInfo
 	}
-	w.s.log.Log(context.Background(), level, "output refused an atomic batch; publishing its messages one at a time",
+	w.s.logs.Log(context.Background(), level, "output_atomic_fallback", "output refused an atomic batch; publishing its messages one at a time",
 		"partition", w.label, "messages", messages, "err", describe(err))
 }
 
@@ -288,7 +289,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	}
 	// w.firstIdx maps each claim's key to its message in the batch.
 	if err != nil {
-		s.log.Error("the state store refused a batch's claims; claiming them one by one", "partition", w.label, "claims", len(claims), "err", err)
+		s.logs.Error("commit_refused", "the state store refused a batch's claims; claiming them one by one", "partition", w.label, "claims", len(claims), "err", err)
 		results = results[:0]
 		for _, c := range claims {
 			var r []state.ClaimResult
@@ -319,7 +320,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 			// Only this goroutine claims in this partition, so the lookup
 			// above saw everything. Forwarded and recorded once all the
 			// same; say so loudly.
-			s.log.Error("claim found a key the lookup did not", "partition", w.label, "key", string(claims[k].Key))
+			s.logs.Error("claim_not_new", "claim found a key the lookup did not", "partition", w.label, "key", string(claims[k].Key))
 		}
 	}
 	w.newKeys.get().Add(float64(len(results)))
@@ -355,7 +356,7 @@ func (w *worker) indexOfNew(i int) int {
 // stopping logs that the batch is left unacked because ctx ended (or the
 // store closed) while an operation kept failing.
 func (w *worker) stopping(batch []item, err error) {
-	w.s.log.Warn("stopping with a batch unfinished; it stays unacked and comes back after ack_wait",
+	w.s.logs.Warn("batch_unfinished", "stopping with a batch unfinished; it stays unacked and comes back after ack_wait",
 		"partition", w.label, "messages", len(batch), "err", err)
 }
 
@@ -392,7 +393,7 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 					it.key, rec.FirstSeen.UTC().Format(time.RFC3339Nano), rec.Fingerprint, it.fp))
 			return
 		}
-		s.log.Warn("fingerprint mismatch treated as a repeat", "key", string(it.key), "first_seen", rec.FirstSeen)
+		s.logs.Warn("fingerprint_mismatch", "fingerprint mismatch treated as a repeat", "key", string(it.key), "first_seen", rec.FirstSeen)
 	}
 	w.repeats.get().Inc()
 	w.acks = append(w.acks, i)
@@ -409,7 +410,7 @@ func (w *worker) retryOpts(batch []item, what string) retry.Options {
 			if what == "state commit" {
 				w.s.metrics.CommitRetries.Inc()
 			}
-			w.s.log.Warn(what+" failed, retrying; nothing is acked meanwhile", "partition", w.label, "attempt", attempt, "err", err)
+			w.s.logs.Warn(strings.ReplaceAll(what, " ", "_")+"_retry", what+" failed, retrying; nothing is acked meanwhile", "partition", w.label, "attempt", attempt, "err", err)
 		},
 	}
 }
@@ -475,7 +476,7 @@ func (s *Stage) reporter(instanceName string) retry.Reporter {
 	if instanceName != "" {
 		r = instance{st: s.status, name: instanceName}
 	}
-	return logRecovery{Reporter: r, log: s.log, instance: instanceName}
+	return logRecovery{Reporter: r, logs: s.logs, instance: instanceName}
 }
 
 // quietReporter passes every failure on, and a success only when it ends
@@ -511,7 +512,7 @@ func (q *quietReporter) Succeeded(component string, retried bool) {
 // logRecovery logs when a component's operation succeeds after failures.
 type logRecovery struct {
 	retry.Reporter
-	log      *slog.Logger
+	logs     *lograte.Limiter // once per batch after failures: rate-limited
 	instance string
 }
 
@@ -531,7 +532,7 @@ func (l logRecovery) Succeeded(component string, retried bool) {
 		if msg == "" {
 			msg = component + " recovered"
 		}
-		l.log.Info(msg, "partition", l.instance)
+		l.logs.Info(component+"_recovered", msg, "partition", l.instance)
 	}
 }
 

@@ -19,7 +19,7 @@
 // The copy keeps the input's headers and payload, except the input's
 // Nats-Expected-* headers (they were checks against the input stream) and
 // its Nats-Msg-Id (replaced; kept in HeaderOriginalMsgID), and adds
-// HeaderKey and HeaderInputTime. A message the route step cannot route (no
+// HeaderKey, HeaderInputTime, HeaderInputStream and HeaderInputSequence. A message the route step cannot route (no
 // key, a bad payload, a key too long, a message too large, a copy the
 // routed stream refuses for good) is dead-lettered with its reason, as the
 // stage dead-letters it, and then acked: nothing is dropped silently.
@@ -49,6 +49,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -66,6 +67,13 @@ const (
 	// HeaderOriginalMsgID carries the input's Nats-Msg-Id, which MsgID
 	// replaces; absent when the input had none.
 	HeaderOriginalMsgID = "Dedupe-Original-Msg-Id"
+	// HeaderInputStream and HeaderInputSequence carry the input stream and
+	// sequence of the original (as MsgID does) in headers that survive the
+	// stage replacing Nats-Msg-Id on its forwarded copy: a dead letter of
+	// a routed message names the input (InputOf), not the routed copy,
+	// which is deleted once acked.
+	HeaderInputStream   = "Dedupe-Input-Stream"
+	HeaderInputSequence = "Dedupe-Input-Sequence"
 )
 
 // Headers of a dead letter: the names the stage's dead letters carry.
@@ -172,6 +180,11 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Logger: default slog.Default().
 	Logger *slog.Logger
+	// Logs rate-limits the lines of per-message and per-batch events
+	// (reasons prefixed route_); they get the attribute component=route.
+	// Default: a limiter of lograte.DefaultOptions on Logger, its counters
+	// on Registry, flushed while Run runs.
+	Logs *lograte.Limiter
 	// Reporter hears every attempt of CompRoute and CompRouteDeadLetter,
 	// for health. Default: nobody.
 	Reporter retry.Reporter
@@ -271,6 +284,16 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("route: consumer %s on stream %s: %w", ConsumerName(o.Group), o.InputStream, err)
 	}
 	metrics, log := NewMetrics(o.Registry), o.Logger.With("component", "route")
+	logs := o.Logs
+	if logs == nil {
+		logs = lograte.New(o.Logger, lograte.DefaultOptions(), o.Registry)
+		var flushed sync.WaitGroup
+		flushCtx, stopFlush := context.WithCancel(context.Background())
+		flushed.Go(func() { logs.Run(flushCtx) })
+		defer flushed.Wait()
+		defer stopFlush()
+	}
+	logs = logs.With("component", "route")
 	atomic := st.CachedInfo().Config.AllowAtomicPublish
 	if !atomic {
 		log.Warn("the routed stream does not allow atomic publish, so each routed copy is its own publish; allow it (AllowAtomicPublish) to route a batch in one",
@@ -291,7 +314,7 @@ func Run(ctx context.Context, o Options) error {
 	in := make(chan jetstream.Msg, o.BatchSize)
 	var routers sync.WaitGroup
 	for range o.BatchesInFlight {
-		r := &router{o: o, js: js, metrics: metrics, log: log, atomic: atomic}
+		r := &router{o: o, js: js, metrics: metrics, logs: logs, atomic: atomic}
 		routers.Go(func() {
 			batcher.Run(in, o.BatchSize, o.BatchLinger, func(batch []jetstream.Msg) { r.process(work, batch) })
 		})
@@ -312,8 +335,8 @@ type router struct {
 	o       Options
 	js      jetstream.JetStream
 	metrics *Metrics
-	log     *slog.Logger
-	atomic  bool // the routed stream allows atomic publish
+	logs    *lograte.Limiter // per-batch and per-message lines
+	atomic  bool             // the routed stream allows atomic publish
 
 	// per batch, reused
 	out  []*nats.Msg
@@ -404,13 +427,13 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 		Component: CompRoute,
 		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(batch, &r.seen, r.o.AckWait) }},
 		OnRetry: func(attempt, failed int, err error) {
-			r.log.Warn("routed publishes failed, retrying; nothing is acked meanwhile", "attempt", attempt, "failed", failed, "err", err)
+			r.logs.Warn("route_publish_retry", "routed publishes failed, retrying; nothing is acked meanwhile", "attempt", attempt, "failed", failed, "err", err)
 		},
 		Atomic:     r.atomic,
 		OnFallback: r.fallback,
 	})
 	if err != nil {
-		r.log.Warn("stopping with routed publishes unsettled; their inputs stay unacked and come back", "err", err)
+		r.logs.Warn("route_batch_unfinished", "stopping with routed publishes unsettled; their inputs stay unacked and come back", "err", err)
 	}
 	for k, i := range r.idx {
 		res, msg := r.res[k], batch[i]
@@ -453,7 +476,7 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 		}
 	}
 	p := state.PartitionFNV(pkey, r.o.Partitions)
-	h := make(nats.Header, len(in)+4)
+	h := make(nats.Header, len(in)+6)
 	for k, v := range in {
 		if strings.HasPrefix(k, "Nats-Expected-") || k == jetstream.MsgIDHeader {
 			continue
@@ -466,6 +489,8 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 	h.Set(jetstream.MsgIDHeader, MsgID(md.Stream, md.Sequence.Stream))
 	h.Set(HeaderKey, string(key))
 	h.Set(HeaderInputTime, formatInputTime(md.Timestamp))
+	h.Set(HeaderInputStream, md.Stream)
+	h.Set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
 	return &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, nil
 }
 
@@ -520,7 +545,7 @@ func (r *router) fallback(messages int, err error) {
 	if errors.As(err, &api) && api.ErrorCode == retry.CodeBatchDuplicateMsgID {
 		level = slog.LevelInfo
 	}
-	r.log.Log(context.Background(), level, "routed stream refused a batch of copies; publishing them one at a time",
+	r.logs.Log(context.Background(), level, "route_atomic_fallback", "routed stream refused a batch of copies; publishing them one at a time",
 		"messages", messages, "err", describe(err))
 }
 
@@ -553,11 +578,11 @@ func (r *router) deadLetters(ctx context.Context) {
 		Component: CompRouteDeadLetter,
 		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(inputs, &seen, r.o.AckWait) }},
 		OnRetry: func(attempt, failed int, err error) {
-			r.log.Warn("dead-letter publishes failed, retrying; their inputs stay unacked meanwhile", "attempt", attempt, "failed", failed, "err", err)
+			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publishes failed, retrying; their inputs stay unacked meanwhile", "attempt", attempt, "failed", failed, "err", err)
 		},
 	})
 	if err != nil {
-		r.log.Warn("stopping with dead letters unsettled; their inputs stay unacked and come back", "err", err)
+		r.logs.Warn("route_dead_letters_unfinished", "stopping with dead letters unsettled; their inputs stay unacked and come back", "err", err)
 	}
 	for k, i := range idx {
 		switch res := res[k]; {
@@ -590,7 +615,7 @@ func (r *router) deadLetterAlone(ctx context.Context, dl deadLetter) {
 // its stream. Either way the input is never dropped without a trace.
 func (r *router) shrunk(ctx context.Context, dl deadLetter, refused error) {
 	m := r.deadLetterMsg(dl, false)
-	r.log.Warn("dead letter refused; storing it without payload", "reason", dl.reason, "subject", m.Subject, "err", refused)
+	r.logs.Warn("route_dead_letter_refused", "dead letter refused; storing it without payload", "reason", dl.reason, "subject", m.Subject, "err", refused)
 	err := r.publishDeadLetter(ctx, dl, m)
 	if err != nil && !retry.IsPermanent(err) {
 		return
@@ -604,7 +629,7 @@ func (r *router) shrunk(ctx context.Context, dl deadLetter, refused error) {
 		if md != nil {
 			stream, seq = md.Stream, md.Sequence.Stream
 		}
-		r.log.Error("dead letter cannot be stored even without payload; the input is acked and stays in its stream",
+		r.logs.Error("route_dead_letter_unstorable", "dead letter cannot be stored even without payload; the input is acked and stays in its stream",
 			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
 	}
 	r.deadLettered(dl, outcome)
@@ -637,7 +662,7 @@ func (r *router) publishDeadLetter(ctx context.Context, dl deadLetter, m *nats.M
 			}
 		},
 		OnRetry: func(attempt int, err error) {
-			r.log.Warn("dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
+			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},
 	})
 }

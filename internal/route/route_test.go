@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,6 +291,13 @@ func TestRoutesEveryInputOnceToTheServersPartition(t *testing.T) {
 				t.Errorf("input %d: OriginOf(%q) = %+v, want subject %q, stream %s, sequence %d, key %q, time %v",
 					in.seq, subj, org, in.subject, input, in.seq, key, in.time)
 			}
+			// What its dead letter reads, also once the stage replaced
+			// the copy's Nats-Msg-Id on its forwarded copy.
+			h := nats.Header(http.Header(m.header).Clone())
+			h.Set(jetstream.MsgIDHeader, key)
+			if s, st, seq, ok := route.InputOf(routedSubject, subj, h); !ok || s != in.subject || st != input || seq != in.seq {
+				t.Errorf("input %d: InputOf(%q) = %q, %q, %d, %v, want %q, %s, %d", in.seq, subj, s, st, seq, ok, in.subject, input, in.seq)
+			}
 		}
 		for k := range m.header {
 			if strings.HasPrefix(k, "Nats-Expected-") {
@@ -572,5 +580,34 @@ func TestOriginOfRefusesWhatTheRouteStepDidNotWrite(t *testing.T) {
 		if _, err := route.OriginOf(routedSubject, subj, h); err == nil {
 			t.Errorf("%s: OriginOf accepted it", name)
 		}
+	}
+}
+
+func TestInputOf(t *testing.T) {
+	subj := route.Subject(3, routedSubject, "events.a")
+	withHeaders := nats.Header{}
+	withHeaders.Set(route.HeaderInputStream, input)
+	withHeaders.Set(route.HeaderInputSequence, "42")
+	withHeaders.Set(jetstream.MsgIDHeader, "replaced-by-the-stage")
+	idOnly := nats.Header{}
+	idOnly.Set(jetstream.MsgIDHeader, route.MsgID(input, 42))
+	for name, tc := range map[string]struct {
+		subject string
+		h       nats.Header
+		ok      bool
+	}{
+		"headers, id replaced":          {subj, withHeaders, true},
+		"headers, partition token gone": {strings.SplitN(subj, ".", 2)[1], withHeaders, true},
+		"routed before the headers: id": {subj, idOnly, true},
+		"neither":                       {subj, nats.Header{}, false},
+		"bad sequence header":           {subj, nats.Header{route.HeaderInputStream: {input}, route.HeaderInputSequence: {"x"}}, false},
+		"not the routed subject":        {"3.other.events.a", withHeaders, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, st, seq, ok := route.InputOf(routedSubject, tc.subject, tc.h)
+			if ok != tc.ok || ok && (s != "events.a" || st != input || seq != 42) {
+				t.Fatalf("InputOf = %q, %q, %d, %v, want events.a, %s, 42, %v", s, st, seq, ok, input, tc.ok)
+			}
+		})
 	}
 }

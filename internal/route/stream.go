@@ -48,6 +48,50 @@ func SplitSubject(routedSubject, subject string) (p int, inputSubject string, ok
 	return p, inputSubject, true
 }
 
+// splitRouted returns the partition (-1 when the subject had its
+// partition token stripped) and the input subject of a routed subject.
+func splitRouted(routedSubject, subject string) (p int, inputSubject string, ok bool) {
+	if inputSubject, ok = strings.CutPrefix(subject, routedSubject+"."); ok && inputSubject != "" {
+		return -1, inputSubject, true
+	}
+	return SplitSubject(routedSubject, subject)
+}
+
+// parseMsgID reads the input stream and sequence from a routed copy's id
+// (MsgID).
+func parseMsgID(id string) (stream string, seq uint64, err error) {
+	rest, ok := strings.CutPrefix(id, "route:")
+	i := strings.LastIndexByte(rest, ':')
+	if !ok || i <= 0 {
+		return "", 0, fmt.Errorf("route: %s %q is not route:<stream>:<sequence>", nats.MsgIdHdr, id)
+	}
+	seq, err = strconv.ParseUint(rest[i+1:], 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("route: %s %q: sequence: %w", nats.MsgIdHdr, id, err)
+	}
+	return rest[:i], seq, nil
+}
+
+// InputOf returns where the input message a message of the routed stream
+// copies is: the input subject, read from the routed subject (with or
+// without its partition token), and the input stream and sequence, read
+// from HeaderInputStream and HeaderInputSequence or, on a copy routed
+// without them, from its Nats-Msg-Id (MsgID). Unlike OriginOf it needs
+// neither HeaderKey nor the Nats-Msg-Id that the stage replaces on its
+// forwarded copy, so it serves a routed message's dead letter at any
+// step. ok is false when the message does not say.
+func InputOf(routedSubject, subject string, h nats.Header) (inputSubject, stream string, seq uint64, ok bool) {
+	if _, inputSubject, ok = splitRouted(routedSubject, subject); !ok {
+		return "", "", 0, false
+	}
+	if stream = h.Get(HeaderInputStream); stream != "" {
+		seq, err := strconv.ParseUint(h.Get(HeaderInputSequence), 10, 64)
+		return inputSubject, stream, seq, err == nil
+	}
+	stream, seq, err := parseMsgID(h.Get(nats.MsgIdHdr))
+	return inputSubject, stream, seq, err == nil
+}
+
 // MsgID returns the Nats-Msg-Id of the routed copy of the input message at
 // sequence seq of stream: route:<stream>:<seq>. It is the same on every
 // delivery and in every instance, so the routed stream's duplicate window
@@ -179,24 +223,15 @@ type Origin struct {
 // without the leading partition token) and headers. It fails when the
 // message was not written by the route step under routedSubject.
 func OriginOf(routedSubject, subject string, h nats.Header) (Origin, error) {
-	o := Origin{Partition: -1}
+	o := Origin{}
 	var ok bool
-	if o.Subject, ok = strings.CutPrefix(subject, routedSubject+"."); !ok || o.Subject == "" {
-		if o.Partition, o.Subject, ok = SplitSubject(routedSubject, subject); !ok {
-			return Origin{}, fmt.Errorf("route: subject %q is not [<p>.]%s.<input subject>", subject, routedSubject)
-		}
+	if o.Partition, o.Subject, ok = splitRouted(routedSubject, subject); !ok {
+		return Origin{}, fmt.Errorf("route: subject %q is not [<p>.]%s.<input subject>", subject, routedSubject)
 	}
-	id := h.Get(nats.MsgIdHdr)
-	rest, ok := strings.CutPrefix(id, "route:")
-	i := strings.LastIndexByte(rest, ':')
-	if !ok || i <= 0 {
-		return Origin{}, fmt.Errorf("route: %s %q is not route:<stream>:<sequence>", nats.MsgIdHdr, id)
+	var err error
+	if o.Stream, o.Sequence, err = parseMsgID(h.Get(nats.MsgIdHdr)); err != nil {
+		return Origin{}, err
 	}
-	seq, err := strconv.ParseUint(rest[i+1:], 10, 64)
-	if err != nil {
-		return Origin{}, fmt.Errorf("route: %s %q: sequence: %w", nats.MsgIdHdr, id, err)
-	}
-	o.Stream, o.Sequence = rest[:i], seq
 	if o.Key = []byte(h.Get(HeaderKey)); len(o.Key) == 0 {
 		return Origin{}, fmt.Errorf("route: header %s absent", HeaderKey)
 	}
