@@ -323,6 +323,7 @@ func (c Config) scaleOutSummary() []string {
 	out := []string{
 		fmt.Sprintf("instance %q in static consumer group %q: members %s..%s (consumers %s-%s..), one per partition; every instance consumes for every member, the server's pin picks the owner",
 			s.InstanceName(), s.Group, ScaleOutMember(0), ScaleOutMember(c.State.Partitions-1), s.Group, ScaleOutMember(0)),
+		fmt.Sprintf("at most %d instances do work (one per partition, state.partitions); more stand by, and take partitions only when an owner leaves", c.State.Partitions),
 		fmt.Sprintf("hand-over after a crash ≈ input.ack_wait %v (the pin's TTL) + the fence write + the restore; after a clean stop, one round trip (the stop unpins)", c.Input.AckWait),
 	}
 	if routed, why := c.ScaleOutRouted(); routed {

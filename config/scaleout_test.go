@@ -212,6 +212,8 @@ func TestScaleOutSummary(t *testing.T) {
 		"hand-over after a crash ≈ input.ack_wait 10s",
 		"input stream transform orders.* -> {{partition(4,1)}}.orders.{{wildcard(1)}}",
 		"streams created with 3 replicas",
+		"at most 4 instances do work (one per partition, state.partitions)",
+		"stream EVENTS_DEDUPED (subjects deduped.>, _dedupe.deduped.>)",
 		"a partition judges up to 1000 messages together (output.batch_max)",
 		"output.publish auto with scale-out: atomic batches",
 	} {
