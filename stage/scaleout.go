@@ -74,6 +74,7 @@ type scaleOutMetrics struct {
 	released   *prometheus.CounterVec
 	refused    *prometheus.CounterVec
 	dlRefusals *prometheus.CounterVec
+	partitions *prometheus.GaugeVec
 }
 
 func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
@@ -119,7 +120,11 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Help: "Takeovers of the partition this instance refused because the output stream does not keep what its restore needs (reason limits: the stream's configuration drops records; short: records the restore needs are gone). The partition's input waits; the log names the stream field and the fix.",
 		}, []string{"partition", "reason"}),
 	}
-	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals)
+	m.partitions = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dedupe_group_partitions",
+		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner.",
+	}, []string{"group"})
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
 	return m
 }
 
@@ -207,6 +212,7 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", so.group, so.inStream, n, err)
 	}
 	so.metrics = newScaleOutMetrics(reg)
+	so.metrics.partitions.WithLabelValues(so.group).Set(float64(cfg.State.Partitions))
 	s.so = so
 	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
 		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
