@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
 // repoRoot is the repository root, seen from this package's directory (the
@@ -414,12 +416,7 @@ func TestCompose(t *testing.T) {
 	}
 
 	// The compose tool's own validation, when there is one.
-	var tool []string
-	if exec.Command("docker", "compose", "version").Run() == nil {
-		tool = []string{"docker", "compose"}
-	} else if p, err := exec.LookPath("docker-compose"); err == nil {
-		tool = []string{p}
-	}
+	tool := composeTool(t)
 	if tool == nil {
 		t.Log("neither docker compose nor docker-compose found: checked the file's content only")
 		return
@@ -432,4 +429,69 @@ func TestCompose(t *testing.T) {
 	if out := run(t, time.Minute, repoRoot, nil, tool[0], args...); !strings.Contains(out, "nats") || !strings.Contains(out, "dedupe-stage") {
 		t.Errorf("compose config --services: %q", out)
 	}
+}
+
+// TestComposeGroup checks deploy/compose-group.yaml without running it
+// (TestContainerScaleOut runs it): the compose tool accepts it, every port
+// is bound to loopback, every stage has a name of its own and the token,
+// and the configuration the stages mount passes the stage's own validation
+// with the environment compose gives them.
+func TestComposeGroup(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "compose-group.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c composeFile
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		t.Fatalf("deploy/compose-group.yaml: %v", err)
+	}
+	names := map[string]bool{}
+	for _, svc := range []string{"nats1", "nats2", "nats3", "stage1", "stage2", "stage3"} {
+		s, ok := c.Services[svc]
+		if !ok {
+			t.Errorf("no service %s", svc)
+			continue
+		}
+		for _, p := range s.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q: want it bound to 127.0.0.1", svc, p)
+			}
+		}
+		if !strings.HasPrefix(svc, "stage") {
+			continue
+		}
+		env := s.Environment
+		if names[env["DEDUPE_INSTANCE"]] || env["DEDUPE_INSTANCE"] == "" {
+			t.Errorf("service %s: DEDUPE_INSTANCE %q, want a name of its own", svc, env["DEDUPE_INSTANCE"])
+		}
+		names[env["DEDUPE_INSTANCE"]] = true
+		if !strings.Contains(env["DEDUPE_NATS_TOKEN"], "${NATS_TOKEN:?") {
+			t.Errorf("service %s: DEDUPE_NATS_TOKEN %q, want the required $NATS_TOKEN", svc, env["DEDUPE_NATS_TOKEN"])
+		}
+		cfg, err := config.Load(filepath.Join(repoRoot, "deploy", "group-stage.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.ApplyEnv(func(k string) string {
+			if strings.Contains(env[k], "${") {
+				return "from-compose"
+			}
+			return env[k]
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("service %s: deploy/group-stage.yaml with its environment: %v", svc, err)
+		}
+		if !cfg.ScaleOut.Enabled || cfg.ScaleOut.Replicas != 3 || cfg.ScaleOut.InstanceName() != env["DEDUPE_INSTANCE"] {
+			t.Errorf("service %s: scale-out %+v, want on, 3 replicas, instance %s", svc, cfg.ScaleOut, env["DEDUPE_INSTANCE"])
+		}
+	}
+	tool := composeTool(t)
+	if tool == nil {
+		t.Log("neither docker compose nor docker-compose found: checked the file's content only")
+		return
+	}
+	t.Setenv("NATS_TOKEN", "containertest")
+	run(t, time.Minute, repoRoot, nil, tool[0], append(tool[1:], "-f", "deploy/compose-group.yaml", "config", "-q")...)
 }
