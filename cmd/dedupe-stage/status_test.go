@@ -6,9 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
@@ -65,4 +69,54 @@ func TestStatusWithEveryInstanceDown(t *testing.T) {
 	if err == nil || !strings.Contains(out, "status reads the cluster") {
 		t.Errorf("status with the embedded server: %v\n%s", err, out)
 	}
+}
+
+// TestStatusOwnersThenPinsExpired runs one instance of a routed group as a
+// process: once input flows, `status` lists every partition with the
+// instance as its owner and exits 0; after the instance is killed
+// (SIGKILL: nothing unpins) and the pins' TTL (input.ack_wait) has passed,
+// it exits 1 naming every partition.
+func TestStatusOwnersThenPinsExpired(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	httpAddr := freeAddr(t)
+	path := filepath.Join(t.TempDir(), "group.yaml")
+	yml := "nats: {url: " + srv.ClientURL() + ", create_streams: true}\nstate: {partitions: 4, data_dir: " + t.TempDir() + "}\n" +
+		"http: {addr: " + httpAddr + "}\ninput: {ack_wait: 2s}\nscale_out: {enabled: true, instance: inst-a, replicas: 1}\n"
+	if err := os.WriteFile(path, []byte(yml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startBinary(t, httpAddr, nil, "--config", path)
+	_, js := natstest.Connect(t, srv.ClientURL())
+	var msgs []*nats.Msg
+	for i := range 100 {
+		m := nats.NewMsg("events.orders")
+		m.Header.Set("Nats-Msg-Id", "order-"+strconv.Itoa(i))
+		m.Data = []byte("{}")
+		msgs = append(msgs, m)
+	}
+	natstest.PublishAll(t, js, msgs)
+
+	var out string
+	natstest.WaitFor(t, 60*time.Second, "status to show every partition owned by inst-a", func() bool {
+		var err error
+		out, err = runBinary(t, 30*time.Second, "status", "--config", path)
+		return err == nil && strings.Count(out, " inst-a ") == 4
+	})
+	t.Logf("status:\n%s", out)
+	if !strings.Contains(out, "route step consumer dedupe-route on EVENTS: 0 pending") {
+		t.Errorf("status does not show the route step's consumer drained:\n%s", out)
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	natstest.WaitFor(t, 60*time.Second, "status to exit 1 naming every partition once the pins expired", func() bool {
+		var err error
+		out, err = runBinary(t, 30*time.Second, "status", "--config", path)
+		var exit *exec.ExitError
+		return errors.As(err, &exit) && exit.ExitCode() == 1 &&
+			strings.Contains(out, "partitions without an owner: 0, 1, 2, 3 of 4")
+	})
+	t.Logf("status after the kill:\n%s", out)
 }
