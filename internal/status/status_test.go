@@ -197,3 +197,47 @@ func TestStatusOfAGroup(t *testing.T) {
 		t.Errorf("%d partitions shown without an owner, want 4:\n%s", n, table.String())
 	}
 }
+
+// TestStatusOfASingleInstance reads a single instance's consumer: its
+// pending messages, and that it does not exist before the stage ran.
+func TestStatusOfASingleInstance(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	cfg := config.Default()
+	cfg.NATS.URL = srv.ClientURL()
+	ctx := context.Background()
+
+	r, err := status.Read(ctx, js, cfg, time.Now())
+	if err != nil {
+		t.Fatalf("Read without streams: %v", err)
+	}
+	if r.Mode != "single" || r.Single == nil || r.Single.Exists || r.Check() != nil {
+		t.Fatalf("Read without streams: %+v", r)
+	}
+
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Input.Stream, Subjects: cfg.Input.Subjects}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, cfg.Input.Stream, jetstream.ConsumerConfig{Durable: cfg.Input.Consumer, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*nats.Msg
+	for i := range 5 {
+		msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("events.k%d", i), Data: []byte("x")})
+	}
+	natstest.PublishAll(t, js, msgs)
+	if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Single.Exists || r.Single.Pending != 5 || r.Single.AckPending != 0 {
+		t.Errorf("consumer %+v, want 5 pending", *r.Single)
+	}
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	want := "single instance, consumer dedupe-stage on EVENTS: 5 pending, 0 ack pending\n"
+	if table.String() != want {
+		t.Errorf("table %q, want %q", table.String(), want)
+	}
+}
