@@ -188,8 +188,10 @@ func TestManifests(t *testing.T) {
 		mounts[vm.MountPath] = vm.Name
 	}
 
-	// The environment of pod 0, as the kubelet sets it.
-	env := map[string]string{}
+	// The environment of pod 0, as the kubelet sets it: the image's ENV
+	// (which overrides the YAML file as much as the pod's does), then the
+	// pod's.
+	env := imageEnv(t, "../../Dockerfile")
 	for _, from := range c.EnvFrom {
 		if from.SecretRef == nil {
 			t.Fatalf("envFrom other than a Secret: %+v", from)
@@ -306,4 +308,36 @@ func TestManifests(t *testing.T) {
 	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("readiness probe on %s, want /readyz", c.ReadinessProbe.HTTPGet.Path)
 	}
+}
+
+// imageEnv returns the variables the Dockerfile's ENV instructions set
+// (the "ENV K=V \\" form, continued over lines).
+func imageEnv(t *testing.T, dockerfile string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(dockerfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, "ENV "); ok {
+			line, in = rest, true
+		} else if !in {
+			continue
+		}
+		in = strings.HasSuffix(line, "\\")
+		for _, kv := range strings.Fields(strings.TrimSuffix(line, "\\")) {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				t.Fatalf("%s: ENV %q: want K=V", dockerfile, kv)
+			}
+			env[k] = v
+		}
+	}
+	if len(env) == 0 {
+		t.Fatalf("%s sets no ENV", dockerfile)
+	}
+	return env
 }
