@@ -28,9 +28,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
@@ -105,6 +107,10 @@ type Report struct {
 	Mode string `json:"mode"`
 	// Group is the scale-out group, "" for a single instance.
 	Group string `json:"group,omitempty"`
+	// GroupProblem is "" when the static consumer group's record matches
+	// the configuration; otherwise what is wrong with it (not created yet,
+	// or another partition count).
+	GroupProblem string `json:"group_problem,omitempty"`
 	// Instances are the live instances in the group's presence bucket.
 	Instances []string `json:"instances,omitempty"`
 	// Partitions are the group's partitions, in order.
@@ -152,6 +158,9 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 		r.Route = &c
 	}
 	var err error
+	if r.GroupProblem, err = groupProblem(ctx, js, memberStream, group, cfg.State.Partitions); err != nil {
+		return r, err
+	}
 	if r.Instances, err = liveInstances(ctx, js, cfg); err != nil {
 		return r, err
 	}
@@ -227,6 +236,24 @@ func (r Report) Check() error {
 		names += strconv.Itoa(p)
 	}
 	return fmt.Errorf("%w: %s of %d (no instance is pinned to them; their input waits)", ErrNoOwner, names, len(r.Partitions))
+}
+
+// groupProblem reads the static consumer group's record (pcgroups) and
+// says what is wrong with it for a group of partitions partitions: "" when
+// nothing is.
+func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group string, partitions int) (string, error) {
+	rec, err := pcgroups.GetStaticConsumerGroupConfig(ctx, js, stream, group)
+	switch {
+	// pcgroups does not wrap its "not found" for a missing record.
+	case errors.Is(err, jetstream.ErrBucketNotFound) || (err != nil && strings.HasSuffix(err.Error(), "not found")):
+		return fmt.Sprintf("consumer group %s on %s not created yet (no instance has started)", group, stream), nil
+	case err != nil:
+		return "", fmt.Errorf("status: consumer group %s on %s: %w", group, stream, err)
+	case int(rec.MaxMembers) != partitions:
+		return fmt.Sprintf("consumer group %s on %s has %d partitions, the configuration %d (state.partitions): instances of this configuration refuse to join it",
+			group, stream, rec.MaxMembers, partitions), nil
+	}
+	return "", nil
 }
 
 // liveInstances lists the keys of the group's presence bucket, nil when

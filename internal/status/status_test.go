@@ -100,6 +100,9 @@ func TestStatusOfAGroup(t *testing.T) {
 	if err := before.Check(); !errors.Is(err, status.ErrNoOwner) {
 		t.Fatalf("Check before any instance ran: %v, want ErrNoOwner", err)
 	}
+	if !strings.Contains(before.GroupProblem, "not created yet") {
+		t.Errorf("group problem before any instance ran: %q, want not created yet", before.GroupProblem)
+	}
 
 	stop := runStage(t, nc, cfg)
 	var msgs []*nats.Msg
@@ -131,6 +134,14 @@ func TestStatusOfAGroup(t *testing.T) {
 	})
 	if err := r.Check(); err != nil {
 		t.Errorf("Check with every partition owned: %v", err)
+	}
+	if r.GroupProblem != "" {
+		t.Errorf("group problem with the group running: %q", r.GroupProblem)
+	}
+	other := cfg
+	other.State.Partitions = 8
+	if mis, err := status.Read(ctx, js, other, time.Now()); err != nil || !strings.Contains(mis.GroupProblem, "has 4 partitions, the configuration 8") {
+		t.Errorf("Read with 8 partitions configured: %q, %v", mis.GroupProblem, err)
 	}
 	if len(r.Instances) != 1 || r.Instances[0] != "a" {
 		t.Errorf("live instances %v, want [a]", r.Instances)

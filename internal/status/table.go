@@ -32,6 +32,9 @@ func (r Report) WriteTable(w io.Writer) error {
 		live = strings.Join(r.Instances, " ")
 	}
 	fmt.Fprintf(tw, "group %s: %d partitions, %d without an owner; live instances: %s\n", r.Group, len(r.Partitions), len(r.Ownerless), live)
+	if r.GroupProblem != "" {
+		fmt.Fprintf(tw, "%s\n", r.GroupProblem)
+	}
 	if r.Route != nil {
 		fmt.Fprintf(tw, "route step consumer %s\n", describe(*r.Route))
 	}
