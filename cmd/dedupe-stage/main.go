@@ -5,6 +5,7 @@
 //	dedupe-stage check-config [FILE] [run's flags]      validate what run would use, print it with the derived window and sizing
 //	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the running stage
 //	dedupe-stage healthcheck [--config FILE]            exit 0 when the running stage reports healthy
+//	dedupe-stage status [--config FILE] [--json] [flags] who owns each partition and how far behind it is, read from the cluster
 //	dedupe-stage version
 package main
 
@@ -41,6 +42,9 @@ Usage:
                                                   environment and flags; print it, the derived window and sizing
   dedupe-stage inspect [--config FILE] KEY        tell whether KEY is inside the window (asks the running stage)
   dedupe-stage healthcheck [--config FILE]        exit 0 when the running stage is healthy (for container health checks)
+  dedupe-stage status [--config FILE] [--json] [flags]
+                                                  read from the cluster (no instance needs to run): each partition's
+                                                  owner, backlog, fence and snapshot age; exit 1 when one has no owner
   dedupe-stage version
 
 The config file is --config FILE, else $DEDUPE_CONFIG; DEDUPE_* variables override it and flags
@@ -66,6 +70,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = inspectCmd(args[1:], stdout, stderr)
 	case "healthcheck":
 		err = healthcheckCmd(args[1:], stdout, stderr)
+	case "status":
+		err = statusCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		ver, rev := binaryVersion()
 		fmt.Fprintf(stdout, "dedupe-stage %s (revision %s)\n", ver, rev)

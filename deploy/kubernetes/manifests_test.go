@@ -1,0 +1,343 @@
+// Package kubernetes_test checks the Kubernetes manifests in this
+// directory without a cluster: every document decodes strictly into its
+// Kubernetes API type (an unknown or misspelt field fails), the
+// StatefulSet references the ConfigMap, Secret and Service defined beside
+// it, its probes ask paths the stage serves on the port it listens on, and
+// the configuration it mounts passes what `dedupe-stage check-config`
+// checks, with the environment the pod sets.
+package kubernetes_test
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// manifests is every object of the directory, by kind.
+type manifests struct {
+	configMaps   map[string]corev1.ConfigMap
+	secrets      map[string]corev1.Secret
+	services     map[string]corev1.Service
+	statefulSets map[string]appsv1.StatefulSet
+	pdbs         map[string]policyv1.PodDisruptionBudget
+}
+
+// decodeStrict decodes one YAML document into out, failing on a field out
+// does not have.
+func decodeStrict(doc []byte, out any) error {
+	return yaml.UnmarshalStrict(doc, out)
+}
+
+// loadManifests decodes every document of every *.yaml file in dir.
+func loadManifests(t *testing.T, dir string) manifests {
+	t.Helper()
+	m := manifests{
+		configMaps:   map[string]corev1.ConfigMap{},
+		secrets:      map[string]corev1.Secret{},
+		services:     map[string]corev1.Service{},
+		statefulSets: map[string]appsv1.StatefulSet{},
+		pdbs:         map[string]policyv1.PodDisruptionBudget{},
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in %s: %v", dir, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range bytes.Split(b, []byte("\n---\n")) {
+			if len(bytes.TrimSpace(doc)) == 0 {
+				continue
+			}
+			var tm metav1.TypeMeta
+			if err := yaml.Unmarshal(doc, &tm); err != nil {
+				t.Fatalf("%s document %d: %v", f, i, err)
+			}
+			where := filepath.Base(f) + " " + tm.Kind
+			var obj any
+			var name func() string
+			switch tm.APIVersion + " " + tm.Kind {
+			case "v1 ConfigMap":
+				var o corev1.ConfigMap
+				obj, name = &o, func() string { m.configMaps[o.Name] = o; return o.Name }
+			case "v1 Secret":
+				var o corev1.Secret
+				obj, name = &o, func() string { m.secrets[o.Name] = o; return o.Name }
+			case "v1 Service":
+				var o corev1.Service
+				obj, name = &o, func() string { m.services[o.Name] = o; return o.Name }
+			case "apps/v1 StatefulSet":
+				var o appsv1.StatefulSet
+				obj, name = &o, func() string { m.statefulSets[o.Name] = o; return o.Name }
+			case "policy/v1 PodDisruptionBudget":
+				var o policyv1.PodDisruptionBudget
+				obj, name = &o, func() string { m.pdbs[o.Name] = o; return o.Name }
+			default:
+				t.Fatalf("%s document %d: unexpected %q %q", f, i, tm.APIVersion, tm.Kind)
+			}
+			if err := decodeStrict(doc, obj); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			if name() == "" {
+				t.Errorf("%s without a name", where)
+			}
+		}
+	}
+	return m
+}
+
+// TestStrictDecodingRefusesUnknownFields shows that the decoding the
+// manifests pass would fail a misspelt field.
+func TestStrictDecodingRefusesUnknownFields(t *testing.T) {
+	var s appsv1.StatefulSet
+	err := decodeStrict([]byte("apiVersion: apps/v1\nkind: StatefulSet\nspec:\n  replica: 3\n"), &s)
+	if err == nil || !strings.Contains(err.Error(), "replica") {
+		t.Fatalf("a StatefulSet with spec.replica decoded: %v", err)
+	}
+}
+
+// TestManifests checks the group's manifests against each other and
+// against the stage.
+func TestManifests(t *testing.T) {
+	m := loadManifests(t, ".")
+	if len(m.statefulSets) != 1 {
+		t.Fatalf("%d StatefulSets, want 1", len(m.statefulSets))
+	}
+	var sts appsv1.StatefulSet
+	for _, s := range m.statefulSets {
+		sts = s
+	}
+	pod := sts.Spec.Template.Spec
+	podLabels := labels.Set(sts.Spec.Template.Labels)
+
+	sel, err := metav1.LabelSelectorAsSelector(sts.Spec.Selector)
+	if err != nil || !sel.Matches(podLabels) {
+		t.Errorf("the StatefulSet's selector %v does not select its pods %v: %v", sts.Spec.Selector, podLabels, err)
+	}
+	if svc, ok := m.services[sts.Spec.ServiceName]; !ok {
+		t.Errorf("serviceName %q: no such Service", sts.Spec.ServiceName)
+	} else if svc.Spec.ClusterIP != corev1.ClusterIPNone || !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+		t.Errorf("Service %s is not headless or does not select the pods", svc.Name)
+	}
+	if len(m.pdbs) != 1 {
+		t.Errorf("%d PodDisruptionBudgets, want 1", len(m.pdbs))
+	}
+	for _, pdb := range m.pdbs {
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		if err != nil || !sel.Matches(podLabels) {
+			t.Errorf("PodDisruptionBudget %s does not select the pods: %v", pdb.Name, err)
+		}
+	}
+
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if _, ok := c.Resources.Requests[r]; !ok {
+			t.Errorf("no %s request", r)
+		}
+	}
+	if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
+		t.Error("no memory limit")
+	}
+
+	// Every volume the container mounts is the pod's or the claim
+	// template's; the ConfigMap and Secret referenced exist.
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+		if v.ConfigMap != nil {
+			if _, ok := m.configMaps[v.ConfigMap.Name]; !ok {
+				t.Errorf("volume %s: no ConfigMap %s", v.Name, v.ConfigMap.Name)
+			}
+		}
+	}
+	claims := map[string]bool{}
+	for _, pvc := range sts.Spec.VolumeClaimTemplates {
+		claims[pvc.Name] = true
+		if _, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; !ok {
+			t.Errorf("volume claim %s requests no storage", pvc.Name)
+		}
+	}
+	mounts := map[string]string{} // mount path -> volume
+	for _, vm := range c.VolumeMounts {
+		if _, ok := volumes[vm.Name]; !ok && !claims[vm.Name] {
+			t.Errorf("mount %s: no volume %s", vm.MountPath, vm.Name)
+		}
+		mounts[vm.MountPath] = vm.Name
+	}
+
+	// The environment of pod 0, as the kubelet sets it: the image's ENV
+	// (which overrides the YAML file as much as the pod's does), then the
+	// pod's.
+	env := imageEnv(t, "../../Dockerfile")
+	for _, from := range c.EnvFrom {
+		if from.SecretRef == nil {
+			t.Fatalf("envFrom other than a Secret: %+v", from)
+		}
+		sec, ok := m.secrets[from.SecretRef.Name]
+		if !ok {
+			t.Fatalf("envFrom: no Secret %s", from.SecretRef.Name)
+		}
+		for k, v := range sec.StringData {
+			env[k] = v
+		}
+		for k, v := range sec.Data {
+			env[k] = string(v)
+		}
+	}
+	podName := sts.Name + "-0"
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+			env[e.Name] = podName
+		default:
+			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
+		}
+	}
+	known := config.EnvVars()
+	for k := range env {
+		if _, ok := known[k]; !ok && k != "DEDUPE_CONFIG" {
+			t.Errorf("env %s: the stage reads no such variable", k)
+		}
+	}
+
+	// The mounted configuration, with that environment, is what
+	// check-config accepts.
+	cfgPath := env["DEDUPE_CONFIG"]
+	vol, ok := volumes[mounts[filepath.Dir(cfgPath)]]
+	if !ok || vol.ConfigMap == nil {
+		t.Fatalf("DEDUPE_CONFIG %q is not in a mounted ConfigMap", cfgPath)
+	}
+	data, ok := m.configMaps[vol.ConfigMap.Name].Data[filepath.Base(cfgPath)]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no key %s", vol.ConfigMap.Name, filepath.Base(cfgPath))
+	}
+	path := filepath.Join(t.TempDir(), filepath.Base(cfgPath))
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("config.Load: %v", err)
+	}
+	if err := cfg.ApplyEnv(func(k string) string { return env[k] }); err != nil {
+		t.Fatalf("ApplyEnv: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the mounted configuration is invalid:\n%v", err)
+	}
+	if _, err := stage.StreamsToCreate(cfg); err != nil {
+		t.Fatalf("StreamsToCreate: %v", err)
+	}
+	if !cfg.ScaleOut.Enabled || cfg.ScaleOut.InstanceName() != podName {
+		t.Errorf("scale_out enabled %v, instance %q: want a group member named %q", cfg.ScaleOut.Enabled, cfg.ScaleOut.InstanceName(), podName)
+	}
+	if cfg.NATS.Token == "" {
+		t.Error("no NATS token from the Secret")
+	}
+	if !strings.HasPrefix(cfg.NATS.URL, "nats://nats:4222") {
+		t.Errorf("nats.url %q, want the NATS Helm chart's service nats://nats:4222", cfg.NATS.URL)
+	}
+	if name, ok := mounts[cfg.State.DataDir]; !ok || !claims[name] {
+		t.Errorf("state.data_dir %s is not on the pod's own volume (a volume claim template)", cfg.State.DataDir)
+	}
+
+	// The probes ask paths the stage serves, on the port it listens on.
+	_, port, err := net.SplitHostPort(cfg.HTTP.Addr)
+	if err != nil {
+		t.Fatalf("http.addr %q: %v", cfg.HTTP.Addr, err)
+	}
+	if host, _, _ := net.SplitHostPort(cfg.HTTP.Addr); host != "0.0.0.0" && host != "" {
+		t.Errorf("http.addr %q: the kubelet cannot reach it", cfg.HTTP.Addr)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	srv := httptest.NewServer(stage.NewHealthHandler(prometheus.NewRegistry(), &stage.Status{}))
+	defer srv.Close()
+	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if probe == nil || probe.HTTPGet == nil {
+			t.Errorf("no %s HTTP probe", name)
+			continue
+		}
+		p := probe.HTTPGet.Port
+		n := p.IntVal
+		if p.StrVal != "" {
+			n = ports[p.StrVal]
+		}
+		if strconv.Itoa(int(n)) != port {
+			t.Errorf("%s probe on port %v (%d), the stage listens on %s", name, p.String(), n, port)
+		}
+		resp, err := http.Get(srv.URL + probe.HTTPGet.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound {
+			t.Errorf("%s probe path %s: the stage does not serve it", name, probe.HTTPGet.Path)
+		}
+	}
+	if c.LivenessProbe != nil && c.LivenessProbe.HTTPGet != nil && c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("liveness probe on %s, want /healthz", c.LivenessProbe.HTTPGet.Path)
+	}
+	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe on %s, want /readyz", c.ReadinessProbe.HTTPGet.Path)
+	}
+}
+
+// imageEnv returns the variables the Dockerfile's ENV instructions set
+// (the "ENV K=V \\" form, continued over lines).
+func imageEnv(t *testing.T, dockerfile string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(dockerfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, "ENV "); ok {
+			line, in = rest, true
+		} else if !in {
+			continue
+		}
+		in = strings.HasSuffix(line, "\\")
+		for _, kv := range strings.Fields(strings.TrimSuffix(line, "\\")) {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				t.Fatalf("%s: ENV %q: want K=V", dockerfile, kv)
+			}
+			env[k] = v
+		}
+	}
+	if len(env) == 0 {
+		t.Fatalf("%s sets no ENV", dockerfile)
+	}
+	return env
+}

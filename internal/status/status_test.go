@@ -1,0 +1,254 @@
+package status_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/status"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// scaleOutConfig is a group of 4 partitions on srvURL keyed by the second
+// token of orders.<key>, running as instance.
+func scaleOutConfig(t *testing.T, srvURL, instance string) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	yes := true
+	cfg.NATS.URL = srvURL
+	cfg.NATS.CreateStreams = &yes
+	cfg.State.DataDir = t.TempDir()
+	cfg.State.Partitions = 4
+	cfg.State.SyncWrites = false
+	cfg.State.MemoryBudget = 64 << 20
+	cfg.Filter.ExpectedKeys = 100_000
+	cfg.HTTP.Addr = ""
+	cfg.Input.Subjects = []string{"orders.*"}
+	cfg.Key = keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}, MaxLength: 256}
+	cfg.Input.AckWait = config.Duration(2 * time.Second)
+	cfg.ScaleOut.Enabled = true
+	cfg.ScaleOut.Replicas = 1
+	cfg.ScaleOut.Instance = instance
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// runStage runs a stage of cfg until the returned stop is called (or the
+// test ends).
+func runStage(t *testing.T, nc *nats.Conn, cfg config.Config) (stop func()) {
+	t.Helper()
+	st, err := stage.New(context.Background(), stage.Options{Config: cfg, Conn: nc, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatalf("stage.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- st.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("Run did not return 60s after stop")
+		}
+		if err := st.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestStatusOfAGroup runs instance a of a group, which takes every
+// partition once input flows: status lists every partition with a as its
+// owner, its fence, an empty backlog, and the snapshot age where the
+// snapshot bucket holds one. After a clean stop (which unpins) no
+// partition has an owner, and Check names them all.
+func TestStatusOfAGroup(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	nc, js := natstest.Connect(t, srv.ClientURL())
+	cfg := scaleOutConfig(t, srv.ClientURL(), "a")
+	ctx := context.Background()
+
+	before, err := status.Read(ctx, js, cfg, time.Now())
+	if err != nil {
+		t.Fatalf("Read before any instance ran: %v", err)
+	}
+	if err := before.Check(); !errors.Is(err, status.ErrNoOwner) {
+		t.Fatalf("Check before any instance ran: %v, want ErrNoOwner", err)
+	}
+	if !strings.Contains(before.GroupProblem, "not created yet") {
+		t.Errorf("group problem before any instance ran: %q, want not created yet", before.GroupProblem)
+	}
+
+	stop := runStage(t, nc, cfg)
+	var msgs []*nats.Msg
+	for i := range 200 {
+		msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("orders.k%d", i), Data: []byte("x")})
+	}
+	natstest.PublishAll(t, js, msgs)
+	// One snapshot, of partition 0, as the snapshot branch stores it.
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: status.SnapshotBucket(cfg.ScaleOut.Group)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutBytes(ctx, config.ScaleOutMember(0), []byte("snapshot")); err != nil {
+		t.Fatal(err)
+	}
+
+	var r status.Report
+	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "every partition owned by a, fenced and drained", func() (bool, error) {
+		var err error
+		if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
+			return false, err
+		}
+		for _, p := range r.Partitions {
+			if p.Owner != "a" || !p.OwnerConfirmed || p.FenceSeq == 0 || p.Consumer.Pending != 0 || p.Consumer.AckPending != 0 {
+				return false, nil
+			}
+		}
+		return len(r.Partitions) == 4 && len(r.Instances) == 1, nil
+	})
+	if err := r.Check(); err != nil {
+		t.Errorf("Check with every partition owned: %v", err)
+	}
+	if r.GroupProblem != "" {
+		t.Errorf("group problem with the group running: %q", r.GroupProblem)
+	}
+	other := cfg
+	other.State.Partitions = 8
+	if mis, err := status.Read(ctx, js, other, time.Now()); err != nil || !strings.Contains(mis.GroupProblem, "has 4 partitions, the configuration 8") {
+		t.Errorf("Read with 8 partitions configured: %q, %v", mis.GroupProblem, err)
+	}
+	if len(r.Instances) != 1 || r.Instances[0] != "a" {
+		t.Errorf("live instances %v, want [a]", r.Instances)
+	}
+	if r.Partitions[0].SnapshotAge == nil || r.Partitions[1].SnapshotAge != nil {
+		t.Errorf("snapshot ages %v, %v: want partition 0's only", r.Partitions[0].SnapshotAge, r.Partitions[1].SnapshotAge)
+	}
+
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("status:\n%s", table.String())
+	for p := range 4 {
+		// partition, owner a, pinned ..., pending 0, ack pending 0, a fence sequence.
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^%d +a +\S+ ago +0 +0 +[1-9]\d* `, p))
+		if !line.MatchString(table.String()) {
+			t.Errorf("no line for partition %d owned by a in the table", p)
+		}
+	}
+
+	var js1 bytes.Buffer
+	if err := r.WriteJSON(&js1); err != nil {
+		t.Fatal(err)
+	}
+	var decoded struct {
+		Mode       string `json:"mode"`
+		Partitions []struct {
+			Partition   int    `json:"partition"`
+			Owner       string `json:"owner"`
+			FenceSeq    uint64 `json:"fence_seq"`
+			SnapshotAge string `json:"snapshot_age"`
+		} `json:"partitions"`
+		Ownerless []int `json:"ownerless"`
+	}
+	if err := json.Unmarshal(js1.Bytes(), &decoded); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, js1.String())
+	}
+	if decoded.Mode != "scale-out" || len(decoded.Partitions) != 4 || len(decoded.Ownerless) != 0 {
+		t.Fatalf("JSON: %s", js1.String())
+	}
+	for i, p := range decoded.Partitions {
+		if p.Partition != i || p.Owner != "a" || p.FenceSeq == 0 {
+			t.Errorf("JSON partition %d: %+v", i, p)
+		}
+	}
+	if _, err := time.ParseDuration(decoded.Partitions[0].SnapshotAge); err != nil {
+		t.Errorf("JSON snapshot_age %q: %v", decoded.Partitions[0].SnapshotAge, err)
+	}
+
+	stop()
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "every partition without an owner", func() (bool, error) {
+		var err error
+		r, err = status.Read(ctx, js, cfg, time.Now())
+		return err == nil && len(r.Ownerless) == 4, err
+	})
+	err = r.Check()
+	if !errors.Is(err, status.ErrNoOwner) || !strings.Contains(err.Error(), "0, 1, 2, 3 of 4") {
+		t.Errorf("Check with a stopped: %v, want ErrNoOwner naming 0, 1, 2, 3", err)
+	}
+	table.Reset()
+	_ = r.WriteTable(&table)
+	if n := strings.Count(table.String(), "NONE"); n != 4 {
+		t.Errorf("%d partitions shown without an owner, want 4:\n%s", n, table.String())
+	}
+}
+
+// TestStatusOfASingleInstance reads a single instance's consumer: its
+// pending messages, and that it does not exist before the stage ran.
+func TestStatusOfASingleInstance(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	cfg := config.Default()
+	cfg.NATS.URL = srv.ClientURL()
+	ctx := context.Background()
+
+	r, err := status.Read(ctx, js, cfg, time.Now())
+	if err != nil {
+		t.Fatalf("Read without streams: %v", err)
+	}
+	if r.Mode != "single" || r.Single == nil || r.Single.Exists || r.Check() != nil {
+		t.Fatalf("Read without streams: %+v", r)
+	}
+
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Input.Stream, Subjects: cfg.Input.Subjects}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, cfg.Input.Stream, jetstream.ConsumerConfig{Durable: cfg.Input.Consumer, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*nats.Msg
+	for i := range 5 {
+		msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("events.k%d", i), Data: []byte("x")})
+	}
+	natstest.PublishAll(t, js, msgs)
+	if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Single.Exists || r.Single.Pending != 5 || r.Single.AckPending != 0 {
+		t.Errorf("consumer %+v, want 5 pending", *r.Single)
+	}
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	want := "single instance, consumer dedupe-stage on EVENTS: 5 pending, 0 ack pending\n"
+	if table.String() != want {
+		t.Errorf("table %q, want %q", table.String(), want)
+	}
+}
