@@ -50,6 +50,7 @@ type scaleOut struct {
 	terms     string         // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
+	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
 
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
@@ -187,6 +188,7 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", so.group, so.inStream, n, err)
 	}
 	so.metrics = newScaleOutMetrics(reg)
+	so.snaps = newSnapshots(cfg, s.js, s.log, s.win.W, max(oc.Replicas, 1), reg)
 	s.so = so
 	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
 		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
@@ -326,6 +328,7 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 	if so.routed != nil {
 		side.Go(func() { s.runRoute(ctx) })
 	}
+	side.Go(func() { s.runSnapshots(ctx) })
 	m := &members{s: s, cc: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
 		return func(msg jetstream.Msg) {
 			gate.RLock()
