@@ -588,6 +588,27 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	defer restoring.Set(0)
 	s.status.setRestoring(p, 0, true)
 	defer s.status.setRestoring(p, 0, false)
+	path := restoreFull
+	if from > 0 {
+		path = restoreLocal
+	}
+	loaded := 0
+	if so.snaps.load {
+		seq, n, err := w.loadSnapshot(ctx, out, cursor, batch)
+		switch {
+		case err == nil:
+			path, from, since, cursor, loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
+		case !errors.Is(err, errSnapshotUnusable):
+			return nil, err
+		default:
+			level := slog.LevelWarn
+			if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errSnapshotBehind) {
+				level = slog.LevelInfo
+			}
+			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", path, "reason", err)
+		}
+	}
+	so.snaps.metrics.paths.WithLabelValues(path).Inc()
 	recs := make([]state.Restored, 0, restoreChunk)
 	total := 0
 	flush := func(upTo uint64) error {
@@ -621,8 +642,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	took := time.Since(start)
 	so.metrics.takeovers.WithLabelValues(w.label).Inc()
 	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
-	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
-		"restored", total, "took", took.Round(time.Millisecond))
+	s.log.Info("scale-out: partition taken", "partition", p, "path", path, "fence", f, "cursor", cursor, "from_sequence", from,
+		"from_snapshot", loaded, "restored", total, "took", took.Round(time.Millisecond))
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
 		written: start, refresh: fenceRefresh(out.Config.MaxAge)}, nil
 }

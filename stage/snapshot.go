@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +44,7 @@ type snapshots struct {
 	window   time.Duration
 	bucket   string
 	every    time.Duration // 0: none is written (loading still works)
+	load     bool          // a takeover loads the partition's snapshot: false with totals, which it does not hold
 	keep     time.Duration // the bucket's TTL
 	replicas int
 	metrics  *snapshotMetrics
@@ -102,7 +104,7 @@ func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
 func newSnapshots(cfg config.Config, js jetstream.JetStream, log *slog.Logger, w time.Duration, replicas int, reg prometheus.Registerer) *snapshots {
 	bucket, every, keep, _ := cfg.ScaleOutSnapshots(w)
 	return &snapshots{js: js, log: log, group: cfg.ScaleOut.Group, parts: cfg.State.Partitions, window: w,
-		bucket: bucket, every: every, keep: keep, replicas: replicas, metrics: newSnapshotMetrics(reg),
+		bucket: bucket, every: every, keep: keep, replicas: replicas, metrics: newSnapshotMetrics(reg), load: !cfg.Totals.Enabled,
 		written: make(map[int]uint64)}
 }
 
@@ -264,3 +266,92 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 
 // snapshotObject is partition p's object in the snapshot bucket.
 func snapshotObject(p int) string { return config.ScaleOutMember(p) }
+
+// errSnapshotUnusable wraps every reason a takeover does not restore from
+// the partition's snapshot: the takeover falls back to the changelog.
+var errSnapshotUnusable = errors.New("snapshot not usable")
+
+// errSnapshotBehind means the snapshot covers no more of the changelog
+// than the local store's cursor: the local store is the better start.
+var errSnapshotBehind = errors.New("the local store is as far")
+
+// loadSnapshot restores the worker's partition from its newest snapshot
+// when that is usable, and returns the output stream sequence the snapshot
+// covers (the changelog is replayed from the next one) and the records it
+// loaded. out is the output stream as read before the fence was taken;
+// cursor the local store's cursor. The snapshot is usable when it is whole
+// (every block's checksum, the count and the whole stream's checksum), in
+// a known version, of this group, partition and number of partitions, for
+// a window at least W, of this very output stream (its creation time), and
+// covers a sequence past the local cursor (when that is valid), at most
+// the stream's last, whose successors the stream still holds
+// (checkReach). Otherwise it returns an error wrapping
+// errSnapshotUnusable, and whatever it loaded before (records the
+// snapshot's writer held, checked block by block) leaves the cursor where
+// it was: the changelog restore from there is as exact as without it.
+func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, batch []item) (uint64, int, error) {
+	s, so := w.s, w.s.so
+	sn, p := so.snaps, w.p.Index()
+	unusable := func(format string, args ...any) (uint64, int, error) {
+		return 0, 0, fmt.Errorf("%w: "+format, append([]any{errSnapshotUnusable}, args...)...)
+	}
+	obs, err := sn.open(ctx)
+	if err != nil {
+		return unusable("%v", err)
+	}
+	res, err := obs.Get(ctx, snapshotObject(p))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: object %s: %w", errSnapshotUnusable, snapshotObject(p), err)
+	}
+	defer res.Close()
+	r, err := snapshot.NewReader(res)
+	if err != nil {
+		return unusable("object %s: %v", snapshotObject(p), err)
+	}
+	h := r.Header()
+	validCursor := cursor > 0 && cursor <= out.State.LastSeq
+	switch {
+	case h.Group != so.group || h.Partition != p || h.Partitions != sn.parts:
+		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, so.group, p, sn.parts)
+	case h.Window < s.win.W:
+		return unusable("it holds a window of %v, below W = %v", h.Window, s.win.W)
+	case !h.StreamCreated.Equal(out.Created):
+		return unusable("it covers an output stream %s created %v, this one was created %v", so.outStream, h.StreamCreated, out.Created)
+	case h.Seq == 0 || h.Seq > out.State.LastSeq:
+		return unusable("it covers sequence %d, outside the output stream's 1..%d", h.Seq, out.State.LastSeq)
+	case validCursor && h.Seq <= cursor:
+		return 0, 0, fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
+	}
+	if err := so.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
+		return unusable("%v", err)
+	}
+	recs := make([]state.Restored, 0, restoreChunk)
+	n := 0
+	for {
+		rec, err := r.Next()
+		done := errors.Is(err, io.EOF)
+		if err != nil && !done {
+			return unusable("object %s after %d records: %v", snapshotObject(p), n, err)
+		}
+		if !done {
+			recs = append(recs, state.Restored{Key: bytes.Clone(rec.Key), FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint})
+		}
+		if len(recs) == restoreChunk || done {
+			var upTo uint64
+			if done {
+				upTo = h.Seq // every record is in: the cursor moves to what the snapshot covers
+			}
+			if err := w.p.Restore(recs, upTo); err != nil {
+				return 0, n, fmt.Errorf("load snapshot of partition %d: %w", p, err)
+			}
+			n += len(recs)
+			sn.metrics.loaded.WithLabelValues(w.label).Add(float64(len(recs)))
+			s.status.setRestoring(p, n, true)
+			recs = recs[:0]
+			w.keepAlive(batch)
+		}
+		if done {
+			return h.Seq, n, nil
+		}
+	}
+}
