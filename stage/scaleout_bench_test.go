@@ -257,7 +257,10 @@ var restoreKeysFlag = flag.String("scaleout.restore-keys", "100000,1000000", "re
 // the 4 partitions of an output stream holding each count of records
 // -scaleout.restore-keys lists (100k and 1M by default)
 // (restored in parallel, one worker per partition): from Run until every
-// partition is taken, which is when its first batch is judged.
+// partition is taken, which is when its first batch is judged. path=full
+// reads the whole changelog back; path=snapshot loads the snapshots an
+// owner wrote after restoring them (and the changelog after them, a few
+// records).
 func BenchmarkScaleOutRestore(b *testing.B) {
 	var counts []int
 	for f := range strings.SplitSeq(*restoreKeysFlag, ",") {
@@ -268,43 +271,70 @@ func BenchmarkScaleOutRestore(b *testing.B) {
 		counts = append(counts, n)
 	}
 	for _, keysN := range counts {
-		b.Run(fmt.Sprintf("keys=%d", keysN), func(b *testing.B) {
-			srv := natstest.RunServer(b, "")
-			_, js := natstest.Connect(b, srv.ClientURL())
-			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
-			cfg.Filter.ExpectedKeys = uint64(keysN) // sized for the keys restored, as an operator would
-			createStreams(b, js, cfg)
-			publishRecords(b, js, cfg, keysN, make([]byte, benchPayload), time.Now())
-			// One input message per partition makes each taken.
-			var wake []string
-			for i := 0; len(wake) < benchPartitions; i++ {
-				k := fmt.Sprintf("wake-%d", i)
-				if partitionOf(k, benchPartitions) == len(wake) {
-					wake = append(wake, k)
-				}
-			}
-			b.ResetTimer()
-			for i := range b.N {
-				b.StopTimer()
-				publishOrders(b, js, wake, false)
-				b.StartTimer()
-				in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
-				deadline := time.Now().Add(benchDrainLimit)
-				for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
-					if time.Now().After(deadline) {
-						b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+		for _, path := range []string{"full", "snapshot"} {
+			b.Run(fmt.Sprintf("keys=%d/path=%s", keysN, path), func(b *testing.B) {
+				srv := natstest.RunServer(b, "")
+				_, js := natstest.Connect(b, srv.ClientURL())
+				cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+				cfg.Filter.ExpectedKeys = uint64(keysN) // sized for the keys restored, as an operator would
+				createStreams(b, js, cfg)
+				publishRecords(b, js, cfg, keysN, make([]byte, benchPayload), time.Now())
+				// One input message per partition makes each taken.
+				var wake []string
+				for i := 0; len(wake) < benchPartitions; i++ {
+					k := fmt.Sprintf("wake-%d", i)
+					if partitionOf(k, benchPartitions) == len(wake) {
+						wake = append(wake, k)
 					}
-					time.Sleep(5 * time.Millisecond)
 				}
-				b.StopTimer()
-				if got := in.sum(b, "dedupe_restore_records_total", nil); got < float64(keysN) {
-					b.Fatalf("restored %v records, want %d", got, keysN)
+				var writeS, bytesPerKey float64
+				if path == "snapshot" {
+					// An owner that restored every partition writes their
+					// snapshots, then stops.
+					seed := startInstance(b, cfg, "seed")
+					publishOrders(b, js, wake, false)
+					natstest.WaitFor(b, benchDrainLimit, "the seed to take every partition", func() bool {
+						return seed.sum(b, "dedupe_partitions_owned", nil) == benchPartitions &&
+							seed.sum(b, "dedupe_messages_total", nil) >= benchPartitions
+					})
+					t0 := time.Now()
+					if n, err := seed.st.WriteSnapshots(context.Background()); err != nil || n != benchPartitions {
+						b.Fatalf("snapshots of %d partitions: %v", n, err)
+					}
+					writeS, bytesPerKey = time.Since(t0).Seconds(), seed.sum(b, "dedupe_snapshot_bytes", nil)/float64(keysN)
+					seed.stop(b)
 				}
-				in.stop(b)
-			}
-			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "restore_s")
-			b.ReportMetric(float64(keysN)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
-		})
+				b.ResetTimer()
+				for i := range b.N {
+					b.StopTimer()
+					publishOrders(b, js, wake, false)
+					b.StartTimer()
+					in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
+					deadline := time.Now().Add(benchDrainLimit)
+					for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
+						if time.Now().After(deadline) {
+							b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+					b.StopTimer()
+					restored := in.sum(b, "dedupe_restore_records_total", nil) + in.sum(b, "dedupe_snapshot_restore_records_total", nil)
+					if restored < float64(keysN) {
+						b.Fatalf("restored %v records, want %d", restored, keysN)
+					}
+					if got := in.sum(b, "dedupe_restore_path_total", map[string]string{"path": path}); got < benchPartitions {
+						b.Fatalf("%v partitions restored by path %s, want %d", got, path, benchPartitions)
+					}
+					in.stop(b)
+				}
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "restore_s")
+				b.ReportMetric(float64(keysN)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
+				if path == "snapshot" {
+					b.ReportMetric(writeS, "snapshot_write_s")
+					b.ReportMetric(bytesPerKey, "snapshot_bytes/key")
+				}
+			})
+		}
 	}
 }
 
