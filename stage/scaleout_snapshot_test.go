@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
@@ -178,4 +179,49 @@ func TestScaleOutSnapshotCorrupt(t *testing.T) {
 	if got := counter(t, b.reg, "dedupe_restore_records_total", nil); got < float64(round1+round2) {
 		t.Errorf("b replayed %v records of the changelog, want all %d", got, round1+round2)
 	}
+}
+
+// TestScaleOutSnapshotEveryInterval: with scale_out.snapshot_interval set,
+// a running owner writes a snapshot of each partition it owns in the
+// background, and again once more keys were forwarded; each holds every
+// key forwarded before it.
+func TestScaleOutSnapshotEveryInterval(t *testing.T) {
+	e := newScaleOutEnv(t)
+	e.cfg.ScaleOut.SnapshotInterval = config.Duration(time.Second)
+	a := e.as("a").start()
+	forwarded := 0
+	for round := range 2 {
+		evs, unique := workload(uint64(41+round), 500, 0.2)
+		e.publishKeys(keysOf(evs), unique)
+		e.scaleOutDrained(60 * time.Second)
+		forwarded += len(unique)
+		natstest.WaitFor(t, 60*time.Second, "snapshots holding every forwarded key", func() bool {
+			return gaugeOr0(t, a.reg, "dedupe_snapshot_records") == float64(forwarded)
+		})
+	}
+	if got := counter(t, a.reg, "dedupe_snapshot_writes_total", map[string]string{"result": "ok"}); got < 8 {
+		t.Errorf("%v snapshots written, want at least 4 per round", got)
+	}
+	if got := counter(t, a.reg, "dedupe_snapshot_writes_total", map[string]string{"result": "failed"}); got != 0 {
+		t.Errorf("%v snapshot writes failed, want none", got)
+	}
+	checkSnapshotBucket(t, e)
+}
+
+// gaugeOr0 sums the gauge name over its series; 0 while it has none.
+func gaugeOr0(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
 }
