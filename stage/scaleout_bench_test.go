@@ -406,3 +406,72 @@ func BenchmarkScaleOutHandOver(b *testing.B) {
 		})
 	}
 }
+
+// snapshotCostKeys is how many records the partitions hold in
+// BenchmarkScaleOutSnapshotCost, what each snapshot writes.
+const snapshotCostKeys = 200_000
+
+// BenchmarkScaleOutSnapshotCost measures what writing snapshots costs a
+// running owner: one instance whose 4 partitions hold 200k records judges
+// a backlog of b.N events (10% repeats) with snapshots written back to
+// back all the while (writing=true: the worst case, far more often than
+// any snapshot_interval), or none (writing=false). events/s is from the
+// moment every partition is taken until the backlog is judged.
+func BenchmarkScaleOutSnapshotCost(b *testing.B) {
+	for _, writing := range []bool{false, true} {
+		b.Run(fmt.Sprintf("writing=%v", writing), func(b *testing.B) {
+			srv := natstest.RunServer(b, "")
+			_, js := natstest.Connect(b, srv.ClientURL())
+			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+			cfg.ScaleOut.SnapshotInterval = 0 // written by the benchmark
+			cfg.Filter.ExpectedKeys = snapshotCostKeys + uint64(b.N)
+			createStreams(b, js, cfg)
+			publishRecords(b, js, cfg, snapshotCostKeys, make([]byte, benchPayload), time.Now())
+			// One message per partition besides the backlog makes each taken.
+			ks := benchKeys(b.N)
+			for i := 0; len(ks) < b.N+benchPartitions; i++ {
+				if k := fmt.Sprintf("wake-%d", i); partitionOf(k, benchPartitions) == len(ks)-b.N {
+					ks = append(ks, k)
+				}
+			}
+			publishOrders(b, js, ks, false)
+			b.ResetTimer()
+			in := startInstance(b, cfg, "a")
+			deadline := time.Now().Add(benchDrainLimit)
+			for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
+				if time.Now().After(deadline) {
+					b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			t0, judged0 := time.Now(), in.sum(b, "dedupe_messages_total", nil)
+			ctx, stop := context.WithCancel(context.Background())
+			writes := make(chan int, 1)
+			go func() {
+				n := 0
+				for ctx.Err() == nil && writing {
+					if _, err := in.st.WriteSnapshots(ctx); err != nil && ctx.Err() == nil {
+						b.Errorf("snapshots: %v", err)
+						break
+					}
+					n++
+				}
+				writes <- n
+			}()
+			for in.sum(b, "dedupe_messages_total", nil) < float64(len(ks)) {
+				if time.Now().After(deadline) {
+					b.Fatalf("backlog not judged in %v", benchDrainLimit)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			took := time.Since(t0)
+			b.StopTimer()
+			stop()
+			rounds := <-writes
+			b.ReportMetric((float64(len(ks))-judged0)/took.Seconds(), "events/s")
+			b.ReportMetric(float64(rounds), "snapshot_rounds")
+			b.ReportMetric(in.sum(b, "dedupe_snapshot_writes_total", map[string]string{"result": "ok"}), "snapshots")
+			in.stop(b)
+		})
+	}
+}
