@@ -57,7 +57,21 @@ type ScaleOut struct {
 	// an open bucket only if none ran further ahead. Used with totals and
 	// totals.time only. Default 1h; 0 to 366d.
 	MaxEventTimeAhead Duration `yaml:"max_event_time_ahead"`
+	// SnapshotInterval is how often an instance writes a snapshot of each
+	// partition it owns into the Object Store bucket
+	// "<group>-snapshots", so that a new owner loads it and replays only
+	// the changelog after it (docs/scale-out.md §3.3). Default 2m; 0 turns
+	// snapshots off (a new owner reads the whole changelog back), else 1s
+	// to 24h. With totals on no snapshot is written
+	// (ScaleOutSnapshots).
+	SnapshotInterval Duration `yaml:"snapshot_interval"`
 }
+
+// MaxSnapshotInterval is the longest scale_out.snapshot_interval.
+const MaxSnapshotInterval = Duration(24 * time.Hour)
+
+// MinSnapshotInterval is the shortest scale_out.snapshot_interval but 0.
+const MinSnapshotInterval = Duration(time.Second)
 
 // MaxEventTimeAheadLimit is the longest scale_out.max_event_time_ahead.
 const MaxEventTimeAheadLimit = Duration(366 * 24 * time.Hour)
@@ -72,7 +86,7 @@ const (
 // DefaultScaleOut returns the scale_out section's defaults (off).
 func DefaultScaleOut() ScaleOut {
 	return ScaleOut{Group: "dedupe", Replicas: 3, Route: RouteAuto, RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed",
-		MaxEventTimeAhead: Duration(time.Hour)}
+		MaxEventTimeAhead: Duration(time.Hour), SnapshotInterval: Duration(2 * time.Minute)}
 }
 
 // InstanceName returns Instance, or the host name when Instance is empty
@@ -215,6 +229,26 @@ func (c Config) OutputRetention(w time.Duration) time.Duration {
 	return r
 }
 
+// ScaleOutSnapshots returns how partitions are snapshotted with scale-out
+// on (docs/scale-out.md §3.3), given the window w: the Object Store bucket
+// "<group>-snapshots", how often an owner writes each partition it owns
+// (scale_out.snapshot_interval), and how long the bucket keeps an object
+// (OutputRetention(w): a snapshot older than that covers a sequence whose
+// successors the changelog may no longer hold, so no restore uses it).
+// every is 0 when no snapshot is written, and off says why: the setting
+// is 0, or totals are on (a snapshot holds the keys, not the open totals
+// a new owner restores with them).
+func (c Config) ScaleOutSnapshots(w time.Duration) (bucket string, every, keep time.Duration, off string) {
+	bucket, keep = c.ScaleOut.Group+"-snapshots", c.OutputRetention(w)
+	switch {
+	case c.ScaleOut.SnapshotInterval == 0:
+		return bucket, 0, keep, "scale_out.snapshot_interval is 0"
+	case c.Totals.Enabled:
+		return bucket, 0, keep, "totals are on, and a snapshot does not hold the open totals"
+	}
+	return bucket, c.ScaleOut.SnapshotInterval.D(), keep, ""
+}
+
 // OutputRetentionTerms names the terms of OutputRetention, for messages.
 func (c Config) OutputRetentionTerms() string {
 	terms := "W + input.ack_wait + output.restart_margin"
@@ -257,6 +291,9 @@ func (c Config) validateScaleOut(v *validator) {
 	}
 	if c.Output.BatchMax < c.Pipeline.BatchSize {
 		v.add("output.batch_max", "%d, below pipeline.batch_size %d; with scale_out.enabled a partition's output batch is one atomic batch, so it must fit", c.Output.BatchMax, c.Pipeline.BatchSize)
+	}
+	if si := s.SnapshotInterval; si != 0 && (si < MinSnapshotInterval || si > MaxSnapshotInterval) {
+		v.add("scale_out.snapshot_interval", "%v, want 0 (off) or %v to %v", si, MinSnapshotInterval, MaxSnapshotInterval)
 	}
 	if s.MaxEventTimeAhead < 0 || s.MaxEventTimeAhead > MaxEventTimeAheadLimit {
 		v.add("scale_out.max_event_time_ahead", "%v, want 0 to %v", s.MaxEventTimeAhead, MaxEventTimeAheadLimit)
@@ -337,6 +374,15 @@ func (c Config) scaleOutSummary() []string {
 	out = append(out, fmt.Sprintf("a partition judges up to %d messages together (output.batch_max): one fenced batch in flight per partition, so a batch grows with what arrives during the last one's round trip",
 		c.PartitionBatch()))
 	out = append(out, fmt.Sprintf("streams created with %d replicas", s.Replicas))
+	if w, err := c.Window.Derive(); err == nil {
+		bucket, every, keep, off := c.ScaleOutSnapshots(w.W)
+		if every == 0 {
+			out = append(out, "partition snapshots off ("+off+"): a new owner reads the partition's whole changelog back")
+		} else {
+			out = append(out, fmt.Sprintf("partition snapshots every %v into object store %s (as many replicas as the output stream, objects kept %v); a new owner loads the newest and replays only the changelog after it",
+				Duration(every), bucket, Duration(keep)))
+		}
+	}
 	return out
 }
 

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,11 @@ func TestScaleOutValidate(t *testing.T) {
 			c.Input.Subjects = []string{"shop.*.orders.*.>"}
 			c.Key.Field.SubjectToken = 4
 		}, nil},
+		{"snapshots off", func(c *Config) { c.ScaleOut.SnapshotInterval = 0 }, nil},
+		{"snapshots too often", func(c *Config) { c.ScaleOut.SnapshotInterval = Duration(time.Millisecond) },
+			[]string{"scale_out.snapshot_interval: 1ms, want 0 (off) or 1s to 1d"}},
+		{"snapshots too rarely", func(c *Config) { c.ScaleOut.SnapshotInterval = Duration(25 * time.Hour) },
+			[]string{"scale_out.snapshot_interval: 1d1h"}},
 		{"embedded server", func(c *Config) { c.NATS.URL = "" },
 			[]string{"scale_out.enabled: true with the embedded server"}},
 		{"async output", func(c *Config) { c.Output.Publish = PublishAsync },
@@ -221,6 +227,27 @@ func TestScaleOutSummary(t *testing.T) {
 			t.Errorf("summary does not say %q:\n%s", want, got)
 		}
 	}
+	w, err := c.Window.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, every, keep, off := c.ScaleOutSnapshots(w.W)
+	if bucket != "dedupe-snapshots" || every != 2*time.Minute || keep != c.OutputRetention(w.W) || off != "" {
+		t.Errorf("snapshots %q every %v kept %v (off %q), want dedupe-snapshots every 2m kept %v", bucket, every, keep, off, c.OutputRetention(w.W))
+	}
+	if want := fmt.Sprintf("partition snapshots every 2m into object store dedupe-snapshots (as many replicas as the output stream, objects kept %v)", Duration(keep)); !strings.Contains(got, want) {
+		t.Errorf("summary does not say %q:\n%s", want, got)
+	}
+	c.ScaleOut.SnapshotInterval = 0
+	if _, every, _, off := c.ScaleOutSnapshots(w.W); every != 0 || !strings.Contains(c.Summary(), "partition snapshots off ("+off+")") {
+		t.Errorf("snapshot_interval 0: every %v, summary:\n%s", every, c.Summary())
+	}
+	c.ScaleOut.SnapshotInterval = Duration(time.Minute)
+	c.Totals.Enabled = true
+	if _, every, _, off := c.ScaleOutSnapshots(w.W); every != 0 || !strings.Contains(off, "totals") {
+		t.Errorf("with totals: snapshots every %v (off %q), want off because of totals", every, off)
+	}
+	c.Totals.Enabled = false
 	if got, want := c.PartitionBatch(), c.Output.BatchMax; got != want {
 		t.Errorf("with scale-out a partition's batch is %d, want output.batch_max %d", got, want)
 	}

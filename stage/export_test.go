@@ -1,5 +1,10 @@
 package stage
 
+import (
+	"context"
+	"errors"
+)
+
 // SetBeforePublishHook installs a hook that runs before a partition batch
 // publishes its new messages. For tests only.
 func (s *Stage) SetBeforePublishHook(f func(partition int, batchLen int)) { s.beforePublish = f }
@@ -12,4 +17,16 @@ func SetReady(st *Status, r bool) { st.setReady(r) }
 func SetPinCheckFault(f func(p int) error) (restore func()) {
 	pinCheckFault = f
 	return func() { pinCheckFault = nil }
+}
+
+// WriteSnapshots writes a snapshot of every partition the stage owns now,
+// as each scale_out.snapshot_interval does, and returns how many it owns.
+// For tests only.
+func (s *Stage) WriteSnapshots(ctx context.Context) (int, error) {
+	owned := s.so.ownedPartitions()
+	var errs []error
+	for _, p := range owned {
+		errs = append(errs, s.so.snaps.write(ctx, s.store.Partition(p), s.so.outStream))
+	}
+	return len(owned), errors.Join(errs...)
 }

@@ -53,6 +53,7 @@ type scaleOut struct {
 	terms     string         // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
+	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
 
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
@@ -213,6 +214,7 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	}
 	so.metrics = newScaleOutMetrics(reg)
 	so.metrics.partitions.WithLabelValues(so.group).Set(float64(cfg.State.Partitions))
+	so.snaps = newSnapshots(cfg, s.js, s.log, s.win.W, max(oc.Replicas, 1), reg)
 	s.so = so
 	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
 		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
@@ -353,6 +355,7 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 	if so.routed != nil {
 		side.Go(func() { s.runRoute(ctx) })
 	}
+	side.Go(func() { s.runSnapshots(ctx) })
 	m := &members{s: s, cc: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
 		return func(msg jetstream.Msg) {
 			gate.RLock()
@@ -625,6 +628,27 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	defer restoring.Set(0)
 	s.status.setRestoring(p, 0, true)
 	defer s.status.setRestoring(p, 0, false)
+	path := restoreFull
+	if from > 0 {
+		path = restoreLocal
+	}
+	loaded := 0
+	if so.snaps.load {
+		seq, n, err := w.loadSnapshot(ctx, out, cursor, batch)
+		switch {
+		case err == nil:
+			path, from, since, cursor, loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
+		case !errors.Is(err, errSnapshotUnusable):
+			return nil, err
+		default:
+			level := slog.LevelWarn
+			if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errSnapshotBehind) {
+				level = slog.LevelInfo
+			}
+			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", path, "reason", err)
+		}
+	}
+	so.snaps.metrics.paths.WithLabelValues(path).Inc()
 	recs := make([]state.Restored, 0, restoreChunk)
 	total := 0
 	flush := func(upTo uint64) error {
@@ -658,8 +682,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	took := time.Since(start)
 	so.metrics.takeovers.WithLabelValues(w.label).Inc()
 	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
-	s.log.Info("scale-out: partition taken", "partition", p, "fence", f, "cursor", cursor, "from_sequence", from,
-		"restored", total, "took", took.Round(time.Millisecond))
+	s.log.Info("scale-out: partition taken", "partition", p, "path", path, "fence", f, "cursor", cursor, "from_sequence", from,
+		"from_snapshot", loaded, "restored", total, "took", took.Round(time.Millisecond))
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
 		written: start, refresh: fenceRefresh(out.Config.MaxAge),
 		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil

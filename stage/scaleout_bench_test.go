@@ -257,7 +257,10 @@ var restoreKeysFlag = flag.String("scaleout.restore-keys", "100000,1000000", "re
 // the 4 partitions of an output stream holding each count of records
 // -scaleout.restore-keys lists (100k and 1M by default)
 // (restored in parallel, one worker per partition): from Run until every
-// partition is taken, which is when its first batch is judged.
+// partition is taken, which is when its first batch is judged. path=full
+// reads the whole changelog back; path=snapshot loads the snapshots an
+// owner wrote after restoring them (and the changelog after them, a few
+// records).
 func BenchmarkScaleOutRestore(b *testing.B) {
 	var counts []int
 	for f := range strings.SplitSeq(*restoreKeysFlag, ",") {
@@ -268,43 +271,70 @@ func BenchmarkScaleOutRestore(b *testing.B) {
 		counts = append(counts, n)
 	}
 	for _, keysN := range counts {
-		b.Run(fmt.Sprintf("keys=%d", keysN), func(b *testing.B) {
-			srv := natstest.RunServer(b, "")
-			_, js := natstest.Connect(b, srv.ClientURL())
-			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
-			cfg.Filter.ExpectedKeys = uint64(keysN) // sized for the keys restored, as an operator would
-			createStreams(b, js, cfg)
-			publishRecords(b, js, cfg, keysN, make([]byte, benchPayload), time.Now())
-			// One input message per partition makes each taken.
-			var wake []string
-			for i := 0; len(wake) < benchPartitions; i++ {
-				k := fmt.Sprintf("wake-%d", i)
-				if partitionOf(k, benchPartitions) == len(wake) {
-					wake = append(wake, k)
-				}
-			}
-			b.ResetTimer()
-			for i := range b.N {
-				b.StopTimer()
-				publishOrders(b, js, wake, false)
-				b.StartTimer()
-				in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
-				deadline := time.Now().Add(benchDrainLimit)
-				for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
-					if time.Now().After(deadline) {
-						b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+		for _, path := range []string{"full", "snapshot"} {
+			b.Run(fmt.Sprintf("keys=%d/path=%s", keysN, path), func(b *testing.B) {
+				srv := natstest.RunServer(b, "")
+				_, js := natstest.Connect(b, srv.ClientURL())
+				cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+				cfg.Filter.ExpectedKeys = uint64(keysN) // sized for the keys restored, as an operator would
+				createStreams(b, js, cfg)
+				publishRecords(b, js, cfg, keysN, make([]byte, benchPayload), time.Now())
+				// One input message per partition makes each taken.
+				var wake []string
+				for i := 0; len(wake) < benchPartitions; i++ {
+					k := fmt.Sprintf("wake-%d", i)
+					if partitionOf(k, benchPartitions) == len(wake) {
+						wake = append(wake, k)
 					}
-					time.Sleep(5 * time.Millisecond)
 				}
-				b.StopTimer()
-				if got := in.sum(b, "dedupe_restore_records_total", nil); got < float64(keysN) {
-					b.Fatalf("restored %v records, want %d", got, keysN)
+				var writeS, bytesPerKey float64
+				if path == "snapshot" {
+					// An owner that restored every partition writes their
+					// snapshots, then stops.
+					seed := startInstance(b, cfg, "seed")
+					publishOrders(b, js, wake, false)
+					natstest.WaitFor(b, benchDrainLimit, "the seed to take every partition", func() bool {
+						return seed.sum(b, "dedupe_partitions_owned", nil) == benchPartitions &&
+							seed.sum(b, "dedupe_messages_total", nil) >= benchPartitions
+					})
+					t0 := time.Now()
+					if n, err := seed.st.WriteSnapshots(context.Background()); err != nil || n != benchPartitions {
+						b.Fatalf("snapshots of %d partitions: %v", n, err)
+					}
+					writeS, bytesPerKey = time.Since(t0).Seconds(), seed.sum(b, "dedupe_snapshot_bytes", nil)/float64(keysN)
+					seed.stop(b)
 				}
-				in.stop(b)
-			}
-			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "restore_s")
-			b.ReportMetric(float64(keysN)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
-		})
+				b.ResetTimer()
+				for i := range b.N {
+					b.StopTimer()
+					publishOrders(b, js, wake, false)
+					b.StartTimer()
+					in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
+					deadline := time.Now().Add(benchDrainLimit)
+					for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
+						if time.Now().After(deadline) {
+							b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+						}
+						time.Sleep(5 * time.Millisecond)
+					}
+					b.StopTimer()
+					restored := in.sum(b, "dedupe_restore_records_total", nil) + in.sum(b, "dedupe_snapshot_restore_records_total", nil)
+					if restored < float64(keysN) {
+						b.Fatalf("restored %v records, want %d", restored, keysN)
+					}
+					if got := in.sum(b, "dedupe_restore_path_total", map[string]string{"path": path}); got < benchPartitions {
+						b.Fatalf("%v partitions restored by path %s, want %d", got, path, benchPartitions)
+					}
+					in.stop(b)
+				}
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "restore_s")
+				b.ReportMetric(float64(keysN)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
+				if path == "snapshot" {
+					b.ReportMetric(writeS, "snapshot_write_s")
+					b.ReportMetric(bytesPerKey, "snapshot_bytes/key")
+				}
+			})
+		}
 	}
 }
 
@@ -373,6 +403,75 @@ func BenchmarkScaleOutHandOver(b *testing.B) {
 				bi.stop(b)
 			}
 			b.ReportMetric(total/float64(b.N), "handover_s")
+		})
+	}
+}
+
+// snapshotCostKeys is how many records the partitions hold in
+// BenchmarkScaleOutSnapshotCost, what each snapshot writes.
+const snapshotCostKeys = 200_000
+
+// BenchmarkScaleOutSnapshotCost measures what writing snapshots costs a
+// running owner: one instance whose 4 partitions hold 200k records judges
+// a backlog of b.N events (10% repeats) with snapshots written back to
+// back all the while (writing=true: the worst case, far more often than
+// any snapshot_interval), or none (writing=false). events/s is from the
+// moment every partition is taken until the backlog is judged.
+func BenchmarkScaleOutSnapshotCost(b *testing.B) {
+	for _, writing := range []bool{false, true} {
+		b.Run(fmt.Sprintf("writing=%v", writing), func(b *testing.B) {
+			srv := natstest.RunServer(b, "")
+			_, js := natstest.Connect(b, srv.ClientURL())
+			cfg := scaleOutBenchConfig(b, srv.ClientURL(), false)
+			cfg.ScaleOut.SnapshotInterval = 0 // written by the benchmark
+			cfg.Filter.ExpectedKeys = snapshotCostKeys + uint64(b.N)
+			createStreams(b, js, cfg)
+			publishRecords(b, js, cfg, snapshotCostKeys, make([]byte, benchPayload), time.Now())
+			// One message per partition besides the backlog makes each taken.
+			ks := benchKeys(b.N)
+			for i := 0; len(ks) < b.N+benchPartitions; i++ {
+				if k := fmt.Sprintf("wake-%d", i); partitionOf(k, benchPartitions) == len(ks)-b.N {
+					ks = append(ks, k)
+				}
+			}
+			publishOrders(b, js, ks, false)
+			b.ResetTimer()
+			in := startInstance(b, cfg, "a")
+			deadline := time.Now().Add(benchDrainLimit)
+			for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
+				if time.Now().After(deadline) {
+					b.Fatalf("partitions not all taken in %v", benchDrainLimit)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			t0, judged0 := time.Now(), in.sum(b, "dedupe_messages_total", nil)
+			ctx, stop := context.WithCancel(context.Background())
+			writes := make(chan int, 1)
+			go func() {
+				n := 0
+				for ctx.Err() == nil && writing {
+					if _, err := in.st.WriteSnapshots(ctx); err != nil && ctx.Err() == nil {
+						b.Errorf("snapshots: %v", err)
+						break
+					}
+					n++
+				}
+				writes <- n
+			}()
+			for in.sum(b, "dedupe_messages_total", nil) < float64(len(ks)) {
+				if time.Now().After(deadline) {
+					b.Fatalf("backlog not judged in %v", benchDrainLimit)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			took := time.Since(t0)
+			b.StopTimer()
+			stop()
+			rounds := <-writes
+			b.ReportMetric((float64(len(ks))-judged0)/took.Seconds(), "events/s")
+			b.ReportMetric(float64(rounds), "snapshot_rounds")
+			b.ReportMetric(in.sum(b, "dedupe_snapshot_writes_total", map[string]string{"result": "ok"}), "snapshots")
+			in.stop(b)
 		})
 	}
 }

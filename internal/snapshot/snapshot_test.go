@@ -1,0 +1,203 @@
+package snapshot
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+var testHeader = Header{
+	Group: "dedupe", Partition: 3, Partitions: 8, Seq: 123456,
+	StreamCreated: time.Unix(1_700_000_000, 5), Window: time.Hour, Taken: time.Unix(1_700_003_600, 7),
+}
+
+// testRecords returns n records with 20-byte keys first seen inside the
+// hour before testHeader.Taken.
+func testRecords(n int) []Record {
+	rng := rand.New(rand.NewPCG(1, 2))
+	recs := make([]Record, n)
+	for i := range recs {
+		recs[i] = Record{
+			Key:         fmt.Appendf(nil, "order-%014d", i),
+			FirstSeen:   testHeader.Taken.Add(-time.Duration(rng.Int64N(int64(time.Hour)))),
+			Fingerprint: rng.Uint64(),
+		}
+	}
+	return recs
+}
+
+func encode(tb testing.TB, h Header, recs []Record) []byte {
+	tb.Helper()
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, h)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, r := range recs {
+		if err := w.Add(r); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	n, err := w.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if n != uint64(len(recs)) {
+		tb.Fatalf("Close says %d records, want %d", n, len(recs))
+	}
+	return buf.Bytes()
+}
+
+// decode reads every record of b; the error is Next's (nil at a checked end).
+func decode(b []byte) (Header, []Record, error) {
+	r, err := NewReader(bytes.NewReader(b))
+	if err != nil {
+		return Header{}, nil, err
+	}
+	var recs []Record
+	for {
+		rec, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return r.Header(), recs, nil
+		}
+		if err != nil {
+			return r.Header(), recs, err
+		}
+		rec.Key = bytes.Clone(rec.Key)
+		recs = append(recs, rec)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, n := range []int{0, 1, 5000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			want := testRecords(n)
+			b := encode(t, testHeader, want)
+			h, got, err := decode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Group != testHeader.Group || h.Partition != 3 || h.Partitions != 8 || h.Seq != 123456 ||
+				!h.StreamCreated.Equal(testHeader.StreamCreated) || h.Window != time.Hour || !h.Taken.Equal(testHeader.Taken) {
+				t.Fatalf("header %+v, want %+v", h, testHeader)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("%d records, want %d", len(got), len(want))
+			}
+			for i := range want {
+				if !bytes.Equal(got[i].Key, want[i].Key) || !got[i].FirstSeen.Equal(want[i].FirstSeen) || got[i].Fingerprint != want[i].Fingerprint {
+					t.Fatalf("record %d = %+v, want %+v", i, got[i], want[i])
+				}
+			}
+			if n > 0 {
+				t.Logf("%d records of 20-byte keys: %d bytes, %.1f bytes/key", n, len(b), float64(len(b))/float64(n))
+			}
+		})
+	}
+}
+
+// TestCompact checks the size target: under 40 bytes per key of 20 bytes.
+func TestCompact(t *testing.T) {
+	const n = 20000
+	b := encode(t, testHeader, testRecords(n))
+	if per := float64(len(b)) / n; per >= 40 {
+		t.Fatalf("%.1f bytes per 20-byte key, want < 40", per)
+	}
+}
+
+// TestCorruptDetected flips, cuts and drops bytes of a valid snapshot: each
+// is ErrCorrupt (or ErrVersion), never a clean end, and every record
+// returned before the error is one that was written.
+func TestCorruptDetected(t *testing.T) {
+	want := testRecords(3000) // several blocks
+	b := encode(t, testHeader, want)
+	written := make(map[string]Record, len(want))
+	for _, r := range want {
+		written[string(r.Key)] = r
+	}
+	check := func(t *testing.T, name string, bad []byte) {
+		t.Helper()
+		_, got, err := decode(bad)
+		if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrVersion) {
+			t.Fatalf("%s: err %v, want ErrCorrupt", name, err)
+		}
+		for _, r := range got {
+			w, ok := written[string(r.Key)]
+			if !ok || !w.FirstSeen.Equal(r.FirstSeen) || w.Fingerprint != r.Fingerprint {
+				t.Fatalf("%s: returned a record never written: %+v", name, r)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 300 {
+		i := rng.IntN(len(b))
+		bad := bytes.Clone(b)
+		bad[i] ^= byte(1 + rng.IntN(255))
+		check(t, fmt.Sprintf("byte %d flipped", i), bad)
+	}
+	for _, cut := range []int{0, 3, 5, 20, len(b) / 2, len(b) - 5, len(b) - 1} {
+		check(t, fmt.Sprintf("cut at %d", cut), b[:cut])
+	}
+	// A whole block dropped: blocks are ~64 KiB, find the second's start by
+	// re-encoding the first block alone.
+	first := encode(t, testHeader, nil)
+	hdrLen := len(first) - 6 // header and its checksum; the empty end is 0, 0 and 4 bytes
+	check(t, "one block dropped", append(bytes.Clone(b[:hdrLen]), b[hdrLen+len(b)/3:]...))
+}
+
+func TestBadRecordRefused(t *testing.T) {
+	w, err := NewWriter(io.Discard, testHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Add(Record{}); !errors.Is(err, ErrBadRecord) {
+		t.Fatalf("empty key: %v, want ErrBadRecord", err)
+	}
+	if err := w.Add(Record{Key: make([]byte, MaxKeySize+1)}); !errors.Is(err, ErrBadRecord) {
+		t.Fatalf("long key: %v, want ErrBadRecord", err)
+	}
+}
+
+func FuzzReader(f *testing.F) {
+	f.Add(encode(f, testHeader, testRecords(3)))
+	f.Add(encode(f, Header{}, nil))
+	f.Add([]byte("DDSN\x01"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > 1<<20 {
+			return
+		}
+		h, recs, err := decode(b)
+		if err != nil {
+			return
+		}
+		// What decodes cleanly encodes to a snapshot that decodes to the
+		// same header and records.
+		h2, recs2, err := decode(encode(t, h, recs))
+		if err != nil {
+			t.Fatalf("re-encoded snapshot: %v", err)
+		}
+		if h2 != h || len(recs2) != len(recs) {
+			t.Fatalf("round trip: %+v with %d records, want %+v with %d", h2, len(recs2), h, len(recs))
+		}
+		for i := range recs {
+			if !bytes.Equal(recs[i].Key, recs2[i].Key) || !recs[i].FirstSeen.Equal(recs2[i].FirstSeen) || recs[i].Fingerprint != recs2[i].Fingerprint {
+				t.Fatalf("round trip: record %d = %+v, want %+v", i, recs2[i], recs[i])
+			}
+		}
+	})
+}
+
+func BenchmarkRead(b *testing.B) {
+	buf := encode(b, testHeader, testRecords(100_000))
+	b.SetBytes(int64(len(buf)))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, _, err := decode(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

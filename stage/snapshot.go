@@ -1,0 +1,357 @@
+package stage
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/snapshot"
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// Restore paths, the path label of dedupe_restore_path_total.
+const (
+	restoreSnapshot = "snapshot" // the newest snapshot, then the changelog after it
+	restoreLocal    = "local"    // the changelog after the local store's cursor
+	restoreFull     = "full"     // the changelog back to now - the output's retention
+)
+
+// snapshotRequestTimeout bounds one request to the snapshot bucket other
+// than a snapshot's own transfer.
+const snapshotRequestTimeout = 10 * time.Second
+
+// snapshots writes and reads the partition snapshots of a scale-out
+// group (docs/scale-out.md §3.3): each owner writes a snapshot of each
+// partition it owns every interval into the Object Store bucket
+// "<group>-snapshots", object p<i>, which replaces the one before; a new
+// owner loads it and replays only the changelog after the sequence it
+// covers. It is safe for concurrent use.
+type snapshots struct {
+	js       jetstream.JetStream
+	log      *slog.Logger
+	group    string
+	parts    int
+	window   time.Duration
+	bucket   string
+	every    time.Duration // 0: none is written (loading still works)
+	load     bool          // a takeover loads the partition's snapshot: false with totals, which it does not hold
+	keep     time.Duration // the bucket's TTL
+	replicas int
+	metrics  *snapshotMetrics
+
+	mu      sync.Mutex
+	obs     jetstream.ObjectStore // nil until opened
+	written map[int]uint64        // partition -> the cursor its last snapshot covered
+}
+
+// snapshotMetrics are the metrics of snapshots and of how partitions were
+// restored.
+type snapshotMetrics struct {
+	paths   *prometheus.CounterVec
+	writes  *prometheus.CounterVec
+	records *prometheus.GaugeVec
+	bytes   *prometheus.GaugeVec
+	seconds *prometheus.GaugeVec
+	loaded  *prometheus.CounterVec
+}
+
+func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
+	m := &snapshotMetrics{
+		paths: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_restore_path_total",
+			Help: "Takeovers by how the partition was restored: snapshot (the newest snapshot, then the output stream after it), local (the output stream after the local store's cursor) or full (the output stream back to the retention).",
+		}, []string{"path"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_snapshot_writes_total",
+			Help: "Partition snapshots written into the snapshot bucket, by result (ok, failed).",
+		}, []string{"result"}),
+		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_snapshot_records",
+			Help: "Records in the partition's last snapshot this instance wrote.",
+		}, []string{"partition"}),
+		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_snapshot_bytes",
+			Help: "Size of the partition's last snapshot this instance wrote.",
+		}, []string{"partition"}),
+		seconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_snapshot_write_seconds",
+			Help: "How long writing the partition's last snapshot took.",
+		}, []string{"partition"}),
+		loaded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_snapshot_restore_records_total",
+			Help: "Records loaded from snapshots into the state store when taking a partition, by partition.",
+		}, []string{"partition"}),
+	}
+	reg.MustRegister(m.paths, m.writes, m.records, m.bytes, m.seconds, m.loaded)
+	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull} {
+		m.paths.WithLabelValues(p)
+	}
+	return m
+}
+
+// newSnapshots returns the group's snapshots, as the configuration derives
+// them; replicas are the output stream's.
+func newSnapshots(cfg config.Config, js jetstream.JetStream, log *slog.Logger, w time.Duration, replicas int, reg prometheus.Registerer) *snapshots {
+	bucket, every, keep, _ := cfg.ScaleOutSnapshots(w)
+	return &snapshots{js: js, log: log, group: cfg.ScaleOut.Group, parts: cfg.State.Partitions, window: w,
+		bucket: bucket, every: every, keep: keep, replicas: replicas, metrics: newSnapshotMetrics(reg), load: !cfg.Totals.Enabled,
+		written: make(map[int]uint64)}
+}
+
+// open returns the bucket, creating it when missing.
+func (sn *snapshots) open(ctx context.Context) (jetstream.ObjectStore, error) {
+	sn.mu.Lock()
+	defer sn.mu.Unlock()
+	if sn.obs != nil {
+		return sn.obs, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, snapshotRequestTimeout)
+	defer cancel()
+	obs, err := sn.js.ObjectStore(ctx, sn.bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		obs, err = sn.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: sn.bucket, TTL: sn.keep, Replicas: sn.replicas,
+			Storage: jetstream.FileStorage, Description: "dedupe-stage: snapshots of group " + sn.group + "'s partitions, object p<i> each"})
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			obs, err = sn.js.ObjectStore(ctx, sn.bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot bucket %s: %w", sn.bucket, err)
+	}
+	sn.obs = obs
+	return obs, nil
+}
+
+// run writes a snapshot of every partition this instance owns, one at a
+// time, every interval, until ctx is done. A partition whose cursor did
+// not move since its last snapshot is skipped. A failure is logged
+// (at most once per round) and counted; the next round tries again.
+func (s *Stage) runSnapshots(ctx context.Context) {
+	sn := s.so.snaps
+	if sn == nil || sn.every == 0 {
+		return
+	}
+	if _, err := sn.open(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("scale-out: snapshot bucket not reachable yet; snapshots wait for it", "err", err)
+	}
+	t := time.NewTicker(sn.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var failed error
+		for _, p := range s.so.ownedPartitions() {
+			if ctx.Err() != nil {
+				return
+			}
+			if err := sn.write(ctx, s.store.Partition(p), s.so.outStream); err != nil {
+				failed = err
+			}
+		}
+		if failed != nil && ctx.Err() == nil {
+			s.log.Warn("scale-out: writing a partition snapshot failed; a new owner reads more of the changelog until the next one", "err", failed)
+		}
+	}
+}
+
+// ownedPartitions returns the partitions this instance owns now.
+func (so *scaleOut) ownedPartitions() []int {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	out := make([]int, 0, len(so.owned))
+	for p := range so.owned {
+		out = append(out, p)
+	}
+	return out
+}
+
+// errUnchanged means the partition's cursor did not move since its last
+// snapshot: there is nothing new to write.
+var errUnchanged = errors.New("unchanged since the last snapshot")
+
+// write streams a snapshot of p into object p<i>: the records of one
+// consistent view of the store and the cursor of that view
+// (state.Partition.ScanRecords). The object store writes the new object's
+// chunks before it replaces the old one, so a write that fails part way
+// leaves the old snapshot.
+func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream string) error {
+	obs, err := sn.open(ctx)
+	if err != nil {
+		sn.metrics.writes.WithLabelValues("failed").Inc()
+		return err
+	}
+	if c, err := p.Cursor(); err == nil {
+		sn.mu.Lock()
+		last, ok := sn.written[p.Index()]
+		sn.mu.Unlock()
+		if c == 0 || ok && last == c {
+			return nil // nothing new since the last snapshot
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, snapshotRequestTimeout)
+	st, err := sn.js.Stream(rctx, outStream)
+	cancel()
+	if err != nil {
+		sn.metrics.writes.WithLabelValues("failed").Inc()
+		return fmt.Errorf("snapshot of partition %d: output stream %s: %w", p.Index(), outStream, err)
+	}
+	created := st.CachedInfo().Created
+	start := time.Now()
+	pr, pw := io.Pipe()
+	var cursor, n uint64
+	scanned := make(chan error, 1)
+	go func() {
+		var w *snapshot.Writer
+		err := p.ScanRecords(ctx, func(c uint64) error {
+			sn.mu.Lock()
+			last, ok := sn.written[p.Index()]
+			sn.mu.Unlock()
+			if c == 0 || ok && last == c {
+				return errUnchanged
+			}
+			cursor = c
+			var err error
+			w, err = snapshot.NewWriter(pw, snapshot.Header{Group: sn.group, Partition: p.Index(), Partitions: sn.parts,
+				Seq: c, StreamCreated: created, Window: sn.window, Taken: time.Now()})
+			return err
+		}, func(key []byte, r state.Record) error {
+			return w.Add(snapshot.Record{Key: key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint})
+		})
+		if err == nil {
+			n, err = w.Close()
+		}
+		pw.CloseWithError(err)
+		scanned <- err
+	}()
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: snapshotObject(p.Index()),
+		Description: "partition " + strconv.Itoa(p.Index()) + " of group " + sn.group}, pr)
+	pr.CloseWithError(errors.New("the object store stopped reading"))
+	serr := <-scanned
+	switch {
+	case errors.Is(serr, errUnchanged):
+		return nil
+	case serr != nil:
+		err = serr
+	}
+	label := strconv.Itoa(p.Index())
+	if err != nil {
+		sn.metrics.writes.WithLabelValues("failed").Inc()
+		return fmt.Errorf("snapshot of partition %d: %w", p.Index(), err)
+	}
+	took := time.Since(start)
+	sn.metrics.writes.WithLabelValues("ok").Inc()
+	sn.metrics.records.WithLabelValues(label).Set(float64(n))
+	sn.metrics.bytes.WithLabelValues(label).Set(float64(info.Size))
+	sn.metrics.seconds.WithLabelValues(label).Set(took.Seconds())
+	sn.mu.Lock()
+	sn.written[p.Index()] = cursor
+	sn.mu.Unlock()
+	sn.log.Debug("scale-out: partition snapshot written", "partition", p.Index(), "sequence", cursor, "records", n,
+		"bytes", info.Size, "took", took.Round(time.Millisecond))
+	return nil
+}
+
+// snapshotObject is partition p's object in the snapshot bucket.
+func snapshotObject(p int) string { return config.ScaleOutMember(p) }
+
+// errSnapshotUnusable wraps every reason a takeover does not restore from
+// the partition's snapshot: the takeover falls back to the changelog.
+var errSnapshotUnusable = errors.New("snapshot not usable")
+
+// errSnapshotBehind means the snapshot covers no more of the changelog
+// than the local store's cursor: the local store is the better start.
+var errSnapshotBehind = errors.New("the local store is as far")
+
+// loadSnapshot restores the worker's partition from its newest snapshot
+// when that is usable, and returns the output stream sequence the snapshot
+// covers (the changelog is replayed from the next one) and the records it
+// loaded. out is the output stream as read before the fence was taken;
+// cursor the local store's cursor. The snapshot is usable when it is whole
+// (every block's checksum, the count and the whole stream's checksum), in
+// a known version, of this group, partition and number of partitions, for
+// a window at least W, of this very output stream (its creation time), and
+// covers a sequence past the local cursor (when that is valid), at most
+// the stream's last, whose successors the stream still holds
+// (checkReach). Otherwise it returns an error wrapping
+// errSnapshotUnusable, and whatever it loaded before (records the
+// snapshot's writer held, checked block by block) leaves the cursor where
+// it was: the changelog restore from there is as exact as without it.
+func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, batch []item) (uint64, int, error) {
+	s, so := w.s, w.s.so
+	sn, p := so.snaps, w.p.Index()
+	unusable := func(format string, args ...any) (uint64, int, error) {
+		return 0, 0, fmt.Errorf("%w: "+format, append([]any{errSnapshotUnusable}, args...)...)
+	}
+	obs, err := sn.open(ctx)
+	if err != nil {
+		return unusable("%v", err)
+	}
+	res, err := obs.Get(ctx, snapshotObject(p))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: object %s: %w", errSnapshotUnusable, snapshotObject(p), err)
+	}
+	defer res.Close()
+	r, err := snapshot.NewReader(res)
+	if err != nil {
+		return unusable("object %s: %v", snapshotObject(p), err)
+	}
+	h := r.Header()
+	validCursor := cursor > 0 && cursor <= out.State.LastSeq
+	switch {
+	case h.Group != so.group || h.Partition != p || h.Partitions != sn.parts:
+		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, so.group, p, sn.parts)
+	case h.Window < s.win.W:
+		return unusable("it holds a window of %v, below W = %v", h.Window, s.win.W)
+	case !h.StreamCreated.Equal(out.Created):
+		return unusable("it covers an output stream %s created %v, this one was created %v", so.outStream, h.StreamCreated, out.Created)
+	case h.Seq == 0 || h.Seq > out.State.LastSeq:
+		return unusable("it covers sequence %d, outside the output stream's 1..%d", h.Seq, out.State.LastSeq)
+	case validCursor && h.Seq <= cursor:
+		return 0, 0, fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
+	}
+	if err := so.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
+		return unusable("%v", err)
+	}
+	recs := make([]state.Restored, 0, restoreChunk)
+	n := 0
+	for {
+		rec, err := r.Next()
+		done := errors.Is(err, io.EOF)
+		if err != nil && !done {
+			return unusable("object %s after %d records: %v", snapshotObject(p), n, err)
+		}
+		if !done {
+			recs = append(recs, state.Restored{Key: bytes.Clone(rec.Key), FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint})
+		}
+		if len(recs) == restoreChunk || done {
+			var upTo uint64
+			if done {
+				upTo = h.Seq // every record is in: the cursor moves to what the snapshot covers
+			}
+			if err := w.p.Restore(recs, upTo); err != nil {
+				return 0, n, fmt.Errorf("load snapshot of partition %d: %w", p, err)
+			}
+			n += len(recs)
+			sn.metrics.loaded.WithLabelValues(w.label).Add(float64(len(recs)))
+			s.status.setRestoring(p, n, true)
+			recs = recs[:0]
+			w.keepAlive(batch)
+		}
+		if done {
+			return h.Seq, n, nil
+		}
+	}
+}
