@@ -19,8 +19,9 @@ import (
 // Balance (docs/scale-out.md §4.2). The server pins a partition to
 // whichever instance asks first, so without a rule the first instance up
 // owns every partition. Each instance keeps a key in the presence bucket;
-// K is the number of live keys, and an instance owning more than its fair
-// share ⌈N/K⌉ releases the partitions it ranks lowest: it stops consuming
+// K is the number of live keys, and an instance owning more than its
+// quota (⌊N/K⌋+1 for the first N mod K instances by name, ⌊N/K⌋ for the
+// others) releases the partitions it ranks lowest: it stops consuming
 // them, unpins them, and stands by for them again only after a cooldown,
 // so that an instance waiting on them gets them. The rank is a rendezvous
 // hash of (partition, instance), so partitions tend to go back to the same
@@ -28,10 +29,22 @@ import (
 // may write: the fence does that, so a wrong count costs a move, never a
 // duplicate.
 
-// fairShare is the most partitions of n one of k live instances should own.
-func fairShare(n, k int) int {
-	k = max(k, 1)
-	return (n + k - 1) / k
+// quota is how many of n partitions instance self may own when live
+// (sorted by name) are the live instances: the first n mod k of them
+// ⌊n/k⌋+1, the others ⌊n/k⌋, so that the quotas add up to n and the group
+// settles at ⌈n/k⌉ or ⌊n/k⌋ partitions each. An instance not in live (its
+// key not seen yet) gets ⌈n/k⌉.
+func quota(self string, live []string, n int) int {
+	k := max(len(live), 1)
+	i, found := slices.BinarySearch(live, self)
+	if !found {
+		return (n + k - 1) / k
+	}
+	q := n / k
+	if i < n%k {
+		q++
+	}
+	return q
 }
 
 // rankScore is how much instance wants partition p: the highest score
@@ -40,11 +53,11 @@ func rankScore(p int, instance string) uint64 {
 	return xxhash.Sum64String(strconv.Itoa(p) + "/" + instance)
 }
 
-// toRelease returns which of the owned partitions self releases when k
-// instances are live out of n partitions: the ones self scores lowest, as
-// many as it owns beyond the fair share, none when it owns no more.
-func toRelease(self string, owned []int, n, k int) []int {
-	extra := len(owned) - fairShare(n, k)
+// toRelease returns which of the owned partitions self releases when live
+// are the live instances out of n partitions: the ones self scores
+// lowest, as many as it owns beyond its quota, none when it owns no more.
+func toRelease(self string, owned []int, n int, live []string) []int {
+	extra := len(owned) - quota(self, live, n)
 	if extra <= 0 {
 		return nil
 	}
@@ -114,9 +127,9 @@ func (pr *presence) leave() {
 	_ = pr.kv.Delete(ctx, pr.self)
 }
 
-// balance runs until ctx is done: every presence refresh it releases what
-// this instance owns beyond its fair share, and stands by again for what
-// it released once the cooldown has passed.
+// balance runs until ctx is done: at once, then every presence refresh,
+// it releases what this instance owns beyond its quota, and stands by
+// again for what it released once the cooldown has passed.
 func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 	so := s.so
 	n := s.cfg.State.Partitions
@@ -124,12 +137,20 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 	released := map[int]time.Time{}
 	t := time.NewTicker(pr.every)
 	defer t.Stop()
+	first := true
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case p := <-so.releaseNow:
+				s.releaseForBalance(ctx, m, p, "asked")
+				released[p] = time.Now()
+				continue
+			case <-t.C:
+			}
 		}
+		first = false
 		now := time.Now()
 		for p, at := range released {
 			if now.Sub(at) >= cooldown {
@@ -145,18 +166,59 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 			continue
 		}
 		owned := s.stillOwned(ctx)
-		for _, p := range toRelease(so.instance, owned, n, len(live)) {
-			m.leave(p)
-			so.release(p)
-			if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
-				s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "err", err)
-			}
+		for _, p := range toRelease(so.instance, owned, n, live) {
+			s.releaseForBalance(ctx, m, p, "balance")
 			released[p] = now
-			so.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
 			s.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(live),
-				"fair_share", fairShare(n, len(live)), "cooldown", cooldown)
+				"quota", quota(so.instance, live, n), "cooldown", cooldown)
 		}
 	}
+}
+
+// releaseForBalance gives partition p up (docs/scale-out.md §7). What
+// p's member delivers from now on is kept aside; the batch in flight
+// finishes (the worker's busy token), the tenure ends, and p is unpinned
+// while its member still consumes, so that nothing the client buffered is
+// dropped. Then it stops consuming p and gives back (nak) what it kept
+// aside, and its worker gives back what it still holds of p: the next
+// owner gets all of it at once instead of after input.ack_wait.
+func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why string) {
+	so := s.so
+	so.mu.Lock()
+	if so.diverted == nil {
+		so.diverted = make(map[int][]jetstream.Msg)
+	}
+	so.diverted[p] = nil
+	so.mu.Unlock()
+	so.busy[p].Lock()
+	so.mu.Lock()
+	pins := map[string]bool{so.owned[p]: true}
+	so.mu.Unlock()
+	so.release(p)
+	if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+		s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+	}
+	so.busy[p].Unlock()
+	m.leave(p)
+	so.mu.Lock()
+	kept := so.diverted[p]
+	delete(so.diverted, p)
+	so.mu.Unlock()
+	for _, msg := range kept {
+		pins[msg.Headers().Get(headerPinID)] = true
+	}
+	// The member may have been pinned again before it stopped: unpin it
+	// once more, or the partition would wait for the pin's TTL.
+	if now, err := s.pinOf(ctx, p); err == nil && now != "" && pins[now] {
+		if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+			s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+		}
+	}
+	for _, msg := range kept {
+		_ = msg.Nak() // a lost nak: the message comes back after ack_wait
+	}
+	so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(kept)))
+	so.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
 }
 
 // stillOwned returns the partitions this instance owns after asking the

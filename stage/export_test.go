@@ -13,3 +13,7 @@ func SetPinCheckFault(f func(p int) error) (restore func()) {
 	pinCheckFault = f
 	return func() { pinCheckFault = nil }
 }
+
+// ReleasePartition has the stage's balance release partition p at once,
+// as it does for an instance owning more than its quota. For tests only.
+func (s *Stage) ReleasePartition(p int) { s.so.releaseNow <- p }

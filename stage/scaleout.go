@@ -59,6 +59,18 @@ type scaleOut struct {
 	lost  map[int]string // partition -> the pin it was released under (balance)
 	// rechecked: partition -> when a lost pin was last checked again (recheckLost)
 	rechecked map[int]time.Time
+	// busy holds, per partition, the token its worker keeps while it
+	// judges and forwards a batch: a planned release takes it, so the
+	// batch in flight finishes before the partition is unpinned.
+	busy []sync.Mutex
+	// releaseNow asks balance to release a partition at once (tests).
+	releaseNow chan int
+	// diverted: partition -> the messages its member delivered while it
+	// was being released, given back once it is (releaseForBalance).
+	diverted map[int][]jetstream.Msg
+	// givingBack is set when the instance stops: its workers give back
+	// (nak) what they have not started judging.
+	givingBack bool
 }
 
 // scaleOutMetrics are the metrics of partition ownership; they exist only
@@ -97,7 +109,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		}, []string{"partition"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_stale_pin_messages_total",
-			Help: "Messages left unacked because they were delivered under a pin this instance lost; the partition's owner gets them after ack_wait.",
+			Help: "Messages given back (nak) because they were delivered under a pin this instance lost or released; the partition's owner gets them at once.",
 		}, []string{"partition"}),
 		restored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_restore_records_total",
@@ -135,15 +147,17 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) error {
 	cfg := s.cfg
 	so := &scaleOut{
-		group:     cfg.ScaleOut.Group,
-		instance:  cfg.ScaleOut.InstanceName(),
-		prefix:    cfg.Output.SubjectPrefix,
-		outStream: cfg.Output.Stream,
-		inStream:  cfg.Input.Stream,
-		retention: cfg.OutputRetention(s.win.W),
-		terms:     cfg.OutputRetentionTerms(),
-		owned:     make(map[int]string),
-		lost:      make(map[int]string),
+		busy:       make([]sync.Mutex, cfg.State.Partitions),
+		releaseNow: make(chan int),
+		group:      cfg.ScaleOut.Group,
+		instance:   cfg.ScaleOut.InstanceName(),
+		prefix:     cfg.Output.SubjectPrefix,
+		outStream:  cfg.Output.Stream,
+		inStream:   cfg.Input.Stream,
+		retention:  cfg.OutputRetention(s.win.W),
+		terms:      cfg.OutputRetentionTerms(),
+		owned:      make(map[int]string),
+		lost:       make(map[int]string),
 		consumer: jetstream.ConsumerConfig{
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       cfg.Input.AckWait.D(),
@@ -357,9 +371,14 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 		return func(msg jetstream.Msg) {
 			gate.RLock()
 			defer gate.RUnlock()
-			if !stopped {
-				s.dispatch(msg, p, parts, dlq)
+			if stopped {
+				_ = msg.Nak() // given back: the next owner gets it at once
+				return
 			}
+			if so.divert(p, msg) {
+				return
+			}
+			s.dispatch(msg, p, parts, dlq)
 		}
 	}}
 	for p := range parts {
@@ -378,6 +397,9 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 	gate.Lock()
 	stopped = true
 	gate.Unlock()
+	so.mu.Lock()
+	so.givingBack = true
+	so.mu.Unlock()
 	side.Wait()
 	if pr != nil {
 		pr.leave()
@@ -543,6 +565,7 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 	}
 	if slices.Contains(w.lostPins, pin) && !w.recheckLost(ctx, pin) {
 		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
+		giveBack(batch)
 		return false
 	}
 	t, err := w.takeOver(ctx, batch, pin)
@@ -558,6 +581,35 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 	w.ten = t
 	so.setOwned(w.p.Index(), pin)
 	return true
+}
+
+// giveBack naks every message of batch without delay: they were
+// delivered under a pin this instance gave up (or it stops), and the
+// partition's next owner gets them at once instead of after ack_wait.
+func giveBack(batch []item) {
+	for i := range batch {
+		_ = batch[i].msg.Nak() // a lost nak: the message comes back after ack_wait
+	}
+}
+
+// divert keeps msg aside when partition p is being released, and reports
+// whether it did.
+func (so *scaleOut) divert(p int, msg jetstream.Msg) bool {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	ms, ok := so.diverted[p]
+	if ok {
+		so.diverted[p] = append(ms, msg)
+	}
+	return ok
+}
+
+// stopping reports whether the instance stops, so that its workers give
+// back what they have not started judging.
+func (so *scaleOut) stopping() bool {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	return so.givingBack
 }
 
 // setOwned records that this instance owns partition p, under pin now.
