@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -75,11 +76,18 @@ func toRelease(self string, owned []int, n int, live []string) []int {
 	return ps[:extra]
 }
 
-// presence is this instance's key in the presence bucket.
+// presence is this instance's key in the presence bucket, and what a
+// watch of the bucket saw of the others'.
 type presence struct {
 	kv    jetstream.KeyValue
 	self  string
 	every time.Duration
+	ttl   time.Duration
+
+	mu       sync.Mutex
+	watching bool                 // the watch runs: seen is the count
+	seen     map[string]time.Time // instance -> when its key was last put
+	joined   chan struct{}        // signalled when another instance's key appears
 }
 
 // openPresence opens (creating it when missing) the presence bucket.
@@ -96,7 +104,57 @@ func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config
 	if err != nil {
 		return nil, fmt.Errorf("scale-out: presence bucket %s: %w", bucket, err)
 	}
-	return &presence{kv: kv, self: self, every: every}, nil
+	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, joined: make(chan struct{}, 1)}, nil
+}
+
+// watch follows the bucket's keys until ctx is done, so that the count
+// follows a join or a leave at once instead of at the next refresh. A
+// key that expired (its instance stopped refreshing) makes no event: it
+// is counted until ttl after its last put.
+func (pr *presence) watch(ctx context.Context) error {
+	w, err := pr.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("scale-out: watch the presence bucket: %w", err)
+	}
+	pr.mu.Lock()
+	pr.watching = true
+	pr.mu.Unlock()
+	go func() {
+		defer func() {
+			_ = w.Stop()
+			pr.mu.Lock()
+			pr.watching = false
+			pr.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil { // the initial values are all in
+					continue
+				}
+				pr.mu.Lock()
+				_, had := pr.seen[e.Key()]
+				if e.Operation() == jetstream.KeyValuePut {
+					pr.seen[e.Key()] = e.Created()
+				} else {
+					delete(pr.seen, e.Key())
+				}
+				pr.mu.Unlock()
+				if !had && e.Operation() == jetstream.KeyValuePut && e.Key() != pr.self {
+					select {
+					case pr.joined <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	return nil
 }
 
 // refresh puts this instance's key and returns the live instances (with
@@ -105,10 +163,7 @@ func (pr *presence) refresh(ctx context.Context) ([]string, error) {
 	if _, err := pr.kv.Put(ctx, pr.self, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
 		return nil, err
 	}
-	live, err := pr.kv.Keys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		live, err = nil, nil
-	}
+	live, err := pr.live(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -117,6 +172,29 @@ func (pr *presence) refresh(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(live)
 	return live, nil
+}
+
+// live returns the instances the watch saw put a key within its TTL, or
+// the bucket's keys when the watch does not run.
+func (pr *presence) live(ctx context.Context) ([]string, error) {
+	pr.mu.Lock()
+	if pr.watching {
+		live := []string{}
+		now := time.Now()
+		for k, at := range pr.seen {
+			if now.Sub(at) < pr.ttl {
+				live = append(live, k)
+			}
+		}
+		pr.mu.Unlock()
+		return live, nil
+	}
+	pr.mu.Unlock()
+	live, err := pr.kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		live, err = nil, nil
+	}
+	return live, err
 }
 
 // leave deletes this instance's key, so the others count one less at
@@ -137,6 +215,9 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 	released := map[int]time.Time{}
 	t := time.NewTicker(pr.every)
 	defer t.Stop()
+	if err := pr.watch(ctx); err != nil {
+		s.log.Warn("scale-out: presence watch failed; balance counts what this instance puts only", "err", err)
+	}
 	first := true
 	for {
 		if !first {
@@ -147,6 +228,7 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 				s.releaseForBalance(ctx, m, p, "asked")
 				released[p] = time.Now()
 				continue
+			case <-pr.joined:
 			case <-t.C:
 			}
 		}
@@ -214,9 +296,7 @@ func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why st
 			s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 		}
 	}
-	for _, msg := range kept {
-		_ = msg.Nak() // a lost nak: the message comes back after ack_wait
-	}
+	giveBackMsgs(kept)
 	so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(kept)))
 	so.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
 }

@@ -124,3 +124,69 @@ func TestScaleOutStopGivesBackHeld(t *testing.T) {
 		t.Errorf("b took over %v partitions, want at least 1", got)
 	}
 }
+
+// TestScaleOutBalanceSettles starts three instances of a group of 8
+// partitions, apart by gap, while the input flows to every partition: the
+// group settles at 3/3/2 partitions (the quotas add up to 8), and within
+// two ack_waits of the last join (the count follows a join through the
+// presence watch, not at the next refresh).
+func TestScaleOutBalanceSettles(t *testing.T) {
+	for _, gap := range []time.Duration{300 * time.Millisecond, 6 * time.Second} {
+		t.Run(gap.String(), func(t *testing.T) {
+			e := newScaleOutEnv(t)
+			e.cfg.State.Partitions = 8
+			ackWait := e.cfg.Input.AckWait.D()
+			payload := map[string][]byte{}
+			var sent []string
+			round := 0
+			flow := func() {
+				var ks []string
+				for i := range 40 {
+					k := fmt.Sprintf("r%d-%d", round, i)
+					payload[k] = []byte(k)
+					ks = append(ks, k)
+				}
+				round++
+				sent = append(sent, ks...)
+				e.publishKeys(ks, payload)
+			}
+			var rs []*running
+			for i, name := range []string{"a", "b", "c"} {
+				if i > 0 {
+					for end := time.Now().Add(gap); time.Now().Before(end); {
+						flow()
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
+				rs = append(rs, e.as(name).start())
+			}
+			joined := time.Now()
+			owned := func() []int {
+				var n []int
+				for _, r := range rs {
+					n = append(n, int(gauge(t, r.reg, "dedupe_partitions_owned")))
+				}
+				return n
+			}
+			var settled time.Duration
+			for deadline := time.Now().Add(90 * time.Second); ; {
+				flow()
+				n := owned()
+				if n[0] == 3 && n[1] == 3 && n[2] == 2 {
+					settled = time.Since(joined)
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not settled 90s after the last join: a, b, c own %v", n)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("settled at 3/3/2, %v after the last join (ack_wait %v)", settled.Round(time.Millisecond), ackWait)
+			if settled > 2*ackWait+4*time.Second {
+				t.Errorf("settled %v after the last join, want within two ack_waits (%v) and a margin", settled, 2*ackWait)
+			}
+			e.scaleOutDrained(60 * time.Second)
+			e.checkOnce(e.scaleOutOutput(), payload)
+		})
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -393,13 +395,10 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 		}
 	})
 	<-ctx.Done()
-	m.leaveAll()
+	s.giveBackAll(m)
 	gate.Lock()
 	stopped = true
 	gate.Unlock()
-	so.mu.Lock()
-	so.givingBack = true
-	so.mu.Unlock()
 	side.Wait()
 	if pr != nil {
 		pr.leave()
@@ -489,6 +488,65 @@ func (m *members) leaveAll() {
 	m.mu.Unlock()
 	for _, p := range all {
 		m.leave(p)
+	}
+}
+
+// giveBackAll is a clean stop's release (docs/scale-out.md §7): what the
+// members deliver from now on is kept aside, and the workers give back
+// (nak) what they have not started judging; once each batch in flight has
+// finished (the busy tokens), every owned partition is unpinned while the
+// members still consume, so that nothing the client buffered is dropped;
+// then the members stop and what was kept aside is given back.
+func (s *Stage) giveBackAll(m *members) {
+	so := s.so
+	so.mu.Lock()
+	so.givingBack = true
+	if so.diverted == nil {
+		so.diverted = make(map[int][]jetstream.Msg)
+	}
+	for p := range so.busy {
+		so.diverted[p] = nil
+	}
+	so.mu.Unlock()
+	for p := range so.busy {
+		so.busy[p].Lock()
+	}
+	so.mu.Lock()
+	pins := maps.Clone(so.owned)
+	so.mu.Unlock()
+	s.releaseAll()
+	for p, pin := range pins {
+		so.lose(p, pin)
+	}
+	for p := range so.busy {
+		so.busy[p].Unlock()
+	}
+	m.leaveAll()
+	so.mu.Lock()
+	kept := so.diverted
+	so.diverted = nil
+	so.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for p, msgs := range kept {
+		if len(msgs) == 0 {
+			continue
+		}
+		// A member pinned again before it stopped is unpinned once more.
+		if now, err := s.pinOf(ctx, p); err == nil && now != "" && now == msgs[len(msgs)-1].Headers().Get(headerPinID) {
+			if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+				s.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
+			}
+		}
+		giveBackMsgs(msgs)
+		so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(msgs)))
+	}
+}
+
+// giveBackMsgs naks msgs without delay.
+func giveBackMsgs(msgs []jetstream.Msg) {
+	for _, msg := range msgs {
+		_ = msg.Nak() // a lost nak: the message comes back after ack_wait
 	}
 }
 
