@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -19,8 +20,9 @@ import (
 // Balance (docs/scale-out.md §4.2). The server pins a partition to
 // whichever instance asks first, so without a rule the first instance up
 // owns every partition. Each instance keeps a key in the presence bucket;
-// K is the number of live keys, and an instance owning more than its fair
-// share ⌈N/K⌉ releases the partitions it ranks lowest: it stops consuming
+// K is the number of live keys, and an instance owning more than its
+// quota (⌊N/K⌋+1 for the first N mod K instances by name, ⌊N/K⌋ for the
+// others) releases the partitions it ranks lowest: it stops consuming
 // them, unpins them, and stands by for them again only after a cooldown,
 // so that an instance waiting on them gets them. The rank is a rendezvous
 // hash of (partition, instance), so partitions tend to go back to the same
@@ -28,10 +30,22 @@ import (
 // may write: the fence does that, so a wrong count costs a move, never a
 // duplicate.
 
-// fairShare is the most partitions of n one of k live instances should own.
-func fairShare(n, k int) int {
-	k = max(k, 1)
-	return (n + k - 1) / k
+// quota is how many of n partitions instance self may own when live
+// (sorted by name) are the live instances: the first n mod k of them
+// ⌊n/k⌋+1, the others ⌊n/k⌋, so that the quotas add up to n and the group
+// settles at ⌈n/k⌉ or ⌊n/k⌋ partitions each. An instance not in live (its
+// key not seen yet) gets ⌈n/k⌉.
+func quota(self string, live []string, n int) int {
+	k := max(len(live), 1)
+	i, found := slices.BinarySearch(live, self)
+	if !found {
+		return (n + k - 1) / k
+	}
+	q := n / k
+	if i < n%k {
+		q++
+	}
+	return q
 }
 
 // rankScore is how much instance wants partition p: the highest score
@@ -40,11 +54,11 @@ func rankScore(p int, instance string) uint64 {
 	return xxhash.Sum64String(strconv.Itoa(p) + "/" + instance)
 }
 
-// toRelease returns which of the owned partitions self releases when k
-// instances are live out of n partitions: the ones self scores lowest, as
-// many as it owns beyond the fair share, none when it owns no more.
-func toRelease(self string, owned []int, n, k int) []int {
-	extra := len(owned) - fairShare(n, k)
+// toRelease returns which of the owned partitions self releases when live
+// are the live instances out of n partitions: the ones self scores
+// lowest, as many as it owns beyond its quota, none when it owns no more.
+func toRelease(self string, owned []int, n int, live []string) []int {
+	extra := len(owned) - quota(self, live, n)
 	if extra <= 0 {
 		return nil
 	}
@@ -62,11 +76,18 @@ func toRelease(self string, owned []int, n, k int) []int {
 	return ps[:extra]
 }
 
-// presence is this instance's key in the presence bucket.
+// presence is this instance's key in the presence bucket, and what a
+// watch of the bucket saw of the others'.
 type presence struct {
 	kv    jetstream.KeyValue
 	self  string
 	every time.Duration
+	ttl   time.Duration
+
+	mu       sync.Mutex
+	watching bool                 // the watch runs: seen is the count
+	seen     map[string]time.Time // instance -> when its key was last put
+	joined   chan struct{}        // signalled when another instance's key appears
 }
 
 // openPresence opens (creating it when missing) the presence bucket.
@@ -83,7 +104,57 @@ func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config
 	if err != nil {
 		return nil, fmt.Errorf("scale-out: presence bucket %s: %w", bucket, err)
 	}
-	return &presence{kv: kv, self: self, every: every}, nil
+	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, joined: make(chan struct{}, 1)}, nil
+}
+
+// watch follows the bucket's keys until ctx is done, so that the count
+// follows a join or a leave at once instead of at the next refresh. A
+// key that expired (its instance stopped refreshing) makes no event: it
+// is counted until ttl after its last put.
+func (pr *presence) watch(ctx context.Context) error {
+	w, err := pr.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("scale-out: watch the presence bucket: %w", err)
+	}
+	pr.mu.Lock()
+	pr.watching = true
+	pr.mu.Unlock()
+	go func() {
+		defer func() {
+			_ = w.Stop()
+			pr.mu.Lock()
+			pr.watching = false
+			pr.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil { // the initial values are all in
+					continue
+				}
+				pr.mu.Lock()
+				_, had := pr.seen[e.Key()]
+				if e.Operation() == jetstream.KeyValuePut {
+					pr.seen[e.Key()] = e.Created()
+				} else {
+					delete(pr.seen, e.Key())
+				}
+				pr.mu.Unlock()
+				if !had && e.Operation() == jetstream.KeyValuePut && e.Key() != pr.self {
+					select {
+					case pr.joined <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	return nil
 }
 
 // refresh puts this instance's key and returns the live instances (with
@@ -92,10 +163,7 @@ func (pr *presence) refresh(ctx context.Context) ([]string, error) {
 	if _, err := pr.kv.Put(ctx, pr.self, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
 		return nil, err
 	}
-	live, err := pr.kv.Keys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		live, err = nil, nil
-	}
+	live, err := pr.live(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +174,29 @@ func (pr *presence) refresh(ctx context.Context) ([]string, error) {
 	return live, nil
 }
 
+// live returns the instances the watch saw put a key within its TTL, or
+// the bucket's keys when the watch does not run.
+func (pr *presence) live(ctx context.Context) ([]string, error) {
+	pr.mu.Lock()
+	if pr.watching {
+		live := []string{}
+		now := time.Now()
+		for k, at := range pr.seen {
+			if now.Sub(at) < pr.ttl {
+				live = append(live, k)
+			}
+		}
+		pr.mu.Unlock()
+		return live, nil
+	}
+	pr.mu.Unlock()
+	live, err := pr.kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		live, err = nil, nil
+	}
+	return live, err
+}
+
 // leave deletes this instance's key, so the others count one less at
 // once.
 func (pr *presence) leave() {
@@ -114,9 +205,9 @@ func (pr *presence) leave() {
 	_ = pr.kv.Delete(ctx, pr.self)
 }
 
-// balance runs until ctx is done: every presence refresh it releases what
-// this instance owns beyond its fair share, and stands by again for what
-// it released once the cooldown has passed.
+// balance runs until ctx is done: at once, then every presence refresh,
+// it releases what this instance owns beyond its quota, and stands by
+// again for what it released once the cooldown has passed.
 func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 	so := s.so
 	n := s.cfg.State.Partitions
@@ -124,12 +215,24 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 	released := map[int]time.Time{}
 	t := time.NewTicker(pr.every)
 	defer t.Stop()
+	if err := pr.watch(ctx); err != nil {
+		s.log.Warn("scale-out: presence watch failed; balance counts what this instance puts only", "err", err)
+	}
+	first := true
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case p := <-so.releaseNow:
+				s.releaseForBalance(ctx, m, p, "asked")
+				released[p] = time.Now()
+				continue
+			case <-pr.joined:
+			case <-t.C:
+			}
 		}
+		first = false
 		now := time.Now()
 		for p, at := range released {
 			if now.Sub(at) >= cooldown {
@@ -145,18 +248,57 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 			continue
 		}
 		owned := s.stillOwned(ctx)
-		for _, p := range toRelease(so.instance, owned, n, len(live)) {
-			m.leave(p)
-			so.release(p)
-			if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
-				s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "err", err)
-			}
+		for _, p := range toRelease(so.instance, owned, n, live) {
+			s.releaseForBalance(ctx, m, p, "balance")
 			released[p] = now
-			so.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
 			s.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(live),
-				"fair_share", fairShare(n, len(live)), "cooldown", cooldown)
+				"quota", quota(so.instance, live, n), "cooldown", cooldown)
 		}
 	}
+}
+
+// releaseForBalance gives partition p up (docs/scale-out.md §7). What
+// p's member delivers from now on is kept aside; the batch in flight
+// finishes (the worker's busy token), the tenure ends, and p is unpinned
+// while its member still consumes, so that nothing the client buffered is
+// dropped. Then it stops consuming p and gives back (nak) what it kept
+// aside, and its worker gives back what it still holds of p: the next
+// owner gets all of it at once instead of after input.ack_wait.
+func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why string) {
+	so := s.so
+	so.mu.Lock()
+	if so.diverted == nil {
+		so.diverted = make(map[int][]jetstream.Msg)
+	}
+	so.diverted[p] = nil
+	so.mu.Unlock()
+	so.busy[p].Lock()
+	so.mu.Lock()
+	pins := map[string]bool{so.owned[p]: true}
+	so.mu.Unlock()
+	so.release(p)
+	if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+		s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+	}
+	so.busy[p].Unlock()
+	m.leave(p)
+	so.mu.Lock()
+	kept := so.diverted[p]
+	delete(so.diverted, p)
+	so.mu.Unlock()
+	for _, msg := range kept {
+		pins[msg.Headers().Get(headerPinID)] = true
+	}
+	// The member may have been pinned again before it stopped: unpin it
+	// once more, or the partition would wait for the pin's TTL.
+	if now, err := s.pinOf(ctx, p); err == nil && now != "" && pins[now] {
+		if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+			s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+		}
+	}
+	giveBackMsgs(kept)
+	so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(kept)))
+	so.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
 }
 
 // stillOwned returns the partitions this instance owns after asking the

@@ -6,20 +6,40 @@ import (
 	"testing"
 )
 
-func TestFairShare(t *testing.T) {
-	for _, tt := range []struct{ n, k, want int }{{16, 1, 16}, {16, 2, 8}, {16, 3, 6}, {4, 3, 2}, {4, 8, 1}, {4, 0, 4}} {
-		if got := fairShare(tt.n, tt.k); got != tt.want {
-			t.Errorf("fairShare(%d, %d) = %d, want %d", tt.n, tt.k, got, tt.want)
+// TestQuotaAddsUp checks that the quotas of the live instances add up to
+// the partitions, each ⌈n/k⌉ or ⌊n/k⌋: a group whose instances all keep
+// to their quota owns every partition and settles.
+func TestQuotaAddsUp(t *testing.T) {
+	for n := 1; n <= 17; n++ {
+		for k := 1; k <= 5; k++ {
+			var live []string
+			for i := range k {
+				live = append(live, fmt.Sprintf("i%d", i))
+			}
+			sum := 0
+			for _, self := range live {
+				q := quota(self, live, n)
+				if q != n/k && q != (n+k-1)/k {
+					t.Errorf("n=%d k=%d: quota(%s) = %d, want %d or %d", n, k, self, q, n/k, (n+k-1)/k)
+				}
+				sum += q
+			}
+			if sum != n {
+				t.Errorf("n=%d k=%d: quotas add up to %d, want %d", n, k, sum, n)
+			}
 		}
+	}
+	if got := quota("z", []string{"a", "b", "c"}, 8); got != 3 {
+		t.Errorf("quota of an instance not seen yet = %d, want ⌈8/3⌉ = 3", got)
 	}
 }
 
 func TestToRelease(t *testing.T) {
 	all := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
-	if got := toRelease("a", all, 16, 1); got != nil {
+	if got := toRelease("a", all, 16, []string{"a"}); got != nil {
 		t.Errorf("alone: releases %v, want none", got)
 	}
-	got := toRelease("a", all, 16, 2)
+	got := toRelease("a", all, 16, []string{"a", "b"})
 	if len(got) != 8 {
 		t.Fatalf("16 of 16 with 2 live: releases %v, want 8", got)
 	}
@@ -35,14 +55,17 @@ func TestToRelease(t *testing.T) {
 	// Order-free and deterministic.
 	rev := slices.Clone(all)
 	slices.Reverse(rev)
-	if again := toRelease("a", rev, 16, 2); !slices.Equal(again, got) {
+	if again := toRelease("a", rev, 16, []string{"a", "b"}); !slices.Equal(again, got) {
 		t.Errorf("released %v for the same partitions in another order, want %v", again, got)
 	}
-	if got := toRelease("a", []int{1, 2}, 16, 3); got != nil {
-		t.Errorf("below the fair share: releases %v, want none", got)
+	if got := toRelease("a", []int{1, 2}, 16, []string{"a", "b", "c"}); got != nil {
+		t.Errorf("below the quota: releases %v, want none", got)
 	}
-	if got := toRelease("a", all[:7], 16, 3); len(got) != 1 {
-		t.Errorf("7 of 16 with 3 live (fair share 6): releases %v, want 1", got)
+	if got := toRelease("a", all[:7], 16, []string{"a", "b", "c"}); len(got) != 1 {
+		t.Errorf("7 of 16 with 3 live (quota 6): releases %v, want 1", got)
+	}
+	if got := toRelease("c", all[:6], 16, []string{"a", "b", "c"}); len(got) != 1 {
+		t.Errorf("c owns 6 of 16 with 3 live (quota 5, the last by name): releases %v, want 1", got)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -60,6 +62,18 @@ type scaleOut struct {
 	lost  map[int]string // partition -> the pin it was released under (balance)
 	// rechecked: partition -> when a lost pin was last checked again (recheckLost)
 	rechecked map[int]time.Time
+	// busy holds, per partition, the token its worker keeps while it
+	// judges and forwards a batch: a planned release takes it, so the
+	// batch in flight finishes before the partition is unpinned.
+	busy []sync.Mutex
+	// releaseNow asks balance to release a partition at once (tests).
+	releaseNow chan int
+	// diverted: partition -> the messages its member delivered while it
+	// was being released, given back once it is (releaseForBalance).
+	diverted map[int][]jetstream.Msg
+	// givingBack is set when the instance stops: its workers give back
+	// (nak) what they have not started judging.
+	givingBack bool
 }
 
 // scaleOutMetrics are the metrics of partition ownership; they exist only
@@ -98,7 +112,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		}, []string{"partition"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_stale_pin_messages_total",
-			Help: "Messages left unacked because they were delivered under a pin this instance lost; the partition's owner gets them after ack_wait.",
+			Help: "Messages given back (nak) because they were delivered under a pin this instance lost or released; the partition's owner gets them at once.",
 		}, []string{"partition"}),
 		restored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_restore_records_total",
@@ -136,15 +150,17 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) error {
 	cfg := s.cfg
 	so := &scaleOut{
-		group:     cfg.ScaleOut.Group,
-		instance:  cfg.ScaleOut.InstanceName(),
-		prefix:    cfg.Output.SubjectPrefix,
-		outStream: cfg.Output.Stream,
-		inStream:  cfg.Input.Stream,
-		retention: cfg.OutputRetention(s.win.W),
-		terms:     cfg.OutputRetentionTerms(),
-		owned:     make(map[int]string),
-		lost:      make(map[int]string),
+		busy:       make([]sync.Mutex, cfg.State.Partitions),
+		releaseNow: make(chan int),
+		group:      cfg.ScaleOut.Group,
+		instance:   cfg.ScaleOut.InstanceName(),
+		prefix:     cfg.Output.SubjectPrefix,
+		outStream:  cfg.Output.Stream,
+		inStream:   cfg.Input.Stream,
+		retention:  cfg.OutputRetention(s.win.W),
+		terms:      cfg.OutputRetentionTerms(),
+		owned:      make(map[int]string),
+		lost:       make(map[int]string),
 		consumer: jetstream.ConsumerConfig{
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       cfg.Input.AckWait.D(),
@@ -360,9 +376,14 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 		return func(msg jetstream.Msg) {
 			gate.RLock()
 			defer gate.RUnlock()
-			if !stopped {
-				s.dispatch(msg, p, parts, dlq)
+			if stopped {
+				_ = msg.Nak() // given back: the next owner gets it at once
+				return
 			}
+			if so.divert(p, msg) {
+				return
+			}
+			s.dispatch(msg, p, parts, dlq)
 		}
 	}}
 	for p := range parts {
@@ -377,7 +398,7 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 		}
 	})
 	<-ctx.Done()
-	m.leaveAll()
+	s.giveBackAll(m)
 	gate.Lock()
 	stopped = true
 	gate.Unlock()
@@ -473,6 +494,65 @@ func (m *members) leaveAll() {
 	}
 }
 
+// giveBackAll is a clean stop's release (docs/scale-out.md §7): what the
+// members deliver from now on is kept aside, and the workers give back
+// (nak) what they have not started judging; once each batch in flight has
+// finished (the busy tokens), every owned partition is unpinned while the
+// members still consume, so that nothing the client buffered is dropped;
+// then the members stop and what was kept aside is given back.
+func (s *Stage) giveBackAll(m *members) {
+	so := s.so
+	so.mu.Lock()
+	so.givingBack = true
+	if so.diverted == nil {
+		so.diverted = make(map[int][]jetstream.Msg)
+	}
+	for p := range so.busy {
+		so.diverted[p] = nil
+	}
+	so.mu.Unlock()
+	for p := range so.busy {
+		so.busy[p].Lock()
+	}
+	so.mu.Lock()
+	pins := maps.Clone(so.owned)
+	so.mu.Unlock()
+	s.releaseAll()
+	for p, pin := range pins {
+		so.lose(p, pin)
+	}
+	for p := range so.busy {
+		so.busy[p].Unlock()
+	}
+	m.leaveAll()
+	so.mu.Lock()
+	kept := so.diverted
+	so.diverted = nil
+	so.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for p, msgs := range kept {
+		if len(msgs) == 0 {
+			continue
+		}
+		// A member pinned again before it stopped is unpinned once more.
+		if now, err := s.pinOf(ctx, p); err == nil && now != "" && now == msgs[len(msgs)-1].Headers().Get(headerPinID) {
+			if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+				s.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
+			}
+		}
+		giveBackMsgs(msgs)
+		so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(msgs)))
+	}
+}
+
+// giveBackMsgs naks msgs without delay.
+func giveBackMsgs(msgs []jetstream.Msg) {
+	for _, msg := range msgs {
+		_ = msg.Nak() // a lost nak: the message comes back after ack_wait
+	}
+}
+
 // releaseAll unpins the partitions this instance owns, after its workers
 // finished, so that their next owners get them at once instead of after
 // the pin's TTL.
@@ -546,6 +626,7 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 	}
 	if slices.Contains(w.lostPins, pin) && !w.recheckLost(ctx, pin) {
 		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
+		giveBack(batch)
 		return false
 	}
 	t, err := w.takeOver(ctx, batch, pin)
@@ -561,6 +642,35 @@ func (w *worker) own(ctx context.Context, batch []item) bool {
 	w.ten = t
 	so.setOwned(w.p.Index(), pin)
 	return true
+}
+
+// giveBack naks every message of batch without delay: they were
+// delivered under a pin this instance gave up (or it stops), and the
+// partition's next owner gets them at once instead of after ack_wait.
+func giveBack(batch []item) {
+	for i := range batch {
+		_ = batch[i].msg.Nak() // a lost nak: the message comes back after ack_wait
+	}
+}
+
+// divert keeps msg aside when partition p is being released, and reports
+// whether it did.
+func (so *scaleOut) divert(p int, msg jetstream.Msg) bool {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	ms, ok := so.diverted[p]
+	if ok {
+		so.diverted[p] = append(ms, msg)
+	}
+	return ok
+}
+
+// stopping reports whether the instance stops, so that its workers give
+// back what they have not started judging.
+func (so *scaleOut) stopping() bool {
+	so.mu.Lock()
+	defer so.mu.Unlock()
+	return so.givingBack
 }
 
 // setOwned records that this instance owns partition p, under pin now.

@@ -100,8 +100,18 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
-	if s.so != nil && !w.own(ctx, batch) {
-		return
+	if s.so != nil {
+		// The busy token: a planned release waits for this batch.
+		busy := &s.so.busy[w.p.Index()]
+		busy.Lock()
+		defer busy.Unlock()
+		if s.so.stopping() {
+			giveBack(batch) // the instance stops: the next owner gets it at once
+			return
+		}
+		if !w.own(ctx, batch) {
+			return
+		}
 	}
 	if w.firstIdx == nil {
 		w.firstIdx = make(map[string]int, len(batch))

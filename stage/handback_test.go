@@ -1,0 +1,192 @@
+package stage_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// keysOfPartition returns n keys of partition p (of 4), with their
+// payloads added to payload.
+func keysOfPartition(prefix string, p, n int, payload map[string][]byte) []string {
+	var ks []string
+	for i := 0; len(ks) < n; i++ {
+		k := fmt.Sprintf("%s-%d", prefix, i)
+		if partitionOf(k, 4) == p {
+			payload[k] = []byte(k)
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// blockPartition makes r's worker of partition p wait in its first batch
+// that publishes, until the returned unblock runs; entered is closed once
+// it waits.
+func blockPartition(r *running, p int) (entered <-chan struct{}, unblock func()) {
+	in, gate := make(chan struct{}), make(chan struct{})
+	var once, unonce sync.Once
+	r.st.SetBeforePublishHook(func(part, _ int) {
+		if part != p {
+			return
+		}
+		once.Do(func() { close(in) })
+		<-gate
+	})
+	return in, func() { unonce.Do(func() { close(gate) }) }
+}
+
+// TestScaleOutReleaseGivesBackHeld releases a partition for balance while
+// its owner a holds many of its messages, delivered and not forwarded,
+// one batch of them in flight, with input.ack_wait at 60s: the batch in
+// flight is forwarded by a, the rest is given back (nak) at the release,
+// and b, standing by, forwards every key once long before ack_wait could
+// have redelivered anything.
+func TestScaleOutReleaseGivesBackHeld(t *testing.T) {
+	e := newScaleOutEnv(t)
+	e.cfg.Input.AckWait = config.Duration(60 * time.Second)
+	ea, eb := e.as("a"), e.as("b")
+	payload := map[string][]byte{}
+	const p = 1
+	warm := keysOfPartition("warm", p, 20, payload)
+	a := ea.start()
+	e.publishKeys(warm, payload)
+	e.scaleOutDrained(30 * time.Second)
+	if got := gauge(t, a.reg, "dedupe_partitions_owned"); got != 1 {
+		t.Fatalf("a alone owns %v partitions, want 1 (the one with messages)", got)
+	}
+	b := eb.start()
+	entered, unblock := blockPartition(a, p)
+	defer unblock()
+	held := keysOfPartition("held", p, 600, payload)
+	e.publishKeys(held, payload)
+	<-entered
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.st.ReleasePartition(p)
+	}()
+	// The release stops consuming and waits for the batch in flight.
+	time.Sleep(2 * time.Second)
+	unblock()
+	<-done
+	e.scaleOutDrained(20 * time.Second)
+	took := time.Since(start)
+	e.checkOnce(e.scaleOutOutput(), payload)
+	t.Logf("every key of the released partition forwarded once %v after the release (ack_wait 60s)", took.Round(time.Millisecond))
+	if got := counter(t, a.reg, "dedupe_stale_pin_messages_total", nil); got < 1 {
+		t.Errorf("a gave back %v messages at the release, want some (it held them)", got)
+	}
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 1 {
+		t.Errorf("b took over %v partitions, want 1", got)
+	}
+}
+
+// TestScaleOutStopGivesBackHeld stops instance a while it holds many
+// messages of a partition, one batch in flight, with input.ack_wait at
+// 60s: a finishes the batch in flight, gives back the rest and unpins, so
+// b forwards every key once long before ack_wait.
+func TestScaleOutStopGivesBackHeld(t *testing.T) {
+	e := newScaleOutEnv(t)
+	e.cfg.Input.AckWait = config.Duration(60 * time.Second)
+	ea, eb := e.as("a"), e.as("b")
+	payload := map[string][]byte{}
+	const p = 2
+	a := ea.start()
+	e.publishKeys(keysOfPartition("warm", p, 20, payload), payload)
+	e.scaleOutDrained(30 * time.Second)
+	natstest.WaitFor(t, 30*time.Second, "a to own the partition", func() bool { return gauge(t, a.reg, "dedupe_partitions_owned") == 1 })
+	b := eb.start()
+	entered, unblock := blockPartition(a, p)
+	defer unblock()
+	held := keysOfPartition("held", p, 600, payload)
+	e.publishKeys(held, payload)
+	<-entered
+	start := time.Now()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		a.stop(t)
+	}()
+	time.Sleep(time.Second)
+	unblock()
+	<-stopped
+	e.scaleOutDrained(20 * time.Second)
+	took := time.Since(start)
+	e.checkOnce(e.scaleOutOutput(), payload)
+	t.Logf("every key forwarded once %v after a's stop began (ack_wait 60s)", took.Round(time.Millisecond))
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got < 1 {
+		t.Errorf("b took over %v partitions, want at least 1", got)
+	}
+}
+
+// TestScaleOutBalanceSettles starts three instances of a group of 8
+// partitions, apart by gap, while the input flows to every partition: the
+// group settles at 3/3/2 partitions (the quotas add up to 8), and within
+// two ack_waits of the last join (the count follows a join through the
+// presence watch, not at the next refresh).
+func TestScaleOutBalanceSettles(t *testing.T) {
+	for _, gap := range []time.Duration{300 * time.Millisecond, 6 * time.Second} {
+		t.Run(gap.String(), func(t *testing.T) {
+			e := newScaleOutEnv(t)
+			e.cfg.State.Partitions = 8
+			ackWait := e.cfg.Input.AckWait.D()
+			payload := map[string][]byte{}
+			var sent []string
+			round := 0
+			flow := func() {
+				var ks []string
+				for i := range 40 {
+					k := fmt.Sprintf("r%d-%d", round, i)
+					payload[k] = []byte(k)
+					ks = append(ks, k)
+				}
+				round++
+				sent = append(sent, ks...)
+				e.publishKeys(ks, payload)
+			}
+			var rs []*running
+			for i, name := range []string{"a", "b", "c"} {
+				if i > 0 {
+					for end := time.Now().Add(gap); time.Now().Before(end); {
+						flow()
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
+				rs = append(rs, e.as(name).start())
+			}
+			joined := time.Now()
+			owned := func() []int {
+				var n []int
+				for _, r := range rs {
+					n = append(n, int(gauge(t, r.reg, "dedupe_partitions_owned")))
+				}
+				return n
+			}
+			var settled time.Duration
+			for deadline := time.Now().Add(90 * time.Second); ; {
+				flow()
+				n := owned()
+				if n[0] == 3 && n[1] == 3 && n[2] == 2 {
+					settled = time.Since(joined)
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not settled 90s after the last join: a, b, c own %v", n)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("settled at 3/3/2, %v after the last join (ack_wait %v)", settled.Round(time.Millisecond), ackWait)
+			if settled > 2*ackWait+4*time.Second {
+				t.Errorf("settled %v after the last join, want within two ack_waits (%v) and a margin", settled, 2*ackWait)
+			}
+			e.scaleOutDrained(60 * time.Second)
+			e.checkOnce(e.scaleOutOutput(), payload)
+		})
+	}
+}
