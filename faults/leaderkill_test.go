@@ -1,0 +1,151 @@
+package faults
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// leaderKillDup is the output stream's duplicate window in
+// TestScaleOutLeaderKills: the shortest the stage accepts without
+// output.allow_short_duplicate_window (input.ack_wait 2s plus
+// output.restart_margin 500ms, rounded up), shorter than every outage, so
+// that a batch retried across an outage is caught by the fence and the
+// stage's landed check, never by the stream's window.
+const leaderKillDup = 3 * time.Second
+
+// leaderOf returns the cluster node (its index) that leads the output
+// stream, or with consumer set the consumer of routedStream by that name,
+// and whether every replica is current; -1 while there is no leader.
+func leaderOf(js jetstream.JetStream, consumer string) (node int, current bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var ci *jetstream.ClusterInfo
+	if consumer == "" {
+		st, err := js.Stream(ctx, outputStream)
+		if err != nil {
+			return -1, false
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return -1, false
+		}
+		ci = info.Cluster
+	} else {
+		c, err := js.Consumer(ctx, routedStream, consumer)
+		if err != nil {
+			return -1, false
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return -1, false
+		}
+		ci = info.Cluster
+	}
+	if ci == nil || !strings.HasPrefix(ci.Leader, "n") {
+		return -1, false
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(ci.Leader, "n"))
+	if err != nil {
+		return -1, false
+	}
+	current = len(ci.Replicas) == 2
+	for _, r := range ci.Replicas {
+		current = current && r.Current && !r.Offline
+	}
+	return n, current
+}
+
+// waitQuorum waits until the output stream and every partition consumer
+// have a leader and every replica of each is current again.
+func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout time.Duration) {
+	tb.Helper()
+	names := []string{""}
+	for p := range partitions {
+		names = append(names, "dedupe-p"+strconv.Itoa(p))
+	}
+	for _, name := range names {
+		what := "the output stream"
+		if name != "" {
+			what = "consumer " + name
+		}
+		natstest.WaitFor(tb, timeout, what+" to have a leader and 3 current replicas", func() bool {
+			n, current := leaderOf(js, name)
+			return n >= 0 && current
+		})
+	}
+}
+
+// TestScaleOutLeaderKills stops, several times at random moments while two
+// instances work, the node that leads the output stream or a partition
+// consumer, for longer than the output's duplicate window, and starts it
+// again once the rest of the cluster has elected new leaders. The output
+// holds each key of the workload once, the dead letters are its bad inputs
+// once each. The moments and victims come from a seeded RNG, logged, so a
+// failing run can be replayed (DEDUPE_FAULTS_SEED).
+func TestScaleOutLeaderKills(t *testing.T) {
+	start := time.Now()
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, seed>>1))
+
+	w := newWorkload(seed, "lk", 4096)
+	cl := natstest.StartCluster(t, 3)
+	stages := make([]*stage, 2)
+	for i := range stages {
+		c := scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i))
+		c.DuplicateWindow = leaderKillDup
+		c.RestartMargin = 500 * time.Millisecond
+		stages[i] = newStage(t, c)
+		stages[i].startReady()
+	}
+	js := publisherJS(t, cl.URLs())
+	warmUp(t, js, stages, w)
+	parts := stages[0].cfg.Partitions
+	t.Logf("warm-up done after %v", time.Since(start).Round(time.Millisecond))
+
+	const rounds = 4
+	wait := publishBehind(t, js, w.mix(5000, 0.3, 0.02, 0), "run", 250)
+	for round := 1; round <= rounds; round++ {
+		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
+		what := "the output stream"
+		name := ""
+		if rng.IntN(2) == 1 {
+			name = "dedupe-p" + strconv.Itoa(rng.IntN(parts))
+			what = "consumer " + name
+		}
+		var node int
+		natstest.WaitFor(t, 30*time.Second, what+" to have a leader", func() bool {
+			node, _ = leaderOf(js, name)
+			return node >= 0
+		})
+		t.Logf("round %d (%v): stopping node %d, the leader of %s", round, time.Since(start).Round(time.Millisecond), node, what)
+		cl.Stop(node)
+		time.Sleep(leaderKillDup + time.Second)
+		t.Logf("round %d (%v): starting node %d again", round, time.Since(start).Round(time.Millisecond), node)
+		cl.Restart(node)
+		waitQuorum(t, js, parts, 30*time.Second)
+	}
+	wait()
+	t.Logf("published after %v", time.Since(start).Round(time.Millisecond))
+	scaleOutDrained(t, js, parts, 60*time.Second)
+	// Copies of the first keys after the window: the stage's store and the
+	// partitions' restored state catch them, not the stream.
+	time.Sleep(leaderKillDup + time.Second)
+	mustPublish(t, js, w.lateCopies(300), "late")
+	scaleOutDrained(t, js, parts, 60*time.Second)
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	for _, s := range stages {
+		if !s.last().running() {
+			t.Errorf("instance %s exited during the node losses: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
+		}
+	}
+	t.Logf("%d keys, %d dead letters checked; wall time %v", len(w.forward), len(w.dead), time.Since(start).Round(time.Millisecond))
+}
