@@ -2,9 +2,13 @@ package faults
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +18,70 @@ import (
 )
 
 // leaderKillDup is the output stream's duplicate window in
+// natsCluster is a cluster of nats-server processes with JetStream, each
+// node restartable on its ports and store after a SIGKILL: unlike
+// natstest.Cluster's in-process nodes, whose shutdown hands the node's
+// leaderships over first, a killed process takes them down with it.
+type natsCluster struct {
+	nodes []*natsServer
+}
+
+// startNATSCluster starts an n-node cluster (node i is named "n<i>") and
+// waits until a replicated stream can be placed on every node; every node
+// is stopped when the test ends.
+func startNATSCluster(tb testing.TB, n int) *natsCluster {
+	tb.Helper()
+	routes := make([]string, n)
+	routePorts := make([]int, n)
+	for i := range n {
+		routePorts[i] = freePort(tb)
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", routePorts[i])
+	}
+	c := &natsCluster{}
+	for i := range n {
+		dir := tb.TempDir()
+		node := &natsServer{tb: tb, port: freePort(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n"+
+			"cluster {\n  name: dedupe-faults\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n",
+			i, node.port, node.storeDir, routePorts[i], strings.Join(routes, ", "))
+		if err := os.WriteFile(node.conf, []byte(conf), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		node.launch()
+		tb.Cleanup(func() {
+			if node.proc.running() {
+				node.proc.signal(tb, syscall.SIGTERM, 20*time.Second)
+			}
+		})
+		c.nodes = append(c.nodes, node)
+	}
+	for _, node := range c.nodes {
+		node.waitUp()
+	}
+	// The meta leader places a replicated stream only on the peers it has
+	// heard from: create and delete one until it can.
+	js := publisherJS(tb, c.URLs())
+	natstest.Poll(tb, 60*time.Second, 200*time.Millisecond, "an R3 stream to be placed", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cfg := jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}, Replicas: n, Storage: jetstream.MemoryStorage}
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return false, err
+		}
+		return true, js.DeleteStream(ctx, "PROBE")
+	})
+	return c
+}
+
+// URLs returns every node's client URL, comma-separated.
+func (c *natsCluster) URLs() string {
+	var urls []string
+	for _, n := range c.nodes {
+		urls = append(urls, n.URL())
+	}
+	return strings.Join(urls, ",")
+}
+
 // TestScaleOutLeaderKills: the shortest the stage accepts without
 // output.allow_short_duplicate_window (input.ack_wait 2s plus
 // output.restart_margin 500ms, rounded up), shorter than every outage, so
@@ -96,7 +164,7 @@ func TestScaleOutLeaderKills(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed>>1))
 
 	w := newWorkload(seed, "lk", 4096)
-	cl := natstest.StartCluster(t, 3)
+	cl := startNATSCluster(t, 3)
 	stages := make([]*stage, 2)
 	for i := range stages {
 		c := scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i))
@@ -125,11 +193,11 @@ func TestScaleOutLeaderKills(t *testing.T) {
 			node, _ = leaderOf(js, name)
 			return node >= 0
 		})
-		t.Logf("round %d (%v): stopping node %d, the leader of %s", round, time.Since(start).Round(time.Millisecond), node, what)
-		cl.Stop(node)
+		t.Logf("round %d (%v): SIGKILL node %d, the leader of %s", round, time.Since(start).Round(time.Millisecond), node, what)
+		cl.nodes[node].stop(syscall.SIGKILL)
 		time.Sleep(leaderKillDup + time.Second)
 		t.Logf("round %d (%v): starting node %d again", round, time.Since(start).Round(time.Millisecond), node)
-		cl.Restart(node)
+		cl.nodes[node].start()
 		waitQuorum(t, js, parts, 30*time.Second)
 	}
 	wait()
@@ -145,7 +213,21 @@ func TestScaleOutLeaderKills(t *testing.T) {
 	for _, s := range stages {
 		if !s.last().running() {
 			t.Errorf("instance %s exited during the node losses: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
+			continue
 		}
+		// What the outages did to the instance, for the log.
+		var counts []string
+		for _, m := range []string{"dedupe_publish_retries_total", "dedupe_commit_retries_total", "dedupe_fence_refusals_total", "dedupe_partition_takeovers_total"} {
+			counts = append(counts, fmt.Sprintf("%s=%v", strings.TrimPrefix(m, "dedupe_"), s.metric(m)))
+		}
+		warns := map[string]int{}
+		for _, l := range strings.Split(s.last().log(), "\n") {
+			if i := strings.Index(l, `"msg":"`); i >= 0 && (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) {
+				warns[strings.SplitN(l[i+7:], `"`, 2)[0]]++
+			}
+		}
+		counts = append(counts, fmt.Sprintf("warnings=%v", warns))
+		t.Logf("instance %s: %s", strings.TrimSpace(strings.TrimPrefix(strings.Split(s.cfg.Extra, "\n")[2], "  instance:")), strings.Join(counts, " "))
 	}
 	t.Logf("%d keys, %d dead letters checked; wall time %v", len(w.forward), len(w.dead), time.Since(start).Round(time.Millisecond))
 }
