@@ -151,13 +151,15 @@ func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout t
 	}
 }
 
-// TestScaleOutLeaderKills stops, several times at random moments while two
-// instances work, the node that leads the output stream or a partition
-// consumer, for longer than the output's duplicate window, and starts it
-// again once the rest of the cluster has elected new leaders. The output
-// holds each key of the workload once, the dead letters are its bad inputs
-// once each. The moments and victims come from a seeded RNG, logged, so a
-// failing run can be replayed (DEDUPE_FAULTS_SEED).
+// TestScaleOutLeaderKills kills (SIGKILL), four times at random moments
+// while two instances work through inputs with repeats and bad inputs, the
+// nats-server node that leads the output stream or a partition's consumer,
+// keeps it down for longer than the output's duplicate window, starts it
+// again and waits until every replica is current before the next round.
+// The output holds each key of the workload once, the dead letters are its
+// bad inputs once each. The moments and the victim's role come from a
+// seeded RNG, logged, so that a failure can be replayed
+// (DEDUPE_FAULTS_SEED); which node leads is the cluster's choice.
 func TestScaleOutLeaderKills(t *testing.T) {
 	start := time.Now()
 	seed := testSeed(t)
@@ -181,7 +183,7 @@ func TestScaleOutLeaderKills(t *testing.T) {
 	const rounds = 4
 	wait := publishBehind(t, js, w.mix(5000, 0.3, 0.02, 0), "run", 250)
 	for round := 1; round <= rounds; round++ {
-		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
 		what := "the output stream"
 		name := ""
 		if rng.IntN(2) == 1 {
@@ -199,6 +201,7 @@ func TestScaleOutLeaderKills(t *testing.T) {
 		t.Logf("round %d (%v): starting node %d again", round, time.Since(start).Round(time.Millisecond), node)
 		cl.nodes[node].start()
 		waitQuorum(t, js, parts, 30*time.Second)
+		t.Logf("round %d (%v): every replica current again", round, time.Since(start).Round(time.Millisecond))
 	}
 	wait()
 	t.Logf("published after %v", time.Since(start).Round(time.Millisecond))
