@@ -213,6 +213,9 @@ func TestScaleOutLeaderKills(t *testing.T) {
 	scaleOutDrained(t, js, parts, 60*time.Second)
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)
+	if t.Failed() {
+		logDoubled(t, js, stages)
+	}
 	for _, s := range stages {
 		if !s.last().running() {
 			t.Errorf("instance %s exited during the node losses: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
@@ -233,4 +236,33 @@ func TestScaleOutLeaderKills(t *testing.T) {
 		t.Logf("instance %s: %s", strings.TrimSpace(strings.TrimPrefix(strings.Split(s.cfg.Extra, "\n")[2], "  instance:")), strings.Join(counts, " "))
 	}
 	t.Logf("%d keys, %d dead letters checked; wall time %v", len(w.forward), len(w.dead), time.Since(start).Round(time.Millisecond))
+}
+
+// logDoubled logs, after a failed check, every output message of a key the
+// output holds more than once (sequence, subject, headers) and each
+// instance's warnings around them, to tell which batch wrote it twice.
+func logDoubled(t *testing.T, js jetstream.JetStream, stages []*stage) {
+	t.Helper()
+	byKey := map[string][]natstest.Message{}
+	for _, m := range natstest.ReadAll(t, js, outputStream) {
+		k := m.Header.Get(jetstream.MsgIDHeader)
+		byKey[k] = append(byKey[k], m)
+	}
+	for k, ms := range byKey {
+		if len(ms) < 2 || k == "" {
+			continue
+		}
+		for _, m := range ms {
+			t.Logf("output of %s: seq %d subject %s headers %v", k, m.Seq, m.Subject, m.Header)
+		}
+	}
+	for i, s := range stages {
+		n := 0
+		for _, l := range strings.Split(s.last().log(), "\n") {
+			if (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) && !strings.Contains(l, "routed publishes") && n < 150 {
+				n++
+				t.Logf("i%d: %.400s", i, l)
+			}
+		}
+	}
 }
