@@ -162,12 +162,13 @@ func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout t
 // (DEDUPE_FAULTS_SEED); which node leads is the cluster's choice.
 //
 // It is skipped unless DEDUPE_FAULTS_LEADER_KILLS is set: about one run in
-// eight forwards a key twice (issue 23 item 8: seed 42 once doubled key
-// lk-340, and a run with the same seed passed), which is not understood
-// yet.
+// eight goes wrong (issue 23 item 8): seed 42 once forwarded key lk-340
+// twice, seed 51 once dead-lettered input 633, a good one; both were
+// inputs of the warm-up, acknowledged before the first kill, and both
+// seeds passed on another run. The cause is not understood yet.
 func TestScaleOutLeaderKills(t *testing.T) {
 	if os.Getenv("DEDUPE_FAULTS_LEADER_KILLS") == "" {
-		t.Skip("known bug: a SIGKILLed output-stream or consumer leader sometimes makes a scale-out group forward a key twice (about one run in eight; issue 23 item 8); set DEDUPE_FAULTS_LEADER_KILLS=1 to run")
+		t.Skip("known bug: a SIGKILLed output-stream or consumer leader sometimes makes a scale-out group forward a key twice or dead-letter a good input (about one run in eight; issue 23 item 8); set DEDUPE_FAULTS_LEADER_KILLS=1 to run")
 	}
 	start := time.Now()
 	seed := testSeed(t)
