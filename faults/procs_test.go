@@ -209,8 +209,21 @@ func (n *natsServer) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.
 // answers.
 func (n *natsServer) start() {
 	n.tb.Helper()
+	n.launch()
+	n.waitUp()
+}
+
+// launch runs the server without waiting for it.
+func (n *natsServer) launch() {
+	n.tb.Helper()
 	n.starts++
 	n.proc = startProcess(n.tb, "nats-server", filepath.Join(filepath.Dir(n.conf), fmt.Sprintf("nats-%d.log", n.starts)), natsBin, "-c", n.conf)
+}
+
+// waitUp waits until the launched server accepts clients and JetStream
+// answers.
+func (n *natsServer) waitUp() {
+	n.tb.Helper()
 	natstest.WaitFor(n.tb, 30*time.Second, "nats-server to accept clients", func() bool {
 		if !n.proc.running() {
 			n.tb.Fatalf("nats-server exited: %v\n%s", n.proc.err, tail(n.proc.log(), 3000))

@@ -1,0 +1,277 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// leaderKillDup is the output stream's duplicate window in
+// natsCluster is a cluster of nats-server processes with JetStream, each
+// node restartable on its ports and store after a SIGKILL: unlike
+// natstest.Cluster's in-process nodes, whose shutdown hands the node's
+// leaderships over first, a killed process takes them down with it.
+type natsCluster struct {
+	nodes []*natsServer
+}
+
+// startNATSCluster starts an n-node cluster (node i is named "n<i>") and
+// waits until a replicated stream can be placed on every node; every node
+// is stopped when the test ends.
+func startNATSCluster(tb testing.TB, n int) *natsCluster {
+	tb.Helper()
+	routes := make([]string, n)
+	routePorts := make([]int, n)
+	for i := range n {
+		routePorts[i] = freePort(tb)
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", routePorts[i])
+	}
+	c := &natsCluster{}
+	for i := range n {
+		dir := tb.TempDir()
+		node := &natsServer{tb: tb, port: freePort(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n"+
+			"cluster {\n  name: dedupe-faults\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n",
+			i, node.port, node.storeDir, routePorts[i], strings.Join(routes, ", "))
+		if err := os.WriteFile(node.conf, []byte(conf), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		node.launch()
+		tb.Cleanup(func() {
+			if node.proc.running() {
+				node.proc.signal(tb, syscall.SIGTERM, 20*time.Second)
+			}
+		})
+		c.nodes = append(c.nodes, node)
+	}
+	for _, node := range c.nodes {
+		node.waitUp()
+	}
+	// The meta leader places a replicated stream only on the peers it has
+	// heard from: create and delete one until it can.
+	js := publisherJS(tb, c.URLs())
+	natstest.Poll(tb, 60*time.Second, 200*time.Millisecond, "an R3 stream to be placed", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cfg := jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}, Replicas: n, Storage: jetstream.MemoryStorage}
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return false, err
+		}
+		return true, js.DeleteStream(ctx, "PROBE")
+	})
+	return c
+}
+
+// URLs returns every node's client URL, comma-separated.
+func (c *natsCluster) URLs() string {
+	var urls []string
+	for _, n := range c.nodes {
+		urls = append(urls, n.URL())
+	}
+	return strings.Join(urls, ",")
+}
+
+// TestScaleOutLeaderKills: the shortest the stage accepts without
+// output.allow_short_duplicate_window (input.ack_wait 2s plus
+// output.restart_margin 500ms, rounded up), shorter than every outage, so
+// that a batch retried across an outage is caught by the fence and the
+// stage's landed check, never by the stream's window.
+const leaderKillDup = 3 * time.Second
+
+// leaderOf returns the cluster node (its index) that leads the output
+// stream, or with consumer set the consumer of routedStream by that name,
+// and whether every replica is current; -1 while there is no leader.
+func leaderOf(js jetstream.JetStream, consumer string) (node int, current bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var ci *jetstream.ClusterInfo
+	if consumer == "" {
+		st, err := js.Stream(ctx, outputStream)
+		if err != nil {
+			return -1, false
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return -1, false
+		}
+		ci = info.Cluster
+	} else {
+		c, err := js.Consumer(ctx, routedStream, consumer)
+		if err != nil {
+			return -1, false
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return -1, false
+		}
+		ci = info.Cluster
+	}
+	if ci == nil || !strings.HasPrefix(ci.Leader, "n") {
+		return -1, false
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(ci.Leader, "n"))
+	if err != nil {
+		return -1, false
+	}
+	current = len(ci.Replicas) == 2
+	for _, r := range ci.Replicas {
+		current = current && r.Current && !r.Offline
+	}
+	return n, current
+}
+
+// waitQuorum waits until the output stream and every partition consumer
+// have a leader and every replica of each is current again.
+func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout time.Duration) {
+	tb.Helper()
+	names := []string{""}
+	for p := range partitions {
+		names = append(names, "dedupe-p"+strconv.Itoa(p))
+	}
+	for _, name := range names {
+		what := "the output stream"
+		if name != "" {
+			what = "consumer " + name
+		}
+		natstest.WaitFor(tb, timeout, what+" to have a leader and 3 current replicas", func() bool {
+			n, current := leaderOf(js, name)
+			return n >= 0 && current
+		})
+	}
+}
+
+// TestScaleOutLeaderKills kills (SIGKILL), four times at random moments
+// while two instances work through inputs with repeats and bad inputs, the
+// nats-server node that leads the output stream or a partition's consumer,
+// keeps it down for longer than the output's duplicate window, starts it
+// again and waits until every replica is current before the next round.
+// The output holds each key of the workload once, the dead letters are its
+// bad inputs once each. The moments and the victim's role come from a
+// seeded RNG, logged, so that a failure can be replayed
+// (DEDUPE_FAULTS_SEED); which node leads is the cluster's choice.
+//
+// It is skipped unless DEDUPE_FAULTS_LEADER_KILLS is set: about one run in
+// eight goes wrong (issue 23 item 8): seed 42 once forwarded key lk-340
+// twice, seed 51 once dead-lettered input 633, a good one; both were
+// inputs of the warm-up, acknowledged before the first kill, and both
+// seeds passed on another run. The cause is not understood yet.
+func TestScaleOutLeaderKills(t *testing.T) {
+	if os.Getenv("DEDUPE_FAULTS_LEADER_KILLS") == "" {
+		t.Skip("known bug: a SIGKILLed output-stream or consumer leader sometimes makes a scale-out group forward a key twice or dead-letter a good input (about one run in eight; issue 23 item 8); set DEDUPE_FAULTS_LEADER_KILLS=1 to run")
+	}
+	start := time.Now()
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, seed>>1))
+
+	w := newWorkload(seed, "lk", 4096)
+	cl := startNATSCluster(t, 3)
+	stages := make([]*stage, 2)
+	for i := range stages {
+		c := scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i))
+		c.DuplicateWindow = leaderKillDup
+		c.RestartMargin = 500 * time.Millisecond
+		stages[i] = newStage(t, c)
+		stages[i].startReady()
+	}
+	js := publisherJS(t, cl.URLs())
+	warmUp(t, js, stages, w)
+	parts := stages[0].cfg.Partitions
+	t.Logf("warm-up done after %v", time.Since(start).Round(time.Millisecond))
+
+	const rounds = 4
+	wait := publishBehind(t, js, w.mix(5000, 0.3, 0.02, 0), "run", 250)
+	for round := 1; round <= rounds; round++ {
+		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		what := "the output stream"
+		name := ""
+		if rng.IntN(2) == 1 {
+			name = "dedupe-p" + strconv.Itoa(rng.IntN(parts))
+			what = "consumer " + name
+		}
+		var node int
+		natstest.WaitFor(t, 30*time.Second, what+" to have a leader", func() bool {
+			node, _ = leaderOf(js, name)
+			return node >= 0
+		})
+		t.Logf("round %d (%v): SIGKILL node %d, the leader of %s", round, time.Since(start).Round(time.Millisecond), node, what)
+		cl.nodes[node].stop(syscall.SIGKILL)
+		time.Sleep(leaderKillDup + time.Second)
+		t.Logf("round %d (%v): starting node %d again", round, time.Since(start).Round(time.Millisecond), node)
+		cl.nodes[node].start()
+		waitQuorum(t, js, parts, 30*time.Second)
+		t.Logf("round %d (%v): every replica current again", round, time.Since(start).Round(time.Millisecond))
+	}
+	wait()
+	t.Logf("published after %v", time.Since(start).Round(time.Millisecond))
+	scaleOutDrained(t, js, parts, 60*time.Second)
+	// Copies of the first keys after the window: the stage's store and the
+	// partitions' restored state catch them, not the stream.
+	time.Sleep(leaderKillDup + time.Second)
+	mustPublish(t, js, w.lateCopies(300), "late")
+	scaleOutDrained(t, js, parts, 60*time.Second)
+	checkOutput(t, js, w.forward)
+	checkDeadLetters(t, js, w.dead)
+	if t.Failed() {
+		logDoubled(t, js, stages)
+	}
+	for _, s := range stages {
+		if !s.last().running() {
+			t.Errorf("instance %s exited during the node losses: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
+			continue
+		}
+		// What the outages did to the instance, for the log.
+		var counts []string
+		for _, m := range []string{"dedupe_publish_retries_total", "dedupe_commit_retries_total", "dedupe_fence_refusals_total", "dedupe_partition_takeovers_total"} {
+			counts = append(counts, fmt.Sprintf("%s=%v", strings.TrimPrefix(m, "dedupe_"), s.metric(m)))
+		}
+		warns := map[string]int{}
+		for _, l := range strings.Split(s.last().log(), "\n") {
+			if i := strings.Index(l, `"msg":"`); i >= 0 && (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) {
+				warns[strings.SplitN(l[i+7:], `"`, 2)[0]]++
+			}
+		}
+		counts = append(counts, fmt.Sprintf("warnings=%v", warns))
+		t.Logf("instance %s: %s", strings.TrimSpace(strings.TrimPrefix(strings.Split(s.cfg.Extra, "\n")[2], "  instance:")), strings.Join(counts, " "))
+	}
+	t.Logf("%d keys, %d dead letters checked; wall time %v", len(w.forward), len(w.dead), time.Since(start).Round(time.Millisecond))
+}
+
+// logDoubled logs, after a failed check, every output message of a key the
+// output holds more than once (sequence, subject, headers) and each
+// instance's warnings around them, to tell which batch wrote it twice.
+func logDoubled(t *testing.T, js jetstream.JetStream, stages []*stage) {
+	t.Helper()
+	byKey := map[string][]natstest.Message{}
+	for _, m := range natstest.ReadAll(t, js, outputStream) {
+		k := m.Header.Get(jetstream.MsgIDHeader)
+		byKey[k] = append(byKey[k], m)
+	}
+	for k, ms := range byKey {
+		if len(ms) < 2 || k == "" {
+			continue
+		}
+		for _, m := range ms {
+			t.Logf("output of %s: seq %d subject %s headers %v", k, m.Seq, m.Subject, m.Header)
+		}
+	}
+	for i, s := range stages {
+		n := 0
+		for _, l := range strings.Split(s.last().log(), "\n") {
+			if (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) && !strings.Contains(l, "routed publishes") && n < 150 {
+				n++
+				t.Logf("i%d: %.400s", i, l)
+			}
+		}
+	}
+}
