@@ -30,6 +30,11 @@ const (
 // than a snapshot's own transfer.
 const snapshotRequestTimeout = 10 * time.Second
 
+// snapshotTransferTimeout bounds reading one snapshot back: far above what
+// a partition's snapshot takes (tens of seconds at tens of millions of
+// keys), so only a stalled transfer reaches it.
+const snapshotTransferTimeout = time.Hour
+
 // snapshots writes and reads the partition snapshots of a scale-out
 // group (docs/scale-out.md §3.3): each owner writes a snapshot of each
 // partition it owns every interval into the Object Store bucket
@@ -299,7 +304,12 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 	if err != nil {
 		return unusable("%v", err)
 	}
-	res, err := obs.Get(ctx, snapshotObject(p))
+	// Without a deadline of its own, the object store bounds the whole
+	// read by its default request timeout (5s), which a large snapshot
+	// loaded into the store outlasts.
+	gctx, cancel := context.WithTimeout(ctx, snapshotTransferTimeout)
+	defer cancel()
+	res, err := obs.Get(gctx, snapshotObject(p))
 	if err != nil {
 		return 0, 0, fmt.Errorf("%w: object %s: %w", errSnapshotUnusable, snapshotObject(p), err)
 	}
