@@ -239,7 +239,7 @@ func (c Config) OutputRetention(w time.Duration) time.Duration {
 // is 0, or totals are on (a snapshot holds the keys, not the open totals
 // a new owner restores with them).
 func (c Config) ScaleOutSnapshots(w time.Duration) (bucket string, every, keep time.Duration, off string) {
-	bucket, keep = c.ScaleOut.Group+"-snapshots", c.OutputRetention(w)
+	bucket, keep = c.ScaleOutSnapshotBucket(), c.OutputRetention(w)
 	switch {
 	case c.ScaleOut.SnapshotInterval == 0:
 		return bucket, 0, keep, "scale_out.snapshot_interval is 0"
@@ -410,3 +410,12 @@ func (c Config) DeadLetterStreamSubjects() []string {
 	}
 	return subjects
 }
+
+// ScaleOutSnapshotBucket returns the Object Store bucket that holds the
+// group's partition snapshots: "<group>-snapshots".
+func (c Config) ScaleOutSnapshotBucket() string { return c.ScaleOut.Group + "-snapshots" }
+
+// ScaleOutSnapshotObject returns the name of partition p's snapshot in
+// the bucket (ScaleOutSnapshotBucket): "p<p>", its member's name; each new
+// snapshot replaces the last.
+func ScaleOutSnapshotObject(p int) string { return ScaleOutMember(p) }

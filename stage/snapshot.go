@@ -270,7 +270,7 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 }
 
 // snapshotObject is partition p's object in the snapshot bucket.
-func snapshotObject(p int) string { return config.ScaleOutMember(p) }
+func snapshotObject(p int) string { return config.ScaleOutSnapshotObject(p) }
 
 // errSnapshotUnusable wraps every reason a takeover does not restore from
 // the partition's snapshot: the takeover falls back to the changelog.

@@ -286,10 +286,11 @@ func Run(ctx context.Context, o Options) error {
 	metrics, log := NewMetrics(o.Registry), o.Logger.With("component", "route")
 	logs := o.Logs
 	if logs == nil {
-		logs = lograte.New(o.Logger, lograte.DefaultOptions(), o.Registry)
+		root := lograte.New(o.Logger, lograte.DefaultOptions(), o.Registry)
+		logs = root
 		var flushed sync.WaitGroup
 		flushCtx, stopFlush := context.WithCancel(context.Background())
-		flushed.Go(func() { logs.Run(flushCtx) })
+		flushed.Go(func() { root.Run(flushCtx) })
 		defer flushed.Wait()
 		defer stopFlush()
 	}

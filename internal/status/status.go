@@ -127,11 +127,6 @@ type Report struct {
 	Ownerless []int `json:"ownerless"`
 }
 
-// SnapshotBucket returns the Object Store bucket that holds a group's
-// partition snapshots, "<group>-snapshots", with one object per
-// partition named as its member (config.ScaleOutMember).
-func SnapshotBucket(group string) string { return group + "-snapshots" }
-
 // Read reads how the stage or group cfg describes stands, from the
 // cluster js is connected to; now dates the ages. A stream or consumer
 // that is missing is reported as such, not as an error; an error is a
@@ -168,14 +163,14 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return r, fmt.Errorf("status: output stream %s: %w", cfg.Output.Stream, err)
 	}
-	snaps, err := js.ObjectStore(ctx, SnapshotBucket(group))
+	snaps, err := js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		snaps = nil
 	case err != nil:
-		return r, fmt.Errorf("status: snapshot bucket %s: %w", SnapshotBucket(group), err)
+		return r, fmt.Errorf("status: snapshot bucket %s: %w", cfg.ScaleOutSnapshotBucket(), err)
 	default:
-		r.Snapshots = SnapshotBucket(group)
+		r.Snapshots = cfg.ScaleOutSnapshotBucket()
 	}
 	for p := range cfg.State.Partitions {
 		member := config.ScaleOutMember(p)
@@ -206,11 +201,11 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 			r.Ownerless = append(r.Ownerless, p)
 		}
 		if snaps != nil {
-			info, err := snaps.GetInfo(ctx, member)
+			info, err := snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
 			switch {
 			case errors.Is(err, jetstream.ErrObjectNotFound):
 			case err != nil:
-				return r, fmt.Errorf("status: snapshot %s/%s: %w", SnapshotBucket(group), member, err)
+				return r, fmt.Errorf("status: snapshot %s/%s: %w", cfg.ScaleOutSnapshotBucket(), member, err)
 			default:
 				age := Duration(now.Sub(info.ModTime))
 				part.SnapshotAge = &age

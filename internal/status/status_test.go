@@ -110,12 +110,19 @@ func TestStatusOfAGroup(t *testing.T) {
 		msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("orders.k%d", i), Data: []byte("x")})
 	}
 	natstest.PublishAll(t, js, msgs)
-	// One snapshot, of partition 0, as the snapshot branch stores it.
-	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: status.SnapshotBucket(cfg.ScaleOut.Group)})
+	// One snapshot, of partition 0, in the bucket the stage writes them
+	// to (which it may have created already).
+	obs, err := js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		obs, err = js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: cfg.ScaleOutSnapshotBucket()})
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			obs, err = js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := obs.PutBytes(ctx, config.ScaleOutMember(0), []byte("snapshot")); err != nil {
+	if _, err := obs.PutBytes(ctx, config.ScaleOutSnapshotObject(0), []byte("snapshot")); err != nil {
 		t.Fatal(err)
 	}
 
