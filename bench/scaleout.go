@@ -772,12 +772,13 @@ func (e *soEnv) createStreams(ctx context.Context, cfg config.Config) error {
 	return nil
 }
 
-// deleteRow deletes the row's streams and the group's presence bucket.
+// deleteRow deletes the row's streams and the group's presence, hand-over and
+// snapshot buckets.
 func (e *soEnv) deleteRow(n soNames, cfg config.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bucket, _, _ := cfg.ScaleOutPresence()
-	for _, s := range []string{n.input, n.output, n.dlq, n.routed, "KV_" + bucket} {
+	for _, s := range []string{n.input, n.output, n.dlq, n.routed, "KV_" + bucket, "KV_" + cfg.ScaleOutHandOverBucket(), "OBJ_" + cfg.ScaleOutSnapshotBucket()} {
 		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			fmt.Fprintf(logOut, "warning: delete stream %s: %v\n", s, err)
 		}

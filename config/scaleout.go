@@ -419,3 +419,8 @@ func (c Config) ScaleOutSnapshotBucket() string { return c.ScaleOut.Group + "-sn
 // the bucket (ScaleOutSnapshotBucket): "p<p>", its member's name; each new
 // snapshot replaces the last.
 func ScaleOutSnapshotObject(p int) string { return ScaleOutMember(p) }
+
+// ScaleOutHandOverBucket returns the key-value bucket in which each new
+// owner records its takeover of a partition (handover.HandOver, under the
+// partition's member name): "<group>-handovers".
+func (c Config) ScaleOutHandOverBucket() string { return c.ScaleOut.Group + "-handovers" }

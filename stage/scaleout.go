@@ -44,15 +44,16 @@ const restoreChunk = 4096
 type scaleOut struct {
 	group     string
 	instance  string
-	prefix    string         // output subject prefix
-	outStream string         // output stream: changelog and fences
-	dlStream  string         // dead-letter stream: dead letters and their fences
-	dlSubject string         // dead-letter subject prefix
-	dlRefresh time.Duration  // how often a dead-letter fence is written again (fenceRefresh)
-	inStream  string         // the stream the group's members consume: the input, or the routed stream
-	routed    *route.Options // the route step's options when it runs, else nil
-	retention time.Duration  // how far back a restore without a cursor reads
-	terms     string         // what retention adds up (config.OutputRetentionTerms)
+	prefix    string             // output subject prefix
+	outStream string             // output stream: changelog and fences
+	dlStream  string             // dead-letter stream: dead letters and their fences
+	dlSubject string             // dead-letter subject prefix
+	dlRefresh time.Duration      // how often a dead-letter fence is written again (fenceRefresh)
+	handOvers jetstream.KeyValue // each partition's last takeover, for status (recordHandOver)
+	inStream  string             // the stream the group's members consume: the input, or the routed stream
+	routed    *route.Options     // the route step's options when it runs, else nil
+	retention time.Duration      // how far back a restore without a cursor reads
+	terms     string             // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
 	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
@@ -198,6 +199,9 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	}
 	so.dlStream, so.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
 	so.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
+	if so.handOvers, err = openHandOvers(ctx, s.js, cfg); err != nil {
+		return err
+	}
 	if !s.atomicOutput {
 		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
 			cfg.Output.Publish, so.outStream, oc.AllowAtomicPublish)
@@ -794,6 +798,8 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
 	s.log.Info("scale-out: partition taken", "partition", p, "path", path, "fence", f, "cursor", cursor, "from_sequence", from,
 		"from_snapshot", loaded, "restored", total, "took", took.Round(time.Millisecond))
+	s.recordHandOver(ctx, p, handover.HandOver{Instance: so.instance, At: start.UTC(), Fence: f, Path: path,
+		Records: loaded + total, RestoreSeconds: took.Seconds()})
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
 		written: start, refresh: fenceRefresh(out.Config.MaxAge),
 		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil

@@ -24,3 +24,22 @@ func ParseFence(data []byte) (Fence, error) {
 	}
 	return Fence(b), nil
 }
+
+// HandOver records a partition's last takeover: who took it, when, and
+// what its restore cost. The new owner keeps it in the group's hand-over
+// bucket under the partition's member name, so that a tool reading the
+// cluster can show it while every instance is down.
+type HandOver struct {
+	// Instance is the new owner's scale_out.instance.
+	Instance string `json:"instance"`
+	// At is when the takeover began, by the new owner's clock.
+	At time.Time `json:"at"`
+	// Fence is the sequence of the fence message it wrote.
+	Fence uint64 `json:"fence"`
+	// Path is how it restored the partition: snapshot, local or full.
+	Path string `json:"path"`
+	// Records is how many records it restored.
+	Records int `json:"records"`
+	// RestoreSeconds is how long the takeover took, fence and restore.
+	RestoreSeconds float64 `json:"restore_seconds"`
+}

@@ -7,7 +7,8 @@
 // priority group pins), the partition's last fence message in the output
 // stream (its sequence, when it was stored, and the instance that wrote
 // it), and the age of the object "p<p>" in the Object Store bucket
-// "<group>-snapshots" when that bucket exists; for the group, the live
+// "<group>-snapshots" when that bucket exists, and the last takeover each
+// owner recorded in "<group>-handovers"; for the group, the live
 // instances in the presence bucket and, with the route step, the route
 // consumer's pending. For a single instance it reads its consumer.
 //
@@ -25,6 +26,7 @@ package status
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -91,6 +93,10 @@ type Partition struct {
 	// SnapshotAge is how old the partition's newest snapshot is, nil when
 	// the group keeps no snapshots or has none of this partition.
 	SnapshotAge *Duration `json:"snapshot_age,omitempty"`
+	// LastHandOver is the partition's last takeover as its owner recorded
+	// it (who, when, the restore's path, records and seconds); nil when
+	// none was recorded.
+	LastHandOver *handover.HandOver `json:"last_handover,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string in JSON.
@@ -172,9 +178,30 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 	default:
 		r.Snapshots = cfg.ScaleOutSnapshotBucket()
 	}
+	handOvers, err := js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
+		handOvers = nil
+	case err != nil:
+		return r, fmt.Errorf("status: hand-over bucket %s: %w", cfg.ScaleOutHandOverBucket(), err)
+	}
 	for p := range cfg.State.Partitions {
 		member := config.ScaleOutMember(p)
 		part := Partition{Partition: p}
+		if handOvers != nil {
+			e, err := handOvers.Get(ctx, member)
+			switch {
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+			case err != nil:
+				return r, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
+			default:
+				var h handover.HandOver
+				if err := json.Unmarshal(e.Value(), &h); err != nil {
+					return r, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
+				}
+				part.LastHandOver = &h
+			}
+		}
 		ci, err := consumerInfo(ctx, js, memberStream, group+"-"+member)
 		if err != nil {
 			return r, err

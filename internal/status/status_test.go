@@ -153,6 +153,11 @@ func TestStatusOfAGroup(t *testing.T) {
 	if len(r.Instances) != 1 || r.Instances[0] != "a" {
 		t.Errorf("live instances %v, want [a]", r.Instances)
 	}
+	for _, p := range r.Partitions {
+		if h := p.LastHandOver; h == nil || h.Instance != "a" || h.Fence == 0 || h.Path == "" || h.RestoreSeconds < 0 || h.At.IsZero() {
+			t.Errorf("partition %d: last hand-over %+v, want the takeover a recorded", p.Partition, h)
+		}
+	}
 	if r.Partitions[0].SnapshotAge == nil || r.Partitions[1].SnapshotAge != nil {
 		t.Errorf("snapshot ages %v, %v: want partition 0's only", r.Partitions[0].SnapshotAge, r.Partitions[1].SnapshotAge)
 	}
@@ -164,7 +169,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	t.Logf("status:\n%s", table.String())
 	for p := range 4 {
 		// partition, owner a, pinned ..., pending 0, ack pending 0, a fence sequence.
-		line := regexp.MustCompile(fmt.Sprintf(`(?m)^%d +a +\S+ ago +0 +0 +[1-9]\d* `, p))
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^%d +a +\S+ ago +0 +0 +[1-9]\d* .* a \S+ ago: \d+ records \(\w+\) in `, p))
 		if !line.MatchString(table.String()) {
 			t.Errorf("no line for partition %d owned by a in the table", p)
 		}

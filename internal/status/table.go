@@ -38,7 +38,7 @@ func (r Report) WriteTable(w io.Writer) error {
 	if r.Route != nil {
 		fmt.Fprintf(tw, "route step consumer %s\n", describe(*r.Route))
 	}
-	fmt.Fprintln(tw, "PARTITION\tOWNER\tPINNED\tPENDING\tACK PENDING\tFENCE SEQ\tFENCE AGE\tSNAPSHOT AGE")
+	fmt.Fprintln(tw, "PARTITION\tOWNER\tPINNED\tPENDING\tACK PENDING\tFENCE SEQ\tFENCE AGE\tSNAPSHOT AGE\tLAST HAND-OVER")
 	for _, p := range r.Partitions {
 		owner, pinned := "-", "-"
 		switch {
@@ -66,7 +66,12 @@ func (r Report) WriteTable(w io.Writer) error {
 		if p.SnapshotAge != nil {
 			snap = time.Duration(*p.SnapshotAge).Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Partition, owner, pinned, pending, ack, seq, fenceAge, snap)
+		last := "-"
+		if h := p.LastHandOver; h != nil {
+			last = fmt.Sprintf("%s %s ago: %d records (%s) in %s", h.Instance, age(r.At, h.At), h.Records, h.Path,
+				time.Duration(h.RestoreSeconds*float64(time.Second)).Round(time.Millisecond))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Partition, owner, pinned, pending, ack, seq, fenceAge, snap, last)
 	}
 	return tw.Flush()
 }

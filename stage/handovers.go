@@ -1,0 +1,54 @@
+package stage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+)
+
+// openHandOvers opens (creating it when missing) the bucket in which each
+// new owner records its takeover of a partition
+// (config.Config.ScaleOutHandOverBucket), for `dedupe-stage status`.
+func openHandOvers(ctx context.Context, js jetstream.JetStream, cfg config.Config) (jetstream.KeyValue, error) {
+	bucket := cfg.ScaleOutHandOverBucket()
+	ctx, cancel := context.WithTimeout(ctx, streamRequestTimeout)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: cfg.ScaleOut.Replicas,
+			Description: "dedupe-stage: the last takeover of each partition of group " + cfg.ScaleOut.Group + ", for status"})
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scale-out: hand-over bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+// recordHandOver puts h as partition p's last takeover. It only informs:
+// a failure is logged (rate-limited) and the takeover stands.
+func (s *Stage) recordHandOver(ctx context.Context, p int, h handover.HandOver) {
+	so := s.so
+	if so.handOvers == nil {
+		return
+	}
+	b, err := json.Marshal(h)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = so.handOvers.Put(ctx, config.ScaleOutMember(p), b)
+		cancel()
+	}
+	if err != nil && ctx.Err() == nil {
+		s.logs.Warn("handover_record_failed", "scale-out: recording the takeover for status failed; the partition is taken all the same",
+			"partition", p, "err", err)
+	}
+}
