@@ -296,9 +296,12 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 			t.Errorf("dead letter with reason %q, want no_key", r)
 		}
 	}
+	// A partition balance released is owned again only when its next
+	// message arrives, so between batches the two may own fewer than 4;
+	// never more.
 	owned := gauge(t, a.reg, "dedupe_partitions_owned") + gauge(t, b.reg, "dedupe_partitions_owned")
-	if owned != 4 {
-		t.Errorf("the instances own %v partitions between them, want 4", owned)
+	if owned > 4 {
+		t.Errorf("the instances own %v partitions between them, want at most 4", owned)
 	}
 
 	// The first instance stops; copies of every key go to the other.
