@@ -392,6 +392,9 @@ func checkDeadLetters(tb testing.TB, js jetstream.JetStream, want map[int]string
 		if want[id] != "" && reason != want[id] {
 			tb.Errorf("input %d dead-lettered as %q, want %q (%s)", id, reason, want[id], m.Header.Get("Dedupe-Detail"))
 		}
+		if want[id] == "" {
+			tb.Errorf("input %d, a good one, dead-lettered as %q: %s", id, reason, m.Header.Get("Dedupe-Detail"))
+		}
 		if s := m.Header.Get("Dedupe-Original-Sequence"); s == "" {
 			tb.Errorf("dead letter of input %d has no Dedupe-Original-Sequence", id)
 		} else {
