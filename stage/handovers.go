@@ -37,14 +37,10 @@ func openHandOvers(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 // recordHandOver puts h as partition p's last takeover. It only informs:
 // a failure is logged (rate-limited) and the takeover stands.
 func (s *Stage) recordHandOver(ctx context.Context, p int, h handover.HandOver) {
-	so := s.so
-	if so.handOvers == nil {
-		return
-	}
 	b, err := json.Marshal(h)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = so.handOvers.Put(ctx, config.ScaleOutMember(p), b)
+		_, err = s.so.handOvers.Put(ctx, config.ScaleOutMember(p), b)
 		cancel()
 	}
 	if err != nil && ctx.Err() == nil {
