@@ -106,28 +106,38 @@ func warmUp(t *testing.T, js jetstream.JetStream, stages []*stage, w *workload) 
 		}
 		time.Sleep(time.Second)
 	}
-	waitSpread(t, stages, time.Second)
+	waitSpread(t, stages, 30*time.Second)
 }
 
 // spread returns the partitions each instance owns (-1: not running) once
-// the running instances own every partition between them and none owns more
-// than its fair share (the group's balance); nil before.
+// the group has settled on its balance: the running instances own every
+// partition between them, each exactly its quota (docs/scale-out.md §4.2:
+// of n partitions over k live instances sorted by name, the first n mod k
+// own ⌊n/k⌋+1, the others ⌊n/k⌋); nil before. The instances are named
+// i<index> (scaleOutConfig), so fewer than ten sort in index order. A count
+// merely within ⌈n/k⌉ is not settled: the instance over its quota is about
+// to release a partition.
 func spread(stages []*stage) []int {
-	var owned []int
-	sum, running, most := 0, 0, 0
+	var owned, running []int
 	for _, s := range stages {
 		n := s.owned()
 		owned = append(owned, n)
-		if n < 0 {
-			continue
+		if n >= 0 {
+			running = append(running, n)
 		}
-		sum += n
-		running++
-		most = max(most, n)
 	}
-	parts := stages[0].cfg.Partitions
-	if running == 0 || sum != parts || most > (parts+running-1)/running {
+	parts, k := stages[0].cfg.Partitions, len(running)
+	if k == 0 {
 		return nil
+	}
+	for i, n := range running {
+		want := parts / k
+		if i < parts%k {
+			want++
+		}
+		if n != want {
+			return nil
+		}
 	}
 	return owned
 }
