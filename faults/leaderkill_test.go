@@ -17,7 +17,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
-// leaderKillDup is the output stream's duplicate window in
 // natsCluster is a cluster of nats-server processes with JetStream, each
 // node restartable on its ports and store after a SIGKILL: unlike
 // natstest.Cluster's in-process nodes, whose shutdown hands the node's
@@ -82,6 +81,7 @@ func (c *natsCluster) URLs() string {
 	return strings.Join(urls, ",")
 }
 
+// leaderKillDup is the output stream's duplicate window in
 // TestScaleOutLeaderKills: the shortest the stage accepts without
 // output.allow_short_duplicate_window (input.ack_wait 2s plus
 // output.restart_margin 500ms, rounded up), shorter than every outage, so

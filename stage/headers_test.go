@@ -1,14 +1,19 @@
 package stage_test
 
 import (
+	"context"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -81,4 +86,49 @@ func TestForwardedAndDeadLetteredHeaders(t *testing.T) {
 // values in the same order.
 func headersEqual(a, b nats.Header) bool {
 	return maps.EqualFunc(a, b, slices.Equal[[]string])
+}
+
+// TestInputsOfAnAtomicBatchAreForwarded: inputs a producer published in an
+// atomic batch are stored with the batch's headers (Nats-Batch-Id,
+// Nats-Batch-Sequence, Nats-Batch-Commit). The forwarded copies leave them
+// out, whichever way the output is published: a copy that carried them
+// would make the output stream take it for a piece of a batch it never
+// saw, refuse it (10176, "atomic publish batch is incomplete") and turn a
+// good input into a dead letter, or store pieces of several batches as
+// one.
+func TestInputsOfAnAtomicBatchAreForwarded(t *testing.T) {
+	for _, publish := range []string{config.PublishAsync, config.PublishAtomic} {
+		t.Run("publish="+publish, func(t *testing.T) {
+			e := newEnv(t)
+			e.cfg.Output.Publish = publish
+			r := e.start()
+			updateStream(t, e, e.cfg.Input.Stream, func(sc *jetstream.StreamConfig) { sc.AllowAtomicPublish = true })
+			const n = 5
+			var batch []*nats.Msg
+			for i := range n {
+				batch = append(batch, keyed("batched-"+strconv.Itoa(i), []byte("b")))
+			}
+			if _, err := jetstreamext.PublishMsgBatch(context.Background(), e.js, batch); err != nil {
+				t.Fatalf("publish the inputs as an atomic batch: %v", err)
+			}
+			e.drained(30 * time.Second)
+			r.stop(t)
+
+			if dead := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream); len(dead) != 0 {
+				t.Errorf("%d inputs dead-lettered, want none; the first: %s %q", len(dead),
+					dead[0].Header.Get(stage.HeaderReason), dead[0].Header.Get(stage.HeaderDetail))
+			}
+			out := e.outputByKey()
+			for i := range n {
+				k := "batched-" + strconv.Itoa(i)
+				if len(out[k]) != 1 {
+					t.Errorf("key %s forwarded %d times, want once", k, len(out[k]))
+					continue
+				}
+				if publish == config.PublishAsync && out[k][0].Header.Get(jetstreamext.BatchIDHeader) != "" {
+					t.Errorf("key %s forwarded one by one with the input's batch headers: %v", k, out[k][0].Header)
+				}
+			}
+		})
+	}
 }

@@ -449,8 +449,9 @@ type outCopy struct {
 // Nats-Msg-Id. It returns &c.msg.
 //
 // The copy takes over the input's header map instead of copying it: the
-// input's Nats-Expected-* headers are deleted and Nats-Msg-Id is set in
-// place. Nothing reads the input's headers as the input's after this except
+// input's publish directives (forward.IsDirective: Nats-Expected-*, the
+// batch headers of an input published in an atomic batch, the pin, ...)
+// are deleted and Nats-Msg-Id is set in place. Nothing reads the input's headers as the input's after this except
 // its dead letter (deadLetterMsg, shrink), and that leaves out every Nats-
 // header, so it is the same either way.
 func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
@@ -459,7 +460,7 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 		h = make(nats.Header, 1)
 	}
 	for k := range h {
-		if strings.HasPrefix(k, "Nats-Expected-") || k == headerPinID {
+		if forward.IsDirective(k) {
 			delete(h, k)
 		}
 	}

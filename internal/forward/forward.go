@@ -504,6 +504,33 @@ func settle(ctx context.Context, res []Result, o Options, what string, round fun
 	}, ro)
 }
 
+// IsDirective reports whether header name k is an instruction to the
+// stream that stores a message, or to the server that carries it, rather
+// than a part of the message: a condition (Nats-Expected-*), an atomic
+// batch's id, sequence and commit (Nats-Batch-*), a rollup (Nats-Rollup),
+// a counter increment (Nats-Incr), a schedule (Nats-Schedule*), the API
+// level a request needs (Nats-Required-Api-Level), message tracing
+// (Nats-Trace-*), or a pinned consumer's pin (Nats-Pin-Id). The stream
+// that stored an input carried these out; a copy of the input that kept
+// them would have the next stream carry them out again, against that
+// stream: a batch id from an input published in an atomic batch makes the
+// server take a copy for a piece of a batch it never saw (10176, "atomic
+// publish batch is incomplete"), and a rollup would purge the copy's
+// subject. Copies of an input (the output's, the route step's) leave them
+// out. Nats-TTL is not one: it says how long the message lives, and is
+// carried.
+func IsDirective(k string) bool {
+	if !strings.HasPrefix(k, "Nats-") {
+		return false
+	}
+	switch k {
+	case "Nats-Rollup", "Nats-Incr", "Nats-Required-Api-Level", "Nats-Pin-Id":
+		return true
+	}
+	return strings.HasPrefix(k, "Nats-Expected-") || strings.HasPrefix(k, "Nats-Batch-") ||
+		strings.HasPrefix(k, "Nats-Schedule") || strings.HasPrefix(k, "Nats-Trace-")
+}
+
 // HeaderSize returns the size of h as nats.go sends it: the NATS/1.0 status
 // line, one "Key: value" line per value, and the blank line; 0 without
 // headers.

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
@@ -160,5 +161,26 @@ func TestCheckSizeMatchesTheServer(t *testing.T) {
 	big := &nats.Msg{Subject: "out.a", Header: nats.Header{"X": {strings.Repeat("h", retry.MaxHeaderBytes)}}}
 	if err := forward.CheckSize(big, 0); !errors.Is(err, forward.ErrHeadersTooLarge) || !retry.IsPermanent(err) {
 		t.Errorf("CheckSize of headers over 64 KiB: %v, want permanent ErrHeadersTooLarge", err)
+	}
+}
+
+// TestIsDirective: the headers a copy of an input leaves out are those
+// nats-server acts on when it stores a message; the message's own headers,
+// its id (replaced, not left out) and its TTL are not directives.
+func TestIsDirective(t *testing.T) {
+	for _, k := range []string{
+		jetstream.ExpectedStreamHeader, jetstream.ExpectedLastSubjSeqHeader, jetstream.ExpectedLastMsgIDHeader,
+		jetstreamext.BatchIDHeader, jetstreamext.BatchSeqHeader, jetstreamext.BatchCommitHeader,
+		"Nats-Rollup", "Nats-Incr", "Nats-Schedule", "Nats-Schedule-TTL", "Nats-Schedule-Target",
+		"Nats-Required-Api-Level", "Nats-Trace-Dest", "Nats-Pin-Id",
+	} {
+		if !forward.IsDirective(k) {
+			t.Errorf("IsDirective(%q) = false, want true", k)
+		}
+	}
+	for _, k := range []string{jetstream.MsgIDHeader, "Nats-TTL", "Event-Id", "Trace", "Batch-Id", "Nats-Expected"} {
+		if forward.IsDirective(k) {
+			t.Errorf("IsDirective(%q) = true, want false", k)
+		}
 	}
 }

@@ -17,8 +17,8 @@
 // instance.
 //
 // The copy keeps the input's headers and payload, except the input's
-// Nats-Expected-* headers (they were checks against the input stream) and
-// its Nats-Msg-Id (replaced; kept in HeaderOriginalMsgID), and adds
+// publish directives (forward.IsDirective: checks against the input
+// stream, its atomic batch, a rollup, ...) and its Nats-Msg-Id (replaced; kept in HeaderOriginalMsgID), and adds
 // HeaderKey, HeaderInputTime, HeaderInputStream and HeaderInputSequence. A message the route step cannot route (no
 // key, a bad payload, a key too long, a message too large, a copy the
 // routed stream refuses for good) is dead-lettered with its reason, as the
@@ -479,7 +479,7 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 	p := state.PartitionFNV(pkey, r.o.Partitions)
 	h := make(nats.Header, len(in)+6)
 	for k, v := range in {
-		if strings.HasPrefix(k, "Nats-Expected-") || k == jetstream.MsgIDHeader {
+		if forward.IsDirective(k) || k == jetstream.MsgIDHeader {
 			continue
 		}
 		h[k] = v
