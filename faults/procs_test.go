@@ -345,10 +345,34 @@ func newStage(tb testing.TB, cfg stageConfig) *stage {
 			}
 			if tb.Failed() {
 				tb.Logf("log of stage run %d:\n%s", len(s.runs), crashReport(p.log()))
+				s.keepLogs()
 			}
 		}
 	})
 	return s
+}
+
+// keepLogs copies the log of every run into $DEDUPE_FAULTS_LOG_DIR, when
+// set, as <test>-<config file's dir>-run<N>.log: a failure's whole story,
+// where the test's output holds only the last run's tail.
+func (s *stage) keepLogs() {
+	dir := os.Getenv("DEDUPE_FAULTS_LOG_DIR")
+	if dir == "" {
+		return
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		s.tb.Logf("keep logs: %v", err)
+		return
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(s.tb.Name()) + "-" + filepath.Base(s.logDir)
+	for i, p := range s.runs {
+		dst := filepath.Join(dir, fmt.Sprintf("%s-run%d.log", name, i+1))
+		if err := os.WriteFile(dst, []byte(p.log()), 0o644); err != nil {
+			s.tb.Logf("keep logs: %v", err)
+			continue
+		}
+		s.tb.Logf("log of stage run %d kept in %s", i+1, dst)
+	}
 }
 
 // last returns the latest run, or nil.
