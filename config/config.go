@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -486,7 +487,7 @@ func Default() Config {
 		Output: Output{
 			Stream:             "EVENTS_DEDUPED",
 			SubjectPrefix:      "deduped",
-			RestartMargin:      Duration(time.Minute),
+			RestartMargin:      Duration(streams.DefaultRestartMargin),
 			Publish:            PublishAuto,
 			BatchMax:           1000,
 			MaxBatchesInFlight: 32,
@@ -601,37 +602,21 @@ func (e Embedded) StoreDirIn(dataDir string) string {
 	return filepath.Join(dataDir, "nats")
 }
 
-// RequiredDuplicateWindow is the longest time a message can wait for
-// redelivery after a crash between its publish and its commit: ackWait (the
-// server redelivers what the dead run held after it) or the longest
-// consumer backoff, whichever is longer, plus the time a restart may take.
-// The output stream's duplicate window must cover it.
-func RequiredDuplicateWindow(ackWait time.Duration, backoff []time.Duration, restartMargin time.Duration) time.Duration {
-	longest := ackWait
-	for _, b := range backoff {
-		longest = max(longest, b)
-	}
-	return longest + restartMargin
-}
-
 // MinDuplicateWindow is the shortest output duplicate window that still
 // drops the copy republished after a crash between publish and commit:
-// input.ack_wait + output.restart_margin (RequiredDuplicateWindow of a
-// consumer without backoff, which is what the stage creates).
+// input.ack_wait + output.restart_margin (streams.RequiredDuplicateWindow
+// of a consumer without backoff, which is what the stage creates).
 func (c Config) MinDuplicateWindow() time.Duration {
-	return RequiredDuplicateWindow(c.Input.AckWait.D(), nil, c.Output.RestartMargin.D())
+	return streams.RequiredDuplicateWindow(c.Input.AckWait.D(), nil, c.Output.RestartMargin.D())
 }
 
-// DefaultDuplicateWindow is JetStream's own default duplicate window, the
-// floor of a computed one.
-const DefaultDuplicateWindow = 2 * time.Minute
-
 // OutputDuplicateWindow is the duplicate window to create the output stream
-// with: output.duplicate_window when set, else twice MinDuplicateWindow and
-// at least DefaultDuplicateWindow (2m20s with the defaults).
+// with: output.duplicate_window when set, else streams.DuplicateWindow:
+// twice MinDuplicateWindow and at least JetStream's default of 2m (2m20s
+// with the defaults).
 func (c Config) OutputDuplicateWindow() time.Duration {
 	if c.Output.DuplicateWindow > 0 {
 		return c.Output.DuplicateWindow.D()
 	}
-	return max(DefaultDuplicateWindow, 2*c.MinDuplicateWindow())
+	return streams.DuplicateWindow(c.Input.AckWait.D(), c.Output.RestartMargin.D())
 }

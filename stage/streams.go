@@ -13,6 +13,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -266,7 +267,7 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 		return fmt.Errorf("output stream %s: %w", cfg.Output.Stream, err)
 	}
 	have := st.CachedInfo().Config.Duplicates
-	need := config.RequiredDuplicateWindow(cc.AckWait, cc.BackOff, cfg.Output.RestartMargin.D())
+	need := streams.RequiredDuplicateWindow(cc.AckWait, cc.BackOff, cfg.Output.RestartMargin.D())
 	if have >= need {
 		log.Info("output duplicate window covers a crash between publish and commit", "stream", cfg.Output.Stream, "duplicate_window", have, "required", need)
 		return nil

@@ -8,7 +8,11 @@ import (
 )
 
 // Errors returned by the package. Test with errors.Is; returned errors wrap
-// them with the field, directory, partition or key concerned.
+// them with the field, directory, partition or key concerned. ErrClosed,
+// ErrCorruptRecord, ErrBadKey, ErrBadTotal and ErrBadRestore are
+// permanent: the same call with the same input fails the same way, and
+// each says so with a Permanent method that returns true (see
+// permanentError); the others can clear, or are met only at Open.
 var (
 	// ErrBadOptions means an Options field is invalid.
 	ErrBadOptions = errors.New("state: bad options")
@@ -19,22 +23,35 @@ var (
 	// ErrLocked means a partition directory is held by another Badger
 	// instance (another process, or another Store in this process).
 	ErrLocked = errors.New("state: directory locked by another process")
-	// ErrClosed means the Store was closed.
-	ErrClosed = errors.New("state: store closed")
+	// ErrClosed means the Store was closed. Permanent.
+	ErrClosed error = &permanentError{"state: store closed"}
 	// ErrCorruptRecord means a stored record cannot be decoded.
-	ErrCorruptRecord = errors.New("state: corrupt record")
-	// ErrBadKey means a key is empty or longer than MaxKeySize.
-	ErrBadKey = errors.New("state: bad key")
+	// Permanent.
+	ErrCorruptRecord error = &permanentError{"state: corrupt record"}
+	// ErrBadKey means a key is empty or longer than MaxKeySize. Permanent.
+	ErrBadKey error = &permanentError{"state: bad key"}
 	// ErrDiskFull means the file system holding a partition has less space
 	// available than Options.MinFreeBytes: Claim wrote nothing.
 	ErrDiskFull = errors.New("state: too little free disk space")
 	// ErrBadTotal means a Claim's Contribution is invalid (see
-	// Contribution), or carries a group while totals are off.
-	ErrBadTotal = errors.New("state: bad total contribution")
+	// Contribution), or carries a group while totals are off. Permanent.
+	ErrBadTotal error = &permanentError{"state: bad total contribution"}
 	// ErrBadRestore means a record given to Partition.Restore has no
-	// FirstSeen, or carries a total contribution.
-	ErrBadRestore = errors.New("state: bad record to restore")
+	// FirstSeen, or carries a total contribution. Permanent.
+	ErrBadRestore error = &permanentError{"state: bad record to restore"}
 )
+
+// permanentError is a sentinel error that no retry can fix. Its Permanent
+// method says so to whoever classifies failures (the stage's retry
+// classifier asks every error in a chain, with errors.As, without knowing
+// this package); errors.Is matches it by identity, as any sentinel.
+type permanentError struct{ msg string }
+
+func (e *permanentError) Error() string { return e.msg }
+
+// Permanent returns true: trying again with the same input gives the same
+// error.
+func (e *permanentError) Permanent() bool { return true }
 
 // MaxKeySize is the longest accepted key in bytes (Badger's own limit is
 // 65000 bytes including the record prefix).

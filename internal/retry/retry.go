@@ -10,7 +10,10 @@
 // accept, an invalid subject, a sealed stream, a JetStream API error the
 // server answers with "bad request". Unknown errors are transient: retrying
 // one that turns out permanent costs health and time, while treating a
-// transient one as permanent would turn away a good message.
+// transient one as permanent would turn away a good message. An error of
+// this module's packages says itself that it is permanent, with a
+// Permanent method (PermanentError): Classify knows the NATS client's and
+// server's errors, and nothing of the packages that use it.
 //
 // A third class, Fenced, is neither: a publish that expected the last
 // sequence of a partition's fence subject was refused because another
@@ -34,8 +37,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // Class says whether trying a failed operation again can succeed.
@@ -140,14 +141,32 @@ const (
 // refuses more than math.MaxUint16 bytes with CodeHeaderTooLarge).
 const MaxHeaderBytes = 65535
 
-// permanentError marks an error as permanent.
+// PermanentError is what an error implements to say whether it is
+// permanent: Classify reports an error Permanent when the first error in
+// its chain that implements it (errors.As) answers true. A
+// package whose sentinel errors no retry can fix (state's ErrBadKey, for
+// one) defines them with such a method, so that the classifier needs to
+// know nothing of the package; MarkPermanent marks any other error.
+type PermanentError interface {
+	error
+	// Permanent reports whether trying the failed operation again, with
+	// the same input, gives the same answer. false leaves the error to
+	// the rest of Classify's rules.
+	Permanent() bool
+}
+
+// permanentError marks an error as permanent (MarkPermanent).
 type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-// MarkPermanent returns err marked so that Classify reports it Permanent.
-// It returns nil for nil.
+// Permanent returns true: the error was marked permanent.
+func (e *permanentError) Permanent() bool { return true }
+
+// MarkPermanent returns err marked so that Classify reports it Permanent
+// (it answers Permanent true, see PermanentError). It returns nil for
+// nil.
 func MarkPermanent(err error) error {
 	if err == nil {
 		return nil
@@ -161,8 +180,8 @@ func Classify(err error) Class {
 	if err == nil {
 		return None
 	}
-	var pe *permanentError
-	if errors.As(err, &pe) {
+	var pe PermanentError
+	if errors.As(err, &pe) && pe.Permanent() {
 		return Permanent
 	}
 	if errors.Is(err, ErrFenced) {
@@ -173,12 +192,7 @@ func Classify(err error) Class {
 		errors.Is(err, nats.ErrBadSubject),
 		errors.Is(err, jetstream.ErrInvalidSubject),
 		errors.Is(err, nats.ErrHeadersNotSupported),
-		errors.Is(err, nats.ErrBadHeaderMsg),
-		errors.Is(err, state.ErrBadKey),
-		errors.Is(err, state.ErrBadTotal),
-		errors.Is(err, state.ErrBadRestore),
-		errors.Is(err, state.ErrCorruptRecord),
-		errors.Is(err, state.ErrClosed):
+		errors.Is(err, nats.ErrBadHeaderMsg):
 		return Permanent
 	}
 	var api *jetstream.APIError

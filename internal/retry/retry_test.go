@@ -170,6 +170,56 @@ func TestClassifyOther(t *testing.T) {
 	}
 }
 
+// ownError is an error of some package that says itself whether it is
+// permanent (retry.PermanentError), for tests only.
+type ownError struct{ permanent bool }
+
+func (e *ownError) Error() string   { return fmt.Sprintf("own error (permanent %v)", e.permanent) }
+func (e *ownError) Permanent() bool { return e.permanent }
+
+// TestClassifyPermanentError checks that an error anywhere in a chain that
+// answers Permanent true is permanent, that one answering false is left to
+// the other rules, and that the state package's permanent sentinels say so
+// themselves: Classify knows nothing of state.
+func TestClassifyPermanentError(t *testing.T) {
+	var _ retry.PermanentError = (*ownError)(nil)
+	for _, tc := range []struct {
+		name string
+		err  error
+		want retry.Class
+	}{
+		{"permanent", &ownError{permanent: true}, retry.Permanent},
+		{"permanent, wrapped twice", fmt.Errorf("commit: %w", fmt.Errorf("partition 3: %w", &ownError{permanent: true})), retry.Permanent},
+		{"permanent, joined", errors.Join(errors.New("first"), &ownError{permanent: true}), retry.Permanent},
+		{"not permanent", fmt.Errorf("commit: %w", &ownError{permanent: false}), retry.Transient},
+		{"marked", fmt.Errorf("decode: %w", retry.MarkPermanent(errors.New("bad"))), retry.Permanent},
+	} {
+		if got := retry.Classify(tc.err); got != tc.want {
+			t.Errorf("%s: Classify(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+
+	for _, sentinel := range []error{state.ErrBadKey, state.ErrBadTotal, state.ErrBadRestore, state.ErrCorruptRecord, state.ErrClosed} {
+		for _, err := range []error{sentinel, fmt.Errorf("partition 2: %w", sentinel), fmt.Errorf("claim: %w: %w", sentinel, errors.New("detail"))} {
+			if !errors.Is(err, sentinel) {
+				t.Errorf("errors.Is(%v, %v) = false", err, sentinel)
+			}
+			if got := retry.Classify(err); got != retry.Permanent {
+				t.Errorf("Classify(%v) = %v, want permanent", err, got)
+			}
+			var pe retry.PermanentError
+			if !errors.As(err, &pe) || !pe.Permanent() {
+				t.Errorf("%v does not answer Permanent true", err)
+			}
+		}
+		for _, other := range []error{state.ErrBadKey, state.ErrBadTotal, state.ErrBadRestore, state.ErrCorruptRecord, state.ErrClosed, state.ErrDiskFull} {
+			if other != sentinel && errors.Is(sentinel, other) {
+				t.Errorf("errors.Is(%v, %v) = true", sentinel, other)
+			}
+		}
+	}
+}
+
 // reporter records what Do reports, for tests only.
 type reporter struct {
 	mu        sync.Mutex

@@ -51,6 +51,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -117,7 +118,7 @@ const (
 	DefaultBatchesInFlight = 4
 	DefaultAckWait         = 10 * time.Second
 	DefaultMaxAckPending   = 4096
-	DefaultRestartMargin   = time.Minute
+	DefaultRestartMargin   = streams.DefaultRestartMargin
 	DefaultShutdownTimeout = 10 * time.Second
 )
 

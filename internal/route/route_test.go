@@ -18,6 +18,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -457,6 +458,9 @@ func TestRoutedStreamConfigAndCheck(t *testing.T) {
 	}
 	if sc.Duplicates < 2*(ackWait+margin) || sc.Replicas != 3 {
 		t.Errorf("StreamConfig: duplicate window %v, replicas %d; want at least %v and 3", sc.Duplicates, sc.Replicas, 2*(ackWait+margin))
+	}
+	if want := streams.DuplicateWindow(ackWait, margin); sc.Duplicates != want {
+		t.Errorf("StreamConfig: duplicate window %v, want %v, the rule of the output stream's computed window", sc.Duplicates, want)
 	}
 	bad := map[string]func(*jetstream.StreamConfig){
 		"limits retention":       func(c *jetstream.StreamConfig) { c.Retention = jetstream.LimitsPolicy },

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
 // ErrRoutedStream wraps every error of CheckStream: the routed stream
@@ -130,21 +130,6 @@ func StreamSubjects(routedSubject string, partitions int) []string {
 	return out
 }
 
-// RequiredDuplicateWindow is the shortest duplicate window of the routed
-// stream that drops a copy routed again after a redelivery: the route
-// consumer's ackWait plus restartMargin (config.RequiredDuplicateWindow, the
-// rule of the output stream's window). CheckStream enforces it.
-func RequiredDuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
-	return config.RequiredDuplicateWindow(ackWait, nil, restartMargin)
-}
-
-// DuplicateWindow is the duplicate window StreamConfig creates the routed
-// stream with: twice RequiredDuplicateWindow, and at least
-// config.DefaultDuplicateWindow, as the output stream's computed window.
-func DuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
-	return max(2*RequiredDuplicateWindow(ackWait, restartMargin), config.DefaultDuplicateWindow)
-}
-
 // StreamConfig returns the configuration to create the routed stream with,
 // the one place that decides it:
 //
@@ -153,8 +138,9 @@ func DuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
 //     two consumers whose filters overlap, so partitions cannot be read
 //     twice;
 //   - subjects StreamSubjects(routedSubject, partitions);
-//   - the duplicate window DuplicateWindow(ackWait, restartMargin), ackWait
-//     being the route consumer's;
+//   - the duplicate window streams.DuplicateWindow(ackWait,
+//     restartMargin), ackWait being the route consumer's: a copy routed
+//     again after a redelivery is dropped, as on the output stream;
 //   - file storage and the given replicas (0 means 1), as the input's;
 //   - atomic publish allowed: Run publishes each batch's copies as one
 //     atomic batch, one replicated proposal and one acknowledgement (and,
@@ -170,7 +156,7 @@ func StreamConfig(name, routedSubject string, partitions, replicas int, ackWait,
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
-		Duplicates:  DuplicateWindow(ackWait, restartMargin),
+		Duplicates:  streams.DuplicateWindow(ackWait, restartMargin),
 
 		AllowAtomicPublish: true,
 	}
@@ -179,7 +165,8 @@ func StreamConfig(name, routedSubject string, partitions, replicas int, ackWait,
 // CheckStream reports whether sc, the routed stream as the server has it,
 // keeps the route step's guarantee: work-queue retention, subjects that
 // hold StreamSubjects(routedSubject, partitions), and a duplicate window of at least
-// RequiredDuplicateWindow(ackWait, restartMargin). Errors wrap
+// streams.RequiredDuplicateWindow(ackWait, nil, restartMargin): the
+// shortest that drops a copy routed again after a redelivery. Errors wrap
 // ErrRoutedStream and name the stream, the field and the values.
 func CheckStream(sc jetstream.StreamConfig, routedSubject string, partitions int, ackWait, restartMargin time.Duration) error {
 	var errs []error
@@ -196,9 +183,9 @@ func CheckStream(sc jetstream.StreamConfig, routedSubject string, partitions int
 	if len(missing) > 0 {
 		errs = append(errs, fmt.Errorf("%w: stream %s has subjects %v, and lacks %q of the %d partitions", ErrRoutedStream, sc.Name, sc.Subjects, missing, partitions))
 	}
-	if need := RequiredDuplicateWindow(ackWait, restartMargin); sc.Duplicates < need {
+	if need := streams.RequiredDuplicateWindow(ackWait, nil, restartMargin); sc.Duplicates < need {
 		errs = append(errs, fmt.Errorf("%w: stream %s has a duplicate window of %v, but an input message can be routed again %v after its first routing (route ack_wait %v plus restart margin %v); raise it (nats stream edit %s --dupe-window %v)",
-			ErrRoutedStream, sc.Name, sc.Duplicates, need, ackWait, restartMargin, sc.Name, DuplicateWindow(ackWait, restartMargin)))
+			ErrRoutedStream, sc.Name, sc.Duplicates, need, ackWait, restartMargin, sc.Name, streams.DuplicateWindow(ackWait, restartMargin)))
 	}
 	return errors.Join(errs...)
 }
