@@ -776,7 +776,7 @@ func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenur
 		w.keepAlive(batch)
 		return nil
 	}
-	_, err = handover.Restore(ctx, s.js, so.outStream, handover.PartitionFilter(so.prefix, p), from, since, f,
+	_, err = handover.Restore(ctx, s.js, so.outStream, handover.PartitionFilter(so.prefix, p), fenceSubj, from, since, f,
 		func(r handover.Record, seq uint64) error {
 			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
 				Total: state.Contribution{Group: r.Group, Bucket: r.Bucket, Value: r.Value}, Seq: seq})

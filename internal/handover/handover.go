@@ -28,7 +28,7 @@
 // Use, on taking partition p:
 //
 //	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject("out", p), instance)
-//	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), cursor+1, time.Time{}, f,
+//	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), handover.FenceSubject("out", p), cursor+1, time.Time{}, f,
 //		func(r handover.Record, seq uint64) error { ... })
 //	// then publish with forward.Options{Fence: &forward.Fence{Subject: handover.FenceSubject("out", p), Seq: f}}
 package handover
@@ -278,30 +278,72 @@ const restoreIdle = 2 * time.Second
 // takeover forever.
 const restoreStall = 30 * time.Second
 
+// firstSince returns the sequence at which a restore of the records on
+// filter stored at or after since starts. A consumer of filter alone,
+// delivering by start time, starts there (its delivered stream sequence is
+// one less before it delivers anything); Restore's own consumer also reads
+// the fence subject, and nats-server 2.15 starts a consumer of several
+// filters by time at the first message of whichever filter begins after
+// that time, skipping the records of filter in between. The consumer runs
+// on any replica: one that is behind answers an earlier sequence (the next
+// one it would store), from which the restore reads more, never less.
+func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time) (uint64, error) {
+	var from uint64
+	err := retry.Do(ctx, "restore", func() error {
+		c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		from = info.Delivered.Stream + 1
+		_ = js.DeleteConsumer(ctx, stream, info.Name) // else it lingers for its inactive threshold
+		return nil
+	}, retry.Options{})
+	return from, err
+}
+
 // Restore reads the records of one partition back from stream: the
 // messages on filter (PartitionFilter) from sequence from when from > 0,
 // otherwise from the first one stored at or after since (all of them when
-// since is zero too), up to and including sequence upTo (the caller's
-// fence). It calls fn for each record in stream order, with the message's
-// stream sequence, and returns how many it passed to fn. Messages above
-// upTo are ignored; Restore returns once it has passed upTo or no message
-// on filter is left, so an empty partition returns 0 at once. No message
-// for restoreStall ends it with a transient error.
+// since is zero too), up to and including sequence upTo, the sequence of
+// the caller's fence message on fenceSubject (FenceSubject). It calls fn
+// for each record in stream order, with the message's stream sequence, and
+// returns how many it passed to fn.
+//
+// Restore reads the fence subject along with filter and returns only once
+// it has read a message at or past upTo: the fence message itself, or a
+// record at upTo. The server places the reader (an R1 ordered consumer) on
+// any replica of the stream, and a replica that is catching up (just
+// restarted, or behind after a leader change) counts and delivers only the
+// messages it has applied: a restore that ended when the reader's replica
+// had nothing more to deliver would end short of records stored before the
+// fence, and their keys would be forwarded again. Fence messages below upTo
+// are skipped. No message for restoreStall ends it with a transient error.
 //
 // A message on filter that is not a record (Decode) ends Restore with that
 // permanent error; so does an error from fn, wrapped. Restore uses an
 // ordered consumer, so it needs no consumer of its own in the stream.
-func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string, from uint64, since time.Time, upTo uint64,
+func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject string, from uint64, since time.Time, upTo uint64,
 	fn func(r Record, seq uint64) error) (int, error) {
 	if upTo == 0 || from > upTo {
 		return 0, nil
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}}
-	switch {
-	case from > 0:
+	if from == 0 && !since.IsZero() {
+		var err error
+		if from, err = firstSince(ctx, js, stream, filter, since); err != nil {
+			return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+		}
+		if from > upTo {
+			return 0, nil
+		}
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter, fenceSubject}}
+	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
-	case !since.IsZero():
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
 	}
 	var cons jetstream.Consumer
 	var pending uint64
@@ -320,9 +362,6 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 	if err != nil {
 		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
 	}
-	if pending == 0 {
-		return 0, nil
-	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(restoreBuffer))
 	if err != nil {
 		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
@@ -330,13 +369,12 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	// Done at the fence, at the last message on filter (NumPending 0 in
-	// its metadata), or once every message pending at the start is read:
-	// no record at or below the fence can be stored after the fence. A
-	// quiet spell proves nothing (the server may have sent the last
-	// messages, which a loaded client has not read yet), so it only waits
-	// on; one past restoreStall ends the restore with a transient error,
-	// and the takeover is tried again.
+	// Done at the fence: every record at or below it was stored before it,
+	// so the reader's replica delivers them all before the fence. A quiet
+	// spell proves nothing (the replica may be catching up, or the server
+	// sent messages a loaded client has not read yet), so it only waits on;
+	// one past restoreStall ends the restore with a transient error, and the
+	// takeover is tried again.
 	n := 0
 	var read uint64
 	last := max(from, 1) - 1 // the stream sequence of the last message read
@@ -369,6 +407,12 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 		if seq > upTo {
 			return n, nil
 		}
+		if m.Subject() == fenceSubject {
+			if seq == upTo {
+				return n, nil
+			}
+			continue // an earlier owner's fence
+		}
 		r, err := Decode(m)
 		if err != nil {
 			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
@@ -377,7 +421,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter string,
 			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
 		n++
-		if seq == upTo || md.NumPending == 0 || read >= pending {
+		if seq == upTo {
 			return n, nil
 		}
 	}

@@ -69,13 +69,16 @@ func publishRecords(t *testing.T, js jetstream.JetStream, p, from, n int) []reco
 	return out
 }
 
-// restore runs Restore and returns the records it passed on.
+// restore runs Restore and returns the records it passed on. upTo is a
+// sequence Restore reads: partition 1's fence (FenceSubject(prefix, 1)),
+// or a record of partition p, or it is below every record of p that it
+// reads.
 func restore(t *testing.T, js jetstream.JetStream, p int, from uint64, since time.Time, upTo uint64) []record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []record
-	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), from, since, upTo,
+	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, 1), from, since, upTo,
 		func(r handover.Record, seq uint64) error {
 			got = append(got, record{key: string(r.Key), firstSeen: r.FirstSeen, fp: r.Fingerprint, group: r.Group, bucket: r.Bucket, value: r.Value, seq: seq})
 			return nil
@@ -341,15 +344,61 @@ func TestRestore(t *testing.T) {
 	if _, err := js.Publish(ctx, handover.PartitionSubject(prefix, 5, "e"), []byte("no record")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 5), 0, time.Time{}, 1<<40,
+	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 5), handover.FenceSubject(prefix, 5), 0, time.Time{}, 1<<40,
 		func(handover.Record, uint64) error { return nil })
 	if !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
 		t.Errorf("restore of a message without a record: %v, want a permanent ErrNotARecord", err)
 	}
 	stop := errors.New("stop")
-	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), 0, time.Time{}, f1b,
+	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), 0, time.Time{}, f1b,
 		func(handover.Record, uint64) error { return stop })
 	if !errors.Is(err, stop) || n != 0 {
 		t.Errorf("restore whose fn fails: %d, %v; want 0 and fn's error", n, err)
 	}
+}
+
+// TestRestoreReadsUpToTheFence: Restore ends at the fence, not when its
+// reader has nothing more to deliver. The reader runs on any replica of
+// the output stream, and one that is catching up has not applied every
+// record stored before the fence yet; here the records after the first
+// three are stored only once Restore has read the first one, as such a
+// replica would deliver them. A Restore that ended when the records
+// pending at its start were read returned 3 of 6 records and let the new
+// owner forward the other keys again.
+func TestRestoreReadsUpToTheFence(t *testing.T) {
+	js := outStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const p = 6
+	want := publishRecords(t, js, p, 0, 3)
+	fenceSeq := want[len(want)-1].seq + 4 // three more records, then the fence
+	read, stored := make(chan struct{}), make(chan struct{})
+	var got []record
+	done := make(chan error, 1)
+	go func() {
+		_, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, p), 0, time.Time{}, fenceSeq,
+			func(r handover.Record, seq uint64) error {
+				if len(got) == 0 {
+					close(read)
+					<-stored
+				}
+				got = append(got, record{key: string(r.Key), firstSeen: r.FirstSeen, fp: r.Fingerprint, group: r.Group, bucket: r.Bucket, value: r.Value, seq: seq})
+				return nil
+			})
+		done <- err
+	}()
+	<-read
+	want = append(want, publishRecords(t, js, p, 3, 3)...)
+	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject(prefix, p), "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f != fenceSeq {
+		t.Fatalf("fence at sequence %d, want %d (nothing else writes the stream)", f, fenceSeq)
+	}
+	close(stored)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sameRecords(t, "records stored after the restore began, before its fence", got, want)
 }
