@@ -3,6 +3,7 @@ package forward_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -295,12 +296,19 @@ func TestBatchSeqMatchesTheStream(t *testing.T) {
 // passed, so that publishing it again would store it twice. Batch asks the
 // stream whether the batch landed before it publishes again: every message
 // is stored once, at the sequence its Result gives; a batch that did not
-// land is published again.
+// land is published again. The stream's leader answers whether it landed,
+// also on a stream that allows direct gets (which any replica answers).
 func TestFencedBatchLandedWithoutAnswer(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow_direct=%v", direct), func(t *testing.T) { fencedBatchLandedWithoutAnswer(t, direct) })
+	}
+}
+
+func fencedBatchLandedWithoutAnswer(t *testing.T, allowDirect bool) {
 	_, js := runServer(t, 0)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"},
-		Duplicates: 500 * time.Millisecond, AllowAtomicPublish: true}); err != nil {
+		Duplicates: 500 * time.Millisecond, AllowAtomicPublish: true, AllowDirect: allowDirect}); err != nil {
 		t.Fatal(err)
 	}
 	f := takeFence(t, js, "A")

@@ -34,6 +34,7 @@ package forward
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -325,11 +326,7 @@ func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Ms
 	if err != nil {
 		return 0, err
 	}
-	st, err := js.Stream(ctx, name)
-	if err != nil {
-		return 0, err
-	}
-	m, err := st.GetLastMsgForSubject(ctx, last.Subject)
+	m, err := lastOnLeader(ctx, js, name, last.Subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return 0, nil
@@ -340,6 +337,67 @@ func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Ms
 		return 0, nil
 	}
 	return m.Sequence, nil
+}
+
+// lastOnLeader returns the last message stored on subject in stream as the
+// stream's leader answers it (the STREAM.MSG.GET API), or
+// jetstream.ErrMsgNotFound. Stream.GetLastMsgForSubject asks any replica
+// when the stream allows direct gets (allow_direct, which `nats stream
+// add` turns on by default), and a replica behind the leader would answer
+// that a stored batch is not stored: it would be published again, and
+// stored twice once the duplicate window has passed.
+func lastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	o := js.Options()
+	prefix := jetstream.DefaultAPIPrefix
+	switch {
+	case o.Domain != "":
+		prefix = "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.DefaultTimeout)
+		defer cancel()
+	}
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Header  []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("stream %s: last message on %s: %w", stream, subject, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return nil, resp.Error
+	case resp.Message == nil:
+		return nil, fmt.Errorf("stream %s: last message on %s: an answer without a message", stream, subject)
+	}
+	m := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data, Time: resp.Message.Time}
+	if len(resp.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+			return nil, fmt.Errorf("stream %s: last message on %s: headers: %w", stream, subject, err)
+		}
+	}
+	return m, nil
 }
 
 // sameHeaders compares a stored message's headers with those it was sent
