@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,15 +58,40 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// portsGiven are the ports freePort handed out, guarded by portsMu.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// freePort returns a loopback port free at the time of the call, for a
+// process started later. It picks from below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range, 32768-60999 by default): a port the
+// kernel hands out (port 0, an in-process server's -1, any client socket)
+// could otherwise be taken between this call and the process's bind, as
+// a nats-server of a cluster test once failed with "address already in
+// use" beside the other test lane. Ports are drawn at random from 20000 up
+// and each is checked by a listen; none is handed out twice in one test
+// binary.
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		if portsGiven[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		portsGiven[port] = true
+		return port
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	tb.Fatal("no free loopback port between 20000 and 32000 in 200 tries")
+	return 0
 }
 
 // process is a child process whose output goes to a log file.
