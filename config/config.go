@@ -216,6 +216,17 @@ type Output struct {
 	// split. At most the server's max_batch_size. Default 1000 (the
 	// server's default).
 	BatchMax int `yaml:"batch_max"`
+	// AtomicMinBatch: when the output is published as atomic batches, a
+	// batch of fewer messages is published one message at a time instead,
+	// all in flight together, unless scale-out fences it. An atomic batch
+	// costs about one sync of the server's store, staged first (4 ms for
+	// one message on an R1 file stream that fsyncs every write, 3 ms for
+	// 10 or 100), where a message alone costs about 0.2-0.4 ms: below about
+	// 16 messages one at a time is quicker (internal/forward
+	// BenchmarkBatchLatency). At low load batches are small, so their
+	// latency follows JetStream's own; under load they grow and go atomic.
+	// 1: every batch atomic. Default 16.
+	AtomicMinBatch int `yaml:"atomic_min_batch"`
 	// MaxBatchesInFlight bounds the atomic batches the stage has open on
 	// the output stream at once, across its partitions. At most the
 	// server's max_batch_inflight_per_stream (50 by default), which every
@@ -490,6 +501,7 @@ func Default() Config {
 			RestartMargin:      Duration(streams.DefaultRestartMargin),
 			Publish:            PublishAuto,
 			BatchMax:           1000,
+			AtomicMinBatch:     16,
 			MaxBatchesInFlight: 32,
 		},
 		DeadLetter: DeadLetter{

@@ -753,7 +753,7 @@ func TestSummary(t *testing.T) {
 		"stream EVENTS_DEDUPED (subjects deduped.>), duplicate window 2m20s (computed)",
 		"stream DEDUPE_DLQ (subjects dedupe.dlq.>",
 		"created",
-		"output.publish auto: atomic batches of up to 1000 messages, at most 32 open at once when the stream allows atomic publish",
+		"output.publish auto: atomic batches of up to 1000 messages, at most 32 open at once (a batch of fewer than 16 messages goes one message at a time, all in flight together: output.atomic_min_batch) when the stream allows atomic publish",
 		// The Badger sizing is the state options' own, printed as is.
 		"badger " + c.StateOptions(window.Window{}).BadgerSizing().String(),
 	} {

@@ -215,6 +215,15 @@ func humanBytes(n uint64) string {
 	return fmt.Sprintf("%.2f PiB", v/unit)
 }
 
+// smallBatches says which batches go one message at a time although the
+// output is atomic (Output.AtomicMinBatch).
+func smallBatches(out Output) string {
+	if out.AtomicMinBatch <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (a batch of fewer than %d messages goes one message at a time, all in flight together: output.atomic_min_batch)", out.AtomicMinBatch)
+}
+
 // publishSummary says how the output is published (see PublishAtomic).
 func (c Config) publishSummary() string {
 	out := c.Output
@@ -223,11 +232,11 @@ func (c Config) publishSummary() string {
 	case c.ScaleOut.Enabled && out.Publish != PublishAsync:
 		return "output.publish " + out.Publish + " with scale-out: " + atomic + ", each checked against its partition's fence; the stage refuses to start if the stream does not allow atomic publish"
 	case out.Publish == PublishAtomic:
-		return "output.publish atomic: " + atomic + "; the stage refuses to start if the stream does not allow atomic publish"
+		return "output.publish atomic: " + atomic + smallBatches(out) + "; the stage refuses to start if the stream does not allow atomic publish"
 	case out.Publish == PublishAsync:
 		return "output.publish async: one asynchronous publish per message"
 	case c.KnownToSyncEveryWrite():
-		return "output.publish auto: " + atomic + " when the stream allows atomic publish, else one publish per message"
+		return "output.publish auto: " + atomic + smallBatches(c.Output) + " when the stream allows atomic publish, else one publish per message"
 	}
 	return "output.publish auto: one asynchronous publish per message (atomic needs the embedded server with sync_always, or output.publish atomic)"
 }

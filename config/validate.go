@@ -274,6 +274,9 @@ func (c Config) validateStreams(v *validator) {
 	if out.BatchMax < 1 || out.BatchMax > MaxOutputBatch {
 		v.add("output.batch_max", "%d, want 1..%d (and at most the server's max_batch_size, 1000 by default)", out.BatchMax, MaxOutputBatch)
 	}
+	if out.AtomicMinBatch < 1 || out.AtomicMinBatch > MaxOutputBatch {
+		v.add("output.atomic_min_batch", "%d, want 1..%d; 1 publishes every batch atomically", out.AtomicMinBatch, MaxOutputBatch)
+	}
 	if out.MaxBatchesInFlight < 1 || out.MaxBatchesInFlight > MaxBatchesInFlight {
 		v.add("output.max_batches_in_flight", "%d, want 1..%d (and below the server's max_batch_inflight_per_stream, 50 by default)", out.MaxBatchesInFlight, MaxBatchesInFlight)
 	}

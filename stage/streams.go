@@ -313,7 +313,7 @@ func outputPublish(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	if atomic {
 		log.Info("output published as atomic batches", "stream", cfg.Output.Stream, "publish", cfg.Output.Publish,
-			"batch_max", cfg.Output.BatchMax, "max_batches_in_flight", cfg.Output.MaxBatchesInFlight)
+			"batch_max", cfg.Output.BatchMax, "atomic_min_batch", cfg.Output.AtomicMinBatch, "max_batches_in_flight", cfg.Output.MaxBatchesInFlight)
 	} else {
 		log.Info("output published one message at a time", "stream", cfg.Output.Stream, "publish", cfg.Output.Publish,
 			"stream_allows_atomic_publish", allowed, "embedded_sync_always", cfg.KnownToSyncEveryWrite())

@@ -239,6 +239,7 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		},
 		Atomic:     s.atomicOutput,
 		BatchMax:   s.cfg.Output.BatchMax,
+		AtomicMin:  s.cfg.Output.AtomicMinBatch,
 		Inflight:   s.outputBatches,
 		OnFallback: w.fallback,
 	}

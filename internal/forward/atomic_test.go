@@ -245,3 +245,53 @@ func TestAtomicBatchWithARefusedMessage(t *testing.T) {
 		t.Errorf("output holds %d ids, want 19", len(ids))
 	}
 }
+
+// TestAtomicMinPublishesSmallBatchesOneByOne: with AtomicMin 4, a batch of
+// 3 messages is published one message at a time (stored without batch
+// headers) and one of 4 as an atomic batch (all of it under one batch id);
+// a fenced batch is atomic whatever its size, since fenced publishes one
+// at a time go one after the other.
+func TestAtomicMinPublishesSmallBatchesOneByOne(t *testing.T) {
+	_, js := runServer(t, 0)
+	atomicStream(t, js, true)
+	ctx := context.Background()
+	publish := func(msgs []*nats.Msg, o forward.Options) {
+		t.Helper()
+		res := make([]forward.Result, len(msgs))
+		if err := forward.Batch(ctx, js, msgs, res, o); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if !r.Done || r.Err != nil || r.Duplicate {
+				t.Fatalf("message %d: %+v, want stored", i, r)
+			}
+		}
+	}
+	o := forward.Options{Atomic: true, AtomicMin: 4}
+	publish(keyed(0, 3), o)
+	publish(keyed(3, 7), o)
+	f := takeFence(t, js, "A")
+	o.Fence = &forward.Fence{Subject: fenceSubject, Seq: f}
+	publish(keyed(7, 9), o)
+
+	batchOf := map[string]string{}
+	for _, m := range natstest.ReadAll(t, js, "OUT") {
+		if id := m.Header.Get(jetstream.MsgIDHeader); id != "" {
+			batchOf[id] = m.Header.Get(jetstreamext.BatchIDHeader)
+		}
+	}
+	for i := range 9 {
+		k, b := fmt.Sprint("k", i), batchOf[fmt.Sprint("k", i)]
+		switch {
+		case i < 3 && b != "":
+			t.Errorf("%s of a batch of 3 stored in atomic batch %q, want one message at a time", k, b)
+		case i >= 3 && i < 7 && b != batchOf["k3"]:
+			t.Errorf("%s of a batch of 4 in atomic batch %q, k3 in %q: want one batch", k, b, batchOf["k3"])
+		case i >= 7 && (b == "" || b != batchOf["k7"]):
+			t.Errorf("%s of a fenced batch of 2 in atomic batch %q, want one atomic batch", k, b)
+		}
+	}
+	if batchOf["k3"] == "" {
+		t.Error("the batch of 4 was not published as an atomic batch")
+	}
+}

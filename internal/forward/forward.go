@@ -93,6 +93,12 @@ type Options struct {
 	// Limiter among all callers that publish to one stream. Default nil:
 	// unbounded.
 	Inflight *Limiter
+	// AtomicMin, with Atomic, publishes a batch of fewer messages one
+	// message at a time, all in flight together, as without Atomic, unless
+	// Fence is set: an atomic batch costs about one sync of the server's
+	// store, which a few messages alone cost less than
+	// (BenchmarkBatchLatency). Default 0: every batch atomic.
+	AtomicMin int
 	// OnFallback, if set, runs when the server refuses an atomic batch as
 	// a whole, with the number of its messages and the server's error,
 	// before they are published one by one.
@@ -205,7 +211,7 @@ func Batch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []
 	if o.StallWait <= 0 {
 		o.StallWait = DefaultStallWait
 	}
-	if !o.Atomic {
+	if !o.Atomic || (o.Fence == nil && len(msgs) < o.AtomicMin) {
 		return each(ctx, js, msgs, res, o)
 	}
 	// The sub-batches go one after the other: with a fence, never two of
