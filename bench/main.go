@@ -106,7 +106,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.BoolVar(&f.syncAlways, "sync-always", config.Default().NATS.Embedded.SyncAlways, "embedded server: fsync every JetStream write (the embedded default)")
 	fs.StringVar(&f.publish, "publish", config.PublishAuto, "stage output.publish: auto (as dedupe-stage run decides: atomic batches on the embedded server with --sync-always, else async), atomic or async")
 	fs.IntVar(&f.partitions, "partitions", config.Default().State.Partitions, "stage partitions (and loop workers)")
-	fs.BoolVar(&f.syncWrites, "sync-writes", config.Default().State.SyncWrites, "stage: fsync each state commit (the default)")
+	fs.BoolVar(&f.syncWrites, "sync-writes", true, "stage: fsync each state commit (state.sync_writes; the bench sets it, where dedupe-stage run follows nats.embedded.sync_always when unset)")
 	fs.StringVar(&f.dir, "dir", "", "scratch directory for JetStream and state; default a new temp dir, removed at the end")
 	fs.BoolVar(&f.keep, "keep", false, "keep the scratch directory and streams")
 	fs.StringVar(&f.out, "out", "results.json", "JSON results file; the SVG chart is written next to it (same name, .svg)")

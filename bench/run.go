@@ -248,7 +248,7 @@ func (r *runner) stageConfig(kind Kind, n streamNames) config.Config {
 	}
 	cfg.State.DataDir = filepath.Join(r.dir, string(kind))
 	cfg.State.Partitions = r.f.partitions
-	cfg.State.SyncWrites = r.f.syncWrites
+	cfg.State.SyncWrites = &r.f.syncWrites
 	cfg.Filter.Enabled = kind == KindStageBloom
 	cfg.Filter.ExpectedKeys = max(cfg.Filter.ExpectedKeys, uint64(r.thr.Keys+r.lat.Keys))
 	cfg.HTTP.Addr = ""

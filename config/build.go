@@ -20,7 +20,7 @@ func (c Config) StateOptions(w window.Window) state.Options {
 	so.Filter.Generations = c.Filter.Generations
 	so.DisableFilter = !c.Filter.Enabled
 	so.MemoryBudget = int64(c.State.MemoryBudget)
-	so.SyncWrites = c.State.SyncWrites
+	so.SyncWrites = c.StateSyncWrites()
 	so.GCInterval = c.State.GCInterval.D()
 	so.SnapshotInterval = c.State.SnapshotInterval.D()
 	if c.Totals.Enabled {

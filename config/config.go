@@ -386,11 +386,15 @@ type State struct {
 	// per-instance floors stay inside it. state.Options.BadgerSizing
 	// derives Badger's sizes from it.
 	MemoryBudget ByteSize `yaml:"memory_budget"`
-	// SyncWrites: fsync each commit before acknowledging the input. Default
-	// true. False is faster, but a power failure can forget keys whose
-	// input was already acknowledged, so their later copies are forwarded
-	// again.
-	SyncWrites bool `yaml:"sync_writes"`
+	// SyncWrites: fsync each commit before acknowledging the input. Unset
+	// (the default), the state syncs as the output's server does: as
+	// nats.embedded.sync_always when the stage embeds the server, and
+	// always with an external server, whose setting the stage cannot read
+	// (Config.StateSyncWrites; Summary says what each combination
+	// guarantees). False is faster, but a power failure can forget keys
+	// whose input was already acknowledged, so their later copies are
+	// forwarded again.
+	SyncWrites *bool `yaml:"sync_writes"`
 	// GCInterval is how often expired keys are collected from disk
 	// (value-log GC). Default 10m; 0 disables it (the disk then only grows).
 	GCInterval Duration `yaml:"gc_interval"`
@@ -521,7 +525,6 @@ func Default() Config {
 			DataDir:          "./data",
 			Partitions:       8,
 			MemoryBudget:     state.DefaultMemoryBudget,
-			SyncWrites:       true,
 			GCInterval:       Duration(10 * time.Minute),
 			SnapshotInterval: Duration(time.Minute),
 		},
@@ -584,6 +587,24 @@ func Parse(data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("%w: more than one YAML document", ErrParse)
 	}
 	return c, nil
+}
+
+// StateSyncWrites reports whether the state fsyncs each commit before the
+// input is acknowledged: state.sync_writes when set; unset, as the
+// embedded server fsyncs its writes (nats.embedded.sync_always), and true
+// with an external server. A state that syncs while the output's server
+// does not is no safer: a power failure can then lose forwarded messages
+// whose keys the state keeps, so their redelivered inputs are judged
+// repeats and the events are lost, where a state that forgot them too
+// forwards them again.
+func (c Config) StateSyncWrites() bool {
+	if c.State.SyncWrites != nil {
+		return *c.State.SyncWrites
+	}
+	if c.NATS.IsEmbedded() {
+		return c.NATS.Embedded.SyncAlways
+	}
+	return true
 }
 
 // ShouldCreateStreams reports whether missing streams and the consumer are

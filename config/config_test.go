@@ -504,7 +504,7 @@ func TestFlagsOverrideEnvAndFile(t *testing.T) {
 		t.Errorf("format %q, data dir %q, http %q", c.Log.Format, c.State.DataDir, c.HTTP.Addr)
 	case c.NATS.CreateStreams == nil || !*c.NATS.CreateStreams || !c.NATS.ShouldCreateStreams():
 		t.Errorf("--create-streams did not set create_streams")
-	case c.State.SyncWrites:
+	case c.State.SyncWrites == nil || *c.State.SyncWrites || c.StateSyncWrites():
 		t.Errorf("--sync-writes=false did not clear sync_writes")
 	case c.Key.Field != (keys.FieldSpec{Source: keys.SourceHeader, Header: "Order-Id"}):
 		t.Errorf("--key-header Order-Id: key %+v", c.Key.Field)
@@ -763,7 +763,8 @@ func TestSummary(t *testing.T) {
 	}
 	c.NATS.URL = "nats://h:4222"
 	c.NATS.Password, c.NATS.User, c.NATS.Token = "secret-password", "alice", "secret-token"
-	c.State.SyncWrites = false
+	no := false
+	c.State.SyncWrites = &no
 	s = c.Summary()
 	for _, want := range []string{"server nats://h:4222", "RISK", "must exist", "output.publish auto: one asynchronous publish per message"} {
 		if !strings.Contains(s, want) {
@@ -884,5 +885,43 @@ func TestPublishAtomic(t *testing.T) {
 	}
 	if !strings.Contains(ErrAtomicNotAllowed.Error(), "output.publish") {
 		t.Errorf("ErrAtomicNotAllowed does not name its field: %v", ErrAtomicNotAllowed)
+	}
+}
+
+// TestStateSyncWritesFollowsTheServer: state.sync_writes unset follows the
+// embedded server's sync_always (true with an external server, whose
+// setting the stage cannot read); set, it is kept, and check-config's
+// durability line names the combination's risk.
+func TestStateSyncWritesFollowsTheServer(t *testing.T) {
+	yes, no := true, false
+	for _, tc := range []struct {
+		name       string
+		url        string
+		serverSync bool
+		set        *bool
+		want       bool
+		summary    string
+	}{
+		{"embedded, syncs", "", true, nil, true, "nothing acknowledged is lost or forwarded twice"},
+		{"embedded, no sync", "", false, nil, false, "the state forgets the same recent writes"},
+		{"external", "nats://h:4222", false, nil, true, "the external server's"},
+		{"set false beside a syncing server", "", true, &no, false, "keys it forgot are forwarded again"},
+		{"set true beside a server without sync", "", false, &yes, true, "events lost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.NATS.URL = tc.url
+			c.NATS.Embedded.SyncAlways = tc.serverSync
+			c.State.SyncWrites = tc.set
+			if got := c.StateSyncWrites(); got != tc.want {
+				t.Errorf("StateSyncWrites() = %v, want %v", got, tc.want)
+			}
+			if got := c.StateOptions(window.Window{}).SyncWrites; got != tc.want {
+				t.Errorf("the state is opened with SyncWrites %v, want %v", got, tc.want)
+			}
+			if s := c.Summary(); !strings.Contains(s, tc.summary) {
+				t.Errorf("Summary does not say %q:\n%s", tc.summary, s)
+			}
+		})
 	}
 }

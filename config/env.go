@@ -77,7 +77,14 @@ var envVars = []envVar{
 	{"DEDUPE_OUTPUT_STREAM", "output.stream", setString(func(c *Config) *string { return &c.Output.Stream })},
 	{"DEDUPE_DATA_DIR", "state.data_dir", setString(func(c *Config) *string { return &c.State.DataDir })},
 	{"DEDUPE_PARTITIONS", "state.partitions", setInt(func(c *Config) *int { return &c.State.Partitions })},
-	{"DEDUPE_SYNC_WRITES", "state.sync_writes", setBool(func(c *Config) *bool { return &c.State.SyncWrites })},
+	{"DEDUPE_SYNC_WRITES", "state.sync_writes", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q, want true or false", v)
+		}
+		c.State.SyncWrites = &b
+		return nil
+	}},
 	{"DEDUPE_HTTP_ADDR", "http.addr", setString(func(c *Config) *string { return &c.HTTP.Addr })},
 	{"DEDUPE_HTTP_INSPECT", "http.inspect", setBool(func(c *Config) *bool { return &c.HTTP.Inspect })},
 	{"DEDUPE_HTTP_INSPECT_ADDR", "http.inspect_addr", setString(func(c *Config) *string { return &c.HTTP.InspectAddr })},
@@ -143,7 +150,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Input.Stream, "input-stream", c.Input.Stream, "input stream name (input.stream, $DEDUPE_INPUT_STREAM)")
 	fs.StringVar(&c.Output.Stream, "output-stream", c.Output.Stream, "output stream name (output.stream, $DEDUPE_OUTPUT_STREAM)")
 	fs.Var(&optBool{p: &c.NATS.CreateStreams}, "create-streams", "create missing streams and the consumer; default: true when embedded, false with a URL (nats.create_streams, $DEDUPE_CREATE_STREAMS)")
-	fs.BoolVar(&c.State.SyncWrites, "sync-writes", c.State.SyncWrites, "fsync every state commit before acknowledging (state.sync_writes, $DEDUPE_SYNC_WRITES)")
+	fs.Var(&optBool{p: &c.State.SyncWrites}, "sync-writes", "fsync every state commit before acknowledging; default: as the embedded server syncs (nats.embedded.sync_always), true with a URL (state.sync_writes, $DEDUPE_SYNC_WRITES)")
 	fs.Var(&keyHeaderFlag{c: c}, "key-header", "take the key from this header (key.source header, key.header, $DEDUPE_KEY_HEADER)")
 	fs.BoolVar(&c.ScaleOut.Enabled, "scale-out", c.ScaleOut.Enabled, "run as one of N instances sharing the input over a JetStream cluster (scale_out.enabled, $DEDUPE_SCALE_OUT)")
 	fs.StringVar(&c.ScaleOut.Group, "scale-out-group", c.ScaleOut.Group, "static consumer group of the instances (scale_out.group, $DEDUPE_SCALE_OUT_GROUP)")

@@ -69,20 +69,7 @@ func (c Config) Summary() string {
 		more("while writing, Badger's table builders come on top: buffers of twice a table's size, up to 8 per partition (hundreds of MiB to GiBs at tens of millions of keys)")
 	}
 
-	if c.State.SyncWrites {
-		line("durability", "state.sync_writes=true: each commit of keys is fsynced before the input is acknowledged")
-	} else {
-		line("durability", "state.sync_writes=false: RISK: a power failure or kernel crash can forget recently recorded keys; their later copies are forwarded again")
-	}
-	if c.NATS.IsEmbedded() {
-		if c.NATS.Embedded.SyncAlways {
-			more("nats.embedded.sync_always=true: JetStream fsyncs every message before acknowledging it")
-		} else {
-			more("nats.embedded.sync_always=false: RISK: JetStream flushes every 2 minutes; a power failure can lose acknowledged input, output and dead-letter messages")
-		}
-	} else {
-		more("JetStream durability is the external server's (its sync_interval setting)")
-	}
+	c.durabilitySummary(line, more)
 
 	if c.NATS.IsEmbedded() {
 		e := c.NATS.Embedded
@@ -213,6 +200,41 @@ func humanBytes(n uint64) string {
 		}
 	}
 	return fmt.Sprintf("%.2f PiB", v/unit)
+}
+
+// durabilitySummary says what the state's and the server's syncs
+// guarantee together (Config.StateSyncWrites).
+func (c Config) durabilitySummary(line func(label, format string, args ...any), more func(format string, args ...any)) {
+	sync := c.StateSyncWrites()
+	how := "set"
+	if c.State.SyncWrites == nil {
+		how = "as the embedded server syncs"
+		if !c.NATS.IsEmbedded() {
+			how = "the default with an external server"
+		}
+	}
+	if sync {
+		line("durability", "state.sync_writes=true (%s): each commit of keys is fsynced before the input is acknowledged", how)
+	} else {
+		line("durability", "state.sync_writes=false (%s): a process crash (kill -9) forgets nothing, the kernel holds the writes; a power failure or kernel crash can forget recently recorded keys, whose later copies are forwarded again", how)
+	}
+	if !c.NATS.IsEmbedded() {
+		more("JetStream durability is the external server's (its sync_interval setting)")
+		if !sync {
+			more("RISK unless the server does not fsync every write either: then both forget the same recent writes together")
+		}
+		return
+	}
+	switch serverSync := c.NATS.Embedded.SyncAlways; {
+	case serverSync && sync:
+		more("nats.embedded.sync_always=true: JetStream fsyncs every message before acknowledging it; nothing acknowledged is lost or forwarded twice, even on a power failure")
+	case serverSync:
+		more("nats.embedded.sync_always=true: RISK: the streams keep every acknowledged message through a power failure, the state may not: keys it forgot are forwarded again")
+	case sync:
+		more("nats.embedded.sync_always=false: RISK: JetStream flushes every 2 minutes; a power failure can lose forwarded messages whose keys the state kept, and their redelivered inputs are then judged repeats: events lost (leave state.sync_writes unset to follow the server)")
+	default:
+		more("nats.embedded.sync_always=false: RISK: JetStream flushes every 2 minutes; a power failure can lose acknowledged input, output and dead-letter messages, and the state forgets the same recent writes, so nothing is judged a repeat of a lost forward")
+	}
 }
 
 // smallBatches says which batches go one message at a time although the

@@ -48,7 +48,8 @@ func newEnvOn(t *testing.T, srv *server.Server) *env {
 	cfg.NATS.CreateStreams = &yes
 	cfg.State.DataDir = t.TempDir()
 	cfg.State.Partitions = 4
-	cfg.State.SyncWrites = false
+	no := false
+	cfg.State.SyncWrites = &no
 	cfg.State.MemoryBudget = 64 << 20
 	cfg.Filter.ExpectedKeys = 100_000
 	cfg.HTTP.Addr = ""

@@ -32,7 +32,8 @@ func scaleOutConfig(t *testing.T, srvURL, instance string) config.Config {
 	cfg.NATS.CreateStreams = &yes
 	cfg.State.DataDir = t.TempDir()
 	cfg.State.Partitions = 4
-	cfg.State.SyncWrites = false
+	no := false
+	cfg.State.SyncWrites = &no
 	cfg.State.MemoryBudget = 64 << 20
 	cfg.Filter.ExpectedKeys = 100_000
 	cfg.HTTP.Addr = ""
