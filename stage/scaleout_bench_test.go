@@ -17,6 +17,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -94,29 +95,10 @@ func (in *benchInstance) stop(b *testing.B) {
 	_ = in.st.Close()
 }
 
-// sum adds up the counter (or gauge) name over its series.
+// sum adds up the counter (or gauge) name over its series with labels.
 func (in *benchInstance) sum(b *testing.B, name string, labels map[string]string) float64 {
 	b.Helper()
-	mfs, err := in.reg.Gather()
-	if err != nil {
-		b.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return total
+	return metrictest.Sum(b, in.reg, name, labels)
 }
 
 // publishOrders publishes the events keys[i] on orders.<key> (or, routed,

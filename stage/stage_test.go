@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -218,28 +219,11 @@ func (e *env) assertExactlyOnce(unique map[string][]byte) {
 	}
 }
 
+// counter sums the series of metric name in reg whose labels include
+// labels (metrictest.Sum).
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	return metrictest.Sum(t, reg, name, labels)
 }
 
 func TestForwardsEachKeyOnceAndSurvivesRestart(t *testing.T) {

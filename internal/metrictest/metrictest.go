@@ -33,13 +33,20 @@ func Sum(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]st
 	return v
 }
 
+// Lookup is Sum that also reports whether g has such a series at all.
+func Lookup(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]string) (v float64, ok bool) {
+	tb.Helper()
+	v, n := sum(gather(tb, g), name, labels)
+	return v, n > 0
+}
+
 // Value is Sum of a metric that must be there: it fails the test when g
 // has no series of name with labels, so that a want of 0 cannot pass on a
 // metric that is missing.
 func Value(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	tb.Helper()
-	v, n := sum(gather(tb, g), name, labels)
-	if n == 0 {
+	v, ok := Lookup(tb, g, name, labels)
+	if !ok {
 		tb.Fatalf("no series %s%v", name, labels)
 	}
 	return v

@@ -54,6 +54,9 @@ func TestSumValueAndTextAgree(t *testing.T) {
 			t.Errorf("Text(%s%v) = %v, want %v", tt.name, tt.labels, got, tt.want)
 		}
 	}
+	if _, ok := Lookup(t, reg, "c_total", map[string]string{"outcome": "gone"}); ok {
+		t.Errorf("Lookup finds a series c_total{outcome=gone} that is not there")
+	}
 	if got := Value(t, reg, "g", nil); got != 0 {
 		t.Errorf("Value(g) = %v, want 0", got)
 	}
