@@ -111,6 +111,8 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			t.Fatalf("output holds %d messages, want the limit %d", n, limit)
 		}
 		floor := consumerInfo(t, js).AckFloor.Stream
+		// A sleep on purpose: nothing may be acked for three ack_waits,
+		// and no event marks a time in which nothing happened.
 		time.Sleep(3 * cfg.AckWait)
 		checkNothingAckedUnforwarded(t, js, events, acks)
 		if ci := consumerInfo(t, js); ci.AckFloor.Stream != floor {
@@ -146,6 +148,7 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			code, _ := s.get("/healthz")
 			return code == http.StatusServiceUnavailable
 		})
+		// A sleep on purpose: nothing may be acked for three ack_waits.
 		time.Sleep(3 * cfg.AckWait)
 		ci := consumerInfo(t, js)
 		for _, e := range events {
