@@ -206,20 +206,13 @@ func BenchmarkScaleOutThroughput(b *testing.B) {
 				for i := range n {
 					ins = append(ins, startInstance(b, cfg, fmt.Sprintf("i%d", i)))
 				}
-				deadline := time.Now().Add(benchDrainLimit)
-				for {
+				natstest.Poll(b, benchDrainLimit, 5*time.Millisecond, fmt.Sprintf("%d events judged", b.N), func() (bool, error) {
 					judged := 0.0
 					for _, in := range ins {
 						judged += in.sum(b, "dedupe_messages_total", nil)
 					}
-					if judged >= float64(b.N) {
-						break
-					}
-					if time.Now().After(deadline) {
-						b.Fatalf("%v of %d events judged in %v", judged, b.N, benchDrainLimit)
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+					return judged >= float64(b.N), fmt.Errorf("%v judged", judged)
+				})
 				b.StopTimer()
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 				for i, in := range ins {
@@ -292,13 +285,9 @@ func BenchmarkScaleOutRestore(b *testing.B) {
 					publishOrders(b, js, wake, false)
 					b.StartTimer()
 					in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
-					deadline := time.Now().Add(benchDrainLimit)
-					for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
-						if time.Now().After(deadline) {
-							b.Fatalf("partitions not all taken in %v", benchDrainLimit)
-						}
-						time.Sleep(5 * time.Millisecond)
-					}
+					natstest.Poll(b, benchDrainLimit, 5*time.Millisecond, "every partition taken", func() (bool, error) {
+						return in.sum(b, "dedupe_partition_takeovers_total", nil) >= benchPartitions, nil
+					})
 					b.StopTimer()
 					restored := in.sum(b, "dedupe_restore_records_total", nil) + in.sum(b, "dedupe_snapshot_restore_records_total", nil)
 					if restored < float64(keysN) {
@@ -346,6 +335,7 @@ func BenchmarkScaleOutHandOver(b *testing.B) {
 					return a.sum(b, "dedupe_partitions_owned", nil) == benchPartitions
 				})
 				bi := startInstance(b, cfg, "b")
+				base := a.sum(b, "dedupe_messages_total", map[string]string{"outcome": "new"})
 				ctx, stopPub := context.WithCancel(context.Background())
 				pubDone := make(chan struct{})
 				go func() {
@@ -361,7 +351,9 @@ func BenchmarkScaleOutHandOver(b *testing.B) {
 						}
 					}
 				}()
-				time.Sleep(time.Second)
+				natstest.WaitFor(b, time.Minute, "a to forward the flow", func() bool {
+					return a.sum(b, "dedupe_messages_total", map[string]string{"outcome": "new"}) >= base+300
+				})
 				start := time.Now()
 				if kill {
 					a.nc.Close()
@@ -420,12 +412,9 @@ func BenchmarkScaleOutSnapshotCost(b *testing.B) {
 			b.ResetTimer()
 			in := startInstance(b, cfg, "a")
 			deadline := time.Now().Add(benchDrainLimit)
-			for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
-				if time.Now().After(deadline) {
-					b.Fatalf("partitions not all taken in %v", benchDrainLimit)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			natstest.Poll(b, benchDrainLimit, time.Millisecond, "every partition taken", func() (bool, error) {
+				return in.sum(b, "dedupe_partition_takeovers_total", nil) >= benchPartitions, nil
+			})
 			t0, judged0 := time.Now(), in.sum(b, "dedupe_messages_total", nil)
 			ctx, stop := context.WithCancel(context.Background())
 			writes := make(chan int, 1)
@@ -440,12 +429,9 @@ func BenchmarkScaleOutSnapshotCost(b *testing.B) {
 				}
 				writes <- n
 			}()
-			for in.sum(b, "dedupe_messages_total", nil) < float64(len(ks)) {
-				if time.Now().After(deadline) {
-					b.Fatalf("backlog not judged in %v", benchDrainLimit)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			natstest.Poll(b, time.Until(deadline), time.Millisecond, "the backlog judged", func() (bool, error) {
+				return in.sum(b, "dedupe_messages_total", nil) >= float64(len(ks)), nil
+			})
 			took := time.Since(t0)
 			b.StopTimer()
 			stop()

@@ -141,18 +141,16 @@ func (e *env) drained(timeout time.Duration) {
 // most 30s. It is called from the stage's own goroutines (hooks), so it
 // reports a timeout with Errorf.
 func (e *env) holdUntilRedelivered() {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	if !natstest.Until(30*time.Second, 20*time.Millisecond, func() bool {
 		c, err := e.js.Consumer(context.Background(), e.cfg.Input.Stream, e.cfg.Input.Consumer)
-		if err == nil {
-			info, err := c.Info(context.Background())
-			if err == nil && info.Delivered.Consumer > info.Delivered.Stream {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
+		info, err := c.Info(context.Background())
+		return err == nil && info.Delivered.Consumer > info.Delivered.Stream
+	}) {
+		e.t.Errorf("no input message was redelivered within 30s")
 	}
-	e.t.Errorf("no input message was redelivered within 30s")
 }
 
 // outputByKey reads the output stream and groups it by Nats-Msg-Id.
@@ -393,7 +391,7 @@ func TestKeysPastTheWindowAreForwardedAgain(t *testing.T) {
 	if n := len(e.outputByKey()["k1"]); n != 1 {
 		t.Fatalf("inside the window: %d outputs, want 1", n)
 	}
-	time.Sleep(200 * time.Millisecond) // past the output's own duplicate window
+	time.Sleep(200 * time.Millisecond) // on purpose: past the output's own duplicate window
 	clock.Advance(31 * time.Second)    // 61s after first seen: past W
 	e.publish([]event{{key: "k1", payload: []byte("a")}})
 	e.drained(30 * time.Second)

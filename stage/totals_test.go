@@ -666,7 +666,7 @@ func TestTotalsFlushRetriedAfterSinkFailure(t *testing.T) {
 		return out
 	}
 	if time.Now().Add(5*time.Second).Truncate(time.Minute) != time.Now().Truncate(time.Minute) {
-		time.Sleep(6 * time.Second) // stay inside one minute bucket
+		time.Sleep(6 * time.Second) // on purpose: stay inside one minute bucket
 	}
 	r := e.start()
 	e.publishClicks(mk(0, 30))
