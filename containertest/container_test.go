@@ -811,14 +811,17 @@ func sumOver(t testing.TB, bodies []string, name string, labels map[string]strin
 // partitions fairly, and returns the keys it published. An instance owns a
 // partition once the server delivers it a message of the partition under
 // its pin, so the partitions another instance released for balance move
-// only with traffic. It gives up after 20 rounds (about a minute).
+// only with traffic. It gives up after a minute.
 func (e *env) balance(stages []stage) []string {
 	t := e.t
 	t.Helper()
 	var keys []string
 	var last []int
 	start := time.Now()
-	for round := 0; round < 20; round++ {
+	round := 0
+	// Presence refreshes every input.ack_wait; a release waits for one:
+	// a round a second.
+	if natstest.Until(time.Minute, time.Second, func() bool {
 		o, err := owned(t, stages)
 		if err != nil {
 			t.Fatalf("reading the partitions each stage owns: %v", err)
@@ -826,17 +829,19 @@ func (e *env) balance(stages []stage) []string {
 		last = o
 		if fair(o) {
 			t.Logf("partitions owned by stage %v after %d rounds of new keys (%s)", o, round, time.Since(start).Round(10*time.Millisecond))
-			return keys
+			return true
 		}
 		k := keysFor(fmt.Sprintf("order-warm%02d", round), 20)
 		e.publish(k, 1)
 		keys = append(keys, k...)
 		e.drained("the group to ack a round of keys published for balance")
-		// Presence refreshes every input.ack_wait; a release waits for one.
-		time.Sleep(time.Second)
+		round++
+		return false
+	}) {
+		return keys
 	}
-	t.Fatalf("after 20 rounds of new keys (%s) the stages own %v of %d partitions: want every partition owned and at most %d each",
-		time.Since(start).Round(time.Second), last, partitions, (partitions+len(stages)-1)/len(stages))
+	t.Fatalf("after %d rounds of new keys (%s) the stages own %v of %d partitions: want every partition owned and at most %d each",
+		round, time.Since(start).Round(time.Second), last, partitions, (partitions+len(stages)-1)/len(stages))
 	return nil
 }
 
