@@ -72,7 +72,7 @@ func TestScaleOutReleaseGivesBackHeld(t *testing.T) {
 		a.st.ReleasePartition(p)
 	}()
 	// The release stops consuming and waits for the batch in flight: a
-	// sleep on purpose, the batch is held while the release waits.
+	// sleep on purpose, the batch is held a while after the release.
 	time.Sleep(2 * time.Second)
 	unblock()
 	<-done
@@ -114,7 +114,11 @@ func TestScaleOutStopGivesBackHeld(t *testing.T) {
 		defer close(stopped)
 		a.stop(t)
 	}()
-	time.Sleep(time.Second) // on purpose: the batch is held while the stop waits
+	select { // the stop waits for the batch in flight
+	case <-stopped:
+		t.Fatal("the stop returned while a batch was in flight")
+	case <-time.After(time.Second):
+	}
 	unblock()
 	<-stopped
 	e.scaleOutDrained(20 * time.Second)
