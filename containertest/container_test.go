@@ -1,7 +1,6 @@
 package containertest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -440,44 +440,6 @@ func (s stage) metrics(t testing.TB) string {
 	return body
 }
 
-// sumMetric adds up the samples of name whose labels include every
-// label="value" pair in want, in Prometheus text format.
-func sumMetric(t testing.TB, body, name string, want ...string) float64 {
-	t.Helper()
-	var sum float64
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		series, value, ok := strings.Cut(line, " ")
-		if !ok {
-			continue
-		}
-		metric, labels, _ := strings.Cut(series, "{")
-		if metric != name {
-			continue
-		}
-		match := true
-		for _, w := range want {
-			if !strings.Contains(labels, w) {
-				match = false
-			}
-		}
-		if !match {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.Fields(value)[0], 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
-	}
-	return sum
-}
-
 // publish publishes copies of each key, copy by copy across the keys, with
 // the key in the Event-Id header and the same payload in every copy; it
 // returns when JetStream acknowledged them all.
@@ -715,16 +677,16 @@ func TestContainer(t *testing.T) {
 	e.drained("first stage acked all of phase 1")
 	e.checkOnce(keys1)
 	body := first.metrics(t)
-	if got := sumMetric(t, body, "dedupe_messages_total", `outcome="new"`); got != float64(len(keys1)) {
+	if got := metrictest.Text(t, body, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != float64(len(keys1)) {
 		t.Errorf("dedupe_messages_total{outcome=new} = %v, want %d", got, len(keys1))
 	}
-	if got := sumMetric(t, body, "dedupe_messages_total", `outcome="repeat"`); got != float64(len(keys1)*(copies-1)) {
+	if got := metrictest.Text(t, body, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got != float64(len(keys1)*(copies-1)) {
 		t.Errorf("dedupe_messages_total{outcome=repeat} = %v, want %d", got, len(keys1)*(copies-1))
 	}
-	if got := sumMetric(t, body, "dedupe_dead_letters_total"); got != 0 {
+	if got := metrictest.Text(t, body, "dedupe_dead_letters_total", nil); got != 0 {
 		t.Errorf("dedupe_dead_letters_total = %v, want 0", got)
 	}
-	if got := sumMetric(t, body, "dedupe_ready"); got != 1 {
+	if got := metrictest.Text(t, body, "dedupe_ready", nil); got != 1 {
 		t.Errorf("dedupe_ready = %v, want 1", got)
 	}
 
@@ -778,13 +740,13 @@ func TestContainer(t *testing.T) {
 	e.checkOnce(all)
 	body = second.metrics(t)
 	wantNew := len(all) - forwardedBefore
-	if got := sumMetric(t, body, "dedupe_messages_total", `outcome="new"`); got != float64(wantNew) {
+	if got := metrictest.Text(t, body, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != float64(wantNew) {
 		t.Errorf("after the restart dedupe_messages_total{outcome=new} = %v, want %d (the keys not forwarded before SIGTERM)", got, wantNew)
 	}
-	if got := sumMetric(t, body, "dedupe_messages_total", `outcome="repeat"`); got < float64(len(all)) {
+	if got := metrictest.Text(t, body, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got < float64(len(all)) {
 		t.Errorf("after the restart dedupe_messages_total{outcome=repeat} = %v, want at least the %d copies published again", got, len(all))
 	}
-	if got := sumMetric(t, body, "dedupe_republish_duplicates_total"); got != 0 {
+	if got := metrictest.Text(t, body, "dedupe_republish_duplicates_total", nil); got != 0 {
 		t.Errorf("dedupe_republish_duplicates_total = %v, want 0: a clean stop leaves nothing published and not committed", got)
 	}
 
@@ -819,7 +781,7 @@ func owned(t testing.TB, stages []stage) ([]int, error) {
 		if err != nil || code != http.StatusOK {
 			return nil, fmt.Errorf("GET %s/metrics of %s: %d %v", s.http, s.name, code, err)
 		}
-		out[i] = int(sumMetric(t, body, "dedupe_partitions_owned"))
+		out[i] = int(metrictest.Text(t, body, "dedupe_partitions_owned", nil))
 	}
 	return out, nil
 }
@@ -835,12 +797,12 @@ func fair(owned []int) bool {
 	return sum == partitions && most <= (partitions+len(owned)-1)/len(owned)
 }
 
-// sumOver is sumMetric added up over the metrics of several stages.
-func sumOver(t testing.TB, bodies []string, name string, want ...string) float64 {
+// sumOver is metrictest.Text added up over the metrics of several stages.
+func sumOver(t testing.TB, bodies []string, name string, labels map[string]string) float64 {
 	t.Helper()
 	var sum float64
 	for _, b := range bodies {
-		sum += sumMetric(t, b, name, want...)
+		sum += metrictest.Text(t, b, name, labels)
 	}
 	return sum
 }
@@ -849,14 +811,17 @@ func sumOver(t testing.TB, bodies []string, name string, want ...string) float64
 // partitions fairly, and returns the keys it published. An instance owns a
 // partition once the server delivers it a message of the partition under
 // its pin, so the partitions another instance released for balance move
-// only with traffic. It gives up after 20 rounds (about a minute).
+// only with traffic. It gives up after a minute.
 func (e *env) balance(stages []stage) []string {
 	t := e.t
 	t.Helper()
 	var keys []string
 	var last []int
 	start := time.Now()
-	for round := 0; round < 20; round++ {
+	round := 0
+	// Presence refreshes every input.ack_wait; a release waits for one:
+	// a round a second.
+	if natstest.Until(time.Minute, time.Second, func() bool {
 		o, err := owned(t, stages)
 		if err != nil {
 			t.Fatalf("reading the partitions each stage owns: %v", err)
@@ -864,17 +829,19 @@ func (e *env) balance(stages []stage) []string {
 		last = o
 		if fair(o) {
 			t.Logf("partitions owned by stage %v after %d rounds of new keys (%s)", o, round, time.Since(start).Round(10*time.Millisecond))
-			return keys
+			return true
 		}
 		k := keysFor(fmt.Sprintf("order-warm%02d", round), 20)
 		e.publish(k, 1)
 		keys = append(keys, k...)
 		e.drained("the group to ack a round of keys published for balance")
-		// Presence refreshes every input.ack_wait; a release waits for one.
-		time.Sleep(time.Second)
+		round++
+		return false
+	}) {
+		return keys
 	}
-	t.Fatalf("after 20 rounds of new keys (%s) the stages own %v of %d partitions: want every partition owned and at most %d each",
-		time.Since(start).Round(time.Second), last, partitions, (partitions+len(stages)-1)/len(stages))
+	t.Fatalf("after %d rounds of new keys (%s) the stages own %v of %d partitions: want every partition owned and at most %d each",
+		round, time.Since(start).Round(time.Second), last, partitions, (partitions+len(stages)-1)/len(stages))
 	return nil
 }
 
@@ -949,10 +916,10 @@ func TestContainerScaleOut(t *testing.T) {
 	forwarded := append(append([]string(nil), keys1...), e.balance(group)...)
 	e.checkOnce(forwarded)
 	bodies := []string{group[0].metrics(t), group[1].metrics(t), group[2].metrics(t)}
-	if got := sumOver(t, bodies, "dedupe_messages_total", `outcome="new"`); got != float64(len(forwarded)) {
+	if got := sumOver(t, bodies, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != float64(len(forwarded)) {
 		t.Errorf("dedupe_messages_total{outcome=new} of the group = %v, want %d: one per key", got, len(forwarded))
 	}
-	if got := sumOver(t, bodies, "dedupe_dead_letters_total"); got != 0 {
+	if got := sumOver(t, bodies, "dedupe_dead_letters_total", nil); got != 0 {
 		t.Errorf("dedupe_dead_letters_total of the group = %v, want 0", got)
 	}
 

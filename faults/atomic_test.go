@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 // logAtomicRefused is the log line of a run whose atomic batch the output
@@ -65,10 +67,9 @@ func TestKillBetweenAtomicPublishAndCommit(t *testing.T) {
 		p := s.startReady()
 		base := streamMsgs(js, outputStream)
 		want := base + 20 + uint64(rng.IntN(800))
-		deadline := time.Now().Add(time.Duration(200+rng.IntN(1500)) * time.Millisecond)
-		for streamMsgs(js, outputStream) < want && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		natstest.Until(time.Duration(200+rng.IntN(1500))*time.Millisecond, 5*time.Millisecond, func() bool {
+			return streamMsgs(js, outputStream) >= want
+		})
 		p.kill(t)
 		kills++
 		if !published {

@@ -104,7 +104,11 @@ func TestDataDirFull(t *testing.T) {
 		t.Logf("/healthz: 503 %s", strings.TrimSpace(body))
 	}
 	floor := consumerInfo(t, js).AckFloor.Stream
-	time.Sleep(3 * cfg.AckWait)
+	// Nothing may be acked for three ack_waits: the floor is watched
+	// throughout, and checked below.
+	natstest.Until(3*cfg.AckWait, 100*time.Millisecond, func() bool {
+		return consumerInfo(t, js).AckFloor.Stream != floor
+	})
 	if !p.running() {
 		t.Fatalf("the stage exited on a full disk: %v\n%s", p.err, crashReport(p.log()))
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 // Log lines (JSON, log.format: json) the tests look for.
@@ -110,10 +112,9 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		p := s.startReady()
 		base := streamMsgs(js, outputStream)
 		want := base + 20 + uint64(rng.IntN(1500))
-		deadline := time.Now().Add(time.Duration(300+rng.IntN(2000)) * time.Millisecond)
-		for streamMsgs(js, outputStream) < want && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		natstest.Until(time.Duration(300+rng.IntN(2000))*time.Millisecond, 5*time.Millisecond, func() bool {
+			return streamMsgs(js, outputStream) >= want
+		})
 		checkRepublished(s.metric("dedupe_republish_duplicates_total"))
 		flowKillsSinceDrain++
 		if streamMsgs(js, outputStream) > base {
@@ -147,7 +148,7 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		if !p.waitLog(logRebuilding, 30*time.Second) {
 			t.Fatalf("run %d never said it was rebuilding its filters:\n%s", len(s.runs), tail(p.log(), 3000))
 		}
-		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond) // on purpose: a random point of the rebuild
 		p.kill(t)
 		kills++
 		log := p.log()
@@ -170,8 +171,8 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		p := s.startReady()
 		waitDrained(t, js, 90*time.Second)
 		deliveries := consumerInfo(t, js).Delivered.Consumer - ci0.Delivered.Consumer
-		newCount := s.metric("dedupe_messages_total", `outcome="new"`)
-		judged := newCount + s.metric("dedupe_messages_total", `outcome="repeat"`) + s.metric("dedupe_messages_total", `outcome="dead_letter"`)
+		newCount := s.metric("dedupe_messages_total", "outcome", "new")
+		judged := newCount + s.metric("dedupe_messages_total", "outcome", "repeat") + s.metric("dedupe_messages_total", "outcome", "dead_letter")
 		dup := s.metric("dedupe_republish_duplicates_total")
 		checkRepublished(dup)
 		flowKillsSinceDrain = 0
@@ -197,6 +198,7 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		}
 	}
 	const nOld = 1000
+	// A sleep on purpose: the first nOld keys must age past the window.
 	time.Sleep(time.Until(main.acks[firsts[nOld].id].at.Add(cfg.DuplicateWindow + time.Second)))
 	var old []string
 	for _, e := range firsts {

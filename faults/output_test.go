@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -111,7 +112,11 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			t.Fatalf("output holds %d messages, want the limit %d", n, limit)
 		}
 		floor := consumerInfo(t, js).AckFloor.Stream
-		time.Sleep(3 * cfg.AckWait)
+		// Nothing may be acked for three ack_waits: the floor is watched
+		// throughout, and checked below.
+		natstest.Until(3*cfg.AckWait, 100*time.Millisecond, func() bool {
+			return consumerInfo(t, js).AckFloor.Stream != floor
+		})
 		checkNothingAckedUnforwarded(t, js, events, acks)
 		if ci := consumerInfo(t, js); ci.AckFloor.Stream != floor {
 			t.Errorf("ack floor moved from %d to %d while the output refused everything", floor, ci.AckFloor.Stream)
@@ -146,7 +151,17 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			code, _ := s.get("/healthz")
 			return code == http.StatusServiceUnavailable
 		})
-		time.Sleep(3 * cfg.AckWait)
+		// No first copy of a good input may be acked for three ack_waits:
+		// the floor is watched throughout, and checked below.
+		firstSeq := uint64(math.MaxUint64)
+		for _, e := range events {
+			if e.bad == "" && w.firstID[e.key] == e.id {
+				firstSeq = min(firstSeq, acks[e.id].seq)
+			}
+		}
+		natstest.Until(3*cfg.AckWait, 100*time.Millisecond, func() bool {
+			return consumerInfo(t, js).AckFloor.Stream >= firstSeq
+		})
 		ci := consumerInfo(t, js)
 		for _, e := range events {
 			if e.bad == "" && acks[e.id].seq <= ci.AckFloor.Stream && w.firstID[e.key] == e.id {

@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -160,17 +159,10 @@ func (p *process) kill(tb testing.TB) {
 // waitLog waits until the process's log contains substr and reports
 // whether it did; false when the process exited or timeout passed first.
 func (p *process) waitLog(substr string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if strings.Contains(p.log(), substr) {
-			return true
-		}
-		if !p.running() {
-			return strings.Contains(p.log(), substr)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return false
+	natstest.Until(timeout, 2*time.Millisecond, func() bool {
+		return strings.Contains(p.log(), substr) || !p.running()
+	})
+	return strings.Contains(p.log(), substr)
 }
 
 // log returns what the process wrote so far.
@@ -456,36 +448,17 @@ func (s *stage) get(path string) (code int, body string) {
 }
 
 // metric sums the samples of the metric name whose labels include every
-// label given as `key="value"`. It fails the test when /metrics does not
-// answer.
+// pair of labels, given as name, value, name, value... It fails the test
+// when /metrics does not answer.
 func (s *stage) metric(name string, labels ...string) float64 {
 	s.tb.Helper()
 	code, body := s.get("/metrics")
 	if code != http.StatusOK {
 		s.tb.Fatalf("/metrics: %d %s", code, body)
 	}
-	var sum float64
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		series := line[:sp]
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(series, l)
-		}
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			s.tb.Fatalf("/metrics line %q: %v", line, err)
-		}
-		sum += v
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
 	}
-	return sum
+	return metrictest.Text(s.tb, body, name, want)
 }

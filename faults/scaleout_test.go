@@ -90,8 +90,9 @@ func scaleOutGroup(t *testing.T, n int, w *workload, extra string) (*natstest.Cl
 // stages share the partitions fairly.
 func warmUp(t *testing.T, js jetstream.JetStream, stages []*stage, w *workload) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for round := 0; ; round++ {
+	round := 0
+	natstest.Until(60*time.Second, time.Second, func() bool {
+		defer func() { round++ }()
 		mustPublish(t, js, w.mix(100, 0, 0, 0), "warm"+strconv.Itoa(round))
 		scaleOutDrained(t, js, stages[0].cfg.Partitions, 30*time.Second)
 		if round%5 == 0 {
@@ -101,11 +102,8 @@ func warmUp(t *testing.T, js jetstream.JetStream, stages []*stage, w *workload) 
 			}
 			t.Logf("warm-up round %d: partitions owned by instance: %v", round, owned)
 		}
-		if spread(stages) != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second)
-	}
+		return spread(stages) != nil
+	})
 	waitSpread(t, stages, 30*time.Second)
 }
 
@@ -219,12 +217,25 @@ func (w *workload) lateCopies(n int) []event {
 	return out
 }
 
+// outputGrows waits until the output holds n messages more than it does
+// now, for what (the phase of the run): the tests kill, stop and start
+// instances and nodes at points of the group's progress, not of the
+// clock, so that a slow machine moves them along with the work.
+func outputGrows(t *testing.T, js jetstream.JetStream, n uint64, what string) {
+	t.Helper()
+	base := streamMsgs(js, outputStream)
+	natstest.WaitFor(t, 60*time.Second, fmt.Sprintf("%s: the output to grow by %d from %d", what, n, base), func() bool {
+		return streamMsgs(js, outputStream) >= base+n
+	})
+}
+
 // lateCopiesThenCheck publishes late copies of w's first keys once the
 // output's duplicate window has passed, waits until the group judged them,
 // and checks the end state: every key of w once in the output, and the
 // dead letters exactly w's bad inputs.
 func lateCopiesThenCheck(t *testing.T, js jetstream.JetStream, w *workload, partitions int) {
 	t.Helper()
+	// A sleep on purpose: the copies must come after the duplicate window.
 	time.Sleep(scaleOutDup + time.Second)
 	mustPublish(t, js, w.lateCopies(300), "late")
 	scaleOutDrained(t, js, partitions, 60*time.Second)
@@ -245,13 +256,13 @@ func TestScaleOutKillAddStop(t *testing.T) {
 	_, stages, js := scaleOutGroup(t, 3, w, totalsExtra)
 
 	wait := publishBehind(t, js, w.mix(6000, 0.3, 0.02, 0), "run", 600)
-	time.Sleep(3 * time.Second)
+	outputGrows(t, js, 1000, "the group at work")
 	t.Log("SIGKILL i2")
 	stages[2].last().kill(t)
-	time.Sleep(2 * time.Second)
+	outputGrows(t, js, 500, "the group with i2 killed")
 	t.Log("starting i2 again")
 	stages[2].startReady()
-	time.Sleep(2 * time.Second)
+	outputGrows(t, js, 500, "the group with i2 back")
 	t.Log("SIGTERM i1")
 	stages[1].last().signal(t, syscall.SIGTERM, 30*time.Second)
 	wait()
@@ -310,9 +321,7 @@ func checkTotals(t *testing.T, js jetstream.JetStream, want map[string]int64, ti
 		}
 		return len(diff) == 0
 	}
-	for deadline := time.Now().Add(timeout); !same() && time.Now().Before(deadline); {
-		time.Sleep(200 * time.Millisecond)
-	}
+	natstest.Until(timeout, 200*time.Millisecond, same)
 	if len(diff) > 0 {
 		t.Errorf("%d totals differ from the ground truth (%d totals): %v", len(diff), len(want), diff)
 	}
@@ -341,7 +350,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 		b.startReady()
 
 		wait := publishBehind(t, js, w.mix(4000, 0.3, 0.01, 0), "burst"+strconv.Itoa(attempt), 4000)
-		time.Sleep(500 * time.Millisecond)
+		outputGrows(t, js, 300, "a forwarding the burst") // a is paused mid-burst
 		t.Logf("attempt %d: SIGSTOP a", attempt)
 		if err := a.last().cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
@@ -352,6 +361,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 		// release some for balance until a's presence expires, and take
 		// them back after the cooldown.)
 		scaleOutDrained(t, js, a.cfg.Partitions, 60*time.Second)
+		// A sleep on purpose: a stays paused past the duplicate window.
 		time.Sleep(scaleOutDup + time.Second)
 		t.Logf("attempt %d: SIGCONT a", attempt)
 		if err := a.last().cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -377,10 +387,10 @@ func TestScaleOutNodeRestart(t *testing.T) {
 	cl, stages, js := scaleOutGroup(t, 2, w, "")
 
 	wait := publishBehind(t, js, w.mix(5000, 0.3, 0.02, 0), "run", 600)
-	time.Sleep(2 * time.Second)
+	outputGrows(t, js, 800, "the group at work")
 	t.Log("stopping node 2")
 	cl.Stop(2)
-	time.Sleep(3 * time.Second)
+	outputGrows(t, js, 600, "the group with node 2 down")
 	t.Log("starting node 2 again")
 	cl.Restart(2)
 	wait()

@@ -190,10 +190,10 @@ func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
 
 			mustPublish(t, js, good, fmt.Sprintf("again-%d", i))
 			waitDrained(t, js, 60*time.Second)
-			if n := s.metric("dedupe_messages_total", `outcome="new"`); n != 0 {
+			if n := s.metric("dedupe_messages_total", "outcome", "new"); n != 0 {
 				t.Errorf("%v republished inputs judged new, want 0", n)
 			}
-			if n := s.metric("dedupe_messages_total", `outcome="repeat"`); int(n) != len(good) {
+			if n := s.metric("dedupe_messages_total", "outcome", "repeat"); int(n) != len(good) {
 				t.Errorf("%v republished inputs judged repeats, want %d", n, len(good))
 			}
 			if n := s.metric("dedupe_republish_duplicates_total"); n != 0 {

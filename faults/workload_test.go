@@ -270,12 +270,12 @@ func publish(ctx context.Context, js jetstream.JetStream, events []event, round 
 			}
 			pending = failed
 			if len(pending) > 0 {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // a pause before publishing the failed ones again
 			}
 		}
 		if perSecond > 0 {
 			due := start.Add(time.Duration(float64(lo+window) / float64(perSecond) * float64(time.Second)))
-			time.Sleep(time.Until(due))
+			time.Sleep(time.Until(due)) // on purpose: the rate asked for
 		}
 	}
 	return seqs, nil

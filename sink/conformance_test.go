@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 // env is one empty store behind a sink kind, for the conformance tests.
@@ -215,16 +217,16 @@ func runConformance(t *testing.T, name string, newEnv func(t *testing.T) env) {
 		var readerDone sync.WaitGroup
 		readerDone.Go(func() {
 			prev := map[string]int64{}
-			for {
+			natstest.Until(2*time.Minute, 2*time.Millisecond, func() bool {
 				select {
 				case <-stop:
-					return
+					return true
 				default:
 				}
 				snap, err := pollIDs(ctx, e, ids)
 				if err != nil {
 					t.Errorf("reader: %v", err)
-					return
+					return true
 				}
 				for id, v := range prev {
 					if snap[id] < v {
@@ -232,8 +234,8 @@ func runConformance(t *testing.T, name string, newEnv func(t *testing.T) env) {
 					}
 				}
 				prev = snap
-				time.Sleep(2 * time.Millisecond)
-			}
+				return false
+			})
 		})
 
 		var wg sync.WaitGroup

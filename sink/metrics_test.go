@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -35,7 +36,7 @@ func TestInstrument(t *testing.T) {
 		{"dedupe_sink_write_errors_total", map[string]string{"sink": "kv"}, 1},
 		{"dedupe_sink_write_seconds", map[string]string{"sink": "kv"}, 3}, // sample count
 	} {
-		if got := gathered(t, reg, tc.name, tc.labels); got != tc.want {
+		if got := metrictest.Value(t, reg, tc.name, tc.labels); got != tc.want {
 			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, got, tc.want)
 		}
 	}
@@ -46,7 +47,7 @@ func TestInstrument(t *testing.T) {
 	if _, err := s.Write(context.Background(), []Total{tot("a", bucket0, 9)}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Write after Close through Instrument: error = %v, want ErrClosed", err)
 	}
-	if got := gathered(t, reg, "dedupe_sink_write_errors_total", map[string]string{"sink": "kv"}); got != 2 {
+	if got := metrictest.Value(t, reg, "dedupe_sink_write_errors_total", map[string]string{"sink": "kv"}); got != 2 {
 		t.Fatalf("errors after a closed Write = %v, want 2", got)
 	}
 }
@@ -61,36 +62,4 @@ func TestInstrumentNil(t *testing.T) {
 	if err := Instrument(s, m).Close(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// gathered returns the value of the series name{labels} in reg: a counter's
-// value or a histogram's sample count. A missing series fails the test.
-func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, lp := range m.GetLabel() {
-				if labels[lp.GetName()] != lp.GetValue() {
-					continue series
-				}
-			}
-			if h := m.GetHistogram(); h != nil {
-				return float64(h.GetSampleCount())
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no series %s%v", name, labels)
-	return 0
 }

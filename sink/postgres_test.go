@@ -168,7 +168,7 @@ func TestPostgres(t *testing.T) {
 		if v1 != 10 || !b1.Equal(bucket0) {
 			t.Fatalf("row = (%d, %v), want (10, %v)", v1, b1, bucket0)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // on purpose: now() moves on, so a newer write's updated_at is later
 		checkedWrite(t, s, []Total{tot("u", bucket0, 9)})
 		if v, _, u := row(); v != 10 || !u.Equal(u1) {
 			t.Fatalf("after a stale write row = (%d, updated %v), want (10, updated %v)", v, u, u1)

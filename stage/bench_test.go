@@ -101,17 +101,13 @@ func (p *benchPipe) drain(b *testing.B, n int, run func(context.Context) error) 
 	done := make(chan error, 1)
 	b.ResetTimer()
 	go func() { done <- run(runCtx) }()
-	deadline := time.Now().Add(benchDrainLimit)
-	for {
+	natstest.Poll(b, benchDrainLimit, time.Millisecond, fmt.Sprintf("%d events to drain", n), func() (bool, error) {
 		ci, err := cons.Info(ctx)
-		if err == nil && ci.AckFloor.Stream >= uint64(n) && ci.NumAckPending == 0 {
-			break
+		if err != nil {
+			return false, err
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%d events not drained in %v (last: %+v, %v)", n, benchDrainLimit, ci, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return ci.AckFloor.Stream >= uint64(n) && ci.NumAckPending == 0, fmt.Errorf("last: %+v", ci)
+	})
 	b.StopTimer()
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
 	stop()

@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -93,7 +95,7 @@ func TestScaleOutTakeoverRefusesShortChangelog(t *testing.T) {
 	e.editOutput(func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 1 })
 	a.stop(t)
 	e.publishKeys(ks[200:400], unique)
-	time.Sleep(3 * e.cfg.Input.AckWait.D()) // b is offered the partitions again and again
+	e.refusedAgain(b, "limits") // b is offered the partitions again and again
 	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 0 {
 		t.Errorf("instance b took partitions %v times with the output at max_msgs_per_subject 1, want 0", got)
 	}
@@ -124,7 +126,7 @@ func TestScaleOutTakeoverRefusesShortChangelog(t *testing.T) {
 	b.stop(t)
 	copies := append(ks[:100:100], ks[400:]...)
 	e.publishKeys(copies, unique)
-	time.Sleep(3 * e.cfg.Input.AckWait.D())
+	e.refusedAgain(c, "short")
 	if got := counter(t, c.reg, "dedupe_partition_takeovers_total", nil); got != 0 {
 		t.Errorf("instance c took partitions %v times after the output was purged, want 0", got)
 	}
@@ -134,6 +136,39 @@ func TestScaleOutTakeoverRefusesShortChangelog(t *testing.T) {
 	if got := counter(t, c.reg, "dedupe_partition_refused_total", map[string]string{"reason": "short"}); got < 1 {
 		t.Errorf("dedupe_partition_refused_total{reason=short} = %v on c, want >= 1", got)
 	}
+}
+
+// refusedAgain waits until every partition's batch came back to r after
+// ack_wait (each member consumer redelivered) and r refused takeovers for
+// reason once more per partition after that, or a minute passed: the test
+// checks next that r took nothing and forwarded nothing meanwhile.
+func (e *env) refusedAgain(r *running, reason string) {
+	e.t.Helper()
+	stream := e.cfg.Input.Stream
+	if routed, _ := e.cfg.ScaleOutRouted(); routed {
+		stream = e.cfg.ScaleOut.RoutedStream
+	}
+	refused := func() float64 {
+		return counter(e.t, r.reg, "dedupe_partition_refused_total", map[string]string{"reason": reason})
+	}
+	var before float64
+	deadline := time.Now().Add(time.Minute)
+	natstest.Until(time.Until(deadline), 50*time.Millisecond, func() bool {
+		before = refused()
+		for p := range e.cfg.State.Partitions {
+			c, err := e.js.Consumer(context.Background(), stream, e.cfg.ScaleOut.Group+"-"+config.ScaleOutMember(p))
+			if err != nil {
+				return false
+			}
+			if ci, err := c.Info(context.Background()); err != nil || ci.NumRedelivered == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	natstest.Until(time.Until(deadline), 50*time.Millisecond, func() bool {
+		return refused() >= before+float64(e.cfg.State.Partitions)
+	})
 }
 
 // subset returns the entries of m under ks.

@@ -43,7 +43,7 @@ func TestScaleOutFenceOutlivesMaxAge(t *testing.T) {
 			ks = append(ks, k)
 		}
 		e.publishKeys(ks, payload)
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond) // on purpose: the run outlasts max_age
 	}
 	e.scaleOutDrained(60 * time.Second)
 	if got := counter(t, a.reg, "dedupe_fence_refusals_total", nil); got != 0 {

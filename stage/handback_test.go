@@ -71,7 +71,8 @@ func TestScaleOutReleaseGivesBackHeld(t *testing.T) {
 		defer close(done)
 		a.st.ReleasePartition(p)
 	}()
-	// The release stops consuming and waits for the batch in flight.
+	// The release stops consuming and waits for the batch in flight: a
+	// sleep on purpose, the batch is held a while after the release.
 	time.Sleep(2 * time.Second)
 	unblock()
 	<-done
@@ -113,7 +114,11 @@ func TestScaleOutStopGivesBackHeld(t *testing.T) {
 		defer close(stopped)
 		a.stop(t)
 	}()
-	time.Sleep(time.Second)
+	select { // the stop waits for the batch in flight
+	case <-stopped:
+		t.Fatal("the stop returned while a batch was in flight")
+	case <-time.After(time.Second):
+	}
 	unblock()
 	<-stopped
 	e.scaleOutDrained(20 * time.Second)
@@ -153,6 +158,7 @@ func TestScaleOutBalanceSettles(t *testing.T) {
 			var rs []*running
 			for i, name := range []string{"a", "b", "c"} {
 				if i > 0 {
+					// On purpose: the input flows for gap between joins.
 					for end := time.Now().Add(gap); time.Now().Before(end); {
 						flow()
 						time.Sleep(100 * time.Millisecond)
@@ -168,19 +174,12 @@ func TestScaleOutBalanceSettles(t *testing.T) {
 				}
 				return n
 			}
-			var settled time.Duration
-			for deadline := time.Now().Add(90 * time.Second); ; {
+			natstest.Poll(t, 90*time.Second, 100*time.Millisecond, "a, b, c to own 3/3/2 partitions after the last join", func() (bool, error) {
 				flow()
 				n := owned()
-				if n[0] == 3 && n[1] == 3 && n[2] == 2 {
-					settled = time.Since(joined)
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("not settled 90s after the last join: a, b, c own %v", n)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+				return n[0] == 3 && n[1] == 3 && n[2] == 2, fmt.Errorf("a, b, c own %v", n)
+			})
+			settled := time.Since(joined)
 			t.Logf("settled at 3/3/2, %v after the last join (ack_wait %v)", settled.Round(time.Millisecond), ackWait)
 			if settled > 2*ackWait+4*time.Second {
 				t.Errorf("settled %v after the last join, want within two ack_waits (%v) and a margin", settled, 2*ackWait)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -49,7 +50,12 @@ func TestScaleOutRecoversFromFailedPinCheck(t *testing.T) {
 		}
 	}
 	e.publishKeys(second, payload)
-	time.Sleep(2 * e.cfg.Input.AckWait.D()) // refused, pins counted lost
+	// Refused, pins counted lost: a batch that came back after ack_wait
+	// under the lost pin is given back.
+	natstest.Until(30*time.Second, 50*time.Millisecond, func() bool {
+		return counter(t, a.reg, "dedupe_fence_refusals_total", nil) >= 1 &&
+			counter(t, a.reg, "dedupe_stale_pin_messages_total", nil) >= 1
+	})
 	if got := counter(t, a.reg, "dedupe_fence_refusals_total", nil); got < 1 {
 		t.Errorf("dedupe_fence_refusals_total = %v, want >= 1", got)
 	}

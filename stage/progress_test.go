@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/stage"
 	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestFilterRebuildProgress restarts a stage whose filter snapshots are
@@ -52,14 +53,8 @@ func TestFilterRebuildProgress(t *testing.T) {
 	if got := gauge(t, reg, "dedupe_filter_rebuild_keys_scanned"); got != n {
 		t.Errorf("dedupe_filter_rebuild_keys_scanned sums to %v over the partitions, want the %d records", got, n)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "dedupe_filter_rebuild_keys_scanned" && len(mf.GetMetric()) != e.cfg.State.Partitions {
-			t.Errorf("dedupe_filter_rebuild_keys_scanned has %d series, want one per partition (%d)", len(mf.GetMetric()), e.cfg.State.Partitions)
-		}
+	if n, err := testutil.GatherAndCount(reg, "dedupe_filter_rebuild_keys_scanned"); err != nil || n != e.cfg.State.Partitions {
+		t.Errorf("dedupe_filter_rebuild_keys_scanned has %d series (%v), want one per partition (%d)", n, err, e.cfg.State.Partitions)
 	}
 	if !strings.Contains(logs.String(), "state: building filter") {
 		t.Errorf("no progress logged during the rebuild:\n%s", logs.String())

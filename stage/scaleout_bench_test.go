@@ -17,6 +17,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -94,29 +95,10 @@ func (in *benchInstance) stop(b *testing.B) {
 	_ = in.st.Close()
 }
 
-// sum adds up the counter (or gauge) name over its series.
+// sum adds up the counter (or gauge) name over its series with labels.
 func (in *benchInstance) sum(b *testing.B, name string, labels map[string]string) float64 {
 	b.Helper()
-	mfs, err := in.reg.Gather()
-	if err != nil {
-		b.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return total
+	return metrictest.Sum(b, in.reg, name, labels)
 }
 
 // publishOrders publishes the events keys[i] on orders.<key> (or, routed,
@@ -224,20 +206,13 @@ func BenchmarkScaleOutThroughput(b *testing.B) {
 				for i := range n {
 					ins = append(ins, startInstance(b, cfg, fmt.Sprintf("i%d", i)))
 				}
-				deadline := time.Now().Add(benchDrainLimit)
-				for {
+				natstest.Poll(b, benchDrainLimit, 5*time.Millisecond, fmt.Sprintf("%d events judged", b.N), func() (bool, error) {
 					judged := 0.0
 					for _, in := range ins {
 						judged += in.sum(b, "dedupe_messages_total", nil)
 					}
-					if judged >= float64(b.N) {
-						break
-					}
-					if time.Now().After(deadline) {
-						b.Fatalf("%v of %d events judged in %v", judged, b.N, benchDrainLimit)
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+					return judged >= float64(b.N), fmt.Errorf("%v judged", judged)
+				})
 				b.StopTimer()
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 				for i, in := range ins {
@@ -310,13 +285,9 @@ func BenchmarkScaleOutRestore(b *testing.B) {
 					publishOrders(b, js, wake, false)
 					b.StartTimer()
 					in := startInstance(b, cfg, fmt.Sprintf("r%d", i))
-					deadline := time.Now().Add(benchDrainLimit)
-					for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
-						if time.Now().After(deadline) {
-							b.Fatalf("partitions not all taken in %v", benchDrainLimit)
-						}
-						time.Sleep(5 * time.Millisecond)
-					}
+					natstest.Poll(b, benchDrainLimit, 5*time.Millisecond, "every partition taken", func() (bool, error) {
+						return in.sum(b, "dedupe_partition_takeovers_total", nil) >= benchPartitions, nil
+					})
 					b.StopTimer()
 					restored := in.sum(b, "dedupe_restore_records_total", nil) + in.sum(b, "dedupe_snapshot_restore_records_total", nil)
 					if restored < float64(keysN) {
@@ -364,6 +335,7 @@ func BenchmarkScaleOutHandOver(b *testing.B) {
 					return a.sum(b, "dedupe_partitions_owned", nil) == benchPartitions
 				})
 				bi := startInstance(b, cfg, "b")
+				base := a.sum(b, "dedupe_messages_total", map[string]string{"outcome": "new"})
 				ctx, stopPub := context.WithCancel(context.Background())
 				pubDone := make(chan struct{})
 				go func() {
@@ -379,7 +351,9 @@ func BenchmarkScaleOutHandOver(b *testing.B) {
 						}
 					}
 				}()
-				time.Sleep(time.Second)
+				natstest.WaitFor(b, time.Minute, "a to forward the flow", func() bool {
+					return a.sum(b, "dedupe_messages_total", map[string]string{"outcome": "new"}) >= base+300
+				})
 				start := time.Now()
 				if kill {
 					a.nc.Close()
@@ -438,12 +412,9 @@ func BenchmarkScaleOutSnapshotCost(b *testing.B) {
 			b.ResetTimer()
 			in := startInstance(b, cfg, "a")
 			deadline := time.Now().Add(benchDrainLimit)
-			for in.sum(b, "dedupe_partition_takeovers_total", nil) < benchPartitions {
-				if time.Now().After(deadline) {
-					b.Fatalf("partitions not all taken in %v", benchDrainLimit)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			natstest.Poll(b, benchDrainLimit, time.Millisecond, "every partition taken", func() (bool, error) {
+				return in.sum(b, "dedupe_partition_takeovers_total", nil) >= benchPartitions, nil
+			})
 			t0, judged0 := time.Now(), in.sum(b, "dedupe_messages_total", nil)
 			ctx, stop := context.WithCancel(context.Background())
 			writes := make(chan int, 1)
@@ -458,12 +429,9 @@ func BenchmarkScaleOutSnapshotCost(b *testing.B) {
 				}
 				writes <- n
 			}()
-			for in.sum(b, "dedupe_messages_total", nil) < float64(len(ks)) {
-				if time.Now().After(deadline) {
-					b.Fatalf("backlog not judged in %v", benchDrainLimit)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			natstest.Poll(b, time.Until(deadline), time.Millisecond, "the backlog judged", func() (bool, error) {
+				return in.sum(b, "dedupe_messages_total", nil) >= float64(len(ks)), nil
+			})
 			took := time.Since(t0)
 			b.StopTimer()
 			stop()

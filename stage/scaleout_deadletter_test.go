@@ -43,17 +43,14 @@ func TestScaleOutRoutedDeadLetterNamesTheInput(t *testing.T) {
 	e.scaleOutDrained(60 * time.Second)
 
 	var dls []natstest.Message
-	deadline := time.Now().Add(30 * time.Second)
-	for len(dls) == 0 && time.Now().Before(deadline) {
+	natstest.Until(30*time.Second, 50*time.Millisecond, func() bool {
 		for _, m := range natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream) {
 			if m.Header.Get(stage.HeaderReason) == "fingerprint_mismatch" {
 				dls = append(dls, m)
 			}
 		}
-		if len(dls) == 0 {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+		return len(dls) > 0
+	})
 	if len(dls) != 1 {
 		t.Fatalf("%d fingerprint_mismatch dead letters, want the mismatching copy's", len(dls))
 	}

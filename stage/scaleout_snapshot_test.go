@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -196,7 +196,7 @@ func TestScaleOutSnapshotEveryInterval(t *testing.T) {
 		e.scaleOutDrained(60 * time.Second)
 		forwarded += len(unique)
 		natstest.WaitFor(t, 60*time.Second, "snapshots holding every forwarded key", func() bool {
-			return gaugeOr0(t, a.reg, "dedupe_snapshot_records") == float64(forwarded)
+			return metrictest.Sum(t, a.reg, "dedupe_snapshot_records", nil) == float64(forwarded)
 		})
 	}
 	if got := counter(t, a.reg, "dedupe_snapshot_writes_total", map[string]string{"result": "ok"}); got < 8 {
@@ -206,22 +206,4 @@ func TestScaleOutSnapshotEveryInterval(t *testing.T) {
 		t.Errorf("%v snapshot writes failed, want none", got)
 	}
 	checkSnapshotBucket(t, e)
-}
-
-// gaugeOr0 sums the gauge name over its series; 0 while it has none.
-func gaugeOr0(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
 }

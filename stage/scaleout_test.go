@@ -346,17 +346,13 @@ func TestScaleOutBalances(t *testing.T) {
 		t.Fatalf("a alone owns %v partitions, want 4", got)
 	}
 	b := eb.start()
-	deadline := time.Now().Add(60 * time.Second)
-	for round := 1; ; round++ {
+	round := 0
+	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "a and b to own 2 partitions each", func() (bool, error) {
+		round++
 		batch(round)
-		if gauge(t, a.reg, "dedupe_partitions_owned") == 2 && gauge(t, b.reg, "dedupe_partitions_owned") == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not balanced after 60s: a owns %v, b owns %v", gauge(t, a.reg, "dedupe_partitions_owned"), gauge(t, b.reg, "dedupe_partitions_owned"))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		owned := [2]float64{gauge(t, a.reg, "dedupe_partitions_owned"), gauge(t, b.reg, "dedupe_partitions_owned")}
+		return owned == [2]float64{2, 2}, fmt.Errorf("a owns %v, b owns %v", owned[0], owned[1])
+	})
 	if got := counter(t, a.reg, "dedupe_partition_releases_total", nil); got != 2 {
 		t.Errorf("a released %v partitions, want 2", got)
 	}
@@ -405,7 +401,7 @@ func TestScaleOutTakeoverChecksRetention(t *testing.T) {
 	setMaxAge(time.Minute) // the restore reads back W + ack_wait + margin, over an hour
 	a.stop(t)
 	e.publishKeys(ks[200:], unique)
-	time.Sleep(3 * e.cfg.Input.AckWait.D()) // b is offered the partitions again and again
+	e.refusedAgain(b, "limits") // b is offered the partitions again and again
 	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 0 {
 		t.Errorf("instance b took partitions %v times with a changelog kept for 1m, want 0", got)
 	}

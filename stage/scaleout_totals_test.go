@@ -39,17 +39,12 @@ func (e *env) waitTotals(what string, want map[string]int64, timeout time.Durati
 		}
 		return true
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		got := e.kvTotals()
-		if same(got) {
-			return
-		}
-		if time.Now().After(deadline) {
-			assertTotals(e.t, what, got, want)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	var got map[string]int64
+	if !natstest.Until(timeout, 100*time.Millisecond, func() bool {
+		got = e.kvTotals()
+		return same(got)
+	}) {
+		assertTotals(e.t, what, got, want)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -141,18 +142,16 @@ func (e *env) drained(timeout time.Duration) {
 // most 30s. It is called from the stage's own goroutines (hooks), so it
 // reports a timeout with Errorf.
 func (e *env) holdUntilRedelivered() {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	if !natstest.Until(30*time.Second, 20*time.Millisecond, func() bool {
 		c, err := e.js.Consumer(context.Background(), e.cfg.Input.Stream, e.cfg.Input.Consumer)
-		if err == nil {
-			info, err := c.Info(context.Background())
-			if err == nil && info.Delivered.Consumer > info.Delivered.Stream {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond)
+		info, err := c.Info(context.Background())
+		return err == nil && info.Delivered.Consumer > info.Delivered.Stream
+	}) {
+		e.t.Errorf("no input message was redelivered within 30s")
 	}
-	e.t.Errorf("no input message was redelivered within 30s")
 }
 
 // outputByKey reads the output stream and groups it by Nats-Msg-Id.
@@ -219,28 +218,11 @@ func (e *env) assertExactlyOnce(unique map[string][]byte) {
 	}
 }
 
+// counter sums the series of metric name in reg whose labels include
+// labels (metrictest.Sum).
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	return metrictest.Sum(t, reg, name, labels)
 }
 
 func TestForwardsEachKeyOnceAndSurvivesRestart(t *testing.T) {
@@ -410,7 +392,7 @@ func TestKeysPastTheWindowAreForwardedAgain(t *testing.T) {
 	if n := len(e.outputByKey()["k1"]); n != 1 {
 		t.Fatalf("inside the window: %d outputs, want 1", n)
 	}
-	time.Sleep(200 * time.Millisecond) // past the output's own duplicate window
+	time.Sleep(200 * time.Millisecond) // on purpose: past the output's own duplicate window
 	clock.Advance(31 * time.Second)    // 61s after first seen: past W
 	e.publish([]event{{key: "k1", payload: []byte("a")}})
 	e.drained(30 * time.Second)

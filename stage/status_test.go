@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -27,16 +28,8 @@ func TestStatusOneHealthPath(t *testing.T) {
 		return rec.Code, rec.Body.String()
 	}
 	component := func(name string) float64 {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				if mf.GetName() == "dedupe_component_healthy" && m.GetLabel()[0].GetValue() == name {
-					return m.GetGauge().GetValue()
-				}
-			}
+		if v, ok := metrictest.Lookup(t, reg, "dedupe_component_healthy", map[string]string{"component": name}); ok {
+			return v
 		}
 		return -1
 	}

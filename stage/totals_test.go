@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
@@ -456,23 +457,11 @@ func (h *kvHistory) assertNeverDown(t *testing.T, truth map[string]int64) {
 	}
 }
 
+// gauge sums the series of metric name in reg, and fails the test when it
+// has none (metrictest.Value).
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			sum := 0.0
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-			return sum
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return metrictest.Value(t, reg, name, nil)
 }
 
 // TestTotalsLateEvents checks that a new event for a closed bucket never
@@ -677,7 +666,7 @@ func TestTotalsFlushRetriedAfterSinkFailure(t *testing.T) {
 		return out
 	}
 	if time.Now().Add(5*time.Second).Truncate(time.Minute) != time.Now().Truncate(time.Minute) {
-		time.Sleep(6 * time.Second) // stay inside one minute bucket
+		time.Sleep(6 * time.Second) // on purpose: stay inside one minute bucket
 	}
 	r := e.start()
 	e.publishClicks(mk(0, 30))

@@ -5,28 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
-
-// histogram returns the one histogram called name in reg.
-func histogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogram {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetHistogram()
-		}
-	}
-	t.Fatalf("no histogram %s", name)
-	return nil
-}
 
 // TestRepeatAgeAndNearWindowMetrics drives repeats at known ages with a
 // manual clock and checks what dedupe_repeat_age_seconds and
@@ -59,7 +41,7 @@ func TestRepeatAgeAndNearWindowMetrics(t *testing.T) {
 	step(2*time.Second, "k2", "k1")       // t=61: both past W: new again, no age observed
 	wantAges := []float64{10, 47, 48, 59} // seconds
 
-	h := histogram(t, r.reg, "dedupe_repeat_age_seconds")
+	h := metrictest.Histogram(t, r.reg, "dedupe_repeat_age_seconds")
 	if h.GetSampleCount() != uint64(len(wantAges)) {
 		t.Errorf("dedupe_repeat_age_seconds count %d, want %d repeats", h.GetSampleCount(), len(wantAges))
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -152,8 +153,7 @@ func assertSources(tb testing.TB, s *Store, want FilterSource) {
 // times) and met no file that vanished.
 func copyDir(tb testing.TB, src, dst string) {
 	tb.Helper()
-	var last error
-	for range 50 {
+	natstest.Poll(tb, 30*time.Second, 10*time.Millisecond, "a consistent copy of "+src, func() (bool, error) {
 		before, err := listDir(src)
 		if err != nil {
 			tb.Fatalf("list %s: %v", src, err)
@@ -168,16 +168,14 @@ func copyDir(tb testing.TB, src, dst string) {
 				tb.Fatalf("list %s: %v", src, lerr)
 			}
 			if maps.Equal(before, after) {
-				return
+				return true, nil
 			}
 			err = errors.New("the directory changed during the copy")
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			tb.Fatalf("copy %s to %s: %v", src, dst, err)
 		}
-		last = err
-		time.Sleep(10 * time.Millisecond)
-	}
-	tb.Fatalf("copy %s to %s: no consistent copy in 50 attempts: %v", src, dst, last)
+		return false, err
+	})
 }
 
 // listDir returns every regular file under dir with its size and

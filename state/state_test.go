@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -493,19 +495,12 @@ func TestPeriodicSnapshot(t *testing.T) {
 		want[i] = s.Partition(i).db.MaxVersion()
 	}
 	// Wait until both partitions have a snapshot covering every claim.
-	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; i < 2; {
-		s.Partition(i).snapMu.Lock()
-		done := s.Partition(i).snapOnDisk && s.Partition(i).snapVersion == want[i]
-		s.Partition(i).snapMu.Unlock()
-		if done {
-			i++
-			continue
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no periodic snapshot of partition %d covering version %d", i, want[i])
-		}
-		time.Sleep(5 * time.Millisecond)
+	for i := range 2 {
+		natstest.Poll(t, 10*time.Second, 5*time.Millisecond, fmt.Sprintf("a periodic snapshot of partition %d covering version %d", i, want[i]), func() (bool, error) {
+			s.Partition(i).snapMu.Lock()
+			defer s.Partition(i).snapMu.Unlock()
+			return s.Partition(i).snapOnDisk && s.Partition(i).snapVersion == want[i], nil
+		})
 	}
 	copied := filepath.Join(t.TempDir(), "copy")
 	copyDir(t, opts.Dir, copied)

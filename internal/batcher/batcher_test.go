@@ -2,8 +2,11 @@ package batcher
 
 import (
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
 func TestRun(t *testing.T) {
@@ -20,12 +23,17 @@ func TestRun(t *testing.T) {
 				in <- i
 			}
 			var got [][]int
+			var handled atomic.Int64
 			done := make(chan struct{})
 			go func() {
-				Run(in, 4, tt.linger, func(b []int) { got = append(got, slices.Clone(b)) })
+				Run(in, 4, tt.linger, func(b []int) {
+					got = append(got, slices.Clone(b))
+					handled.Add(int64(len(b)))
+				})
 				close(done)
 			}()
-			time.Sleep(50 * time.Millisecond) // the first 10 are batched before more arrive
+			// The first 10 are batched before more arrive.
+			natstest.WaitFor(t, 5*time.Second, "the first 10 items handled", func() bool { return handled.Load() == 10 })
 			in <- 10
 			close(in)
 			select {

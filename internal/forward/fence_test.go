@@ -324,7 +324,7 @@ func fencedBatchLandedWithoutAnswer(t *testing.T, allowDirect bool) {
 			if _, err := real(ctx, js, msgs); err != nil {
 				return nil, err
 			}
-			time.Sleep(time.Second)
+			time.Sleep(time.Second) // on purpose: past the stream's 500ms duplicate window
 			return nil, nats.ErrTimeout
 		case 3: // not stored at all
 			return nil, nats.ErrTimeout
@@ -387,7 +387,7 @@ func TestFencedFallbackLandedWithoutAnswer(t *testing.T) {
 			if _, err := real(ctx, js, m); err != nil {
 				return nil, err
 			}
-			time.Sleep(time.Second)
+			time.Sleep(time.Second) // on purpose: past the stream's 500ms duplicate window
 			return nil, nats.ErrTimeout
 		}
 		return real(ctx, js, m)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 )
 
 // clock is a settable clock for tests.
@@ -75,27 +76,6 @@ func newLimiter(t testing.TB) (*lograte.Limiter, *clock, *syncBuffer, *prometheu
 	return l, c, buf, reg
 }
 
-func counter(t testing.TB, reg *prometheus.Registry, name, reason string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "reason" && lp.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 func TestLimiterWritesLinesPerIntervalThenTheCount(t *testing.T) {
 	l, c, buf, reg := newLimiter(t)
 	for i := range 100 {
@@ -122,10 +102,10 @@ func TestLimiterWritesLinesPerIntervalThenTheCount(t *testing.T) {
 	if last["suppressed"] != float64(98) || last["i"] != float64(101) || last["level"] != "WARN" {
 		t.Fatalf("line after the interval = %v, want i=101 suppressed=98 at WARN", last)
 	}
-	if got := counter(t, reg, "dedupe_log_events_total", "mismatch"); got != 102 {
+	if got := metrictest.Sum(t, reg, "dedupe_log_events_total", map[string]string{"reason": "mismatch"}); got != 102 {
 		t.Fatalf("dedupe_log_events_total = %v, want 102", got)
 	}
-	if got := counter(t, reg, "dedupe_log_lines_suppressed_total", "mismatch"); got != 98 {
+	if got := metrictest.Sum(t, reg, "dedupe_log_lines_suppressed_total", map[string]string{"reason": "mismatch"}); got != 98 {
 		t.Fatalf("dedupe_log_lines_suppressed_total = %v, want 98", got)
 	}
 }
@@ -203,7 +183,7 @@ func TestLimiterConcurrentCallsCountEveryEvent(t *testing.T) {
 	if len(lines) != 4 || lines[3]["suppressed"] != float64(8000-3) {
 		t.Fatalf("lines = %v, want 3 and a count of 7997", lines)
 	}
-	if got := counter(t, reg, "dedupe_log_events_total", "x"); got != 8000 {
+	if got := metrictest.Sum(t, reg, "dedupe_log_events_total", map[string]string{"reason": "x"}); got != 8000 {
 		t.Fatalf("dedupe_log_events_total = %v, want 8000", got)
 	}
 }
@@ -216,7 +196,7 @@ func TestLimiterDisabledLevelOnlyCounts(t *testing.T) {
 	if n := len(buf.lines(t)); n != 0 {
 		t.Fatalf("lines = %d, want 0", n)
 	}
-	if got := counter(t, reg, "dedupe_log_events_total", "quiet"); got != 1 {
+	if got := metrictest.Sum(t, reg, "dedupe_log_events_total", map[string]string{"reason": "quiet"}); got != 1 {
 		t.Fatalf("dedupe_log_events_total = %v, want 1", got)
 	}
 }

@@ -127,34 +127,54 @@ func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 	return out
 }
 
-// Poll calls cond every interval until it returns true, and fails the test
-// when timeout passes first, naming what and the last error cond returned.
-// It is the one polling wait of the project's tests: wait for a condition,
-// never sleep out a timeout.
-func Poll(tb testing.TB, timeout, interval time.Duration, what string, cond func() (bool, error)) {
-	tb.Helper()
+// Until calls cond every interval until it returns true, and reports
+// whether it did before timeout passed. It never fails the test. It is the
+// one polling loop of the project's tests: Poll and WaitFor are built on
+// it, and a test calls it itself only where a wait must not fail the test,
+// in a goroutine other than the test's (where Fatal must not be called),
+// or where the wait ends the first of a condition and a time on purpose
+// (run the stage until its output holds N messages or a random time
+// passed, then kill it).
+func Until(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
-	var last error
 	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			last = err
+		if cond() {
+			return true
 		}
 		if time.Now().After(deadline) {
-			if last != nil {
-				tb.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, last)
-			}
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(interval)
 	}
 }
 
+// Poll calls cond every interval until it returns true, and fails the test
+// when timeout passes first, naming what and the last error cond returned.
+// It is Until for a condition that can say why it does not hold yet: wait
+// for a condition, never sleep out a timeout.
+func Poll(tb testing.TB, timeout, interval time.Duration, what string, cond func() (bool, error)) {
+	tb.Helper()
+	var last error
+	ok := Until(timeout, interval, func() bool {
+		ok, err := cond()
+		if err != nil {
+			last = err
+		}
+		return ok
+	})
+	if ok {
+		return
+	}
+	if last != nil {
+		tb.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, last)
+	}
+	tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+}
+
 // WaitFor polls cond every 20ms until it is true or timeout passes, then
-// fails the test with what (Poll of a condition without an error).
+// fails the test with what. It is Poll for a condition without an error to
+// report, at the interval most waits want: the shape a test reaches for
+// first.
 func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
 	Poll(tb, timeout, 20*time.Millisecond, what, func() (bool, error) { return cond(), nil })

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
@@ -166,29 +167,6 @@ func serverPartitions(t *testing.T, js jetstream.JetStream, n int, keyList []str
 	return out
 }
 
-// count returns the value of counter name with label=value in reg (0 when
-// absent).
-func count(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // publishEvents publishes n input messages with Nats-Msg-Id "id-<i>",
 // header Tenant "t<i%3>", a custom header and payload "payload <i>". Every
 // fifth one also carries Nats-Expected-Stream, a check against the input
@@ -306,7 +284,7 @@ func TestRoutesEveryInputOnceToTheServersPartition(t *testing.T) {
 			}
 		}
 	}
-	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted); got != n {
+	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeRouted}); got != n {
 		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d", got, n)
 	}
 }
@@ -328,7 +306,7 @@ func TestTwoRoutersRouteEverythingOnce(t *testing.T) {
 	checkRoutedOnce(t, e.js, n)
 	routed := 0.0
 	for i, reg := range regs {
-		got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted)
+		got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeRouted})
 		t.Logf("router %d routed %v", i, got)
 		routed += got
 	}
@@ -352,7 +330,7 @@ func TestRedeliveredInputIsNotRoutedTwice(t *testing.T) {
 	start(t, o)
 	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
 	checkRoutedOnce(t, e.js, n)
-	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeDuplicate); got != n {
+	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeDuplicate}); got != n {
 		t.Errorf("dedupe_route_messages_total{outcome=duplicate} = %v, want %d (every redelivery dropped by its id)", got, n)
 	}
 }
@@ -426,7 +404,7 @@ func TestBadInputsAreDeadLetteredWithReasons(t *testing.T) {
 	if len(routed) != 1 || routed[0].header.Get(route.HeaderKey) != "good" {
 		t.Errorf("routed stream holds %d messages, want only the good one", len(routed))
 	}
-	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeDeadLetter); got != float64(len(cases)-1) {
+	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeDeadLetter}); got != float64(len(cases)-1) {
 		t.Errorf("dedupe_route_messages_total{outcome=dead_letter} = %v, want %d", got, len(cases)-1)
 	}
 }
@@ -551,7 +529,7 @@ func TestRoutedStreamOutageIsRetriedNotDeadLettered(t *testing.T) {
 	if dl := readStream(t, e.js, dlqStream); len(dl) != 0 {
 		t.Errorf("%d inputs dead-lettered during the outage (first: %s), want none", len(dl), dl[0].header.Get(route.HeaderReason))
 	}
-	if got := count(t, reg, "dedupe_route_messages_total", "outcome", route.OutcomeRouted); got != n {
+	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeRouted}); got != n {
 		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d", got, n)
 	}
 }
