@@ -23,19 +23,19 @@ func fenceRefresh(maxAge time.Duration) time.Duration { return maxAge / 4 }
 // pinned, takes the fence again from its cursor.
 func (w *worker) refreshFence(ctx context.Context) bool {
 	t := w.ten
-	so := w.s.so
+	g := w.s.group
 	if t.refresh > 0 && time.Since(t.written) >= t.refresh {
 		written := time.Now()
-		seq, err := handover.Refresh(ctx, w.s.js, so.outStream, t.fence.Subject, so.instance, t.fence.Seq)
+		seq, err := handover.Refresh(ctx, w.s.js, g.outStream, t.fence.Subject, g.instance, t.fence.Seq)
 		if err != nil {
 			return w.refreshFailed(ctx, "output", err)
 		}
 		t.fence.Seq, t.written = seq, written
 	}
 	// The dead-letter fence, on the dead-letter stream's own max_age.
-	if so.dlRefresh > 0 && t.dlFence.Subject != "" && time.Since(t.dlWritten) >= so.dlRefresh {
+	if g.dlRefresh > 0 && t.dlFence.Subject != "" && time.Since(t.dlWritten) >= g.dlRefresh {
 		written := time.Now()
-		seq, err := handover.Refresh(ctx, w.s.js, so.dlStream, t.dlFence.Subject, so.instance, t.dlFence.Seq)
+		seq, err := handover.Refresh(ctx, w.s.js, g.dlStream, t.dlFence.Subject, g.instance, t.dlFence.Seq)
 		if err != nil {
 			return w.refreshFailed(ctx, "dead_letter", err)
 		}

@@ -20,17 +20,17 @@ var pinCheckFault func(p int) error
 // again and restores what another owner wrote meanwhile. Otherwise it
 // returns false and the batch is left unacked for the partition's owner.
 func (w *worker) recheckLost(ctx context.Context, pin string) bool {
-	so := w.s.so
+	g := w.s.group
 	p := w.p.Index()
-	so.mu.Lock()
-	if so.rechecked == nil {
-		so.rechecked = make(map[int]time.Time)
+	g.mu.Lock()
+	if g.rechecked == nil {
+		g.rechecked = make(map[int]time.Time)
 	}
-	due := time.Since(so.rechecked[p]) >= so.consumer.AckWait
+	due := time.Since(g.rechecked[p]) >= g.consumer.AckWait
 	if due {
-		so.rechecked[p] = time.Now()
+		g.rechecked[p] = time.Now()
 	}
-	so.mu.Unlock()
+	g.mu.Unlock()
 	if !due {
 		return false
 	}

@@ -76,13 +76,13 @@ type worker struct {
 	newKeys, repeats, dropped lazyCounter
 
 	// per batch, reused
-	firstIdx   map[string]int // key -> index in the batch of the copy forwarded
-	newIdx     []int
-	copies     [][2]int // {copy, first}: a key new in this batch, seen again in it
-	acks       []int
-	out        []*nats.Msg
-	res        []forward.Result
-	lastSignal time.Time // when the batch last told the server it is being worked on
+	firstIdx    map[string]int // key -> index in the batch of the copy forwarded
+	newIdx      []int
+	laterCopies [][2]int // {copy, first}: a key new in this batch, seen again in it
+	acks        []int
+	out         []*nats.Msg
+	res         []forward.Result
+	lastSignal  time.Time // when the batch last told the server it is being worked on
 
 	// Scale-out only: the partition's tenure in this instance (nil when
 	// it does not own the partition), and the last pins it lost, whose
@@ -100,12 +100,12 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
-	if s.so != nil {
+	if s.group != nil {
 		// The busy token: a planned release waits for this batch.
-		busy := &s.so.busy[w.p.Index()]
+		busy := &s.group.busy[w.p.Index()]
 		busy.Lock()
 		defer busy.Unlock()
-		if s.so.stopping() {
+		if s.group.stopping() {
 			giveBack(batch) // the instance stops: the next owner gets it at once
 			return
 		}
@@ -117,16 +117,16 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		w.firstIdx = make(map[string]int, len(batch))
 	}
 	clear(w.firstIdx)
-	w.newIdx, w.copies, w.acks, w.out = w.newIdx[:0], w.copies[:0], w.acks[:0], w.out[:0]
+	w.newIdx, w.laterCopies, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.acks[:0], w.out[:0]
 	now := s.clock.Now()
 	maxPayload := s.nc.MaxPayload()
-	var copies []outCopy                             // the batch's forwarded copies, made on first need
-	lookupOpts := w.retryOpts(batch, "state lookup") // once per batch: it allocates
+	var forwarded []outCopy                               // the batch's forwarded copies, made on first need
+	lookupOpts := w.retryOpts(batch, "state lookup", nil) // once per batch: it allocates
 
 	for i := range batch {
 		it := &batch[i]
 		if j, ok := w.firstIdx[string(it.key)]; ok {
-			w.copies = append(w.copies, [2]int{i, j})
+			w.laterCopies = append(w.laterCopies, [2]int{i, j})
 			continue
 		}
 		var res state.LookupResult
@@ -158,20 +158,20 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			}
 		}
 		id := string(it.key) // made once: the copy's Nats-Msg-Id and the key in w.firstIdx
-		if copies == nil {
+		if forwarded == nil {
 			// One allocation for the batch's copies instead of two per
 			// copy. Its capacity is never exceeded, so the pointers into it
 			// stay valid; it is new for each batch because nats.go holds a
 			// copy until its PubAck.
-			copies = make([]outCopy, 0, len(batch)-i)
+			forwarded = make([]outCopy, 0, len(batch)-i)
 		}
-		copies = append(copies, outCopy{})
-		m := s.outputMsg(it, id, &copies[len(copies)-1])
-		if s.so != nil {
+		forwarded = append(forwarded, outCopy{})
+		m := s.outputMsg(it, id, &forwarded[len(forwarded)-1])
+		if s.group != nil {
 			// The output is the partition's changelog: the subject
 			// names the partition, the headers carry the record and
 			// what it adds to a total, for a new owner to restore.
-			m.Subject = handover.PartitionSubject(s.so.prefix, w.p.Index(), it.inputSubject())
+			m.Subject = handover.PartitionSubject(s.group.prefix, w.p.Index(), it.inputSubject())
 			handover.Annotate(m.Header, now, it.fp)
 			if it.tot.Group != "" {
 				handover.AnnotateTotal(m.Header, it.tot.Group, it.tot.Bucket, it.tot.Value)
@@ -200,7 +200,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 				continue
 			}
 			c := state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot}
-			if s.so != nil {
+			if s.group != nil {
 				c.FirstSeen = now // as the forwarded record says
 			}
 			claims = append(claims, c)
@@ -209,7 +209,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			return
 		}
 	}
-	for _, c := range w.copies {
+	for _, c := range w.laterCopies {
 		i, j := c[0], c[1]
 		if k := w.indexOfNew(j); k >= 0 && w.res[k].Err != nil {
 			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+describe(w.res[k].Err))
@@ -232,7 +232,7 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 	t := time.Now()
 	o := forward.Options{
 		Component: CompPublish,
-		Retry:     w.retryOpts(batch, "output publish"),
+		Retry:     w.retryOpts(batch, "output publish", nil),
 		OnRetry: func(attempt, failed int, err error) {
 			s.metrics.PublishRetries.Add(float64(failed))
 			s.logs.Warn("output_publish_retry", "output publish failed, retrying", "partition", w.label, "messages", failed, "attempt", attempt, "err", err)
@@ -292,7 +292,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	err := retry.Do(ctx, CompCommit, func() (err error) {
 		results, err = w.claim(claims)
 		return err
-	}, w.retryOpts(batch, "state commit"))
+	}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 	if err != nil && (!retry.IsPermanent(err) || errors.Is(err, state.ErrClosed)) {
 		w.stopping(batch, err)
 		return false
@@ -306,7 +306,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 			err := retry.Do(ctx, CompCommit, func() (err error) {
 				r, err = w.p.Claim([]state.Claim{c})
 				return err
-			}, w.retryOpts(batch, "state commit"))
+			}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 			switch {
 			case err == nil:
 				results = append(results, r[0])
@@ -411,14 +411,15 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 
 // retryOpts are the retry options of the batch's operations: health
 // reported for this partition, the batch kept from redelivery between
-// attempts, and what (for the logs) names the operation.
-func (w *worker) retryOpts(batch []item, what string) retry.Options {
+// attempts, what (for the logs) names the operation, and retries (nil:
+// none) counts each retry.
+func (w *worker) retryOpts(batch []item, what string, retries prometheus.Counter) retry.Options {
 	return retry.Options{
 		Reporter: w.health,
 		Pause:    func() { w.keepAlive(batch) },
 		OnRetry: func(attempt int, err error) {
-			if what == "state commit" {
-				w.s.metrics.CommitRetries.Inc()
+			if retries != nil {
+				retries.Inc()
 			}
 			w.s.logs.Warn(strings.ReplaceAll(what, " ", "_")+"_retry", what+" failed, retrying; nothing is acked meanwhile", "partition", w.label, "attempt", attempt, "err", err)
 		},
@@ -480,14 +481,15 @@ func describe(err error) string {
 	return err.Error()
 }
 
-// reporter returns the health reporter of one partition (instance ""
-// reports the component itself), which logs recoveries.
-func (s *Stage) reporter(instanceName string) retry.Reporter {
+// reporter returns the health reporter of one unit of the components,
+// a partition (unit "" reports the component itself), which logs
+// recoveries.
+func (s *Stage) reporter(unit string) retry.Reporter {
 	var r retry.Reporter = s.status
-	if instanceName != "" {
-		r = instance{st: s.status, name: instanceName}
+	if unit != "" {
+		r = unitReporter{st: s.status, name: unit}
 	}
-	return logRecovery{Reporter: r, logs: s.logs, instance: instanceName}
+	return logRecovery{Reporter: r, logs: s.logs, unit: unit}
 }
 
 // quietReporter passes every failure on, and a success only when it ends
@@ -523,8 +525,8 @@ func (q *quietReporter) Succeeded(component string, retried bool) {
 // logRecovery logs when a component's operation succeeds after failures.
 type logRecovery struct {
 	retry.Reporter
-	logs     *lograte.Limiter // once per batch after failures: rate-limited
-	instance string
+	logs *lograte.Limiter // once per batch after failures: rate-limited
+	unit string           // the partition, or "" for the component itself
 }
 
 // recovered are the log messages of recoveries, by component.
@@ -543,7 +545,7 @@ func (l logRecovery) Succeeded(component string, retried bool) {
 		if msg == "" {
 			msg = component + " recovered"
 		}
-		l.logs.Info(component+"_recovered", msg, "partition", l.instance)
+		l.logs.Info(component+"_recovered", msg, "partition", l.unit)
 	}
 }
 
