@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,12 +15,9 @@ import (
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
-	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // headerPinID is the header nats-server puts on each message a pinned
@@ -579,75 +574,6 @@ func (s *Stage) releaseAll() {
 	}
 }
 
-// tenure is one partition owned by this instance: the fence its batches
-// expect, and the pins the server delivered its messages under meanwhile.
-// The fence, not the pin, is what makes the tenure: a tenure outlives a
-// new pin of this same instance (the server re-pins a client whose pin's
-// TTL passed), since another owner in between would have moved the fence
-// and the next batch would be refused.
-type tenure struct {
-	pin   string          // the newest pin seen in the tenure
-	pins  map[string]bool // every pin seen in the tenure
-	fence forward.Fence
-	// written is when the fence was last written (at most), refresh how
-	// often it is written again (refreshFence).
-	written time.Time
-	refresh time.Duration
-	// dlFence is the partition's fence in the dead-letter stream, taken
-	// after the output's, and dlWritten when it was last written: every
-	// dead letter the tenure decides expects it (fenceDeadLetter).
-	dlFence   forward.Fence
-	dlWritten time.Time
-}
-
-// maxLostPins bounds how many lost pins a worker remembers: a message
-// still arriving under one is left for the partition's new owner.
-const maxLostPins = 16
-
-// own makes sure the worker owns its partition, taking the fence and
-// restoring the partition when it does not. It returns false when the
-// batch must be left unacked: it came under a pin of a tenure this
-// instance lost while it owns none, or the takeover did not finish.
-func (w *worker) own(ctx context.Context, batch []item) bool {
-	g := w.s.group
-	pin := batch[len(batch)-1].pin
-	if lost := g.takeLost(w.p.Index()); lost != "" {
-		// Released for balance, or the pin moved: what still comes under
-		// the tenure's pins is the next owner's.
-		if w.ten != nil && w.ten.pins[lost] {
-			w.endTenure(true)
-		} else {
-			w.rememberLost(lost)
-		}
-	}
-	if w.ten != nil {
-		if !w.ten.pins[pin] {
-			w.ten.pins[pin] = true
-			w.ten.pin = pin
-			g.setOwned(w.p.Index(), pin)
-		}
-		return w.refreshFence(ctx)
-	}
-	if slices.Contains(w.lostPins, pin) && !w.recheckLost(ctx, pin) {
-		g.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
-		giveBack(batch)
-		return false
-	}
-	t, err := w.takeOver(ctx, batch, pin)
-	if err != nil {
-		if r := refusedReason(err); r != "" {
-			g.metrics.refused.WithLabelValues(w.label, r).Inc()
-			w.s.logs.Error("partition_refused", "scale-out: partition refused; its batch stays unacked and comes back", "partition", w.label, "err", err)
-		} else if ctx.Err() == nil {
-			w.s.logs.Warn("take_over_failed", "scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", w.label, "err", err)
-		}
-		return false
-	}
-	w.ten = t
-	g.setOwned(w.p.Index(), pin)
-	return true
-}
-
 // giveBack naks every message of batch without delay: they were
 // delivered under a pin this instance gave up (or it stops), and the
 // partition's next owner gets them at once instead of after ack_wait.
@@ -681,163 +607,6 @@ func (g *scaleOut) stopping() bool {
 func (g *scaleOut) setOwned(p int, pin string) {
 	g.mu.Lock()
 	g.owned[p] = pin
-	g.metrics.owned.Set(float64(len(g.owned)))
-	g.mu.Unlock()
-}
-
-// rememberLost adds pin to the pins whose messages are left unacked for
-// the partition's new owner, forgetting the oldest past maxLostPins.
-func (w *worker) rememberLost(pin string) {
-	if slices.Contains(w.lostPins, pin) {
-		return
-	}
-	w.lostPins = append(w.lostPins, pin)
-	if len(w.lostPins) > maxLostPins {
-		w.lostPins = slices.Delete(w.lostPins, 0, len(w.lostPins)-maxLostPins)
-	}
-}
-
-// takeOver takes the partition's fence and restores the partition from
-// the output stream up to it: from the local cursor when this instance's
-// store has one, else from now minus the output's retention.
-func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenure, error) {
-	s, g := w.s, w.s.group
-	p := w.p.Index()
-	start := time.Now()
-	fenceSubj := handover.FenceSubject(g.prefix, p)
-	// The output stream may have been edited, or purged, since the start: a
-	// changelog that no longer keeps what a restore reads would restore the
-	// partition short, so the partition is not taken (its batch comes back,
-	// and the check runs again).
-	out, err := g.outputState(ctx, s.js)
-	if err != nil {
-		return nil, err
-	}
-	cursor, err := w.p.Cursor()
-	if err != nil {
-		return nil, fmt.Errorf("read the partition's cursor: %w", err)
-	}
-	now := s.clock.Now()
-	from, since := g.restoreStart(cursor, out.State.LastSeq, now)
-	if err := g.checkChangelog(out.Config); err != nil {
-		return nil, err
-	}
-	if err := g.checkReach(out.State, p, from, now); err != nil {
-		return nil, err
-	}
-	f, err := handover.Take(ctx, s.js, g.outStream, fenceSubj, g.instance)
-	if err != nil {
-		return nil, err
-	}
-	// The dead letters' fence, after the output's: an instance that took
-	// this one has taken the output's first.
-	dlFenceSubj := handover.FenceSubject(g.dlSubject, p)
-	dlWritten := time.Now()
-	dlf, err := handover.Take(ctx, s.js, g.dlStream, dlFenceSubj, g.instance)
-	if err != nil {
-		return nil, fmt.Errorf("take the dead-letter fence: %w", err)
-	}
-	restoring := g.metrics.restoring.WithLabelValues(w.label)
-	restoring.Set(1)
-	defer restoring.Set(0)
-	s.status.setRestoring(p, 0, true)
-	defer s.status.setRestoring(p, 0, false)
-	path := restoreFull
-	if from > 0 {
-		path = restoreLocal
-	}
-	loaded := 0
-	if g.snaps.load {
-		seq, n, err := w.loadSnapshot(ctx, out, cursor, batch)
-		switch {
-		case err == nil:
-			path, from, since, cursor, loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
-		case !errors.Is(err, errSnapshotUnusable):
-			return nil, err
-		default:
-			level := slog.LevelWarn
-			if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errSnapshotBehind) {
-				level = slog.LevelInfo
-			}
-			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", path, "reason", err)
-		}
-	}
-	g.snaps.metrics.paths.WithLabelValues(path).Inc()
-	recs := make([]state.Restored, 0, restoreChunk)
-	total := 0
-	flush := func(upTo uint64) error {
-		if err := w.p.Restore(recs, upTo); err != nil {
-			return err
-		}
-		total += len(recs)
-		g.metrics.restored.WithLabelValues(w.label).Add(float64(len(recs)))
-		s.status.setRestoring(p, total, true)
-		recs = recs[:0]
-		w.keepAlive(batch)
-		return nil
-	}
-	_, err = handover.Restore(ctx, s.js, g.outStream, handover.PartitionFilter(g.prefix, p), from, since, f,
-		func(r handover.Record, seq uint64) error {
-			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
-				Total: state.Contribution{Group: r.Group, Bucket: r.Bucket, Value: r.Value}, Seq: seq})
-			if len(recs) == restoreChunk {
-				return flush(seq)
-			}
-			return nil
-		})
-	if err != nil {
-		return nil, err
-	}
-	if cursor != f {
-		if err := flush(f); err != nil { // the rest, and the cursor at the fence
-			return nil, err
-		}
-	}
-	took := time.Since(start)
-	g.metrics.takeovers.WithLabelValues(w.label).Inc()
-	g.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
-	s.log.Info("scale-out: partition taken", "partition", p, "path", path, "fence", f, "cursor", cursor, "from_sequence", from,
-		"from_snapshot", loaded, "restored", total, "took", took.Round(time.Millisecond))
-	s.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: path,
-		Records: loaded + total, RestoreSeconds: took.Seconds()})
-	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
-		written: start, refresh: fenceRefresh(out.Config.MaxAge),
-		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil
-}
-
-// fenced handles an output batch the server refused because the
-// partition's fence moved. The batch stays unacked and the tenure ends.
-// When the server still pins this instance under one of the tenure's pins
-// (another instance took the fence without the pin, or a retried write
-// moved it), the next batch takes the fence again; otherwise the tenure's
-// pins are lost, and what was delivered under them is left for the new
-// owner.
-func (w *worker) fenced(ctx context.Context, err error) {
-	s, g := w.s, w.s.group
-	g.metrics.refusals.WithLabelValues(w.label).Inc()
-	now, ierr := s.pinOf(ctx, w.p.Index())
-	still := ierr == nil && w.ten.pins[now]
-	level := slog.LevelWarn
-	if ierr != nil {
-		level = slog.LevelError
-	}
-	s.logs.Log(ctx, level, "partition_lost", "scale-out: partition lost: another instance took its fence; the batch is left unacked",
-		"partition", w.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
-	w.endTenure(!still)
-}
-
-// endTenure ends the worker's tenure; with lost, the tenure's pins are
-// remembered as lost.
-func (w *worker) endTenure(lost bool) {
-	g := w.s.group
-	if lost {
-		for pin := range w.ten.pins {
-			w.rememberLost(pin)
-		}
-	}
-	w.ten = nil
-	g.mu.Lock()
-	delete(g.owned, w.p.Index())
 	g.metrics.owned.Set(float64(len(g.owned)))
 	g.mu.Unlock()
 }

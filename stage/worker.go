@@ -16,7 +16,6 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -56,6 +55,7 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
+	w.owner = s.ownership(w)
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
@@ -84,11 +84,9 @@ type worker struct {
 	res         []forward.Result
 	lastSignal  time.Time // when the batch last told the server it is being worked on
 
-	// Scale-out only: the partition's tenure in this instance (nil when
-	// it does not own the partition), and the last pins it lost, whose
-	// messages are left to the new owner.
-	ten      *tenure
-	lostPins []string
+	// owner is the partition's ownership: the single instance's, or this
+	// instance's tenures in a scale-out group.
+	owner ownership
 }
 
 // process judges one batch: look up every key, publish the new ones, commit
@@ -100,18 +98,10 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
-	if s.group != nil {
-		// The busy token: a planned release waits for this batch.
-		busy := &s.group.busy[w.p.Index()]
-		busy.Lock()
-		defer busy.Unlock()
-		if s.group.stopping() {
-			giveBack(batch) // the instance stops: the next owner gets it at once
-			return
-		}
-		if !w.own(ctx, batch) {
-			return
-		}
+	done, ok := w.owner.Own(ctx, batch)
+	defer done()
+	if !ok {
+		return
 	}
 	if w.firstIdx == nil {
 		w.firstIdx = make(map[string]int, len(batch))
@@ -153,7 +143,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 				w.acks = append(w.acks, i)
 				continue
 			case lateDeadLetter:
-				w.dlq <- w.fenceDeadLetter(dl)
+				w.dlq <- w.owner.FenceDeadLetter(dl)
 				continue
 			}
 		}
@@ -167,16 +157,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		}
 		forwarded = append(forwarded, outCopy{})
 		m := s.outputMsg(it, id, &forwarded[len(forwarded)-1])
-		if s.group != nil {
-			// The output is the partition's changelog: the subject
-			// names the partition, the headers carry the record and
-			// what it adds to a total, for a new owner to restore.
-			m.Subject = handover.PartitionSubject(s.group.prefix, w.p.Index(), it.inputSubject())
-			handover.Annotate(m.Header, now, it.fp)
-			if it.tot.Group != "" {
-				handover.AnnotateTotal(m.Header, it.tot.Group, it.tot.Bucket, it.tot.Value)
-			}
-		}
+		w.owner.Annotate(m, it, now)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
@@ -199,13 +180,9 @@ func (w *worker) process(ctx context.Context, batch []item) {
 				w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
 				continue
 			}
-			c := state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot}
-			if s.group != nil {
-				c.FirstSeen = now // as the forwarded record says
-			}
-			claims = append(claims, c)
+			claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
 		}
-		if !w.commit(ctx, batch, claims) {
+		if !w.commit(ctx, batch, claims, now) {
 			return
 		}
 	}
@@ -241,16 +218,12 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		BatchMax:   s.cfg.Output.BatchMax,
 		Inflight:   s.outputBatches,
 		OnFallback: w.fallback,
-	}
-	if w.ten != nil {
-		o.Fence = &w.ten.fence
+		Fence:      w.owner.Fence(),
 	}
 	if err := forward.Batch(ctx, s.js, w.out, w.res, o); err != nil {
-		if retry.IsFenced(err) && w.ten != nil {
-			w.fenced(ctx, err)
-			return false
+		if !retry.IsFenced(err) || !w.owner.Lost(ctx, err) {
+			w.stopping(batch, err)
 		}
-		w.stopping(batch, err)
 		return false
 	}
 	s.metrics.PublishSeconds.Observe(time.Since(t).Seconds())
@@ -278,11 +251,12 @@ func (w *worker) fallback(messages int, err error) {
 		"partition", w.label, "messages", messages, "err", describe(err))
 }
 
-// commit claims the forwarded keys in one transaction, retrying transient
-// failures, and queues their acks. When the store refuses the transaction
+// commit claims the forwarded keys in one transaction (as the owner
+// commits them, with now the time the forwarded records say), retrying
+// transient failures, and queues their acks. When the store refuses the transaction
 // permanently, each claim is tried alone and the ones it refuses are
 // dead-lettered. It returns false when ctx ended first.
-func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim) bool {
+func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, now time.Time) bool {
 	s := w.s
 	if len(claims) == 0 {
 		return true
@@ -290,7 +264,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	t := time.Now()
 	var results []state.ClaimResult
 	err := retry.Do(ctx, CompCommit, func() (err error) {
-		results, err = w.claim(claims)
+		results, err = w.owner.Claim(w.p, claims, w.res, now)
 		return err
 	}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 	if err != nil && (!retry.IsPermanent(err) || errors.Is(err, state.ErrClosed)) {
@@ -337,21 +311,6 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	return true
 }
 
-// claim claims the batch's forwarded keys. With scale-out it also stores
-// the partition's cursor: the highest output sequence of the batch, up to
-// which the partition's changelog is in the store (this instance alone has
-// written it since its fence, batch after batch).
-func (w *worker) claim(claims []state.Claim) ([]state.ClaimResult, error) {
-	if w.ten == nil {
-		return w.p.Claim(claims)
-	}
-	var cursor uint64
-	for _, r := range w.res {
-		cursor = max(cursor, r.Seq)
-	}
-	return w.p.ClaimWithCursor(claims, cursor)
-}
-
 // indexOfNew returns the position in w.newIdx (and w.res) of batch index
 // i, or -1.
 func (w *worker) indexOfNew(i int) int {
@@ -373,18 +332,7 @@ func (w *worker) stopping(batch []item, err error) {
 // deadLetter sends batch item it to the dead-letter worker; it acks it
 // once stored.
 func (w *worker) deadLetter(it *item, reason, detail string) {
-	w.dlq <- w.fenceDeadLetter(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
-}
-
-// fenceDeadLetter returns dl carrying the tenure's dead-letter fence, when
-// the worker owns its partition in a scale-out group: the dead letter is
-// stored only while no other instance has taken the partition since.
-func (w *worker) fenceDeadLetter(dl deadLetter) deadLetter {
-	if t := w.ten; t != nil && t.dlFence.Subject != "" {
-		f := t.dlFence
-		dl.fence, dl.p, dl.pin = &f, w.p.Index(), t.pin
-	}
-	return dl
+	w.dlq <- w.owner.FenceDeadLetter(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
 }
 
 // repeat handles a message whose key the window already holds.
