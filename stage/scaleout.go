@@ -145,7 +145,43 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 // written by all of them).
 func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) error {
 	cfg := s.cfg
-	g := &scaleOut{
+	g := newScaleOut(cfg, s.win.W)
+	if routed, why := cfg.ScaleOutRouted(); routed {
+		if err := s.setUpRoute(ctx, g, reg, why); err != nil {
+			return err
+		}
+	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
+		return err
+	} else if err := checkUntokened(ctx, s.js, cfg); err != nil {
+		return err
+	}
+	oc, err := s.checkSideStreams(ctx, g)
+	if err != nil {
+		return err
+	}
+	if g.handOvers, err = openHandOvers(ctx, s.js, cfg); err != nil {
+		return err
+	}
+	if !s.atomicOutput {
+		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
+			cfg.Output.Publish, g.outStream, oc.AllowAtomicPublish)
+	}
+	if err := s.createGroup(ctx, g); err != nil {
+		return err
+	}
+	g.metrics = newScaleOutMetrics(reg)
+	g.metrics.partitions.WithLabelValues(g.name).Set(float64(cfg.State.Partitions))
+	g.snaps = newSnapshots(cfg, s.js, s.log, s.win.W, max(oc.Replicas, 1), reg)
+	s.group = g
+	s.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", cfg.State.Partitions,
+		"input_stream", g.inStream, "output_stream", g.outStream, "handover_after_crash", g.consumer.AckWait)
+	return nil
+}
+
+// newScaleOut returns this instance's part in the group cfg configures,
+// with w the dedupe window, before it has checked or joined anything.
+func newScaleOut(cfg config.Config, w time.Duration) *scaleOut {
+	return &scaleOut{
 		busy:       make([]sync.Mutex, cfg.State.Partitions),
 		releaseNow: make(chan int),
 		name:       cfg.ScaleOut.Group,
@@ -153,7 +189,7 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		prefix:     cfg.Output.SubjectPrefix,
 		outStream:  cfg.Output.Stream,
 		inStream:   cfg.Input.Stream,
-		retention:  cfg.OutputRetention(s.win.W),
+		retention:  cfg.OutputRetention(w),
 		terms:      cfg.OutputRetentionTerms(),
 		owned:      make(map[int]string),
 		lost:       make(map[int]string),
@@ -165,46 +201,44 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		},
 	}
-	if routed, why := cfg.ScaleOutRouted(); routed {
-		if err := s.setUpRoute(ctx, g, reg, why); err != nil {
-			return err
-		}
-	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
-		return err
-	} else if err := checkUntokened(ctx, s.js, cfg); err != nil {
-		return err
-	}
+}
+
+// checkSideStreams checks that the output stream can be the changelog and
+// that neither it nor the dead-letter stream is written on the
+// partitions' control subjects, and sets the dead-letter fence's stream,
+// subject and refresh. It returns the output stream's configuration.
+func (s *Stage) checkSideStreams(ctx context.Context, g *scaleOut) (jetstream.StreamConfig, error) {
+	cfg := s.cfg
 	out, err := s.js.Stream(ctx, g.outStream)
 	if err != nil {
-		return fmt.Errorf("scale-out: output stream %s: %w", g.outStream, err)
+		return jetstream.StreamConfig{}, fmt.Errorf("scale-out: output stream %s: %w", g.outStream, err)
 	}
 	oc := out.CachedInfo().Config
 	if err := g.checkChangelog(oc); err != nil {
-		return err
+		return oc, err
 	}
 	if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
-		return err
+		return oc, err
 	}
 	dl, err := s.js.Stream(ctx, cfg.DeadLetter.Stream)
 	if err != nil {
-		return fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
+		return oc, fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
 	}
 	if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
-		return err
+		return oc, err
 	}
 	g.dlStream, g.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
 	g.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
-	if g.handOvers, err = openHandOvers(ctx, s.js, cfg); err != nil {
-		return err
-	}
-	if !s.atomicOutput {
-		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
-			cfg.Output.Publish, g.outStream, oc.AllowAtomicPublish)
-	}
-	n := cfg.State.Partitions
-	maps := make([]pcgroups.MemberMapping, n)
-	for i := range maps {
-		maps[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
+	return oc, nil
+}
+
+// createGroup creates the static consumer group, one member per
+// partition, or checks that the one there is the same.
+func (s *Stage) createGroup(ctx context.Context, g *scaleOut) error {
+	n := s.cfg.State.Partitions
+	mappings := make([]pcgroups.MemberMapping, n)
+	for i := range mappings {
+		mappings[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
 	}
 	// A cluster can leave a request unanswered (no responders while a
 	// leader is elected, a time-out): asked again, for as long as the
@@ -213,10 +247,10 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	// retry changes.
 	gctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
 	defer cancel()
-	err = retry.Do(gctx, "consumer group", func() error {
+	err := retry.Do(gctx, "consumer group", func() error {
 		rctx, cancel := context.WithTimeout(gctx, streamRequestTimeout)
 		defer cancel()
-		_, err := pcgroups.CreateStatic(rctx, s.js, g.inStream, g.name, uint(n), nil, nil, maps)
+		_, err := pcgroups.CreateStatic(rctx, s.js, g.inStream, g.name, uint(n), nil, nil, mappings)
 		var api *jetstream.APIError
 		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) &&
 			!errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &api) {
@@ -227,12 +261,6 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	if err != nil {
 		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", g.name, g.inStream, n, err)
 	}
-	g.metrics = newScaleOutMetrics(reg)
-	g.metrics.partitions.WithLabelValues(g.name).Set(float64(cfg.State.Partitions))
-	g.snaps = newSnapshots(cfg, s.js, s.log, s.win.W, max(oc.Replicas, 1), reg)
-	s.group = g
-	s.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", n,
-		"input_stream", g.inStream, "output_stream", g.outStream, "handover_after_crash", g.consumer.AckWait)
 	return nil
 }
 

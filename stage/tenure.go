@@ -225,67 +225,91 @@ func (o *groupOwner) takeOver(ctx context.Context, batch []item, pin string) (*t
 	defer restoring.Set(0)
 	s.status.setRestoring(p, 0, true)
 	defer s.status.setRestoring(p, 0, false)
-	path := restoreFull
-	if from > 0 {
-		path = restoreLocal
+	r, err := o.restore(ctx, batch, out, cursor, from, since, f)
+	if err != nil {
+		return nil, err
 	}
-	loaded := 0
+	took := time.Since(start)
+	g.metrics.takeovers.WithLabelValues(o.w.label).Inc()
+	g.metrics.restoreDur.WithLabelValues(o.w.label).Set(took.Seconds())
+	s.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
+		"from_snapshot", r.loaded, "restored", r.total, "took", took.Round(time.Millisecond))
+	s.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
+		Records: r.loaded + r.total, RestoreSeconds: took.Seconds()})
+	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
+		written: start, refresh: fenceRefresh(out.Config.MaxAge),
+		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil
+}
+
+// restoreRun is what a takeover's restore did: its path (restoreSnapshot,
+// restoreLocal or restoreFull), the output sequence the changelog was
+// read from, the cursor it started at (the snapshot's when it loaded one),
+// and the records the snapshot loaded and the changelog restored.
+type restoreRun struct {
+	path          string
+	from, cursor  uint64
+	loaded, total int
+}
+
+// restore restores the partition up to f, its new fence in the output
+// stream: from its newest snapshot when that is usable (snapshots.load),
+// then the changelog from from (or from since, with from 0); cursor is the
+// local store's. out is the output stream as read before the fence was
+// taken. It keeps the batch alive meanwhile and reports the records
+// restored in the status and the metrics.
+func (o *groupOwner) restore(ctx context.Context, batch []item, out *jetstream.StreamInfo, cursor, from uint64, since time.Time, f uint64) (restoreRun, error) {
+	s, g := o.w.s, o.group
+	p := o.w.p.Index()
+	r := restoreRun{path: restoreFull, from: from, cursor: cursor}
+	if from > 0 {
+		r.path = restoreLocal
+	}
 	if g.snaps.load {
-		seq, n, err := o.w.loadSnapshot(ctx, out, cursor, batch)
+		seq, n, err := o.w.loadSnapshot(ctx, out, r.cursor, batch)
 		switch {
 		case err == nil:
-			path, from, since, cursor, loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
+			r.path, r.from, since, r.cursor, r.loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
 		case !errors.Is(err, errSnapshotUnusable):
-			return nil, err
+			return r, err
 		default:
 			level := slog.LevelWarn
 			if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errSnapshotBehind) {
 				level = slog.LevelInfo
 			}
-			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", path, "reason", err)
+			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", r.path, "reason", err)
 		}
 	}
-	g.snaps.metrics.paths.WithLabelValues(path).Inc()
+	g.snaps.metrics.paths.WithLabelValues(r.path).Inc()
 	recs := make([]state.Restored, 0, restoreChunk)
-	total := 0
 	flush := func(upTo uint64) error {
 		if err := o.w.p.Restore(recs, upTo); err != nil {
 			return err
 		}
-		total += len(recs)
+		r.total += len(recs)
 		g.metrics.restored.WithLabelValues(o.w.label).Add(float64(len(recs)))
-		s.status.setRestoring(p, total, true)
+		s.status.setRestoring(p, r.total, true)
 		recs = recs[:0]
 		o.w.keepAlive(batch)
 		return nil
 	}
-	_, err = handover.Restore(ctx, s.js, g.outStream, handover.PartitionFilter(g.prefix, p), from, since, f,
-		func(r handover.Record, seq uint64) error {
-			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
-				Total: state.Contribution{Group: r.Group, Bucket: r.Bucket, Value: r.Value}, Seq: seq})
+	_, err := handover.Restore(ctx, s.js, g.outStream, handover.PartitionFilter(g.prefix, p), r.from, since, f,
+		func(rec handover.Record, seq uint64) error {
+			recs = append(recs, state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
+				Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq})
 			if len(recs) == restoreChunk {
 				return flush(seq)
 			}
 			return nil
 		})
 	if err != nil {
-		return nil, err
+		return r, err
 	}
-	if cursor != f {
+	if r.cursor != f {
 		if err := flush(f); err != nil { // the rest, and the cursor at the fence
-			return nil, err
+			return r, err
 		}
 	}
-	took := time.Since(start)
-	g.metrics.takeovers.WithLabelValues(o.w.label).Inc()
-	g.metrics.restoreDur.WithLabelValues(o.w.label).Set(took.Seconds())
-	s.log.Info("scale-out: partition taken", "partition", p, "path", path, "fence", f, "cursor", cursor, "from_sequence", from,
-		"from_snapshot", loaded, "restored", total, "took", took.Round(time.Millisecond))
-	s.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: path,
-		Records: loaded + total, RestoreSeconds: took.Seconds()})
-	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
-		written: start, refresh: fenceRefresh(out.Config.MaxAge),
-		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil
+	return r, nil
 }
 
 // fenced handles an output batch the server refused because the

@@ -103,16 +103,40 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	if !ok {
 		return
 	}
+	w.reset(len(batch))
+	now := s.clock.Now()
+	if !w.judge(ctx, batch, now) {
+		return
+	}
+	if len(w.newIdx) > 0 && !w.forwardNew(ctx, batch, now) {
+		return
+	}
+	w.settleLaterCopies(batch, now)
+	for _, i := range w.acks {
+		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
+	}
+}
+
+// reset clears the worker's per-batch state for a batch of n messages.
+func (w *worker) reset(n int) {
 	if w.firstIdx == nil {
-		w.firstIdx = make(map[string]int, len(batch))
+		w.firstIdx = make(map[string]int, n)
 	}
 	clear(w.firstIdx)
 	w.newIdx, w.laterCopies, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.acks[:0], w.out[:0]
-	now := s.clock.Now()
+}
+
+// judge looks up every key of the batch and sorts its messages: a repeat
+// (queued for its ack), a later copy of a key new in this batch
+// (w.laterCopies), a late total or a dead letter, or new: its forwarded
+// copy goes to w.out and its index to w.newIdx. It returns false when the
+// batch is left unacked (ctx ended, or the store closed, while a lookup
+// kept failing).
+func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
+	s := w.s
 	maxPayload := s.nc.MaxPayload()
 	var forwarded []outCopy                               // the batch's forwarded copies, made on first need
 	lookupOpts := w.retryOpts(batch, "state lookup", nil) // once per batch: it allocates
-
 	for i := range batch {
 		it := &batch[i]
 		if j, ok := w.firstIdx[string(it.key)]; ok {
@@ -127,7 +151,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		if err != nil {
 			if !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed) {
 				w.stopping(batch, err)
-				return
+				return false
 			}
 			w.deadLetter(it, ReasonStateRejected, fmt.Sprintf("the state store cannot look up key %q: %v", it.key, err))
 			continue
@@ -136,16 +160,8 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			w.repeat(i, batch, res.Record, now)
 			continue
 		}
-		if s.totals != nil {
-			switch late, dl := s.totals.late(it, w.label, now); late {
-			case lateDrop:
-				w.dropped.get().Inc()
-				w.acks = append(w.acks, i)
-				continue
-			case lateDeadLetter:
-				w.dlq <- w.owner.FenceDeadLetter(dl)
-				continue
-			}
+		if w.late(i, batch, now) {
+			continue
 		}
 		id := string(it.key) // made once: the copy's Nats-Msg-Id and the key in w.firstIdx
 		if forwarded == nil {
@@ -166,26 +182,53 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		w.newIdx = append(w.newIdx, i)
 		w.out = append(w.out, m)
 	}
+	return true
+}
 
-	if len(w.newIdx) > 0 {
-		if s.beforePublish != nil {
-			s.beforePublish(w.p.Index(), len(batch))
-		}
-		if !w.publish(ctx, batch) {
-			return
-		}
-		claims := make([]state.Claim, 0, len(w.newIdx))
-		for k, i := range w.newIdx {
-			if err := w.res[k].Err; err != nil {
-				w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
-				continue
-			}
-			claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
-		}
-		if !w.commit(ctx, batch, claims, now) {
-			return
-		}
+// late handles a new key's message whose total is too late for its time
+// bucket (totals.late): dropped and acked, or dead-lettered. It reports
+// whether it did; false means the message is forwarded.
+func (w *worker) late(i int, batch []item, now time.Time) bool {
+	if w.s.totals == nil {
+		return false
 	}
+	switch late, dl := w.s.totals.late(&batch[i], w.label, now); late {
+	case lateDrop:
+		w.dropped.get().Inc()
+		w.acks = append(w.acks, i)
+		return true
+	case lateDeadLetter:
+		w.dlq <- w.owner.FenceDeadLetter(dl)
+		return true
+	}
+	return false
+}
+
+// forwardNew publishes the batch's new messages (w.out), dead-letters
+// those the output refused for good, and commits the claims of the rest.
+// It returns false when the batch is left unacked.
+func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bool {
+	if w.s.beforePublish != nil {
+		w.s.beforePublish(w.p.Index(), len(batch))
+	}
+	if !w.publish(ctx, batch) {
+		return false
+	}
+	claims := make([]state.Claim, 0, len(w.newIdx))
+	for k, i := range w.newIdx {
+		if err := w.res[k].Err; err != nil {
+			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
+			continue
+		}
+		claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
+	}
+	return w.commit(ctx, batch, claims, now)
+}
+
+// settleLaterCopies judges each later copy of a key new in this batch: a
+// repeat of the copy forwarded, or a dead letter when the output refused
+// that copy.
+func (w *worker) settleLaterCopies(batch []item, now time.Time) {
 	for _, c := range w.laterCopies {
 		i, j := c[0], c[1]
 		if k := w.indexOfNew(j); k >= 0 && w.res[k].Err != nil {
@@ -193,9 +236,6 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			continue
 		}
 		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now)
-	}
-	for _, i := range w.acks {
-		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
 	}
 }
 
