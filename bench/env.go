@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/stage"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 )
 
 // Headers the harness puts on input events.
@@ -53,7 +53,7 @@ func startNATS(url, dir string, syncAlways bool, log *slog.Logger) (*natsEnv, er
 	cfg.Embedded.StoreDir = dir
 	full := config.Default()
 	full.NATS = cfg
-	srv, err := stage.StartEmbedded(full, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv, err := boot.StartEmbedded(full, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +66,7 @@ func startNATS(url, dir string, syncAlways bool, log *slog.Logger) (*natsEnv, er
 // connect opens a connection the way the stage does (in process to the
 // embedded server). Its disconnect on Close is not logged.
 func (e *natsEnv) connect() (*nats.Conn, error) {
-	return stage.Connect(e.cfg, e.srv, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return boot.Connect(e.cfg, e.srv, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
 // embedded reports whether the server runs in this process.

@@ -209,7 +209,7 @@ func (pr *presence) leave() {
 // it releases what this instance owns beyond its quota, and stands by
 // again for what it released once the cooldown has passed.
 func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
-	so := s.so
+	g := s.group
 	n := s.cfg.State.Partitions
 	cooldown := s.cfg.ScaleOutReleaseCooldown()
 	released := map[int]time.Time{}
@@ -224,7 +224,7 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 			select {
 			case <-ctx.Done():
 				return
-			case p := <-so.releaseNow:
+			case p := <-g.releaseNow:
 				s.releaseForBalance(ctx, m, p, "asked")
 				released[p] = time.Now()
 				continue
@@ -248,11 +248,11 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 			continue
 		}
 		owned := s.stillOwned(ctx)
-		for _, p := range toRelease(so.instance, owned, n, live) {
+		for _, p := range toRelease(g.instance, owned, n, live) {
 			s.releaseForBalance(ctx, m, p, "balance")
 			released[p] = now
 			s.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(live),
-				"quota", quota(so.instance, live, n), "cooldown", cooldown)
+				"quota", quota(g.instance, live, n), "cooldown", cooldown)
 		}
 	}
 }
@@ -265,40 +265,40 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 // aside, and its worker gives back what it still holds of p: the next
 // owner gets all of it at once instead of after input.ack_wait.
 func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why string) {
-	so := s.so
-	so.mu.Lock()
-	if so.diverted == nil {
-		so.diverted = make(map[int][]jetstream.Msg)
+	g := s.group
+	g.mu.Lock()
+	if g.diverted == nil {
+		g.diverted = make(map[int][]jetstream.Msg)
 	}
-	so.diverted[p] = nil
-	so.mu.Unlock()
-	so.busy[p].Lock()
-	so.mu.Lock()
-	pins := map[string]bool{so.owned[p]: true}
-	so.mu.Unlock()
-	so.release(p)
-	if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+	g.diverted[p] = nil
+	g.mu.Unlock()
+	g.busy[p].Lock()
+	g.mu.Lock()
+	pins := map[string]bool{g.owned[p]: true}
+	g.mu.Unlock()
+	g.release(p)
+	if err := pcgroups.StaticMemberStepDown(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
 		s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 	}
-	so.busy[p].Unlock()
+	g.busy[p].Unlock()
 	m.leave(p)
-	so.mu.Lock()
-	kept := so.diverted[p]
-	delete(so.diverted, p)
-	so.mu.Unlock()
+	g.mu.Lock()
+	kept := g.diverted[p]
+	delete(g.diverted, p)
+	g.mu.Unlock()
 	for _, msg := range kept {
 		pins[msg.Headers().Get(headerPinID)] = true
 	}
 	// The member may have been pinned again before it stopped: unpin it
 	// once more, or the partition would wait for the pin's TTL.
 	if now, err := s.pinOf(ctx, p); err == nil && now != "" && pins[now] {
-		if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+		if err := pcgroups.StaticMemberStepDown(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
 			s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 		}
 	}
 	giveBackMsgs(kept)
-	so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(kept)))
-	so.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
+	g.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(kept)))
+	g.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
 }
 
 // stillOwned returns the partitions this instance owns after asking the
@@ -310,15 +310,15 @@ func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why st
 // whose check fails, or that is pinned to nobody for the moment, is
 // counted as owned.
 func (s *Stage) stillOwned(ctx context.Context) []int {
-	so := s.so
-	so.mu.Lock()
-	owned := maps.Clone(so.owned)
-	so.mu.Unlock()
+	g := s.group
+	g.mu.Lock()
+	owned := maps.Clone(g.owned)
+	g.mu.Unlock()
 	var still []int
 	for p, pin := range owned {
 		now, err := s.pinOf(ctx, p)
 		if err == nil && now != "" && now != pin {
-			so.lose(p, pin)
+			g.lose(p, pin)
 			s.log.Info("scale-out: partition's pin moved to another client; its tenure here ends", "partition", p)
 			continue
 		}
@@ -330,33 +330,33 @@ func (s *Stage) stillOwned(ctx context.Context) []int {
 // release ends this instance's tenure of partition p for balance: the
 // worker treats what it still receives under the pin it owned p with as
 // delivered under a lost pin.
-func (so *scaleOut) release(p int) {
-	so.mu.Lock()
-	pin, ok := so.owned[p]
-	so.mu.Unlock()
+func (g *scaleOut) release(p int) {
+	g.mu.Lock()
+	pin, ok := g.owned[p]
+	g.mu.Unlock()
 	if ok {
-		so.lose(p, pin)
+		g.lose(p, pin)
 	}
 }
 
 // lose ends this instance's tenure of partition p under pin, unless the
 // worker owns it under another pin by now: the worker treats what it
 // still receives under pin as delivered under a lost pin.
-func (so *scaleOut) lose(p int, pin string) {
-	so.mu.Lock()
-	defer so.mu.Unlock()
-	if so.owned[p] == pin {
-		so.lost[p] = pin
-		delete(so.owned, p)
-		so.metrics.owned.Set(float64(len(so.owned)))
+func (g *scaleOut) lose(p int, pin string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.owned[p] == pin {
+		g.lost[p] = pin
+		delete(g.owned, p)
+		g.metrics.owned.Set(float64(len(g.owned)))
 	}
 }
 
 // takeLost returns the pin partition p was released under, once, or "".
-func (so *scaleOut) takeLost(p int) string {
-	so.mu.Lock()
-	defer so.mu.Unlock()
-	pin := so.lost[p]
-	delete(so.lost, p)
+func (g *scaleOut) takeLost(p int) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	pin := g.lost[p]
+	delete(g.lost, p)
 	return pin
 }

@@ -60,18 +60,18 @@ func refusedReason(err error) string {
 // limit that drops the oldest messages (the streams the stage creates have
 // none). It is checked at start and again at every takeover, since the
 // stream can be edited while the group runs.
-func (so *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
+func (g *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
 	fail := func(field, now, fix string) error {
 		return &changelogError{reason: refusedLimits, msg: fmt.Sprintf(
 			"scale-out: %v: output stream %s has %s %s; it is the changelog new owners restore partitions from, and that drops records a restore needs (fix: nats stream edit %s %s)",
-			ErrChangelog, so.outStream, field, now, so.outStream, fix)}
+			ErrChangelog, g.outStream, field, now, g.outStream, fix)}
 	}
 	switch {
 	case oc.Retention != jetstream.LimitsPolicy:
 		return fail("retention", oc.Retention.String(), "--retention limits")
-	case oc.MaxAge != 0 && oc.MaxAge < so.retention:
-		return fail("max_age", fmt.Sprintf("%v, below %s = %v", oc.MaxAge, so.terms, so.retention),
-			fmt.Sprintf("--max-age %v", so.retention))
+	case oc.MaxAge != 0 && oc.MaxAge < g.retention:
+		return fail("max_age", fmt.Sprintf("%v, below %s = %v", oc.MaxAge, g.terms, g.retention),
+			fmt.Sprintf("--max-age %v", g.retention))
 	case oc.MaxMsgsPerSubject > 0 && !(oc.Discard == jetstream.DiscardNew && oc.DiscardNewPerSubject):
 		return fail("max_msgs_per_subject", fmt.Sprint(oc.MaxMsgsPerSubject), "--max-msgs-per-subject=-1")
 	case oc.MaxMsgs > 0 && oc.Discard == jetstream.DiscardOld:
@@ -100,7 +100,7 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
 			subjects := append(slices.Clone(oc.Subjects), control)
 			return fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
-				"the group keeps its fences on %s, apart from the messages under %s.>, so that their consumers see data only "+
+				"the group keeps its fences on %s, apart from the messages under %s.>, g that their consumers see data only "+
 				"(fix: nats stream edit %s --subjects '%s')",
 				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, oc.Name, strings.Join(subjects, ","))
 		}
@@ -112,11 +112,11 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 // cursor + 1 when the store has a cursor into this stream (at most its
 // last sequence: a larger one is from a stream since deleted and made
 // again), else from since = now - the output's retention.
-func (so *scaleOut) restoreStart(cursor, lastSeq uint64, now time.Time) (from uint64, since time.Time) {
+func (g *scaleOut) restoreStart(cursor, lastSeq uint64, now time.Time) (from uint64, since time.Time) {
 	if cursor > 0 && cursor <= lastSeq {
 		return cursor + 1, time.Time{}
 	}
-	return 0, now.Add(-so.retention)
+	return 0, now.Add(-g.retention)
 }
 
 // checkReach checks that the output stream, in state st, still holds every
@@ -132,8 +132,8 @@ func (so *scaleOut) restoreStart(cursor, lastSeq uint64, now time.Time) (from ui
 // retention's edge; such a refusal ends once that edge passes the first
 // message. Messages removed from the middle (a purge of some subjects) do
 // not move the first message and are not seen.
-func (so *scaleOut) checkReach(st jetstream.StreamState, p int, from uint64, now time.Time) error {
-	edge := now.Add(-so.retention)
+func (g *scaleOut) checkReach(st jetstream.StreamState, p int, from uint64, now time.Time) error {
+	edge := now.Add(-g.retention)
 	first, firstTime := st.FirstSeq, st.FirstTime
 	if st.Msgs == 0 {
 		first, firstTime = st.LastSeq+1, st.LastTime
@@ -148,16 +148,16 @@ func (so *scaleOut) checkReach(st jetstream.StreamState, p int, from uint64, now
 	return &changelogError{reason: refusedShort, msg: fmt.Sprintf(
 		"scale-out: %v: output stream %s begins at sequence %d of %s, but partition %d's restore reads %s: messages removed before it (a purge, a deleted message, max_age, max_msgs or max_bytes lowered for a while) may hold records of keys still in the window, whose copies would be forwarded again. "+
 			"No stream edit brings them back; the partition is refused until %s, when they are past the retention %s = %v (check with nats stream info %s that first_seq stays put and no limit drops messages)",
-		ErrChangelog, so.outStream, first, firstTime.UTC().Format(time.RFC3339), p, start,
-		firstTime.Add(so.retention).UTC().Format(time.RFC3339), so.terms, so.retention, so.outStream)}
+		ErrChangelog, g.outStream, first, firstTime.UTC().Format(time.RFC3339), p, start,
+		firstTime.Add(g.retention).UTC().Format(time.RFC3339), g.terms, g.retention, g.outStream)}
 }
 
 // outputState reads the output stream's configuration and state, retrying
 // a transient failure until ctx ends.
-func (so *scaleOut) outputState(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
+func (g *scaleOut) outputState(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
 	var info *jetstream.StreamInfo
 	err := retry.Do(ctx, "fence", func() error {
-		st, err := js.Stream(ctx, so.outStream)
+		st, err := js.Stream(ctx, g.outStream)
 		if err == nil {
 			info = st.CachedInfo()
 		}

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // TestCheckConfigAgreesWithWhatRunBuilds compares the figures check-config
@@ -96,7 +96,7 @@ func TestCheckConfigAgreesWithWhatRunBuilds(t *testing.T) {
 	c := config.Default()
 	c.State.DataDir = t.TempDir()
 	c.NATS.Embedded.Port = -1
-	srv, err := stage.StartEmbedded(c, slog.New(slog.DiscardHandler))
+	srv, err := boot.StartEmbedded(c, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

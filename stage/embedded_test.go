@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -35,7 +36,7 @@ func TestEmbeddedDefaultSyncsEveryWrite(t *testing.T) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	srv, err := stage.StartEmbedded(cfg, log)
+	srv, err := boot.StartEmbedded(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestEmbeddedDefaultSyncsEveryWrite(t *testing.T) {
 	if jsc := srv.JetStreamConfig(); jsc == nil || !jsc.SyncAlways {
 		t.Errorf("embedded JetStream config %+v: want SyncAlways (every write synced before it is acknowledged)", jsc)
 	}
-	nc, err := stage.Connect(cfg.NATS, srv, log)
+	nc, err := boot.Connect(cfg.NATS, srv, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,14 +23,14 @@ func SetPinCheckFault(f func(p int) error) (restore func()) {
 // as each scale_out.snapshot_interval does, and returns how many it owns.
 // For tests only.
 func (s *Stage) WriteSnapshots(ctx context.Context) (int, error) {
-	owned := s.so.ownedPartitions()
+	owned := s.group.ownedPartitions()
 	var errs []error
 	for _, p := range owned {
-		errs = append(errs, s.so.snaps.write(ctx, s.store.Partition(p), s.so.outStream))
+		errs = append(errs, s.group.snaps.write(ctx, s.store.Partition(p), s.group.outStream))
 	}
 	return len(owned), errors.Join(errs...)
 }
 
 // ReleasePartition has the stage's balance release partition p at once,
 // as it does for an instance owning more than its quota. For tests only.
-func (s *Stage) ReleasePartition(p int) { s.so.releaseNow <- p }
+func (s *Stage) ReleasePartition(p int) { s.group.releaseNow <- p }

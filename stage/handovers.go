@@ -40,7 +40,7 @@ func (s *Stage) recordHandOver(ctx context.Context, p int, h handover.HandOver) 
 	b, err := json.Marshal(h)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = s.so.handOvers.Put(ctx, config.ScaleOutMember(p), b)
+		_, err = s.group.handOvers.Put(ctx, config.ScaleOutMember(p), b)
 		cancel()
 	}
 	if err != nil && ctx.Err() == nil {

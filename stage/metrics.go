@@ -107,11 +107,11 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dedupe_ready",
 		Help: "1 when every partition's filter is ready and the stage is judging messages.",
-	}, func() float64 { return b2f(st.Ready()) })
+	}, func() float64 { return gaugeOf(st.Ready()) })
 	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dedupe_healthy",
 		Help: "1 while no component keeps failing (what /healthz answers 200 to); 0 while one is failing and being retried.",
-	}, func() float64 { return b2f(st.Healthy() == nil) })
+	}, func() float64 { return gaugeOf(st.Healthy() == nil) })
 	reg.MustRegister(m.Messages, m.DeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
 		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchSize, m.PublishRetries,
 		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable,
@@ -120,7 +120,8 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 	return m
 }
 
-func b2f(b bool) float64 {
+// gaugeOf is a gauge's value for b: 1 when true, 0 when false.
+func gaugeOf(b bool) float64 {
 	if b {
 		return 1
 	}
@@ -141,7 +142,7 @@ func (c componentCollector) Describe(ch chan<- *prometheus.Desc) { ch <- compone
 // Collect implements prometheus.Collector.
 func (c componentCollector) Collect(ch chan<- prometheus.Metric) {
 	for comp, ok := range c.st.Components() {
-		ch <- prometheus.MustNewConstMetric(componentHealthy, prometheus.GaugeValue, b2f(ok), comp)
+		ch <- prometheus.MustNewConstMetric(componentHealthy, prometheus.GaugeValue, gaugeOf(ok), comp)
 	}
 }
 

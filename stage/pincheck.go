@@ -19,26 +19,26 @@ var pinCheckFault func(p int) error
 // partition would stall), and it returns true: the batch takes the fence
 // again and restores what another owner wrote meanwhile. Otherwise it
 // returns false and the batch is left unacked for the partition's owner.
-func (w *worker) recheckLost(ctx context.Context, pin string) bool {
-	so := w.s.so
-	p := w.p.Index()
-	so.mu.Lock()
-	if so.rechecked == nil {
-		so.rechecked = make(map[int]time.Time)
+func (o *groupOwner) recheckLost(ctx context.Context, pin string) bool {
+	g := o.group
+	p := o.w.p.Index()
+	g.mu.Lock()
+	if g.rechecked == nil {
+		g.rechecked = make(map[int]time.Time)
 	}
-	due := time.Since(so.rechecked[p]) >= so.consumer.AckWait
+	due := time.Since(g.rechecked[p]) >= g.consumer.AckWait
 	if due {
-		so.rechecked[p] = time.Now()
+		g.rechecked[p] = time.Now()
 	}
-	so.mu.Unlock()
+	g.mu.Unlock()
 	if !due {
 		return false
 	}
-	now, err := w.s.pinOf(ctx, p)
+	now, err := o.w.s.pinOf(ctx, p)
 	if err != nil || now != pin {
 		return false
 	}
-	w.lostPins = slices.DeleteFunc(w.lostPins, func(l string) bool { return l == pin })
-	w.s.logs.Warn("lost_pin_still_held", "scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", w.label)
+	o.lostPins = slices.DeleteFunc(o.lostPins, func(l string) bool { return l == pin })
+	o.w.s.logs.Warn("lost_pin_still_held", "scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", o.w.label)
 	return true
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,12 +15,9 @@ import (
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
-	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // headerPinID is the header nats-server puts on each message a pinned
@@ -42,7 +37,7 @@ const restoreChunk = 4096
 // (docs/scale-out.md): the static consumer group's members it consumes, the
 // fences of the partitions it owns, and their metrics.
 type scaleOut struct {
-	group     string
+	name      string
 	instance  string
 	prefix    string             // output subject prefix
 	outStream string             // output stream: changelog and fences
@@ -150,15 +145,51 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 // written by all of them).
 func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) error {
 	cfg := s.cfg
-	so := &scaleOut{
+	g := newScaleOut(cfg, s.win.W)
+	if routed, why := cfg.ScaleOutRouted(); routed {
+		if err := s.setUpRoute(ctx, g, reg, why); err != nil {
+			return err
+		}
+	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
+		return err
+	} else if err := checkUntokened(ctx, s.js, cfg); err != nil {
+		return err
+	}
+	oc, err := s.checkSideStreams(ctx, g)
+	if err != nil {
+		return err
+	}
+	if g.handOvers, err = openHandOvers(ctx, s.js, cfg); err != nil {
+		return err
+	}
+	if !s.atomicOutput {
+		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
+			cfg.Output.Publish, g.outStream, oc.AllowAtomicPublish)
+	}
+	if err := s.createGroup(ctx, g); err != nil {
+		return err
+	}
+	g.metrics = newScaleOutMetrics(reg)
+	g.metrics.partitions.WithLabelValues(g.name).Set(float64(cfg.State.Partitions))
+	g.snaps = newSnapshots(cfg, s.js, s.log, s.win.W, max(oc.Replicas, 1), reg)
+	s.group = g
+	s.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", cfg.State.Partitions,
+		"input_stream", g.inStream, "output_stream", g.outStream, "handover_after_crash", g.consumer.AckWait)
+	return nil
+}
+
+// newScaleOut returns this instance's part in the group cfg configures,
+// with w the dedupe window, before it has checked or joined anything.
+func newScaleOut(cfg config.Config, w time.Duration) *scaleOut {
+	return &scaleOut{
 		busy:       make([]sync.Mutex, cfg.State.Partitions),
 		releaseNow: make(chan int),
-		group:      cfg.ScaleOut.Group,
+		name:       cfg.ScaleOut.Group,
 		instance:   cfg.ScaleOut.InstanceName(),
 		prefix:     cfg.Output.SubjectPrefix,
 		outStream:  cfg.Output.Stream,
 		inStream:   cfg.Input.Stream,
-		retention:  cfg.OutputRetention(s.win.W),
+		retention:  cfg.OutputRetention(w),
 		terms:      cfg.OutputRetentionTerms(),
 		owned:      make(map[int]string),
 		lost:       make(map[int]string),
@@ -170,46 +201,44 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		},
 	}
-	if routed, why := cfg.ScaleOutRouted(); routed {
-		if err := s.setUpRoute(ctx, so, reg, why); err != nil {
-			return err
-		}
-	} else if err := checkTransform(ctx, s.js, cfg); err != nil {
-		return err
-	} else if err := checkUntokened(ctx, s.js, cfg); err != nil {
-		return err
-	}
-	out, err := s.js.Stream(ctx, so.outStream)
+}
+
+// checkSideStreams checks that the output stream can be the changelog and
+// that neither it nor the dead-letter stream is written on the
+// partitions' control subjects, and sets the dead-letter fence's stream,
+// subject and refresh. It returns the output stream's configuration.
+func (s *Stage) checkSideStreams(ctx context.Context, g *scaleOut) (jetstream.StreamConfig, error) {
+	cfg := s.cfg
+	out, err := s.js.Stream(ctx, g.outStream)
 	if err != nil {
-		return fmt.Errorf("scale-out: output stream %s: %w", so.outStream, err)
+		return jetstream.StreamConfig{}, fmt.Errorf("scale-out: output stream %s: %w", g.outStream, err)
 	}
 	oc := out.CachedInfo().Config
-	if err := so.checkChangelog(oc); err != nil {
-		return err
+	if err := g.checkChangelog(oc); err != nil {
+		return oc, err
 	}
 	if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
-		return err
+		return oc, err
 	}
 	dl, err := s.js.Stream(ctx, cfg.DeadLetter.Stream)
 	if err != nil {
-		return fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
+		return oc, fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
 	}
 	if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
-		return err
+		return oc, err
 	}
-	so.dlStream, so.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
-	so.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
-	if so.handOvers, err = openHandOvers(ctx, s.js, cfg); err != nil {
-		return err
-	}
-	if !s.atomicOutput {
-		return fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
-			cfg.Output.Publish, so.outStream, oc.AllowAtomicPublish)
-	}
-	n := cfg.State.Partitions
-	maps := make([]pcgroups.MemberMapping, n)
-	for i := range maps {
-		maps[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
+	g.dlStream, g.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
+	g.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
+	return oc, nil
+}
+
+// createGroup creates the static consumer group, one member per
+// partition, or checks that the one there is the same.
+func (s *Stage) createGroup(ctx context.Context, g *scaleOut) error {
+	n := s.cfg.State.Partitions
+	mappings := make([]pcgroups.MemberMapping, n)
+	for i := range mappings {
+		mappings[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
 	}
 	// A cluster can leave a request unanswered (no responders while a
 	// leader is elected, a time-out): asked again, for as long as the
@@ -218,10 +247,10 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 	// retry changes.
 	gctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
 	defer cancel()
-	err = retry.Do(gctx, "consumer group", func() error {
+	err := retry.Do(gctx, "consumer group", func() error {
 		rctx, cancel := context.WithTimeout(gctx, streamRequestTimeout)
 		defer cancel()
-		_, err := pcgroups.CreateStatic(rctx, s.js, so.inStream, so.group, uint(n), nil, nil, maps)
+		_, err := pcgroups.CreateStatic(rctx, s.js, g.inStream, g.name, uint(n), nil, nil, mappings)
 		var api *jetstream.APIError
 		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) &&
 			!errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &api) {
@@ -230,14 +259,8 @@ func (s *Stage) setUpScaleOut(ctx context.Context, reg prometheus.Registerer) er
 		return err
 	}, retry.Options{})
 	if err != nil {
-		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", so.group, so.inStream, n, err)
+		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", g.name, g.inStream, n, err)
 	}
-	so.metrics = newScaleOutMetrics(reg)
-	so.metrics.partitions.WithLabelValues(so.group).Set(float64(cfg.State.Partitions))
-	so.snaps = newSnapshots(cfg, s.js, s.log, s.win.W, max(oc.Replicas, 1), reg)
-	s.so = so
-	s.log.Info("scale-out: joining the group", "group", so.group, "instance", so.instance, "partitions", n,
-		"input_stream", so.inStream, "output_stream", so.outStream, "handover_after_crash", so.consumer.AckWait)
 	return nil
 }
 
@@ -269,7 +292,7 @@ func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 // setUpRoute prepares the route step: the group consumes the routed
 // stream, which must keep the route step's guarantee (route.CheckStream),
 // and Run routes the input into it.
-func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Registerer, why string) error {
+func (s *Stage) setUpRoute(ctx context.Context, g *scaleOut, reg prometheus.Registerer, why string) error {
 	cfg := s.cfg
 	name := cfg.ScaleOut.RoutedStream
 	st, err := s.js.Stream(ctx, name)
@@ -280,11 +303,11 @@ func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Reg
 	if err := route.CheckStream(st.CachedInfo().Config, cfg.ScaleOut.RoutedSubject, cfg.State.Partitions, ackWait, margin); err != nil {
 		return fmt.Errorf("scale-out: %w", err)
 	}
-	so.inStream = name
-	so.routed = &route.Options{
+	g.inStream = name
+	g.routed = &route.Options{
 		Conn:              s.nc,
 		InputStream:       cfg.Input.Stream,
-		Group:             so.group,
+		Group:             g.name,
 		Partitions:        cfg.State.Partitions,
 		RoutedStream:      name,
 		RoutedSubject:     cfg.ScaleOut.RoutedSubject,
@@ -310,15 +333,15 @@ func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Reg
 		if err != nil {
 			return fmt.Errorf("scale-out: totals.group: %w", err)
 		}
-		so.routed.PartitionKey = func(subject string, hdr nats.Header, data []byte, _ []byte) ([]byte, error) {
+		g.routed.PartitionKey = func(subject string, hdr nats.Header, data []byte, _ []byte) ([]byte, error) {
 			return groupOf(ex, spec, subject, hdr, data)
 		}
 	}
-	if err := so.routed.Validate(); err != nil {
+	if err := g.routed.Validate(); err != nil {
 		return fmt.Errorf("scale-out: %w", err)
 	}
 	s.log.Info("scale-out: the route step partitions the input", "why", why, "routed_stream", name,
-		"routed_subjects", route.Subject(0, cfg.ScaleOut.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(so.group))
+		"routed_subjects", route.Subject(0, cfg.ScaleOut.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(g.name))
 	return nil
 }
 
@@ -328,7 +351,7 @@ func (s *Stage) setUpRoute(ctx context.Context, so *scaleOut, reg prometheus.Reg
 func (s *Stage) runRoute(ctx context.Context) {
 	b := retry.NewBackoff()
 	for ctx.Err() == nil {
-		err := route.Run(ctx, *s.so.routed)
+		err := route.Run(ctx, *s.group.routed)
 		if err == nil {
 			return
 		}
@@ -346,7 +369,7 @@ const ReasonNotRouted = "not_routed"
 // route step already checked: its key and input subject come from what the
 // route step wrote (route.OriginOf), not derived again.
 func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, parts []chan item, dlq chan<- deadLetter) {
-	o, err := route.OriginOf(s.so.routed.RoutedSubject, msg.Subject(), msg.Headers())
+	o, err := route.OriginOf(s.group.routed.RoutedSubject, msg.Subject(), msg.Headers())
 	if err != nil {
 		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
 			detail: "in the routed stream, but not written by the route step: " + err.Error()}
@@ -367,16 +390,16 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, parts []chan item, dlq 
 // server delivers a partition's messages to the one instance it pins.
 // Beside it run the route step, when on, and balance.
 func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
-	so := s.so
+	g := s.group
 	var gate sync.RWMutex // held to read while dispatching, to write when stopping
 	stopped := false
 	var side sync.WaitGroup
 	defer side.Wait()
-	if so.routed != nil {
+	if g.routed != nil {
 		side.Go(func() { s.runRoute(ctx) })
 	}
 	side.Go(func() { s.runSnapshots(ctx) })
-	m := &members{s: s, cc: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
+	m := &members{s: s, running: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
 		return func(msg jetstream.Msg) {
 			gate.RLock()
 			defer gate.RUnlock()
@@ -384,7 +407,7 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 				_ = msg.Nak() // given back: the next owner gets it at once
 				return
 			}
-			if so.divert(p, msg) {
+			if g.divert(p, msg) {
 				return
 			}
 			s.dispatch(msg, p, parts, dlq)
@@ -420,7 +443,7 @@ func (s *Stage) consumeGroup(ctx context.Context, parts []chan item, dlq chan<- 
 func (s *Stage) joinPresence(ctx context.Context) (*presence, error) {
 	var pr *presence
 	err := retry.Do(ctx, "presence", func() (err error) {
-		pr, err = openPresence(ctx, s.js, s.cfg, s.so.instance)
+		pr, err = openPresence(ctx, s.js, s.cfg, s.group.instance)
 		return err
 	}, retry.Options{OnRetry: func(attempt int, err error) {
 		if attempt == 1 || attempt%20 == 0 {
@@ -428,7 +451,7 @@ func (s *Stage) joinPresence(ctx context.Context) (*presence, error) {
 		}
 	}})
 	if err != nil && ctx.Err() == nil {
-		s.log.Warn("scale-out: no presence, so no balance: partitions stay with whoever the server pins first", "err", err)
+		s.log.Warn("scale-out: no presence, g no balance: partitions stay with whoever the server pins first", "err", err)
 	}
 	return pr, err
 }
@@ -439,35 +462,35 @@ type members struct {
 	s       *Stage
 	handler func(p int) func(jetstream.Msg)
 	mu      sync.Mutex
-	cc      map[int]*member
+	running map[int]*member // partition -> its member's consumer
 }
 
 // member is one running consumer of a group member.
 type member struct {
-	cc    pcgroups.ConsumerGroupConsumeContext
-	ended chan struct{} // closed when the library reports it done
+	consuming pcgroups.ConsumerGroupConsumeContext
+	ended     chan struct{} // closed when the library reports it done
 }
 
 // join consumes partition p's member, retrying until ctx is done.
 func (m *members) join(ctx context.Context, p int) {
-	s, so := m.s, m.s.so
+	s, g := m.s, m.s.group
 	b := retry.NewBackoff()
 	for ctx.Err() == nil {
-		cc, err := pcgroups.StaticConsume(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p), m.handler(p), so.consumer)
+		consuming, err := pcgroups.StaticConsume(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
 		if err != nil {
 			s.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
 			b.Wait(ctx)
 			continue
 		}
-		mb := &member{cc: cc, ended: make(chan struct{})}
+		mb := &member{consuming: consuming, ended: make(chan struct{})}
 		go func() {
 			defer close(mb.ended)
-			if err := <-cc.Done(); err != nil {
+			if err := <-consuming.Done(); err != nil {
 				s.log.Error("scale-out: the group stopped a member's consumer", "member", config.ScaleOutMember(p), "err", err)
 			}
 		}()
 		m.mu.Lock()
-		m.cc[p] = mb
+		m.running[p] = mb
 		m.mu.Unlock()
 		return
 	}
@@ -476,11 +499,11 @@ func (m *members) join(ctx context.Context, p int) {
 // leave stops consuming partition p's member.
 func (m *members) leave(p int) {
 	m.mu.Lock()
-	mb := m.cc[p]
-	delete(m.cc, p)
+	mb := m.running[p]
+	delete(m.running, p)
 	m.mu.Unlock()
 	if mb != nil {
-		mb.cc.Stop()
+		mb.consuming.Stop()
 		<-mb.ended
 	}
 }
@@ -488,8 +511,8 @@ func (m *members) leave(p int) {
 // leaveAll stops consuming every member.
 func (m *members) leaveAll() {
 	m.mu.Lock()
-	all := make([]int, 0, len(m.cc))
-	for p := range m.cc {
+	all := make([]int, 0, len(m.running))
+	for p := range m.running {
 		all = append(all, p)
 	}
 	m.mu.Unlock()
@@ -505,34 +528,34 @@ func (m *members) leaveAll() {
 // members still consume, so that nothing the client buffered is dropped;
 // then the members stop and what was kept aside is given back.
 func (s *Stage) giveBackAll(m *members) {
-	so := s.so
-	so.mu.Lock()
-	so.givingBack = true
-	if so.diverted == nil {
-		so.diverted = make(map[int][]jetstream.Msg)
+	g := s.group
+	g.mu.Lock()
+	g.givingBack = true
+	if g.diverted == nil {
+		g.diverted = make(map[int][]jetstream.Msg)
 	}
-	for p := range so.busy {
-		so.diverted[p] = nil
+	for p := range g.busy {
+		g.diverted[p] = nil
 	}
-	so.mu.Unlock()
-	for p := range so.busy {
-		so.busy[p].Lock()
+	g.mu.Unlock()
+	for p := range g.busy {
+		g.busy[p].Lock()
 	}
-	so.mu.Lock()
-	pins := maps.Clone(so.owned)
-	so.mu.Unlock()
+	g.mu.Lock()
+	pins := maps.Clone(g.owned)
+	g.mu.Unlock()
 	s.releaseAll()
 	for p, pin := range pins {
-		so.lose(p, pin)
+		g.lose(p, pin)
 	}
-	for p := range so.busy {
-		so.busy[p].Unlock()
+	for p := range g.busy {
+		g.busy[p].Unlock()
 	}
 	m.leaveAll()
-	so.mu.Lock()
-	kept := so.diverted
-	so.diverted = nil
-	so.mu.Unlock()
+	g.mu.Lock()
+	kept := g.diverted
+	g.diverted = nil
+	g.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for p, msgs := range kept {
@@ -541,12 +564,12 @@ func (s *Stage) giveBackAll(m *members) {
 		}
 		// A member pinned again before it stopped is unpinned once more.
 		if now, err := s.pinOf(ctx, p); err == nil && now != "" && now == msgs[len(msgs)-1].Headers().Get(headerPinID) {
-			if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+			if err := pcgroups.StaticMemberStepDown(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
 				s.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
 			}
 		}
 		giveBackMsgs(msgs)
-		so.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(msgs)))
+		g.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(msgs)))
 	}
 }
 
@@ -561,91 +584,22 @@ func giveBackMsgs(msgs []jetstream.Msg) {
 // finished, so that their next owners get them at once instead of after
 // the pin's TTL.
 func (s *Stage) releaseAll() {
-	so := s.so
-	so.mu.Lock()
-	owned := make([]int, 0, len(so.owned))
-	for p := range so.owned {
+	g := s.group
+	g.mu.Lock()
+	owned := make([]int, 0, len(g.owned))
+	for p := range g.owned {
 		owned = append(owned, p)
 	}
-	so.mu.Unlock()
+	g.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, p := range owned {
-		if err := pcgroups.StaticMemberStepDown(ctx, s.js, so.inStream, so.group, config.ScaleOutMember(p)); err != nil {
+		if err := pcgroups.StaticMemberStepDown(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
 			s.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
 			continue
 		}
 		s.log.Info("scale-out: partition released", "partition", p)
 	}
-}
-
-// tenure is one partition owned by this instance: the fence its batches
-// expect, and the pins the server delivered its messages under meanwhile.
-// The fence, not the pin, is what makes the tenure: a tenure outlives a
-// new pin of this same instance (the server re-pins a client whose pin's
-// TTL passed), since another owner in between would have moved the fence
-// and the next batch would be refused.
-type tenure struct {
-	pin   string          // the newest pin seen in the tenure
-	pins  map[string]bool // every pin seen in the tenure
-	fence forward.Fence
-	// written is when the fence was last written (at most), refresh how
-	// often it is written again (refreshFence).
-	written time.Time
-	refresh time.Duration
-	// dlFence is the partition's fence in the dead-letter stream, taken
-	// after the output's, and dlWritten when it was last written: every
-	// dead letter the tenure decides expects it (fenceDeadLetter).
-	dlFence   forward.Fence
-	dlWritten time.Time
-}
-
-// maxLostPins bounds how many lost pins a worker remembers: a message
-// still arriving under one is left for the partition's new owner.
-const maxLostPins = 16
-
-// own makes sure the worker owns its partition, taking the fence and
-// restoring the partition when it does not. It returns false when the
-// batch must be left unacked: it came under a pin of a tenure this
-// instance lost while it owns none, or the takeover did not finish.
-func (w *worker) own(ctx context.Context, batch []item) bool {
-	so := w.s.so
-	pin := batch[len(batch)-1].pin
-	if lost := so.takeLost(w.p.Index()); lost != "" {
-		// Released for balance, or the pin moved: what still comes under
-		// the tenure's pins is the next owner's.
-		if w.ten != nil && w.ten.pins[lost] {
-			w.endTenure(true)
-		} else {
-			w.rememberLost(lost)
-		}
-	}
-	if w.ten != nil {
-		if !w.ten.pins[pin] {
-			w.ten.pins[pin] = true
-			w.ten.pin = pin
-			so.setOwned(w.p.Index(), pin)
-		}
-		return w.refreshFence(ctx)
-	}
-	if slices.Contains(w.lostPins, pin) && !w.recheckLost(ctx, pin) {
-		so.metrics.stale.WithLabelValues(w.label).Add(float64(len(batch)))
-		giveBack(batch)
-		return false
-	}
-	t, err := w.takeOver(ctx, batch, pin)
-	if err != nil {
-		if r := refusedReason(err); r != "" {
-			so.metrics.refused.WithLabelValues(w.label, r).Inc()
-			w.s.logs.Error("partition_refused", "scale-out: partition refused; its batch stays unacked and comes back", "partition", w.label, "err", err)
-		} else if ctx.Err() == nil {
-			w.s.logs.Warn("take_over_failed", "scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", w.label, "err", err)
-		}
-		return false
-	}
-	w.ten = t
-	so.setOwned(w.p.Index(), pin)
-	return true
 }
 
 // giveBack naks every message of batch without delay: they were
@@ -659,193 +613,36 @@ func giveBack(batch []item) {
 
 // divert keeps msg aside when partition p is being released, and reports
 // whether it did.
-func (so *scaleOut) divert(p int, msg jetstream.Msg) bool {
-	so.mu.Lock()
-	defer so.mu.Unlock()
-	ms, ok := so.diverted[p]
+func (g *scaleOut) divert(p int, msg jetstream.Msg) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ms, ok := g.diverted[p]
 	if ok {
-		so.diverted[p] = append(ms, msg)
+		g.diverted[p] = append(ms, msg)
 	}
 	return ok
 }
 
 // stopping reports whether the instance stops, so that its workers give
 // back what they have not started judging.
-func (so *scaleOut) stopping() bool {
-	so.mu.Lock()
-	defer so.mu.Unlock()
-	return so.givingBack
+func (g *scaleOut) stopping() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.givingBack
 }
 
 // setOwned records that this instance owns partition p, under pin now.
-func (so *scaleOut) setOwned(p int, pin string) {
-	so.mu.Lock()
-	so.owned[p] = pin
-	so.metrics.owned.Set(float64(len(so.owned)))
-	so.mu.Unlock()
-}
-
-// rememberLost adds pin to the pins whose messages are left unacked for
-// the partition's new owner, forgetting the oldest past maxLostPins.
-func (w *worker) rememberLost(pin string) {
-	if slices.Contains(w.lostPins, pin) {
-		return
-	}
-	w.lostPins = append(w.lostPins, pin)
-	if len(w.lostPins) > maxLostPins {
-		w.lostPins = slices.Delete(w.lostPins, 0, len(w.lostPins)-maxLostPins)
-	}
-}
-
-// takeOver takes the partition's fence and restores the partition from
-// the output stream up to it: from the local cursor when this instance's
-// store has one, else from now minus the output's retention.
-func (w *worker) takeOver(ctx context.Context, batch []item, pin string) (*tenure, error) {
-	s, so := w.s, w.s.so
-	p := w.p.Index()
-	start := time.Now()
-	fenceSubj := handover.FenceSubject(so.prefix, p)
-	// The output stream may have been edited, or purged, since the start: a
-	// changelog that no longer keeps what a restore reads would restore the
-	// partition short, so the partition is not taken (its batch comes back,
-	// and the check runs again).
-	out, err := so.outputState(ctx, s.js)
-	if err != nil {
-		return nil, err
-	}
-	cursor, err := w.p.Cursor()
-	if err != nil {
-		return nil, fmt.Errorf("read the partition's cursor: %w", err)
-	}
-	now := s.clock.Now()
-	from, since := so.restoreStart(cursor, out.State.LastSeq, now)
-	if err := so.checkChangelog(out.Config); err != nil {
-		return nil, err
-	}
-	if err := so.checkReach(out.State, p, from, now); err != nil {
-		return nil, err
-	}
-	f, err := handover.Take(ctx, s.js, so.outStream, fenceSubj, so.instance)
-	if err != nil {
-		return nil, err
-	}
-	// The dead letters' fence, after the output's: an instance that took
-	// this one has taken the output's first.
-	dlFenceSubj := handover.FenceSubject(so.dlSubject, p)
-	dlWritten := time.Now()
-	dlf, err := handover.Take(ctx, s.js, so.dlStream, dlFenceSubj, so.instance)
-	if err != nil {
-		return nil, fmt.Errorf("take the dead-letter fence: %w", err)
-	}
-	restoring := so.metrics.restoring.WithLabelValues(w.label)
-	restoring.Set(1)
-	defer restoring.Set(0)
-	s.status.setRestoring(p, 0, true)
-	defer s.status.setRestoring(p, 0, false)
-	path := restoreFull
-	if from > 0 {
-		path = restoreLocal
-	}
-	loaded := 0
-	if so.snaps.load {
-		seq, n, err := w.loadSnapshot(ctx, out, cursor, batch)
-		switch {
-		case err == nil:
-			path, from, since, cursor, loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
-		case !errors.Is(err, errSnapshotUnusable):
-			return nil, err
-		default:
-			level := slog.LevelWarn
-			if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errSnapshotBehind) {
-				level = slog.LevelInfo
-			}
-			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", path, "reason", err)
-		}
-	}
-	so.snaps.metrics.paths.WithLabelValues(path).Inc()
-	recs := make([]state.Restored, 0, restoreChunk)
-	total := 0
-	flush := func(upTo uint64) error {
-		if err := w.p.Restore(recs, upTo); err != nil {
-			return err
-		}
-		total += len(recs)
-		so.metrics.restored.WithLabelValues(w.label).Add(float64(len(recs)))
-		s.status.setRestoring(p, total, true)
-		recs = recs[:0]
-		w.keepAlive(batch)
-		return nil
-	}
-	_, err = handover.Restore(ctx, s.js, so.outStream, handover.PartitionFilter(so.prefix, p), fenceSubj, from, since, f,
-		func(r handover.Record, seq uint64) error {
-			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
-				Total: state.Contribution{Group: r.Group, Bucket: r.Bucket, Value: r.Value}, Seq: seq})
-			if len(recs) == restoreChunk {
-				return flush(seq)
-			}
-			return nil
-		})
-	if err != nil {
-		return nil, err
-	}
-	if cursor != f {
-		if err := flush(f); err != nil { // the rest, and the cursor at the fence
-			return nil, err
-		}
-	}
-	took := time.Since(start)
-	so.metrics.takeovers.WithLabelValues(w.label).Inc()
-	so.metrics.restoreDur.WithLabelValues(w.label).Set(took.Seconds())
-	s.log.Info("scale-out: partition taken", "partition", p, "path", path, "fence", f, "cursor", cursor, "from_sequence", from,
-		"from_snapshot", loaded, "restored", total, "took", took.Round(time.Millisecond))
-	s.recordHandOver(ctx, p, handover.HandOver{Instance: so.instance, At: start.UTC(), Fence: f, Path: path,
-		Records: loaded + total, RestoreSeconds: took.Seconds()})
-	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
-		written: start, refresh: fenceRefresh(out.Config.MaxAge),
-		dlFence: forward.Fence{Subject: dlFenceSubj, Seq: dlf}, dlWritten: dlWritten}, nil
-}
-
-// fenced handles an output batch the server refused because the
-// partition's fence moved. The batch stays unacked and the tenure ends.
-// When the server still pins this instance under one of the tenure's pins
-// (another instance took the fence without the pin, or a retried write
-// moved it), the next batch takes the fence again; otherwise the tenure's
-// pins are lost, and what was delivered under them is left for the new
-// owner.
-func (w *worker) fenced(ctx context.Context, err error) {
-	s, so := w.s, w.s.so
-	so.metrics.refusals.WithLabelValues(w.label).Inc()
-	now, ierr := s.pinOf(ctx, w.p.Index())
-	still := ierr == nil && w.ten.pins[now]
-	level := slog.LevelWarn
-	if ierr != nil {
-		level = slog.LevelError
-	}
-	s.logs.Log(ctx, level, "partition_lost", "scale-out: partition lost: another instance took its fence; the batch is left unacked",
-		"partition", w.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
-	w.endTenure(!still)
-}
-
-// endTenure ends the worker's tenure; with lost, the tenure's pins are
-// remembered as lost.
-func (w *worker) endTenure(lost bool) {
-	so := w.s.so
-	if lost {
-		for pin := range w.ten.pins {
-			w.rememberLost(pin)
-		}
-	}
-	w.ten = nil
-	so.mu.Lock()
-	delete(so.owned, w.p.Index())
-	so.metrics.owned.Set(float64(len(so.owned)))
-	so.mu.Unlock()
+func (g *scaleOut) setOwned(p int, pin string) {
+	g.mu.Lock()
+	g.owned[p] = pin
+	g.metrics.owned.Set(float64(len(g.owned)))
+	g.mu.Unlock()
 }
 
 // pinOf asks the server which pin partition p's consumer is pinned to now
 // ("" when none).
 func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {
-	so := s.so
+	g := s.group
 	if pinCheckFault != nil {
 		if err := pinCheckFault(p); err != nil {
 			return "", err
@@ -853,7 +650,7 @@ func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := s.js.Consumer(ctx, so.inStream, so.group+"-"+config.ScaleOutMember(p))
+	c, err := s.js.Consumer(ctx, g.inStream, g.name+"-"+config.ScaleOutMember(p))
 	if err != nil {
 		return "", err
 	}

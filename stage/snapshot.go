@@ -142,7 +142,7 @@ func (sn *snapshots) open(ctx context.Context) (jetstream.ObjectStore, error) {
 // not move since its last snapshot is skipped. A failure is logged
 // (at most once per round) and counted; the next round tries again.
 func (s *Stage) runSnapshots(ctx context.Context) {
-	sn := s.so.snaps
+	sn := s.group.snaps
 	if sn == nil || sn.every == 0 {
 		return
 	}
@@ -158,11 +158,11 @@ func (s *Stage) runSnapshots(ctx context.Context) {
 		case <-t.C:
 		}
 		var failed error
-		for _, p := range s.so.ownedPartitions() {
+		for _, p := range s.group.ownedPartitions() {
 			if ctx.Err() != nil {
 				return
 			}
-			if err := sn.write(ctx, s.store.Partition(p), s.so.outStream); err != nil {
+			if err := sn.write(ctx, s.store.Partition(p), s.group.outStream); err != nil {
 				failed = err
 			}
 		}
@@ -173,11 +173,11 @@ func (s *Stage) runSnapshots(ctx context.Context) {
 }
 
 // ownedPartitions returns the partitions this instance owns now.
-func (so *scaleOut) ownedPartitions() []int {
-	so.mu.Lock()
-	defer so.mu.Unlock()
-	out := make([]int, 0, len(so.owned))
-	for p := range so.owned {
+func (g *scaleOut) ownedPartitions() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]int, 0, len(g.owned))
+	for p := range g.owned {
 		out = append(out, p)
 	}
 	return out
@@ -295,8 +295,8 @@ var errSnapshotBehind = errors.New("the local store is as far")
 // snapshot's writer held, checked block by block) leaves the cursor where
 // it was: the changelog restore from there is as exact as without it.
 func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, batch []item) (uint64, int, error) {
-	s, so := w.s, w.s.so
-	sn, p := so.snaps, w.p.Index()
+	s, g := w.s, w.s.group
+	sn, p := g.snaps, w.p.Index()
 	unusable := func(format string, args ...any) (uint64, int, error) {
 		return 0, 0, fmt.Errorf("%w: "+format, append([]any{errSnapshotUnusable}, args...)...)
 	}
@@ -321,18 +321,18 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 	h := r.Header()
 	validCursor := cursor > 0 && cursor <= out.State.LastSeq
 	switch {
-	case h.Group != so.group || h.Partition != p || h.Partitions != sn.parts:
-		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, so.group, p, sn.parts)
+	case h.Group != g.name || h.Partition != p || h.Partitions != sn.parts:
+		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, g.name, p, sn.parts)
 	case h.Window < s.win.W:
 		return unusable("it holds a window of %v, below W = %v", h.Window, s.win.W)
 	case !h.StreamCreated.Equal(out.Created):
-		return unusable("it covers an output stream %s created %v, this one was created %v", so.outStream, h.StreamCreated, out.Created)
+		return unusable("it covers an output stream %s created %v, this one was created %v", g.outStream, h.StreamCreated, out.Created)
 	case h.Seq == 0 || h.Seq > out.State.LastSeq:
 		return unusable("it covers sequence %d, outside the output stream's 1..%d", h.Seq, out.State.LastSeq)
 	case validCursor && h.Seq <= cursor:
 		return 0, 0, fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
 	}
-	if err := so.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
+	if err := g.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
 		return unusable("%v", err)
 	}
 	recs := make([]state.Restored, 0, restoreChunk)

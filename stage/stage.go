@@ -97,7 +97,7 @@ type Stage struct {
 	metrics *Metrics
 	status  *Status
 	totals  *totals   // nil when totals are off
-	so      *scaleOut // nil when scale-out is off
+	group   *scaleOut // nil when scale-out is off
 
 	maxDeliver         int
 	ackWait            time.Duration
@@ -130,6 +130,46 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if opts.Conn == nil {
 		return nil, errors.New("stage: Options.Conn is nil")
 	}
+	s, reg := newStage(opts)
+	var err error
+	if s.win, err = cfg.Window.Derive(); err != nil {
+		return nil, fmt.Errorf("window: %w", err)
+	}
+	s.log.Info("dedupe window derived", "window", s.win.W, "how", s.win.String())
+	if s.keyFn, err = keys.NewKeyFunc(cfg.Key); err != nil {
+		return nil, fmt.Errorf("key: %w", err)
+	}
+	s.js, err = jetstream.New(s.nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.Pipeline.MaxPublishInFlight),
+		jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if err := s.checkServers(ctx); err != nil {
+		return nil, err
+	}
+	if cfg.ScaleOut.Enabled {
+		if err := s.setUpScaleOut(ctx, reg); err != nil {
+			return nil, err
+		}
+	}
+
+	s.status.declare(CompPublish, CompDeadLetter, CompLookup, CompCommit)
+	if cfg.Totals.Enabled {
+		s.status.declare(CompTotalsFlush)
+	}
+	s.metrics = NewMetrics(reg, s.win.W.Seconds(), s.status)
+	s.log.Info("server limits", "max_payload", s.nc.MaxPayload(), "max_header_bytes", retry.MaxHeaderBytes)
+	if err := s.openState(ctx, reg, opts.FilterProgressInterval); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newStage returns the stage of opts with its defaults filled in, and the
+// registry its metrics go on.
+func newStage(opts Options) (*Stage, prometheus.Registerer) {
+	cfg := opts.Config
 	s := &Stage{
 		cfg:                cfg,
 		log:                opts.Logger,
@@ -156,93 +196,87 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		reg = prometheus.NewRegistry()
 	}
 	s.logs = lograte.New(s.log, lograte.DefaultOptions(), reg)
+	return s, reg
+}
+
+// checkServers checks the configuration against the servers: it creates
+// the streams when configured to (else checks that they exist), binds the
+// durable consumer (with scale-out, the group's members are made when Run
+// joins the group), checks the output stream's duplicate window, and
+// chooses how the output and the dead letters are published.
+func (s *Stage) checkServers(ctx context.Context) error {
+	cfg := s.cfg
 	var err error
-	if s.win, err = cfg.Window.Derive(); err != nil {
-		return nil, fmt.Errorf("window: %w", err)
-	}
-	s.log.Info("dedupe window derived", "window", s.win.W, "how", s.win.String())
-	if s.keyFn, err = keys.NewKeyFunc(cfg.Key); err != nil {
-		return nil, fmt.Errorf("key: %w", err)
-	}
-	s.js, err = jetstream.New(s.nc,
-		jetstream.WithPublishAsyncMaxPending(cfg.Pipeline.MaxPublishInFlight),
-		jetstream.WithPublishAsyncTimeout(10*time.Second))
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
 	if cfg.NATS.ShouldCreateStreams() {
 		if err := ensureStreams(ctx, s.js, cfg, s.log); err != nil {
-			return nil, err
+			return err
 		}
 	} else if err := checkStreamsExist(ctx, s.js, cfg); err != nil {
-		return nil, err
+		return err
 	}
-	var cc jetstream.ConsumerConfig
+	var consumerCfg jetstream.ConsumerConfig
 	if cfg.ScaleOut.Enabled {
 		// The group's member consumers are made when Run joins the group,
 		// with input's settings.
-		cc = jetstream.ConsumerConfig{AckWait: cfg.Input.AckWait.D(), MaxDeliver: cfg.Input.MaxDeliver}
+		consumerCfg = jetstream.ConsumerConfig{AckWait: cfg.Input.AckWait.D(), MaxDeliver: cfg.Input.MaxDeliver}
 	} else {
 		if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
-			return nil, err
+			return err
 		}
-		cc = s.cons.CachedInfo().Config
+		consumerCfg = s.cons.CachedInfo().Config
 	}
-	s.maxDeliver, s.ackWait = cc.MaxDeliver, cc.AckWait
+	s.maxDeliver, s.ackWait = consumerCfg.MaxDeliver, consumerCfg.AckWait
 	if s.maxDeliver > 0 {
 		s.log.Warn("consumer limits deliveries: the last allowed delivery of a message is dead-lettered instead of risking its loss", "max_deliver", s.maxDeliver)
 	}
-	if err := checkDuplicateWindow(ctx, s.js, cfg, cc, s.log); err != nil {
-		return nil, err
+	if err := checkDuplicateWindow(ctx, s.js, cfg, consumerCfg, s.log); err != nil {
+		return err
 	}
 	if s.atomicOutput, err = outputPublish(ctx, s.js, cfg, s.log); err != nil {
-		return nil, err
+		return err
 	}
 	if s.atomicDeadLetters, err = deadLetterPublish(ctx, s.js, cfg, s.log); err != nil {
-		return nil, err
+		return err
 	}
 	s.outputBatches = forward.NewLimiter(cfg.Output.MaxBatchesInFlight)
-	if cfg.ScaleOut.Enabled {
-		if err := s.setUpScaleOut(ctx, reg); err != nil {
-			return nil, err
-		}
-	}
+	return nil
+}
 
-	s.status.declare(CompPublish, CompDeadLetter, CompLookup, CompCommit)
-	if cfg.Totals.Enabled {
-		s.status.declare(CompTotalsFlush)
-	}
-	s.metrics = NewMetrics(reg, s.win.W.Seconds(), s.status)
-	s.log.Info("server limits", "max_payload", s.nc.MaxPayload(), "max_header_bytes", retry.MaxHeaderBytes)
+// openState opens the state store, which returns once every partition's
+// filter answers "maybe" for every unexpired key in it, and the totals.
+// On error it releases what it opened.
+func (s *Stage) openState(ctx context.Context, reg prometheus.Registerer, progressEvery time.Duration) error {
+	cfg := s.cfg
 	started := time.Now()
-	so := cfg.StateOptions(s.win)
-	so.Clock = s.clock
-	so.Logger = s.log.With("component", "state")
-	so.FilterProgressInterval = opts.FilterProgressInterval
-	so.OnFilterProgress = newFilterProgressMetric(reg)
-	if err := state.CheckRouting(so.Dir, so.Partitions, cfg.Routing()); err != nil {
-		return nil, err
+	stateOpts := cfg.StateOptions(s.win)
+	stateOpts.Clock = s.clock
+	stateOpts.Logger = s.log.With("component", "state")
+	stateOpts.FilterProgressInterval = progressEvery
+	stateOpts.OnFilterProgress = newFilterProgressMetric(reg)
+	if err := state.CheckRouting(stateOpts.Dir, stateOpts.Partitions, cfg.Routing()); err != nil {
+		return err
 	}
-	if s.store, err = state.Open(ctx, so); err != nil {
+	var err error
+	if s.store, err = state.Open(ctx, stateOpts); err != nil {
 		if errors.Is(err, state.ErrLayout) {
-			return nil, fmt.Errorf("%w.\nstate.partitions (--partitions, $DEDUPE_PARTITIONS) is %d, and the partition count is fixed per data dir: "+
+			return fmt.Errorf("%w.\nstate.partitions (--partitions, $DEDUPE_PARTITIONS) is %d, and the partition count is fixed per data dir: "+
 				"a key's partition is its hash modulo the count, so another count would look keys up in the wrong partition. "+
 				"Either set state.partitions back to the count the data dir was made with, or start with the new count on a new, empty "+
 				"data dir (state.data_dir, --data-dir) and keep the old one. There is no migration tool: for one window (W = %v) after "+
 				"the switch, a copy of a key first seen before it is forwarded again unless the output stream's duplicate window drops it; "+
-				"until then the old data dir (with its old count) is the way back", err, so.Partitions, s.win.W)
+				"until then the old data dir (with its old count) is the way back", err, stateOpts.Partitions, s.win.W)
 		}
-		return nil, fmt.Errorf("state: %w", err)
+		return fmt.Errorf("state: %w", err)
 	}
 	reg.MustRegister(NewStoreCollector(s.store))
 	if err := s.openTotals(ctx, reg); err != nil {
 		s.store.Close()
-		return nil, err
+		return err
 	}
 	s.status.setStore(s.store, s.win, s.clock)
-	s.log.Info("state open, filters ready", "dir", so.Dir, "partitions", so.Partitions,
+	s.log.Info("state open, filters ready", "dir", stateOpts.Dir, "partitions", stateOpts.Partitions,
 		"filter", cfg.Filter.Enabled, "keys_in_filters", s.store.Stats().FilterKeys, "took", time.Since(started).Round(time.Millisecond))
-	return s, nil
+	return nil
 }
 
 // Store returns the stage's state store.
@@ -305,7 +339,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	for i := range parts {
 		parts[i] = make(chan item, s.cfg.Pipeline.BatchSize)
 		in := parts[i]
-		if s.so != nil {
+		if s.group != nil {
 			// A member's callback must never wait on its partition (hold).
 			// Unbuffered, so that whatever is not in the batch being
 			// judged is kept alive by hold.
@@ -332,10 +366,10 @@ func (s *Stage) Run(ctx context.Context) error {
 	logs.Go(func() { s.logs.Run(logsCtx) })
 
 	s.status.setReady(true)
-	if s.so != nil {
+	if s.group != nil {
 		s.log.Info("judging messages of the partitions the server pins to this instance", "stream", s.cfg.Input.Stream,
-			"group", s.so.group, "instance", s.so.instance, "output_stream", s.cfg.Output.Stream,
-			"output_subjects", handover.PartitionSubject(s.so.prefix, 0, "<input subject>"))
+			"group", s.group.name, "instance", s.group.instance, "output_stream", s.cfg.Output.Stream,
+			"output_subjects", handover.PartitionSubject(s.group.prefix, 0, "<input subject>"))
 		s.consumeGroup(ctx, parts, dlq)
 	} else {
 		go s.pollPending(ctx)
@@ -352,7 +386,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	close(dlq)
 	dlqWorker.Wait()
 	flushTotals()
-	if s.so != nil {
+	if s.group != nil {
 		s.releaseAll()
 	}
 	stopLogs()
@@ -411,7 +445,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 		return
 	}
-	if s.so != nil && s.so.routed != nil {
+	if s.group != nil && s.group.routed != nil {
 		s.dispatchRouted(msg, p, parts, dlq)
 		return
 	}

@@ -145,7 +145,7 @@ func (st *Status) Ready() bool {
 }
 
 // Healthy returns nil, or an error listing every component (with its
-// instance) that keeps failing and its last error.
+// unit) that keeps failing and its last error.
 func (st *Status) Healthy() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -179,17 +179,17 @@ func (st *Status) Components() map[string]bool {
 	return out
 }
 
-// instance is a retry.Reporter for one instance of the components, such as
-// one partition: it reports "component/instance" to the Status.
-type instance struct {
+// unitReporter is a retry.Reporter for one unit of the components, such as
+// one partition: it reports "component/unit" to the Status.
+type unitReporter struct {
 	st   *Status
 	name string
 }
 
 // Failed implements retry.Reporter.
-func (r instance) Failed(component string, err error) { r.st.Failed(component+"/"+r.name, err) }
+func (r unitReporter) Failed(component string, err error) { r.st.Failed(component+"/"+r.name, err) }
 
 // Succeeded implements retry.Reporter.
-func (r instance) Succeeded(component string, retried bool) {
+func (r unitReporter) Succeeded(component string, retried bool) {
 	r.st.Succeeded(component+"/"+r.name, retried)
 }

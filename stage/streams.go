@@ -121,9 +121,9 @@ func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreat
 	}
 	if routed, _ := cfg.ScaleOutRouted(); routed {
 		// The route step partitions the input into the routed stream.
-		so := cfg.ScaleOut
-		streams = append(streams, StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(so.RoutedStream, so.RoutedSubject,
-			cfg.State.Partitions, so.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())})
+		scale := cfg.ScaleOut
+		streams = append(streams, StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(scale.RoutedStream, scale.RoutedSubject,
+			cfg.State.Partitions, scale.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())})
 	} else {
 		src, dest, err := cfg.ScaleOutTransform()
 		if err != nil {
@@ -242,7 +242,7 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Inpu
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("look up consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	cc := jetstream.ConsumerConfig{
+	consumerCfg := jetstream.ConsumerConfig{
 		Durable:       cfg.Consumer,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.AckWait.D(),
@@ -251,29 +251,29 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Inpu
 		FilterSubject: cfg.FilterSubject,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
-	c, err = st.CreateConsumer(ctx, cc)
+	c, err = st.CreateConsumer(ctx, consumerCfg)
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	log.Info("consumer created", "stream", cfg.Stream, "consumer", cfg.Consumer, "ack_wait", cc.AckWait, "max_ack_pending", cc.MaxAckPending)
+	log.Info("consumer created", "stream", cfg.Stream, "consumer", cfg.Consumer, "ack_wait", consumerCfg.AckWait, "max_ack_pending", consumerCfg.MaxAckPending)
 	return c, nil
 }
 
 // checkDuplicateWindow compares the output stream's duplicate window with
 // the longest redelivery wait after a crash between publish and commit.
-func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg config.Config, cc jetstream.ConsumerConfig, log *slog.Logger) error {
+func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg config.Config, consumerCfg jetstream.ConsumerConfig, log *slog.Logger) error {
 	st, err := js.Stream(ctx, cfg.Output.Stream)
 	if err != nil {
 		return fmt.Errorf("output stream %s: %w", cfg.Output.Stream, err)
 	}
 	have := st.CachedInfo().Config.Duplicates
-	need := streams.RequiredDuplicateWindow(cc.AckWait, cc.BackOff, cfg.Output.RestartMargin.D())
+	need := streams.RequiredDuplicateWindow(consumerCfg.AckWait, consumerCfg.BackOff, cfg.Output.RestartMargin.D())
 	if have >= need {
 		log.Info("output duplicate window covers a crash between publish and commit", "stream", cfg.Output.Stream, "duplicate_window", have, "required", need)
 		return nil
 	}
 	err = fmt.Errorf("%w: stream %s drops re-published ids for %v, but a message can come back %v after a crash (consumer ack_wait %v and backoff %v, plus output.restart_margin %v); raise the stream's duplicate window (nats stream edit %s --dupe-window %v), or lower input.ack_wait, or set output.allow_short_duplicate_window to run anyway",
-		ErrDuplicateWindow, cfg.Output.Stream, have, need, cc.AckWait, cc.BackOff, cfg.Output.RestartMargin.D(), cfg.Output.Stream, need)
+		ErrDuplicateWindow, cfg.Output.Stream, have, need, consumerCfg.AckWait, consumerCfg.BackOff, cfg.Output.RestartMargin.D(), cfg.Output.Stream, need)
 	if cfg.Output.AllowShortDuplicateWindow {
 		log.Warn("RUNNING WITH A SHORT DUPLICATE WINDOW: a crash between publish and commit can forward a message twice", "err", err)
 		return nil

@@ -16,7 +16,6 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -56,6 +55,7 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
+	w.owner = s.ownership(w)
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
@@ -76,19 +76,17 @@ type worker struct {
 	newKeys, repeats, dropped lazyCounter
 
 	// per batch, reused
-	firstIdx   map[string]int // key -> index in the batch of the copy forwarded
-	newIdx     []int
-	copies     [][2]int // {copy, first}: a key new in this batch, seen again in it
-	acks       []int
-	out        []*nats.Msg
-	res        []forward.Result
-	lastSignal time.Time // when the batch last told the server it is being worked on
+	firstIdx    map[string]int // key -> index in the batch of the copy forwarded
+	newIdx      []int
+	laterCopies [][2]int // {copy, first}: a key new in this batch, seen again in it
+	acks        []int
+	out         []*nats.Msg
+	res         []forward.Result
+	lastSignal  time.Time // when the batch last told the server it is being worked on
 
-	// Scale-out only: the partition's tenure in this instance (nil when
-	// it does not own the partition), and the last pins it lost, whose
-	// messages are left to the new owner.
-	ten      *tenure
-	lostPins []string
+	// owner is the partition's ownership: the single instance's, or this
+	// instance's tenures in a scale-out group.
+	owner ownership
 }
 
 // process judges one batch: look up every key, publish the new ones, commit
@@ -100,33 +98,49 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
-	if s.so != nil {
-		// The busy token: a planned release waits for this batch.
-		busy := &s.so.busy[w.p.Index()]
-		busy.Lock()
-		defer busy.Unlock()
-		if s.so.stopping() {
-			giveBack(batch) // the instance stops: the next owner gets it at once
-			return
-		}
-		if !w.own(ctx, batch) {
-			return
-		}
+	done, ok := w.owner.Own(ctx, batch)
+	defer done()
+	if !ok {
+		return
 	}
+	w.reset(len(batch))
+	now := s.clock.Now()
+	if !w.judge(ctx, batch, now) {
+		return
+	}
+	if len(w.newIdx) > 0 && !w.forwardNew(ctx, batch, now) {
+		return
+	}
+	w.settleLaterCopies(batch, now)
+	for _, i := range w.acks {
+		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
+	}
+}
+
+// reset clears the worker's per-batch state for a batch of n messages.
+func (w *worker) reset(n int) {
 	if w.firstIdx == nil {
-		w.firstIdx = make(map[string]int, len(batch))
+		w.firstIdx = make(map[string]int, n)
 	}
 	clear(w.firstIdx)
-	w.newIdx, w.copies, w.acks, w.out = w.newIdx[:0], w.copies[:0], w.acks[:0], w.out[:0]
-	now := s.clock.Now()
-	maxPayload := s.nc.MaxPayload()
-	var copies []outCopy                             // the batch's forwarded copies, made on first need
-	lookupOpts := w.retryOpts(batch, "state lookup") // once per batch: it allocates
+	w.newIdx, w.laterCopies, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.acks[:0], w.out[:0]
+}
 
+// judge looks up every key of the batch and sorts its messages: a repeat
+// (queued for its ack), a later copy of a key new in this batch
+// (w.laterCopies), a late total or a dead letter, or new: its forwarded
+// copy goes to w.out and its index to w.newIdx. It returns false when the
+// batch is left unacked (ctx ended, or the store closed, while a lookup
+// kept failing).
+func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
+	s := w.s
+	maxPayload := s.nc.MaxPayload()
+	var forwarded []outCopy                               // the batch's forwarded copies, made on first need
+	lookupOpts := w.retryOpts(batch, "state lookup", nil) // once per batch: it allocates
 	for i := range batch {
 		it := &batch[i]
 		if j, ok := w.firstIdx[string(it.key)]; ok {
-			w.copies = append(w.copies, [2]int{i, j})
+			w.laterCopies = append(w.laterCopies, [2]int{i, j})
 			continue
 		}
 		var res state.LookupResult
@@ -137,7 +151,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		if err != nil {
 			if !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed) {
 				w.stopping(batch, err)
-				return
+				return false
 			}
 			w.deadLetter(it, ReasonStateRejected, fmt.Sprintf("the state store cannot look up key %q: %v", it.key, err))
 			continue
@@ -146,37 +160,20 @@ func (w *worker) process(ctx context.Context, batch []item) {
 			w.repeat(i, batch, res.Record, now)
 			continue
 		}
-		if s.totals != nil {
-			switch late, dl := s.totals.late(it, w.label, now); late {
-			case lateDrop:
-				w.dropped.get().Inc()
-				w.acks = append(w.acks, i)
-				continue
-			case lateDeadLetter:
-				w.dlq <- w.fenceDeadLetter(dl)
-				continue
-			}
+		if w.late(i, batch, now) {
+			continue
 		}
 		id := string(it.key) // made once: the copy's Nats-Msg-Id and the key in w.firstIdx
-		if copies == nil {
+		if forwarded == nil {
 			// One allocation for the batch's copies instead of two per
 			// copy. Its capacity is never exceeded, so the pointers into it
 			// stay valid; it is new for each batch because nats.go holds a
 			// copy until its PubAck.
-			copies = make([]outCopy, 0, len(batch)-i)
+			forwarded = make([]outCopy, 0, len(batch)-i)
 		}
-		copies = append(copies, outCopy{})
-		m := s.outputMsg(it, id, &copies[len(copies)-1])
-		if s.so != nil {
-			// The output is the partition's changelog: the subject
-			// names the partition, the headers carry the record and
-			// what it adds to a total, for a new owner to restore.
-			m.Subject = handover.PartitionSubject(s.so.prefix, w.p.Index(), it.inputSubject())
-			handover.Annotate(m.Header, now, it.fp)
-			if it.tot.Group != "" {
-				handover.AnnotateTotal(m.Header, it.tot.Group, it.tot.Bucket, it.tot.Value)
-			}
-		}
+		forwarded = append(forwarded, outCopy{})
+		m := s.outputMsg(it, id, &forwarded[len(forwarded)-1])
+		w.owner.Annotate(m, it, now)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
@@ -185,40 +182,60 @@ func (w *worker) process(ctx context.Context, batch []item) {
 		w.newIdx = append(w.newIdx, i)
 		w.out = append(w.out, m)
 	}
+	return true
+}
 
-	if len(w.newIdx) > 0 {
-		if s.beforePublish != nil {
-			s.beforePublish(w.p.Index(), len(batch))
-		}
-		if !w.publish(ctx, batch) {
-			return
-		}
-		claims := make([]state.Claim, 0, len(w.newIdx))
-		for k, i := range w.newIdx {
-			if err := w.res[k].Err; err != nil {
-				w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
-				continue
-			}
-			c := state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot}
-			if s.so != nil {
-				c.FirstSeen = now // as the forwarded record says
-			}
-			claims = append(claims, c)
-		}
-		if !w.commit(ctx, batch, claims) {
-			return
-		}
+// late handles a new key's message whose total is too late for its time
+// bucket (totals.late): dropped and acked, or dead-lettered. It reports
+// whether it did; false means the message is forwarded.
+func (w *worker) late(i int, batch []item, now time.Time) bool {
+	if w.s.totals == nil {
+		return false
 	}
-	for _, c := range w.copies {
+	switch late, dl := w.s.totals.late(&batch[i], w.label, now); late {
+	case lateDrop:
+		w.dropped.get().Inc()
+		w.acks = append(w.acks, i)
+		return true
+	case lateDeadLetter:
+		w.dlq <- w.owner.FenceDeadLetter(dl)
+		return true
+	}
+	return false
+}
+
+// forwardNew publishes the batch's new messages (w.out), dead-letters
+// those the output refused for good, and commits the claims of the rest.
+// It returns false when the batch is left unacked.
+func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bool {
+	if w.s.beforePublish != nil {
+		w.s.beforePublish(w.p.Index(), len(batch))
+	}
+	if !w.publish(ctx, batch) {
+		return false
+	}
+	claims := make([]state.Claim, 0, len(w.newIdx))
+	for k, i := range w.newIdx {
+		if err := w.res[k].Err; err != nil {
+			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
+			continue
+		}
+		claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
+	}
+	return w.commit(ctx, batch, claims, now)
+}
+
+// settleLaterCopies judges each later copy of a key new in this batch: a
+// repeat of the copy forwarded, or a dead letter when the output refused
+// that copy.
+func (w *worker) settleLaterCopies(batch []item, now time.Time) {
+	for _, c := range w.laterCopies {
 		i, j := c[0], c[1]
 		if k := w.indexOfNew(j); k >= 0 && w.res[k].Err != nil {
 			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+describe(w.res[k].Err))
 			continue
 		}
 		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now)
-	}
-	for _, i := range w.acks {
-		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
 	}
 }
 
@@ -232,7 +249,7 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 	t := time.Now()
 	o := forward.Options{
 		Component: CompPublish,
-		Retry:     w.retryOpts(batch, "output publish"),
+		Retry:     w.retryOpts(batch, "output publish", nil),
 		OnRetry: func(attempt, failed int, err error) {
 			s.metrics.PublishRetries.Add(float64(failed))
 			s.logs.Warn("output_publish_retry", "output publish failed, retrying", "partition", w.label, "messages", failed, "attempt", attempt, "err", err)
@@ -242,16 +259,12 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		AtomicMin:  s.cfg.Output.AtomicMinBatch,
 		Inflight:   s.outputBatches,
 		OnFallback: w.fallback,
-	}
-	if w.ten != nil {
-		o.Fence = &w.ten.fence
+		Fence:      w.owner.Fence(),
 	}
 	if err := forward.Batch(ctx, s.js, w.out, w.res, o); err != nil {
-		if retry.IsFenced(err) && w.ten != nil {
-			w.fenced(ctx, err)
-			return false
+		if !retry.IsFenced(err) || !w.owner.Lost(ctx, err) {
+			w.stopping(batch, err)
 		}
-		w.stopping(batch, err)
 		return false
 	}
 	s.metrics.PublishSeconds.Observe(time.Since(t).Seconds())
@@ -279,11 +292,12 @@ func (w *worker) fallback(messages int, err error) {
 		"partition", w.label, "messages", messages, "err", describe(err))
 }
 
-// commit claims the forwarded keys in one transaction, retrying transient
-// failures, and queues their acks. When the store refuses the transaction
+// commit claims the forwarded keys in one transaction (as the owner
+// commits them, with now the time the forwarded records say), retrying
+// transient failures, and queues their acks. When the store refuses the transaction
 // permanently, each claim is tried alone and the ones it refuses are
 // dead-lettered. It returns false when ctx ended first.
-func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim) bool {
+func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, now time.Time) bool {
 	s := w.s
 	if len(claims) == 0 {
 		return true
@@ -291,9 +305,9 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	t := time.Now()
 	var results []state.ClaimResult
 	err := retry.Do(ctx, CompCommit, func() (err error) {
-		results, err = w.claim(claims)
+		results, err = w.owner.Claim(w.p, claims, w.res, now)
 		return err
-	}, w.retryOpts(batch, "state commit"))
+	}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 	if err != nil && (!retry.IsPermanent(err) || errors.Is(err, state.ErrClosed)) {
 		w.stopping(batch, err)
 		return false
@@ -307,7 +321,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 			err := retry.Do(ctx, CompCommit, func() (err error) {
 				r, err = w.p.Claim([]state.Claim{c})
 				return err
-			}, w.retryOpts(batch, "state commit"))
+			}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 			switch {
 			case err == nil:
 				results = append(results, r[0])
@@ -338,21 +352,6 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim)
 	return true
 }
 
-// claim claims the batch's forwarded keys. With scale-out it also stores
-// the partition's cursor: the highest output sequence of the batch, up to
-// which the partition's changelog is in the store (this instance alone has
-// written it since its fence, batch after batch).
-func (w *worker) claim(claims []state.Claim) ([]state.ClaimResult, error) {
-	if w.ten == nil {
-		return w.p.Claim(claims)
-	}
-	var cursor uint64
-	for _, r := range w.res {
-		cursor = max(cursor, r.Seq)
-	}
-	return w.p.ClaimWithCursor(claims, cursor)
-}
-
 // indexOfNew returns the position in w.newIdx (and w.res) of batch index
 // i, or -1.
 func (w *worker) indexOfNew(i int) int {
@@ -374,18 +373,7 @@ func (w *worker) stopping(batch []item, err error) {
 // deadLetter sends batch item it to the dead-letter worker; it acks it
 // once stored.
 func (w *worker) deadLetter(it *item, reason, detail string) {
-	w.dlq <- w.fenceDeadLetter(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
-}
-
-// fenceDeadLetter returns dl carrying the tenure's dead-letter fence, when
-// the worker owns its partition in a scale-out group: the dead letter is
-// stored only while no other instance has taken the partition since.
-func (w *worker) fenceDeadLetter(dl deadLetter) deadLetter {
-	if t := w.ten; t != nil && t.dlFence.Subject != "" {
-		f := t.dlFence
-		dl.fence, dl.p, dl.pin = &f, w.p.Index(), t.pin
-	}
-	return dl
+	w.dlq <- w.owner.FenceDeadLetter(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
 }
 
 // repeat handles a message whose key the window already holds.
@@ -412,14 +400,15 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 
 // retryOpts are the retry options of the batch's operations: health
 // reported for this partition, the batch kept from redelivery between
-// attempts, and what (for the logs) names the operation.
-func (w *worker) retryOpts(batch []item, what string) retry.Options {
+// attempts, what (for the logs) names the operation, and retries (nil:
+// none) counts each retry.
+func (w *worker) retryOpts(batch []item, what string, retries prometheus.Counter) retry.Options {
 	return retry.Options{
 		Reporter: w.health,
 		Pause:    func() { w.keepAlive(batch) },
 		OnRetry: func(attempt int, err error) {
-			if what == "state commit" {
-				w.s.metrics.CommitRetries.Inc()
+			if retries != nil {
+				retries.Inc()
 			}
 			w.s.logs.Warn(strings.ReplaceAll(what, " ", "_")+"_retry", what+" failed, retrying; nothing is acked meanwhile", "partition", w.label, "attempt", attempt, "err", err)
 		},
@@ -481,14 +470,15 @@ func describe(err error) string {
 	return err.Error()
 }
 
-// reporter returns the health reporter of one partition (instance ""
-// reports the component itself), which logs recoveries.
-func (s *Stage) reporter(instanceName string) retry.Reporter {
+// reporter returns the health reporter of one unit of the components,
+// a partition (unit "" reports the component itself), which logs
+// recoveries.
+func (s *Stage) reporter(unit string) retry.Reporter {
 	var r retry.Reporter = s.status
-	if instanceName != "" {
-		r = instance{st: s.status, name: instanceName}
+	if unit != "" {
+		r = unitReporter{st: s.status, name: unit}
 	}
-	return logRecovery{Reporter: r, logs: s.logs, instance: instanceName}
+	return logRecovery{Reporter: r, logs: s.logs, unit: unit}
 }
 
 // quietReporter passes every failure on, and a success only when it ends
@@ -524,8 +514,8 @@ func (q *quietReporter) Succeeded(component string, retried bool) {
 // logRecovery logs when a component's operation succeeds after failures.
 type logRecovery struct {
 	retry.Reporter
-	logs     *lograte.Limiter // once per batch after failures: rate-limited
-	instance string
+	logs *lograte.Limiter // once per batch after failures: rate-limited
+	unit string           // the partition, or "" for the component itself
 }
 
 // recovered are the log messages of recoveries, by component.
@@ -544,7 +534,7 @@ func (l logRecovery) Succeeded(component string, retried bool) {
 		if msg == "" {
 			msg = component + " recovered"
 		}
-		l.logs.Info(component+"_recovered", msg, "partition", l.instance)
+		l.logs.Info(component+"_recovered", msg, "partition", l.unit)
 	}
 }
 

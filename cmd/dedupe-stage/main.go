@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -136,7 +137,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	if cfg.NATS.IsEmbedded() {
 		extraDirs = append(extraDirs, cfg.EmbeddedStoreDir())
 	}
-	lock, err := stage.LockDataDir(cfg.State.DataDir, extraDirs...)
+	lock, err := boot.LockDataDir(cfg.State.DataDir, extraDirs...)
 	if err != nil {
 		return err
 	}
@@ -170,7 +171,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 
 	var embedded *server.Server
 	if cfg.NATS.URL == "" {
-		if embedded, err = stage.StartEmbedded(cfg, log); err != nil {
+		if embedded, err = boot.StartEmbedded(cfg, log); err != nil {
 			return err
 		}
 		defer func() {
@@ -178,7 +179,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 			embedded.WaitForShutdown()
 		}()
 	}
-	nc, err := stage.Connect(cfg.NATS, embedded, log)
+	nc, err := boot.Connect(cfg.NATS, embedded, log)
 	if err != nil {
 		return err
 	}

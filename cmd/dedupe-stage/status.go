@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/status"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // statusTimeout bounds the whole of `status`: every request to the cluster.
@@ -48,7 +48,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 		return errors.New("status reads the cluster, and nats.url is empty (the embedded server lives inside run); give --nats-url or $DEDUPE_NATS_URL")
 	}
 	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
-	nc, err := stage.Connect(cfg.NATS, nil, log)
+	nc, err := boot.Connect(cfg.NATS, nil, log)
 	if err != nil {
 		return err
 	}

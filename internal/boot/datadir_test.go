@@ -1,4 +1,4 @@
-package stage_test
+package boot_test
 
 import (
 	"errors"
@@ -8,21 +8,21 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dedupe-stage/dedupe-stage/stage"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 )
 
 func TestLockDataDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	store := filepath.Join(dir, "nats")
-	l, err := stage.LockDataDir(dir, store)
+	l, err := boot.LockDataDir(dir, store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(store); err != nil || !fi.IsDir() {
 		t.Errorf("the store dir was not created: %v", err)
 	}
-	_, err = stage.LockDataDir(dir)
-	if !errors.Is(err, stage.ErrDataDir) || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), strconv.Itoa(os.Getpid())) {
+	_, err = boot.LockDataDir(dir)
+	if !errors.Is(err, boot.ErrDataDir) || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), strconv.Itoa(os.Getpid())) {
 		t.Errorf("second lock: %v, want ErrDataDir saying it is in use by pid %d", err, os.Getpid())
 	}
 	if err := l.Release(); err != nil {
@@ -31,7 +31,7 @@ func TestLockDataDir(t *testing.T) {
 	if err := l.Release(); err != nil {
 		t.Errorf("second Release: %v", err)
 	}
-	l2, err := stage.LockDataDir(dir)
+	l2, err := boot.LockDataDir(dir)
 	if err != nil {
 		t.Fatalf("lock after release: %v", err)
 	}
@@ -42,8 +42,8 @@ func TestLockDataDir(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = stage.LockDataDir(filepath.Join(file, "data"))
-	if !errors.Is(err, stage.ErrDataDir) || !strings.Contains(err.Error(), "cannot create") || !strings.Contains(err.Error(), "not a directory") {
+	_, err = boot.LockDataDir(filepath.Join(file, "data"))
+	if !errors.Is(err, boot.ErrDataDir) || !strings.Contains(err.Error(), "cannot create") || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("data dir under a file: %v, want ErrDataDir: cannot create ... not a directory", err)
 	}
 	// One that exists but cannot be written.
@@ -55,8 +55,8 @@ func TestLockDataDir(t *testing.T) {
 	if err := os.Mkdir(ro, 0o555); err != nil {
 		t.Fatal(err)
 	}
-	_, err = stage.LockDataDir(ro)
-	if !errors.Is(err, stage.ErrDataDir) || !strings.Contains(err.Error(), "cannot write") {
+	_, err = boot.LockDataDir(ro)
+	if !errors.Is(err, boot.ErrDataDir) || !strings.Contains(err.Error(), "cannot write") {
 		t.Errorf("read-only data dir: %v, want ErrDataDir: cannot write", err)
 	}
 }

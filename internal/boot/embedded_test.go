@@ -1,4 +1,4 @@
-package stage_test
+package boot_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/stage"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 )
 
 // embeddedConfig is the embedded default on a free loopback port, storing
@@ -32,7 +32,7 @@ func embeddedConfig(t *testing.T) config.Config {
 
 func startEmbedded(t *testing.T, cfg config.Config) *server.Server {
 	t.Helper()
-	s, err := stage.StartEmbedded(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := boot.StartEmbedded(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func startEmbedded(t *testing.T, cfg config.Config) *server.Server {
 // credentials, in process) and creates the input stream.
 func createInputAsTheStage(t *testing.T, cfg config.Config, s *server.Server) {
 	t.Helper()
-	nc, err := stage.Connect(cfg.NATS, s, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	nc, err := boot.Connect(cfg.NATS, s, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatalf("the stage cannot connect to its own server: %v", err)
 	}
@@ -201,7 +201,7 @@ func TestEmbeddedPortTakenFailsAtOnce(t *testing.T) {
 	cfg.NATS.Embedded.Port = ln.Addr().(*net.TCPAddr).Port
 	done := make(chan error, 1)
 	go func() {
-		s, err := stage.StartEmbedded(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		s, err := boot.StartEmbedded(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if s != nil {
 			s.Shutdown()
 		}
@@ -212,7 +212,7 @@ func TestEmbeddedPortTakenFailsAtOnce(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("StartEmbedded on a port in use still waiting after 20s")
 	}
-	if !errors.Is(err, stage.ErrEmbeddedStart) || !strings.Contains(err.Error(), "address already in use") ||
+	if !errors.Is(err, boot.ErrEmbeddedStart) || !strings.Contains(err.Error(), "address already in use") ||
 		!strings.Contains(err.Error(), strconv.Itoa(cfg.NATS.Embedded.Port)) {
 		t.Errorf("StartEmbedded on a port in use: %v; want ErrEmbeddedStart naming the port and 'address already in use'", err)
 	}

@@ -1,0 +1,81 @@
+package stage
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// ownership is what a partition's worker asks of its partition's
+// ownership while it judges a batch: may this instance judge the batch
+// (Own), what a forwarded copy adds (Annotate), which fence the output
+// batch expects (Fence), what a fence loss means (Lost), how the claims
+// are committed (Claim) and which fence a dead letter expects
+// (FenceDeadLetter). The worker reads the same with one instance or many:
+// soleOwner is the single instance, which owns every partition and does
+// nothing; groupOwner is one partition of a scale-out group
+// (docs/scale-out.md). An ownership belongs to one worker and is not safe
+// for concurrent use.
+type ownership interface {
+	// Own is called before batch is judged. With ok false the batch is
+	// not judged: it was given back for the partition's next owner, or
+	// it is left unacked and comes back. done is called once the batch
+	// is finished, whatever ok is.
+	Own(ctx context.Context, batch []item) (done func(), ok bool)
+	// Annotate makes m, the forwarded copy of it, what the owner's
+	// changelog needs: nothing for a single instance; the partition's
+	// subject and the record's headers in a group.
+	Annotate(m *nats.Msg, it *item, now time.Time)
+	// Fence is the fence the batch's output publish expects, nil for none.
+	Fence() *forward.Fence
+	// Lost handles a publish refused because the partition's fence moved
+	// and reports whether it did; false means err is no fence this owner
+	// holds, and the batch stops as for any other error.
+	Lost(ctx context.Context, err error) bool
+	// Claim commits claims, the batch's forwarded keys, in p; res are the
+	// batch's publish results and now the time the forwarded records say.
+	Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error)
+	// FenceDeadLetter returns dl carrying the fence a dead letter decided
+	// under this ownership expects (dl unchanged when there is none).
+	FenceDeadLetter(dl deadLetter) deadLetter
+}
+
+// ownership returns the ownership of w's partition: w's tenures in the
+// scale-out group when scale-out is on, else the single instance's.
+func (s *Stage) ownership(w *worker) ownership {
+	if s.group == nil {
+		return soleOwner{}
+	}
+	return &groupOwner{w: w, group: s.group}
+}
+
+// soleOwner is the ownership of a single instance: it owns every
+// partition, adds nothing to a forwarded copy and holds no fence.
+type soleOwner struct{}
+
+// Own implements ownership: every batch is this instance's.
+func (soleOwner) Own(context.Context, []item) (func(), bool) { return nothingToRelease, true }
+
+// nothingToRelease is what soleOwner.Own holds.
+func nothingToRelease() {}
+
+// Annotate implements ownership: the copy is left as it is.
+func (soleOwner) Annotate(*nats.Msg, *item, time.Time) {}
+
+// Fence implements ownership: there is no fence.
+func (soleOwner) Fence() *forward.Fence { return nil }
+
+// Lost implements ownership: with no fence, no error is a fence loss.
+func (soleOwner) Lost(context.Context, error) bool { return false }
+
+// Claim implements ownership: the claims alone, in one transaction.
+func (soleOwner) Claim(p *state.Partition, claims []state.Claim, _ []forward.Result, _ time.Time) ([]state.ClaimResult, error) {
+	return p.Claim(claims)
+}
+
+// FenceDeadLetter implements ownership: dead letters are not fenced.
+func (soleOwner) FenceDeadLetter(dl deadLetter) deadLetter { return dl }
