@@ -60,6 +60,9 @@ type HandOverRun struct {
 	// than one partition: started earlier, B would take its share while A
 	// lives); false when B stood by, ready, before it.
 	BStartedAtKill bool `json:"b_started_at_kill"`
+	// BReadySeconds is the kill until b answered /readyz, when started at
+	// the kill; the probes start then.
+	BReadySeconds float64 `json:"b_ready_seconds,omitempty"`
 	// FirstForwardSeconds is the kill until the output stream stored the
 	// first probe forwarded by B; BeyondTTLSeconds that minus the pin's
 	// TTL (the figure issue 22's targets name).
@@ -257,9 +260,16 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 	t0 := time.Now()
 	fmt.Fprintf(logOut, "killed instance a (SIGKILL); publishing probes at %d/s\n", hoProbeRate)
 	if run.BStartedAtKill {
+		// b's start refuses to run while messages arrive during its check
+		// of the input stream (see the README), so the probes start once b
+		// is ready: well inside the pin's TTL, before which nothing moves.
 		if err := e.startInstance(ctx, row, 0, b, hoDir); err != nil {
 			return err
 		}
+		if err := waitReady(ctx, b, 60*time.Second); err != nil {
+			return err
+		}
+		run.BReadySeconds = time.Since(t0).Seconds()
 	}
 	pctx, stopProbes := context.WithTimeout(ctx, hoProbeFor)
 	defer stopProbes()
@@ -339,9 +349,10 @@ func (e *soEnv) consumersOf(ctx context.Context, stream string) ([]soConsumer, e
 
 // waitSnapshots waits until every partition's snapshot object was modified
 // after loaded and A's snapshots hold every loaded key, bounded by twice
-// the snapshot interval plus a minute; it records their size.
+// the snapshot interval plus five minutes (writing the snapshots of a
+// large group takes a while); it records their size.
 func (e *soEnv) waitSnapshots(ctx context.Context, cfg config.Config, a *instance, loaded time.Time, run *HandOverRun) error {
-	timeout := 2*e.f.hoSnapshotInterval + time.Minute
+	timeout := 2*e.f.hoSnapshotInterval + 5*time.Minute
 	deadline := time.Now().Add(timeout)
 	last := "no snapshot bucket"
 	for {
@@ -568,7 +579,7 @@ func printHandOver(w io.Writer, r *HandOverRun) {
 		r.Keys, r.Partitions, r.PinTTLSeconds, r.SnapshotInterval, r.LoadSeconds, r.LoadPerSec, r.SnapshotWaitSeconds)
 	when := "standing by before the kill"
 	if r.BStartedAtKill {
-		when = "started at the kill"
+		when = fmt.Sprintf("started at the kill, ready %.2fs after it (the probes start then)", r.BReadySeconds)
 	}
 	fmt.Fprintf(w, "new owner b (empty data dir) %s\n\n", when)
 	fmt.Fprintf(w, "| %-28s | %12s |\n|%s|%s|\n", "measure", "value", strings.Repeat("-", 30), strings.Repeat("-", 14))
