@@ -81,6 +81,13 @@ type flags struct {
 	badRatio               float64
 	replicas               int
 	soAckWait, soWarmup    time.Duration
+
+	// The hand-over mode (--handover).
+	handOver                 bool
+	hoKeys, hoPartitions     int
+	hoCopies                 int
+	hoAckWait, hoLoadTimeout time.Duration
+	hoSnapshotInterval       time.Duration
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -130,6 +137,13 @@ func parseFlags(args []string) (*flags, error) {
 	fs.IntVar(&f.replicas, "replicas", 3, "scale-out: replicas of every stream (scale_out.replicas, and the reference's streams)")
 	fs.DurationVar(&f.soAckWait, "scaleout-ack-wait", config.Default().Input.AckWait.D(), "scale-out: input.ack_wait of the instances (the pin's TTL)")
 	fs.DurationVar(&f.soWarmup, "scaleout-warmup", 2*time.Minute, "scale-out: bound on the warm-up that waits for the instances to share the partitions")
+	fs.BoolVar(&f.handOver, "handover", false, "run the hand-over mode instead of --configs: a 3-node nats-server cluster, instance a loaded then killed, instance b with an empty data dir taking over (see bench/README.md)")
+	fs.IntVar(&f.hoKeys, "handover-keys", 1_000_000, "hand-over: distinct keys loaded through instance a before the kill")
+	fs.IntVar(&f.hoPartitions, "handover-partitions", 1, "hand-over: state.partitions of the group")
+	fs.IntVar(&f.hoCopies, "handover-copies", 10_000, "hand-over: copies of loaded keys published through b after the hand-over (none may be forwarded)")
+	fs.DurationVar(&f.hoAckWait, "handover-ack-wait", config.Default().Input.AckWait.D(), "hand-over: input.ack_wait of the instances (the pin's TTL)")
+	fs.DurationVar(&f.hoSnapshotInterval, "handover-snapshot-interval", 30*time.Second, "hand-over: scale_out.snapshot_interval of the instances")
+	fs.DurationVar(&f.hoLoadTimeout, "handover-load-timeout", 20*time.Minute, "hand-over: bound on loading the keys (publish and drain)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -143,12 +157,17 @@ func parseFlags(args []string) (*flags, error) {
 			return nil, err
 		}
 	}
+	if f.handOver {
+		if err := handOverFlags(f, set); err != nil {
+			return nil, err
+		}
+	}
 	var err error
 	if f.mix, err = ParseMix(f.ages); err != nil {
 		return nil, err
 	}
 	configs := f.configs
-	if f.scaleOut {
+	if f.scaleOut || f.handOver {
 		configs = ""
 	}
 	for c := range strings.SplitSeq(configs, ",") {
@@ -181,7 +200,7 @@ func parseFlags(args []string) (*flags, error) {
 		return nil, fmt.Errorf("--publish %q: want auto, atomic or async", f.publish)
 	case f.partitions < 1:
 		return nil, fmt.Errorf("--partitions %d: want >= 1", f.partitions)
-	case len(f.kinds) == 0 && f.scale == "" && f.scalePoint == 0 && f.render == "" && !f.scaleOut:
+	case len(f.kinds) == 0 && f.scale == "" && f.scalePoint == 0 && f.render == "" && !f.scaleOut && !f.handOver:
 		return nil, errors.New("nothing to do: --configs is empty and --scale is not set")
 	}
 	f.commandLine = "go run ./bench " + strings.Join(args, " ")
@@ -203,6 +222,7 @@ type Results struct {
 	Headline  *Headline     `json:"headline,omitempty"`
 	Scale     []*ScalePoint `json:"scale,omitempty"`
 	ScaleOut  *ScaleOutRun  `json:"scale_out,omitempty"`
+	HandOver  *HandOverRun  `json:"handover,omitempty"`
 	Errors    []string      `json:"errors,omitempty"`
 }
 
@@ -339,6 +359,21 @@ func realMain(args []string) int {
 			so.Kept = f.keep || f.dir != ""
 		}
 	}
+	if f.handOver && ctx.Err() == nil {
+		ho, err := runHandOver(ctx, f, dir)
+		res.HandOver = ho
+		if ho != nil && ho.Cluster != "" {
+			res.Settings = ho.Cluster
+		}
+		if err != nil {
+			res.Errors = append(res.Errors, err.Error())
+			fmt.Fprintln(os.Stderr, "bench: hand-over:", err)
+		}
+		if err != nil || ho == nil || !ho.OK {
+			failed, f.keep = true, true
+			fmt.Fprintf(os.Stderr, "bench: hand-over failed or not correct; logs and configurations kept in %s\n", dir)
+		}
+	}
 	if f.scale != "" && ctx.Err() == nil {
 		pts, err := runScale(ctx, f, dir)
 		res.Scale = pts
@@ -350,6 +385,9 @@ func realMain(args []string) int {
 	}
 	res.Headline = headline(res)
 	printTables(os.Stdout, res)
+	if res.HandOver != nil {
+		printHandOver(os.Stdout, res.HandOver)
+	}
 	if err := writeOutputs(f.out, res); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		failed = true
