@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,30 +25,75 @@ func checkUntokened(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 	if err != nil {
 		return fmt.Errorf("scale-out: input stream %s: %w", name, err)
 	}
-	filters := make([]string, cfg.State.Partitions)
-	for p := range filters {
-		filters[p] = strconv.Itoa(p) + ".>"
-	}
-	// An ephemeral consumer counts them; it is deleted at once, and its
-	// inactivity threshold removes it should the delete be lost, so that
-	// no consumer of the check lingers on the input stream.
-	c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,
-		InactiveThreshold: 5 * time.Second, Description: "dedupe-stage: counts the partitioned messages at start"})
+	n, err := countUntokened(ctx, st, cfg)
 	if err != nil {
-		return fmt.Errorf("scale-out: input stream %s: count the partitioned messages: %w", name, err)
+		return fmt.Errorf("scale-out: input stream %s: count the messages without a partition token: %w", name, err)
 	}
-	ci := c.CachedInfo()
-	if err := st.DeleteConsumer(ctx, ci.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("scale-out: input stream %s: delete the consumer that counted the partitioned messages: %w", name, err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("scale-out: input stream %s: %w", name, err)
-	}
-	if n := info.State.Msgs - ci.NumPending; info.State.Msgs > ci.NumPending && n > 0 {
+	if n > 0 {
 		return fmt.Errorf("scale-out: input stream %s holds %d messages without a partition token (stored before its subject transform put the partition first): no member of the group consumes them. "+
 			"Judge them first with scale-out off, or republish them and remove them (nats stream purge %s --subject <subject>, for each of %s), or let the route step partition the input (scale_out.route: always)",
 			name, n, name, strings.Join(cfg.Input.Subjects, ", "))
 	}
 	return nil
+}
+
+// countUntokened counts the input's messages whose subject does not start
+// with a partition token, with a consumer of its own that it deletes at
+// once (its inactivity threshold removes it should the delete be lost), so
+// that no consumer of the check lingers on the input stream. Messages keep
+// arriving while an instance joins a group, and they arrive with a token:
+//   - when no input subject pattern can match a partitioned subject (each
+//     begins with a literal token that is not a number, as "events.>"),
+//     the consumer filters on the patterns themselves and counts exactly
+//     the messages stored before the transform;
+//   - otherwise it counts the partitioned messages and subtracts them from
+//     the stream's count read before it, so that a message stored in
+//     between raises only what is subtracted (a stream that also removes
+//     messages meanwhile, by a limit or a work queue, can make the count
+//     too high; the refusal says so by its number, and a start again
+//     counts anew).
+func countUntokened(ctx context.Context, st jetstream.Stream, cfg config.Config) (uint64, error) {
+	count := func(filters []string) (uint64, error) {
+		c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,
+			InactiveThreshold: 5 * time.Second, Description: "dedupe-stage: counts the input's messages without a partition token at start"})
+		if err != nil {
+			return 0, err
+		}
+		ci := c.CachedInfo()
+		if err := st.DeleteConsumer(ctx, ci.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return 0, fmt.Errorf("delete the consumer that counted: %w", err)
+		}
+		return ci.NumPending, nil
+	}
+	if !slices.ContainsFunc(cfg.Input.Subjects, mayBePartitioned) {
+		return count(cfg.Input.Subjects)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	filters := make([]string, cfg.State.Partitions)
+	for p := range filters {
+		filters[p] = strconv.Itoa(p) + ".>"
+	}
+	partitioned, err := count(filters)
+	if err != nil {
+		return 0, err
+	}
+	if info.State.Msgs <= partitioned {
+		return 0, nil
+	}
+	return info.State.Msgs - partitioned, nil
+}
+
+// mayBePartitioned reports whether subject pattern can match a subject
+// that starts with a partition token: its first token is a wildcard or a
+// number.
+func mayBePartitioned(pattern string) bool {
+	first, _, _ := strings.Cut(pattern, ".")
+	if first == "*" || first == ">" {
+		return true
+	}
+	_, err := strconv.ParseUint(first, 10, 64)
+	return err == nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,4 +65,51 @@ func TestScaleOutRefusesBacklogWithoutPartitionToken(t *testing.T) {
 	if !strings.Contains(err.Error(), "holds 7 messages without a partition token") || !strings.Contains(err.Error(), "nats stream purge "+e.cfg.Input.Stream) {
 		t.Errorf("start refused with %q, want the count (7) and what to do", err)
 	}
+}
+
+// TestScaleOutJoinsWhileInputFlows starts an instance while a publisher
+// stores partitioned input as fast as it can, as when an instance joins a
+// running group: none of it lacks a token, so the start's check counts
+// none. A check that subtracted the partitioned messages it counted from
+// the stream's count read after counted the messages stored in between as
+// without a token and refused to start.
+func TestScaleOutJoinsWhileInputFlows(t *testing.T) {
+	e := newScaleOutEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src, dest, err := e.cfg.ScaleOutTransform()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := jetstream.StreamConfig{Name: e.cfg.Input.Stream, Subjects: e.cfg.Input.Subjects,
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: src, Destination: dest}}
+	if _, err := e.js.CreateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	published := make(chan int)
+	go func() {
+		n := 0
+		defer func() { published <- n }()
+		for ; n < 200_000; n++ { // bounded: the start takes well under that
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := e.js.PublishAsync(fmt.Sprintf("orders.k%d", n), []byte("{}")); err != nil {
+				return
+			}
+		}
+	}()
+	for range 5 {
+		st, err := stage.New(ctx, stage.Options{Config: e.cfg, Conn: e.nc, Registry: prometheus.NewRegistry(), Clock: e.clock})
+		if err != nil {
+			close(stop)
+			t.Fatalf("start while input flows: %v", err)
+		}
+		_ = st.Close()
+	}
+	close(stop)
+	t.Logf("%d messages published during 5 starts", <-published)
 }
