@@ -43,6 +43,18 @@ func setBool(p func(c *Config) *bool) func(*Config, string) error {
 	}
 }
 
+// setOptBool sets an optional bool (nil: automatic) from true or false.
+func setOptBool(p func(c *Config) **bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q, want true or false", v)
+		}
+		*p(c) = &b
+		return nil
+	}
+}
+
 // keyHeader is the key spec "the header named name".
 func keyHeader(name string) keys.FieldSpec {
 	return keys.FieldSpec{Source: keys.SourceHeader, Header: name}
@@ -56,14 +68,7 @@ var envVars = []envVar{
 	{"DEDUPE_NATS_TOKEN", "nats.token", setString(func(c *Config) *string { return &c.NATS.Token })},
 	{"DEDUPE_NATS_CREDS", "nats.creds_file", setString(func(c *Config) *string { return &c.NATS.CredsFile })},
 	{"DEDUPE_NATS_NKEY", "nats.nkey_seed_file", setString(func(c *Config) *string { return &c.NATS.NKeySeedFile })},
-	{"DEDUPE_CREATE_STREAMS", "nats.create_streams", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("%q, want true or false", v)
-		}
-		c.NATS.CreateStreams = &b
-		return nil
-	}},
+	{"DEDUPE_CREATE_STREAMS", "nats.create_streams", setOptBool(func(c *Config) **bool { return &c.NATS.CreateStreams })},
 	{"DEDUPE_EMBEDDED_HOST", "nats.embedded.host", setString(func(c *Config) *string { return &c.NATS.Embedded.Host })},
 	{"DEDUPE_EMBEDDED_PORT", "nats.embedded.port", setInt(func(c *Config) *int { return &c.NATS.Embedded.Port })},
 	{"DEDUPE_EMBEDDED_MONITOR_PORT", "nats.embedded.monitor_port", setInt(func(c *Config) *int { return &c.NATS.Embedded.MonitorPort })},
@@ -77,14 +82,7 @@ var envVars = []envVar{
 	{"DEDUPE_OUTPUT_STREAM", "output.stream", setString(func(c *Config) *string { return &c.Output.Stream })},
 	{"DEDUPE_DATA_DIR", "state.data_dir", setString(func(c *Config) *string { return &c.State.DataDir })},
 	{"DEDUPE_PARTITIONS", "state.partitions", setInt(func(c *Config) *int { return &c.State.Partitions })},
-	{"DEDUPE_SYNC_WRITES", "state.sync_writes", func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("%q, want true or false", v)
-		}
-		c.State.SyncWrites = &b
-		return nil
-	}},
+	{"DEDUPE_SYNC_WRITES", "state.sync_writes", setOptBool(func(c *Config) **bool { return &c.State.SyncWrites })},
 	{"DEDUPE_HTTP_ADDR", "http.addr", setString(func(c *Config) *string { return &c.HTTP.Addr })},
 	{"DEDUPE_HTTP_INSPECT", "http.inspect", setBool(func(c *Config) *bool { return &c.HTTP.Inspect })},
 	{"DEDUPE_HTTP_INSPECT_ADDR", "http.inspect_addr", setString(func(c *Config) *string { return &c.HTTP.InspectAddr })},
