@@ -116,6 +116,10 @@ const MinScaleOutAckWait = 2 * time.Second
 // partition p: "p<p>".
 func ScaleOutMember(p int) string { return fmt.Sprintf("p%d", p) }
 
+// ScaleOutMemberConsumer returns the name of partition p's consumer in
+// the static group: "<group>-p<p>", as pcgroups names a member's consumer.
+func ScaleOutMemberConsumer(group string, p int) string { return group + "-" + ScaleOutMember(p) }
+
 // PartitionField returns where the partition key is read from, and the
 // name of its setting: the key (key), or with totals on the group
 // (totals.group), so that every event of a group meets in one partition.

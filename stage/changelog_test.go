@@ -156,7 +156,7 @@ func (e *env) refusedAgain(r *running, reason string) {
 	natstest.Until(time.Until(deadline), 50*time.Millisecond, func() bool {
 		before = refused()
 		for p := range e.cfg.State.Partitions {
-			c, err := e.js.Consumer(context.Background(), stream, e.cfg.ScaleOut.Group+"-"+config.ScaleOutMember(p))
+			c, err := e.js.Consumer(context.Background(), stream, config.ScaleOutMemberConsumer(e.cfg.ScaleOut.Group, p))
 			if err != nil {
 				return false
 			}

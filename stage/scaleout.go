@@ -650,7 +650,7 @@ func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := s.js.Consumer(ctx, g.inStream, g.name+"-"+config.ScaleOutMember(p))
+	c, err := s.js.Consumer(ctx, g.inStream, config.ScaleOutMemberConsumer(g.name, p))
 	if err != nil {
 		return "", err
 	}

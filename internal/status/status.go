@@ -202,11 +202,12 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 				part.LastHandOver = &h
 			}
 		}
-		ci, err := consumerInfo(ctx, js, memberStream, group+"-"+member)
+		consumer := config.ScaleOutMemberConsumer(group, p)
+		ci, err := consumerInfo(ctx, js, memberStream, consumer)
 		if err != nil {
 			return r, err
 		}
-		part.Consumer = consumerOf(memberStream, group+"-"+member, ci)
+		part.Consumer = consumerOf(memberStream, consumer, ci)
 		if ci != nil {
 			for _, pg := range ci.PriorityGroups {
 				if pg.Group == pinGroup && pg.PinnedClientID != "" {
