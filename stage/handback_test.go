@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -188,4 +189,36 @@ func TestScaleOutBalanceSettles(t *testing.T) {
 			e.checkOnce(e.scaleOutOutput(), payload)
 		})
 	}
+}
+
+// TestScaleOutBacklogMetric: in a group, dedupe_consumer_pending_messages
+// is the backlog of the partitions the instance owns. While a's worker of
+// a partition is held in a batch, the partition's messages wait on its
+// consumer and the gauge shows them; once it is let go and the input is
+// drained, the gauge returns to 0.
+func TestScaleOutBacklogMetric(t *testing.T) {
+	e := newScaleOutEnv(t)
+	payload := map[string][]byte{}
+	const p = 3
+	a := e.as("a").start()
+	e.publishKeys(keysOfPartition("warm", p, 20, payload), payload)
+	e.scaleOutDrained(30 * time.Second)
+	entered, unblock := blockPartition(a, p)
+	defer unblock()
+	e.publishKeys(keysOfPartition("held", p, 600, payload), payload)
+	<-entered
+	backlog := func() float64 {
+		return metrictest.Sum(t, a.reg, "dedupe_consumer_pending_messages", nil)
+	}
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "the held partition's backlog in dedupe_consumer_pending_messages", func() (bool, error) {
+		n := backlog()
+		return n >= 100, fmt.Errorf("the gauge shows %v messages, want at least 100 of the 600 held", n)
+	})
+	unblock()
+	e.scaleOutDrained(30 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), payload)
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "the backlog gauge back to 0", func() (bool, error) {
+		n := backlog()
+		return n == 0, fmt.Errorf("the gauge shows %v messages after the drain", n)
+	})
 }

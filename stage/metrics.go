@@ -93,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 		}),
 		ConsumerPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dedupe_consumer_pending_messages",
-			Help: "Input consumer backlog: kind=pending (not yet delivered) or ack_pending (delivered, not yet acked).",
+			Help: "Input consumer backlog: kind=pending (not yet delivered) or ack_pending (delivered, not yet acked). In a scale-out group, the sum over the partitions this instance owns.",
 		}, []string{"kind"}),
 		DeadLettersUnstorable: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_dead_letters_unstorable_total",
