@@ -15,6 +15,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -72,7 +73,7 @@ func (e *env) scaleOutDrained(timeout time.Duration) {
 		stream = e.cfg.ScaleOut.RoutedStream
 	}
 	for p := range e.cfg.State.Partitions {
-		name := e.cfg.ScaleOut.Group + "-" + config.ScaleOutMember(p)
+		name := config.ScaleOutMemberConsumer(e.cfg.ScaleOut.Group, p)
 		natstest.WaitFor(e.t, timeout, "member consumer "+name+" to ack everything", func() bool {
 			c, err := e.js.Consumer(context.Background(), stream, name)
 			if err != nil {
@@ -287,6 +288,14 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 		return out
 	}
 	e.checkOnce(routedOutput(), unique)
+	// Every instance reports the shared route consumer's backlog: nothing
+	// once the input is routed.
+	for _, r := range []*running{a, b} {
+		natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "the route consumer's backlog gauge at 0", func() (bool, error) {
+			v, ok := metrictest.Lookup(t, r.reg, "dedupe_route_consumer_pending_messages", map[string]string{"kind": "pending"})
+			return ok && v == 0, fmt.Errorf("gauge %v (reported: %v)", v, ok)
+		})
+	}
 	dl := e.deadLetters()
 	if len(dl) != 2 {
 		t.Errorf("%d dead letters, want the 2 inputs without a key", len(dl))

@@ -27,6 +27,9 @@ type Metrics struct {
 	Messages *prometheus.CounterVec
 	// DeadLetters counts the route step's dead letters, by reason.
 	DeadLetters *prometheus.CounterVec
+	// Pending is the route consumer's backlog, by kind (pending,
+	// ack_pending), read every few seconds.
+	Pending *prometheus.GaugeVec
 }
 
 // NewMetrics creates the route step's metrics and registers them on reg.
@@ -41,7 +44,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dedupe_route_dead_letters_total",
 			Help: "Input messages the route step dead-lettered, by reason.",
 		}, []string{"reason"}),
+		Pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_route_consumer_pending_messages",
+			Help: "The route consumer's backlog, shared by every instance of the group: kind=pending (not yet routed) or ack_pending (delivered to a route step, not yet acked). Every instance reports the same consumer.",
+		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.Messages, m.DeadLetters)
+	reg.MustRegister(m.Messages, m.DeadLetters, m.Pending)
 	return m
 }

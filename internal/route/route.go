@@ -324,11 +324,35 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("routing", "stream", o.InputStream, "consumer", ConsumerName(o.Group), "partitions", o.Partitions,
 		"routed_stream", o.RoutedStream, "routed_subjects", Subject(0, o.RoutedSubject, "<input subject>"), "key", o.Key.Config().String(),
 		"batches_in_flight", o.BatchesInFlight)
+	var polled sync.WaitGroup
+	polled.Go(func() { pollPending(ctx, cons, metrics) })
 	consume(ctx, o, log, cons, in)
 	close(in)
+	polled.Wait()
 	routers.Wait()
 	log.Info("route step stopped: batch in flight finished")
 	return nil
+}
+
+// pollPending exports the route consumer's backlog every few seconds
+// until ctx is done.
+func pollPending(ctx context.Context, cons jetstream.Consumer, m *Metrics) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := cons.Info(rctx)
+		cancel()
+		if err == nil {
+			m.Pending.WithLabelValues("pending").Set(float64(info.NumPending))
+			m.Pending.WithLabelValues("ack_pending").Set(float64(info.NumAckPending))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // router routes batches. One goroutine calls process; the routers of one
