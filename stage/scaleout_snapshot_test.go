@@ -3,7 +3,9 @@ package stage_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"strconv"
 	"testing"
 	"time"
 
@@ -204,6 +206,16 @@ func TestScaleOutSnapshotEveryInterval(t *testing.T) {
 	}
 	if got := counter(t, a.reg, "dedupe_snapshot_writes_total", map[string]string{"result": "failed"}); got != 0 {
 		t.Errorf("%v snapshot writes failed, want none", got)
+	}
+	// Rounds with nothing new keep each partition's snapshot current:
+	// its last-success time moves on without a write.
+	drained := time.Now()
+	for p := range 4 {
+		label := map[string]string{"partition": strconv.Itoa(p)}
+		natstest.WaitFor(t, 30*time.Second, fmt.Sprintf("partition %d's snapshot current after the drain", p), func() bool {
+			v, ok := metrictest.Lookup(t, a.reg, "dedupe_snapshot_last_success_timestamp_seconds", label)
+			return ok && v > float64(drained.Unix())
+		})
 	}
 	checkSnapshotBucket(t, e)
 }

@@ -68,6 +68,7 @@ type snapshotMetrics struct {
 	bytes   *prometheus.GaugeVec
 	seconds *prometheus.GaugeVec
 	loaded  *prometheus.CounterVec
+	current *prometheus.GaugeVec
 }
 
 func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
@@ -96,8 +97,12 @@ func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
 			Name: "dedupe_snapshot_restore_records_total",
 			Help: "Records loaded from snapshots into the state store when taking a partition, by partition.",
 		}, []string{"partition"}),
+		current: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_snapshot_last_success_timestamp_seconds",
+			Help: "When the partition's snapshot last covered everything this instance had forwarded for it (Unix time): at each snapshot written, and at each interval with nothing new since the last one. time() minus it is the age of what a new owner would read from the changelog after the snapshot.",
+		}, []string{"partition"}),
 	}
-	reg.MustRegister(m.paths, m.writes, m.records, m.bytes, m.seconds, m.loaded)
+	reg.MustRegister(m.paths, m.writes, m.records, m.bytes, m.seconds, m.loaded, m.current)
 	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull} {
 		m.paths.WithLabelValues(p)
 	}
@@ -158,7 +163,9 @@ func (s *Stage) runSnapshots(ctx context.Context) {
 		case <-t.C:
 		}
 		var failed error
-		for _, p := range s.group.ownedPartitions() {
+		owned := s.group.ownedPartitions()
+		sn.forgetOthers(owned)
+		for _, p := range owned {
 			if ctx.Err() != nil {
 				return
 			}
@@ -183,6 +190,23 @@ func (g *scaleOut) ownedPartitions() []int {
 	return out
 }
 
+// forgetOthers drops the snapshot gauges of the partitions not in owned:
+// another instance writes their snapshots now, and an age read from a
+// partition this instance left would only grow.
+func (sn *snapshots) forgetOthers(owned []int) {
+	keep := make(map[string]bool, len(owned))
+	for _, p := range owned {
+		keep[strconv.Itoa(p)] = true
+	}
+	for p := range sn.parts {
+		if label := strconv.Itoa(p); !keep[label] {
+			for _, g := range []*prometheus.GaugeVec{sn.metrics.records, sn.metrics.bytes, sn.metrics.seconds, sn.metrics.current} {
+				g.DeleteLabelValues(label)
+			}
+		}
+	}
+}
+
 // errUnchanged means the partition's cursor did not move since its last
 // snapshot: there is nothing new to write.
 var errUnchanged = errors.New("unchanged since the last snapshot")
@@ -203,7 +227,8 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 		last, ok := sn.written[p.Index()]
 		sn.mu.Unlock()
 		if c == 0 || ok && last == c {
-			return nil // nothing new since the last snapshot
+			sn.markCurrent(p.Index(), time.Now()) // nothing new since the last snapshot
+			return nil
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, snapshotRequestTimeout)
@@ -245,13 +270,14 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 		Description: "partition " + strconv.Itoa(p.Index()) + " of group " + sn.group}, pr)
 	pr.CloseWithError(errors.New("the object store stopped reading"))
 	serr := <-scanned
+	label := strconv.Itoa(p.Index())
 	switch {
 	case errors.Is(serr, errUnchanged):
+		sn.markCurrent(p.Index(), time.Now())
 		return nil
 	case serr != nil:
 		err = serr
 	}
-	label := strconv.Itoa(p.Index())
 	if err != nil {
 		sn.metrics.writes.WithLabelValues("failed").Inc()
 		return fmt.Errorf("snapshot of partition %d: %w", p.Index(), err)
@@ -261,12 +287,19 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 	sn.metrics.records.WithLabelValues(label).Set(float64(n))
 	sn.metrics.bytes.WithLabelValues(label).Set(float64(info.Size))
 	sn.metrics.seconds.WithLabelValues(label).Set(took.Seconds())
+	sn.markCurrent(p.Index(), start)
 	sn.mu.Lock()
 	sn.written[p.Index()] = cursor
 	sn.mu.Unlock()
 	sn.log.Debug("scale-out: partition snapshot written", "partition", p.Index(), "sequence", cursor, "records", n,
 		"bytes", info.Size, "took", took.Round(time.Millisecond))
 	return nil
+}
+
+// markCurrent records that partition p's snapshot held everything this
+// instance had forwarded for it at t.
+func (sn *snapshots) markCurrent(p int, t time.Time) {
+	sn.metrics.current.WithLabelValues(strconv.Itoa(p)).Set(float64(t.Unix()))
 }
 
 // snapshotObject is partition p's object in the snapshot bucket.
