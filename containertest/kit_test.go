@@ -300,6 +300,7 @@ func TestDashboard(t *testing.T) {
 		for _, group := range []struct{ name, glob string }{
 			{"stage", "stage/*.go"},
 			{"sink", "sink/*.go"},
+			{"route step", "internal/route/*.go"},
 		} {
 			names := definedMetrics(t, group.glob)
 			if len(names) == 0 {
