@@ -100,7 +100,7 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
 			subjects := append(slices.Clone(oc.Subjects), control)
 			return fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
-				"the group keeps its fences on %s, apart from the messages under %s.>, g that their consumers see data only "+
+				"the group keeps its fences on %s, apart from the messages under %s.>, so that their consumers see data only "+
 				"(fix: nats stream edit %s --subjects '%s')",
 				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, oc.Name, strings.Join(subjects, ","))
 		}
