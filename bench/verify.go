@@ -13,6 +13,10 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
+// maxNoResponders bounds the "no responders" answers readStream waits
+// out in a row: 10 s at one every 100 ms.
+const maxNoResponders = 100
+
 // readStream calls fn for every message stream holds, in order, and
 // returns how many it read.
 func readStream(ctx context.Context, js jetstream.JetStream, stream string, fn func(jetstream.Msg)) (int, error) {
@@ -33,22 +37,32 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream string, fn f
 		return 0, fmt.Errorf("ordered consumer on %s: %w", stream, err)
 	}
 	var got uint64
+	noResponders := 0
 	for got < want {
-		batch, err := c.Fetch(int(min(want-got, 4096)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return int(got), fmt.Errorf("fetch %s: %w", stream, err)
-		}
 		n := 0
-		for m := range batch.Messages() {
-			fn(m)
-			n++
+		batch, err := c.Fetch(int(min(want-got, 4096)), jetstream.FetchMaxWait(5*time.Second))
+		if err == nil {
+			for m := range batch.Messages() {
+				fn(m)
+				n++
+			}
+			err = batch.Error()
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return int(got), fmt.Errorf("fetch %s: %w", stream, err)
+		if errors.Is(err, nats.ErrNoResponders) && n == 0 && noResponders < maxNoResponders && ctx.Err() == nil {
+			// On a cluster the ordered consumer, when created or
+			// re-created after a gap, can be asked before its node
+			// answers pulls; it keeps its position, so ask again.
+			noResponders++
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return int(got), fmt.Errorf("fetch %s after %d messages: %w", stream, got, err)
 		}
 		if n == 0 {
 			return int(got), fmt.Errorf("stream %s: read %d of %d messages, then nothing", stream, got, want)
 		}
+		noResponders = 0
 		got += uint64(n)
 	}
 	return int(got), nil
