@@ -36,8 +36,33 @@ func (c Config) Summary() string {
 
 	line("partitions", "%d", c.State.Partitions)
 
+	filterTotal := c.filterSummary(line, more)
+	c.memorySummary(line, more, filterTotal)
+	c.durabilitySummary(line, more)
+	c.natsSummary(line)
+	c.streamsSummary(line, more)
+	c.runSummary(line)
+	for i, s := range c.scaleOutSummary() {
+		if i == 0 {
+			line("scale-out", "%s", s)
+		} else {
+			more("%s", s)
+		}
+	}
+	for i, s := range c.totalsSummary() {
+		if i == 0 {
+			line("totals", "%s", s)
+		} else {
+			more("%s", s)
+		}
+	}
+	return c.Redactor().String(b.String())
+}
+
+// filterSummary describes the filter's sizing and returns the memory it
+// takes, 0 when it is disabled or its sizing is invalid.
+func (c Config) filterSummary(line func(label, format string, args ...any), more func(format string, args ...any)) uint64 {
 	f := c.Filter
-	filterTotal := uint64(0)
 	if sz, err := c.filterSizing(); err != nil {
 		line("filter", "invalid sizing (expected_keys %d, false_positive_rate %v, generations %d): %v", f.ExpectedKeys, f.FalsePositiveRate, f.Generations, err)
 	} else {
@@ -55,10 +80,15 @@ func (c Config) Summary() string {
 		more("total %s (%.2f bits per expected key), split across %d partitions",
 			humanBytes(total), float64(total)*8/float64(f.ExpectedKeys), parts)
 		if f.Enabled {
-			filterTotal = total
+			return total
 		}
 	}
+	return 0
+}
 
+// memorySummary describes the state's memory budget beside the filter's
+// filterTotal bytes, and what Badger adds while it writes.
+func (c Config) memorySummary(line func(label, format string, args ...any), more func(format string, args ...any), filterTotal uint64) {
 	per := "n/a"
 	if c.State.Partitions > 0 {
 		per = humanBytes(uint64(max(c.State.MemoryBudget, 0)) / uint64(c.State.Partitions))
@@ -68,9 +98,10 @@ func (c Config) Summary() string {
 		more("badger %s", c.StateOptions(window.Window{}).BadgerSizing())
 		more("while writing, Badger's table builders come on top: buffers of twice a table's size, up to 8 per partition (hundreds of MiB to GiBs at tens of millions of keys)")
 	}
+}
 
-	c.durabilitySummary(line, more)
-
+// natsSummary describes the NATS server the stage connects to.
+func (c Config) natsSummary(line func(label, format string, args ...any)) {
 	if c.NATS.IsEmbedded() {
 		e := c.NATS.Embedded
 		port := strconv.Itoa(e.Port)
@@ -81,7 +112,11 @@ func (c Config) Summary() string {
 	} else {
 		line("nats", "server %s (%s)", redact.NATSURL(c.NATS.URL), c.authSummary())
 	}
+}
 
+// streamsSummary describes the input, output and dead-letter streams and
+// whether they are created.
+func (c Config) streamsSummary(line func(label, format string, args ...any), more func(format string, args ...any)) {
 	in, out, dl := c.Input, c.Output, c.DeadLetter
 	create := c.NATS.ShouldCreateStreams()
 	filter := ""
@@ -115,7 +150,10 @@ func (c Config) Summary() string {
 	} else {
 		more("streams and the consumer must exist (nats.create_streams is false)")
 	}
+}
 
+// runSummary describes the pipeline, the HTTP endpoints and the log.
+func (c Config) runSummary(line func(label, format string, args ...any)) {
 	p := c.Pipeline
 	line("pipeline", "batch %d, linger %v, %d publishes in flight, max message %v, fingerprint mismatch: %s",
 		p.BatchSize, p.BatchLinger, p.MaxPublishInFlight, p.MaxMessageBytes, p.OnFingerprintMismatch)
@@ -132,21 +170,6 @@ func (c Config) Summary() string {
 		line("http", "%s (/metrics /healthz /readyz), /inspect on %s", h.Addr, h.InspectOn())
 	}
 	line("log", "%s, %s", c.Log.Level, c.Log.Format)
-	for i, s := range c.scaleOutSummary() {
-		if i == 0 {
-			line("scale-out", "%s", s)
-		} else {
-			more("%s", s)
-		}
-	}
-	for i, s := range c.totalsSummary() {
-		if i == 0 {
-			line("totals", "%s", s)
-		} else {
-			more("%s", s)
-		}
-	}
-	return c.Redactor().String(b.String())
 }
 
 // filterSizing is the sizing of each partition's filter, from the state
