@@ -216,8 +216,16 @@ func (c Config) validateStreams(v *validator) {
 	if dl.Stream != "" && (dl.Stream == in.Stream || dl.Stream == out.Stream) {
 		v.add("dead_letter.stream", "%q, the same as the input or output stream", dl.Stream)
 	}
+	inputs := c.validateInput(v)
+	prefixOK := c.validateOutput(v)
+	c.validateSubjectOverlaps(v, inputs, prefixOK)
+}
 
-	// Subjects the input stream holds, as far as the configuration knows.
+// validateInput checks the input stream's subjects and consumer settings
+// and returns the subjects the input stream holds, as far as the
+// configuration knows.
+func (c Config) validateInput(v *validator) []string {
+	in := c.Input
 	var inputs []string
 	if len(in.Subjects) == 0 && c.NATS.ShouldCreateStreams() {
 		v.add("input.subjects", "empty, want at least one subject to create the input stream with")
@@ -248,7 +256,14 @@ func (c Config) validateStreams(v *validator) {
 	if in.MaxDeliver != -1 && in.MaxDeliver < 1 {
 		v.add("input.max_deliver", "%d, want -1 (unlimited) or >= 1", in.MaxDeliver)
 	}
+	return inputs
+}
 
+// validateOutput checks the output's subject prefix, duplicate window,
+// limits and publishing, and the limits of every stream. It reports
+// whether the prefix is a valid subject.
+func (c Config) validateOutput(v *validator) bool {
+	in, out, dl := c.Input, c.Output, c.DeadLetter
 	prefixOK := true
 	if msg := checkSubject(out.SubjectPrefix, false); msg != "" {
 		v.add("output.subject_prefix", "%q: %s", out.SubjectPrefix, msg)
@@ -285,6 +300,13 @@ func (c Config) validateStreams(v *validator) {
 			"a shorter window lets a copy republished after a crash through (set output.allow_short_duplicate_window to accept)",
 			out.DuplicateWindow, Duration(floor))
 	}
+	return prefixOK
+}
+
+// validateSubjectOverlaps checks that the output, dead-letter and control
+// subjects overlap neither each other nor the input's subjects.
+func (c Config) validateSubjectOverlaps(v *validator, inputs []string, prefixOK bool) {
+	out, dl := c.Output, c.DeadLetter
 	outputs := out.Subjects()
 	if prefixOK {
 		for _, s := range inputs {
