@@ -165,83 +165,117 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 	if r.Instances, err = liveInstances(ctx, js, cfg); err != nil {
 		return r, err
 	}
+	src, err := openSources(ctx, js, cfg)
+	if err != nil {
+		return r, err
+	}
+	if src.snaps != nil {
+		r.Snapshots = cfg.ScaleOutSnapshotBucket()
+	}
+	for p := range cfg.State.Partitions {
+		part, err := readPartition(ctx, js, cfg, src, memberStream, p, now)
+		if err != nil {
+			return r, err
+		}
+		if part.PinID == "" {
+			r.Ownerless = append(r.Ownerless, p)
+		}
+		r.Partitions = append(r.Partitions, part)
+	}
+	return r, nil
+}
+
+// sources are what status reads besides the consumers; each is nil when
+// the cluster does not hold it (yet).
+type sources struct {
+	out       jetstream.Stream
+	snaps     jetstream.ObjectStore
+	handOvers jetstream.KeyValue
+}
+
+// openSources opens the output stream, the snapshot bucket and the
+// hand-over bucket of cfg's group.
+func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config) (sources, error) {
+	var src sources
 	out, err := js.Stream(ctx, cfg.Output.Stream)
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return r, fmt.Errorf("status: output stream %s: %w", cfg.Output.Stream, err)
+		return src, fmt.Errorf("status: output stream %s: %w", cfg.Output.Stream, err)
 	}
+	src.out = out
 	snaps, err := js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		snaps = nil
 	case err != nil:
-		return r, fmt.Errorf("status: snapshot bucket %s: %w", cfg.ScaleOutSnapshotBucket(), err)
-	default:
-		r.Snapshots = cfg.ScaleOutSnapshotBucket()
+		return src, fmt.Errorf("status: snapshot bucket %s: %w", cfg.ScaleOutSnapshotBucket(), err)
 	}
 	handOvers, err := js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		handOvers = nil
 	case err != nil:
-		return r, fmt.Errorf("status: hand-over bucket %s: %w", cfg.ScaleOutHandOverBucket(), err)
+		return src, fmt.Errorf("status: hand-over bucket %s: %w", cfg.ScaleOutHandOverBucket(), err)
 	}
-	for p := range cfg.State.Partitions {
-		member := config.ScaleOutMember(p)
-		part := Partition{Partition: p}
-		if handOvers != nil {
-			e, err := handOvers.Get(ctx, member)
-			switch {
-			case errors.Is(err, jetstream.ErrKeyNotFound):
-			case err != nil:
-				return r, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
-			default:
-				var h handover.HandOver
-				if err := json.Unmarshal(e.Value(), &h); err != nil {
-					return r, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
-				}
-				part.LastHandOver = &h
+	src.snaps, src.handOvers = snaps, handOvers
+	return src, nil
+}
+
+// readPartition reads partition p's last hand-over, member consumer, pin,
+// fence and snapshot age.
+func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Config, src sources, memberStream string, p int, now time.Time) (Partition, error) {
+	group := cfg.ScaleOut.Group
+	member := config.ScaleOutMember(p)
+	part := Partition{Partition: p}
+	if src.handOvers != nil {
+		e, err := src.handOvers.Get(ctx, member)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return part, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
+		default:
+			var h handover.HandOver
+			if err := json.Unmarshal(e.Value(), &h); err != nil {
+				return part, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
 			}
+			part.LastHandOver = &h
 		}
-		consumer := config.ScaleOutMemberConsumer(group, p)
-		ci, err := consumerInfo(ctx, js, memberStream, consumer)
-		if err != nil {
-			return r, err
-		}
-		part.Consumer = consumerOf(memberStream, consumer, ci)
-		if ci != nil {
-			for _, pg := range ci.PriorityGroups {
-				if pg.Group == pinGroup && pg.PinnedClientID != "" {
-					part.PinID = pg.PinnedClientID
-					at := pg.PinnedTS
-					part.PinnedAt = &at
-				}
-			}
-		}
-		if out != nil {
-			if err := readFence(ctx, out, handover.FenceSubject(cfg.Output.SubjectPrefix, p), &part); err != nil {
-				return r, err
-			}
-		}
-		if part.PinID != "" {
-			part.Owner = part.FenceInstance
-			part.OwnerConfirmed = part.FenceAt != nil && !part.FenceAt.Before(*part.PinnedAt)
-		} else {
-			r.Ownerless = append(r.Ownerless, p)
-		}
-		if snaps != nil {
-			info, err := snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
-			switch {
-			case errors.Is(err, jetstream.ErrObjectNotFound):
-			case err != nil:
-				return r, fmt.Errorf("status: snapshot %s/%s: %w", cfg.ScaleOutSnapshotBucket(), member, err)
-			default:
-				age := Duration(now.Sub(info.ModTime))
-				part.SnapshotAge = &age
-			}
-		}
-		r.Partitions = append(r.Partitions, part)
 	}
-	return r, nil
+	consumer := config.ScaleOutMemberConsumer(group, p)
+	ci, err := consumerInfo(ctx, js, memberStream, consumer)
+	if err != nil {
+		return part, err
+	}
+	part.Consumer = consumerOf(memberStream, consumer, ci)
+	if ci != nil {
+		for _, pg := range ci.PriorityGroups {
+			if pg.Group == pinGroup && pg.PinnedClientID != "" {
+				part.PinID = pg.PinnedClientID
+				at := pg.PinnedTS
+				part.PinnedAt = &at
+			}
+		}
+	}
+	if src.out != nil {
+		if err := readFence(ctx, src.out, handover.FenceSubject(cfg.Output.SubjectPrefix, p), &part); err != nil {
+			return part, err
+		}
+	}
+	if part.PinID != "" {
+		part.Owner = part.FenceInstance
+		part.OwnerConfirmed = part.FenceAt != nil && !part.FenceAt.Before(*part.PinnedAt)
+	}
+	if src.snaps != nil {
+		info, err := src.snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
+		switch {
+		case errors.Is(err, jetstream.ErrObjectNotFound):
+		case err != nil:
+			return part, fmt.Errorf("status: snapshot %s/%s: %w", cfg.ScaleOutSnapshotBucket(), member, err)
+		default:
+			age := Duration(now.Sub(info.ModTime))
+			part.SnapshotAge = &age
+		}
+	}
+	return part, nil
 }
 
 // Check returns an error wrapping ErrNoOwner that names the partitions
