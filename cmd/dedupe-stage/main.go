@@ -145,23 +145,9 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	go func() {
-		<-ctx.Done()
-		// A second signal exits at once; what was not acked comes back.
-		again := make(chan os.Signal, 1)
-		signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
-		<-again
-		log.Warn("second signal: exiting at once")
-		os.Exit(130)
-	}()
+	go exitOnSecondSignal(ctx, log)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		collectors.NewBuildInfoCollector(),
-		newBuildInfo(ver, rev),
-	)
+	reg := newRegistry(ver, rev)
 	status := &stage.Status{}
 	stopHTTP, err := serveHTTP(cfg.HTTP, reg, status, log)
 	if err != nil {
@@ -205,6 +191,30 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	}
 	log.Info("stopped cleanly")
 	return nil
+}
+
+// exitOnSecondSignal exits the process at once on a signal that comes
+// after ctx ended (the first one): what was not acked comes back.
+func exitOnSecondSignal(ctx context.Context, log *slog.Logger) {
+	<-ctx.Done()
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
+	<-again
+	log.Warn("second signal: exiting at once")
+	os.Exit(130)
+}
+
+// newRegistry is the process's metrics registry: the Go runtime, the
+// process and the build's information, to which the stage adds its own.
+func newRegistry(ver, rev string) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+		newBuildInfo(ver, rev),
+	)
+	return reg
 }
 
 // tryIt logs how to see the stage catch a repeat on the embedded server.
