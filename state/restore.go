@@ -83,16 +83,8 @@ type Restored struct {
 // (or the same records again, when none had a Seq) completes the
 // partition.
 func (p *Partition) Restore(recs []Restored, cursor uint64) error {
-	for i, r := range recs {
-		if err := checkKey(r.Key); err != nil {
-			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
-		}
-		if r.FirstSeen.IsZero() {
-			return p.wrap(fmt.Errorf("restore %d (key %q): %w: no FirstSeen", i, r.Key, ErrBadRestore))
-		}
-		if err := checkContribution(r.Total, p.totalsBucket); err != nil {
-			return p.wrap(fmt.Errorf("restore %d (key %q): %w: %w", i, r.Key, ErrBadRestore, err))
-		}
+	if err := p.checkRestored(recs); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -163,6 +155,23 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 	}
 	if err := p.commit(b); err != nil {
 		return p.wrap(fmt.Errorf("restore: %w", err))
+	}
+	return nil
+}
+
+// checkRestored refuses recs, whole, when one of them has a bad key, no
+// FirstSeen or a contribution to a total this partition cannot hold.
+func (p *Partition) checkRestored(recs []Restored) error {
+	for i, r := range recs {
+		if err := checkKey(r.Key); err != nil {
+			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+		}
+		if r.FirstSeen.IsZero() {
+			return p.wrap(fmt.Errorf("restore %d (key %q): %w: no FirstSeen", i, r.Key, ErrBadRestore))
+		}
+		if err := checkContribution(r.Total, p.totalsBucket); err != nil {
+			return p.wrap(fmt.Errorf("restore %d (key %q): %w: %w", i, r.Key, ErrBadRestore, err))
+		}
 	}
 	return nil
 }
