@@ -341,30 +341,9 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 			return 0, nil
 		}
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter, fenceSubject}}
-	if from > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
-	}
-	var cons jetstream.Consumer
-	var pending uint64
-	err := retry.Do(ctx, "restore", func() error {
-		c, err := js.OrderedConsumer(ctx, stream, cfg)
-		if err != nil {
-			return err
-		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return err
-		}
-		cons, pending = c, info.NumPending
-		return nil
-	}, retry.Options{})
+	it, pending, err := restoreReader(ctx, js, stream, filter, fenceSubject, from)
 	if err != nil {
-		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(restoreBuffer))
-	if err != nil {
-		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+		return 0, err
 	}
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
@@ -425,4 +404,36 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 			return n, nil
 		}
 	}
+}
+
+// restoreReader opens Restore's reader: an ordered consumer of the
+// partition's records and fences from sequence from, and how many
+// messages it had pending when it was created.
+func restoreReader(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject string, from uint64) (jetstream.MessagesContext, uint64, error) {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter, fenceSubject}}
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	var cons jetstream.Consumer
+	var pending uint64
+	err := retry.Do(ctx, "restore", func() error {
+		c, err := js.OrderedConsumer(ctx, stream, cfg)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		cons, pending = c, info.NumPending
+		return nil
+	}, retry.Options{})
+	if err != nil {
+		return nil, 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(restoreBuffer))
+	if err != nil {
+		return nil, 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+	}
+	return it, pending, nil
 }
