@@ -164,42 +164,47 @@ func (c Config) validateNATS(v *validator) {
 	if n.TLS.KeyFile != "" && n.TLS.CertFile == "" {
 		v.add("nats.tls.cert_file", "empty while nats.tls.key_file is %q; set both or neither", n.TLS.KeyFile)
 	}
-	e := n.Embedded
 	if n.IsEmbedded() {
-		if e.Host == "" {
-			v.add("nats.embedded.host", "empty, want an address to listen on such as 127.0.0.1")
+		c.validateEmbedded(v)
+	}
+}
+
+// validateEmbedded checks the embedded nats-server's settings.
+func (c Config) validateEmbedded(v *validator) {
+	e := c.NATS.Embedded
+	if e.Host == "" {
+		v.add("nats.embedded.host", "empty, want an address to listen on such as 127.0.0.1")
+	}
+	if e.Port != -1 && (e.Port < 1 || e.Port > 65535) {
+		v.add("nats.embedded.port", "%d, want 1..65535 (or -1 for a free port)", e.Port)
+	}
+	if e.MonitorPort != 0 && e.MonitorPort != -1 && (e.MonitorPort < 1 || e.MonitorPort > 65535) {
+		v.add("nats.embedded.monitor_port", "%d, want 0 (off), 1..65535 or -1 for a free port", e.MonitorPort)
+	}
+	if e.MonitorPort > 0 && e.MonitorPort == e.Port {
+		v.add("nats.embedded.monitor_port", "%d, the same as nats.embedded.port", e.MonitorPort)
+	}
+	if e.Password != "" && e.User == "" {
+		v.add("nats.embedded.password", "set while nats.embedded.user is empty")
+	}
+	if e.User != "" && e.Password == "" {
+		v.add("nats.embedded.user", "%q set while nats.embedded.password is empty", e.User)
+	}
+	if e.Token != "" && e.User != "" {
+		v.add("nats.embedded.token", "set together with nats.embedded.user; require a user and password or a token, not both")
+	}
+	if e.SystemAccount {
+		if e.SystemUser == "" {
+			v.add("nats.embedded.system_user", "empty while nats.embedded.system_account is true, want a user name such as sys")
 		}
-		if e.Port != -1 && (e.Port < 1 || e.Port > 65535) {
-			v.add("nats.embedded.port", "%d, want 1..65535 (or -1 for a free port)", e.Port)
+		if e.SystemPassword == "" {
+			v.add("nats.embedded.system_password", "empty while nats.embedded.system_account is true; set it (or $DEDUPE_EMBEDDED_SYSTEM_PASSWORD) to the password `nats --user %s --password ... server ping` will use", e.SystemUser)
 		}
-		if e.MonitorPort != 0 && e.MonitorPort != -1 && (e.MonitorPort < 1 || e.MonitorPort > 65535) {
-			v.add("nats.embedded.monitor_port", "%d, want 0 (off), 1..65535 or -1 for a free port", e.MonitorPort)
+		if e.SystemUser != "" && e.SystemUser == e.User {
+			v.add("nats.embedded.system_user", "%q, the same as nats.embedded.user", e.SystemUser)
 		}
-		if e.MonitorPort > 0 && e.MonitorPort == e.Port {
-			v.add("nats.embedded.monitor_port", "%d, the same as nats.embedded.port", e.MonitorPort)
-		}
-		if e.Password != "" && e.User == "" {
-			v.add("nats.embedded.password", "set while nats.embedded.user is empty")
-		}
-		if e.User != "" && e.Password == "" {
-			v.add("nats.embedded.user", "%q set while nats.embedded.password is empty", e.User)
-		}
-		if e.Token != "" && e.User != "" {
-			v.add("nats.embedded.token", "set together with nats.embedded.user; require a user and password or a token, not both")
-		}
-		if e.SystemAccount {
-			if e.SystemUser == "" {
-				v.add("nats.embedded.system_user", "empty while nats.embedded.system_account is true, want a user name such as sys")
-			}
-			if e.SystemPassword == "" {
-				v.add("nats.embedded.system_password", "empty while nats.embedded.system_account is true; set it (or $DEDUPE_EMBEDDED_SYSTEM_PASSWORD) to the password `nats --user %s --password ... server ping` will use", e.SystemUser)
-			}
-			if e.SystemUser != "" && e.SystemUser == e.User {
-				v.add("nats.embedded.system_user", "%q, the same as nats.embedded.user", e.SystemUser)
-			}
-			if e.Token != "" {
-				v.add("nats.embedded.token", "set while nats.embedded.system_account is true; nats-server cannot combine a token with the system account's user, so use nats.embedded.user and password")
-			}
+		if e.Token != "" {
+			v.add("nats.embedded.token", "set while nats.embedded.system_account is true; nats-server cannot combine a token with the system account's user, so use nats.embedded.user and password")
 		}
 	}
 }
