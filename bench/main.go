@@ -93,57 +93,9 @@ type flags struct {
 func parseFlags(args []string) (*flags, error) {
 	f := &flags{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.IntVar(&f.events, "events", 200_000, "events in the timed backlog")
-	fs.IntVar(&f.keys, "keys", 0, "distinct keys in the backlog (cardinality); 0: from --repeat-ratio")
-	fs.Float64Var(&f.repeatRatio, "repeat-ratio", 0.1, "share of events that are copies of an earlier key (used when --keys is 0)")
-	fs.StringVar(&f.ages, "ages", "burst=0.2,immediate=0.3,seconds=0.3,near=0.1,past=0.1", "share of repeats per age class: burst (back to back), immediate (<=1s), seconds (2-60s), near (0.82-0.88W), past (1.12-1.2W, forwarded again)")
-	fs.IntVar(&f.burstSize, "burst-size", 3, "extra copies in one burst")
-	fs.IntVar(&f.payloadSize, "payload-size", 256, "payload bytes per event (a JSON object carrying the key as \"id\")")
-	fs.Uint64Var(&f.seed, "seed", 1, "workload seed: the same seed and flags give the same events")
-	fs.StringVar(&f.keyMode, "key", "header", "where the stage reads the key: header (Event-Id) or json (field id)")
-	fs.Float64Var(&f.spanFactor, "span-factor", 0.9, "first copies spread over span-factor*W of logical time (0 < f < 1)")
-	fs.DurationVar(&f.window, "window", 0, "dedupe window W; 0: the configuration default (1h10m)")
-	fs.StringVar(&f.configs, "configs", "raw,raw-atomic,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order; empty with --scale runs only the scale mode")
-	fs.IntVar(&f.rounds, "rounds", 1, "run every configuration this many times, interleaved, the order rotated each round (round 2 starts with the second configuration), and report each one's median round by events/s")
-	fs.IntVar(&f.warmup, "warmup", 20_000, "events of an untimed warm-up run of the first configuration before the measured ones (0: none)")
-	fs.IntVar(&f.latencyEvents, "latency-events", 20_000, "events of the paced latency phase after each drain (0: none)")
-	fs.Float64Var(&f.latencyRate, "latency-rate", 0, "events/s of the latency phase; 0: --latency-load times the first configuration's drain rate")
-	fs.Float64Var(&f.latencyLoad, "latency-load", 0.25, "latency phase rate as a share of the first configuration's events/s (with --latency-rate 0)")
-	fs.StringVar(&f.natsURL, "nats-url", "", "use an existing nats-server instead of the embedded default (server heap is then not measured)")
-	fs.BoolVar(&f.syncAlways, "sync-always", config.Default().NATS.Embedded.SyncAlways, "embedded server: fsync every JetStream write (the embedded default)")
-	fs.StringVar(&f.publish, "publish", config.PublishAuto, "stage output.publish: auto (as dedupe-stage run decides: atomic batches on the embedded server with --sync-always, else async), atomic or async")
-	fs.IntVar(&f.partitions, "partitions", config.Default().State.Partitions, "stage partitions (and loop workers)")
-	fs.BoolVar(&f.syncWrites, "sync-writes", true, "stage: fsync each state commit (state.sync_writes; the bench sets it, where dedupe-stage run follows nats.embedded.sync_always when unset)")
-	fs.StringVar(&f.dir, "dir", "", "scratch directory for JetStream and state; default a new temp dir, removed at the end")
-	fs.BoolVar(&f.keep, "keep", false, "keep the scratch directory and streams")
-	fs.StringVar(&f.out, "out", "results.json", "JSON results file; the SVG chart is written next to it (same name, .svg)")
-	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of each timed drain to PREFIX-<config>.pprof")
-	fs.DurationVar(&f.timeout, "timeout", 20*time.Minute, "bound on each phase (publish, drain)")
-	fs.DurationVar(&f.progressEvery, "progress", 2*time.Second, "progress line interval on stderr (0: none)")
-	fs.DurationVar(&f.pollEvery, "poll", 5*time.Millisecond, "consumer poll interval (drain detection and the stage's clock)")
-	fs.IntVar(&f.lagSample, "lag-sample", 20_000, "keys sampled to measure the stage clock's lag")
-	fs.StringVar(&f.scale, "scale", "", "comma-separated key counts (e.g. 1000000,10000000,50000000): state RAM, disk and start-up at N keys")
-	fs.DurationVar(&f.scaleTimeout, "scale-timeout", 45*time.Minute, "bound on each scale point")
-	fs.StringVar(&f.memprofile, "memprofile", "", "with --scale: write heap profiles of each scale point, right after the fill to PREFIX-<keys>-fill.pprof and after the reopen from snapshots to PREFIX-<keys>.pprof")
-	fs.IntVar(&f.scalePoint, "scale-point", 0, "internal: measure one scale point in this process and print JSON")
-	fs.StringVar(&f.scaleDir, "scale-dir", "", "internal: directory of the scale point")
-	fs.Int64Var(&f.scaleReopenAt, "scale-reopen-at", 0, "internal: with --scale-point, only reopen the filled store at this clock time (Unix ns) and print JSON")
-	fs.StringVar(&f.render, "render", "", "read a results JSON (for example one with scale points merged in), print its tables and write --out and its chart; run nothing")
-	fs.BoolVar(&f.scaleOut, "scaleout", false, "run the scale-out mode instead of --configs: a 3-node nats-server cluster, the stage as 1..N processes of the real binary (see bench/README.md)")
-	fs.StringVar(&f.soRows, "scaleout-rows", "off,header,subject", "scale-out rows: off (scale_out off, one instance: the reference), header (scale_out on, key in a header: the route step runs), subject (scale_out on, key as a subject token)")
-	fs.StringVar(&f.soInst, "scaleout-instances", "1,2,3", "scale-out: instance counts of the header and subject rows")
-	fs.StringVar(&f.soCaps, "cpu-cap", "0,0.25", "scale-out: CPU cap per instance in cores (cgroup v1 cpu quota), one set of rows per value; 0: uncapped")
-	fs.Float64Var(&f.badRatio, "bad-ratio", 0.01, "scale-out: share of the backlog's events without a usable key (dead-lettered once each)")
-	fs.IntVar(&f.replicas, "replicas", 3, "scale-out: replicas of every stream (scale_out.replicas, and the reference's streams)")
-	fs.DurationVar(&f.soAckWait, "scaleout-ack-wait", config.Default().Input.AckWait.D(), "scale-out: input.ack_wait of the instances (the pin's TTL)")
-	fs.DurationVar(&f.soWarmup, "scaleout-warmup", 2*time.Minute, "scale-out: bound on the warm-up that waits for the instances to share the partitions")
-	fs.BoolVar(&f.handOver, "handover", false, "run the hand-over mode instead of --configs: a 3-node nats-server cluster, instance a loaded then killed, instance b with an empty data dir taking over (see bench/README.md)")
-	fs.IntVar(&f.hoKeys, "handover-keys", 1_000_000, "hand-over: distinct keys loaded through instance a before the kill")
-	fs.IntVar(&f.hoPartitions, "handover-partitions", 1, "hand-over: state.partitions of the group")
-	fs.IntVar(&f.hoCopies, "handover-copies", 10_000, "hand-over: copies of loaded keys published through b after the hand-over (none may be forwarded)")
-	fs.DurationVar(&f.hoAckWait, "handover-ack-wait", config.Default().Input.AckWait.D(), "hand-over: input.ack_wait of the instances (the pin's TTL)")
-	fs.DurationVar(&f.hoSnapshotInterval, "handover-snapshot-interval", 30*time.Second, "hand-over: scale_out.snapshot_interval of the instances")
-	fs.DurationVar(&f.hoLoadTimeout, "handover-load-timeout", 20*time.Minute, "hand-over: bound on loading the keys (publish and drain)")
+	for _, define := range []func(*flag.FlagSet, *flags){defineWorkloadFlags, defineRunFlags, defineScaleFlags, defineScaleOutFlags, defineHandOverFlags} {
+		define(fs, f)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -166,24 +118,8 @@ func parseFlags(args []string) (*flags, error) {
 	if f.mix, err = ParseMix(f.ages); err != nil {
 		return nil, err
 	}
-	configs := f.configs
-	if f.scaleOut || f.handOver {
-		configs = ""
-	}
-	for c := range strings.SplitSeq(configs, ",") {
-		c = strings.TrimSpace(c)
-		if c == "" {
-			continue
-		}
-		k := Kind(c)
-		found := false
-		for _, a := range allKinds {
-			found = found || a == k
-		}
-		if !found {
-			return nil, fmt.Errorf("--configs: unknown %q (want raw, raw-atomic, jetstream, stage-bloom, stage-nofilter)", c)
-		}
-		f.kinds = append(f.kinds, k)
+	if f.kinds, err = parseKinds(f); err != nil {
+		return nil, err
 	}
 	switch {
 	case f.keyMode != "header" && f.keyMode != "json":
@@ -205,6 +141,103 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	f.commandLine = "go run ./bench " + strings.Join(args, " ")
 	return f, nil
+}
+
+// defineWorkloadFlags defines the flags of the workload: events, keys, repeats and their ages, payloads.
+func defineWorkloadFlags(fs *flag.FlagSet, f *flags) {
+	fs.IntVar(&f.events, "events", 200_000, "events in the timed backlog")
+	fs.IntVar(&f.keys, "keys", 0, "distinct keys in the backlog (cardinality); 0: from --repeat-ratio")
+	fs.Float64Var(&f.repeatRatio, "repeat-ratio", 0.1, "share of events that are copies of an earlier key (used when --keys is 0)")
+	fs.StringVar(&f.ages, "ages", "burst=0.2,immediate=0.3,seconds=0.3,near=0.1,past=0.1", "share of repeats per age class: burst (back to back), immediate (<=1s), seconds (2-60s), near (0.82-0.88W), past (1.12-1.2W, forwarded again)")
+	fs.IntVar(&f.burstSize, "burst-size", 3, "extra copies in one burst")
+	fs.IntVar(&f.payloadSize, "payload-size", 256, "payload bytes per event (a JSON object carrying the key as \"id\")")
+	fs.Uint64Var(&f.seed, "seed", 1, "workload seed: the same seed and flags give the same events")
+	fs.StringVar(&f.keyMode, "key", "header", "where the stage reads the key: header (Event-Id) or json (field id)")
+	fs.Float64Var(&f.spanFactor, "span-factor", 0.9, "first copies spread over span-factor*W of logical time (0 < f < 1)")
+	fs.DurationVar(&f.window, "window", 0, "dedupe window W; 0: the configuration default (1h10m)")
+}
+
+// defineRunFlags defines the flags of the configurations run, the server, the stage and the measurements.
+func defineRunFlags(fs *flag.FlagSet, f *flags) {
+	fs.StringVar(&f.configs, "configs", "raw,raw-atomic,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order; empty with --scale runs only the scale mode")
+	fs.IntVar(&f.rounds, "rounds", 1, "run every configuration this many times, interleaved, the order rotated each round (round 2 starts with the second configuration), and report each one's median round by events/s")
+	fs.IntVar(&f.warmup, "warmup", 20_000, "events of an untimed warm-up run of the first configuration before the measured ones (0: none)")
+	fs.IntVar(&f.latencyEvents, "latency-events", 20_000, "events of the paced latency phase after each drain (0: none)")
+	fs.Float64Var(&f.latencyRate, "latency-rate", 0, "events/s of the latency phase; 0: --latency-load times the first configuration's drain rate")
+	fs.Float64Var(&f.latencyLoad, "latency-load", 0.25, "latency phase rate as a share of the first configuration's events/s (with --latency-rate 0)")
+	fs.StringVar(&f.natsURL, "nats-url", "", "use an existing nats-server instead of the embedded default (server heap is then not measured)")
+	fs.BoolVar(&f.syncAlways, "sync-always", config.Default().NATS.Embedded.SyncAlways, "embedded server: fsync every JetStream write (the embedded default)")
+	fs.StringVar(&f.publish, "publish", config.PublishAuto, "stage output.publish: auto (as dedupe-stage run decides: atomic batches on the embedded server with --sync-always, else async), atomic or async")
+	fs.IntVar(&f.partitions, "partitions", config.Default().State.Partitions, "stage partitions (and loop workers)")
+	fs.BoolVar(&f.syncWrites, "sync-writes", true, "stage: fsync each state commit (state.sync_writes; the bench sets it, where dedupe-stage run follows nats.embedded.sync_always when unset)")
+	fs.StringVar(&f.dir, "dir", "", "scratch directory for JetStream and state; default a new temp dir, removed at the end")
+	fs.BoolVar(&f.keep, "keep", false, "keep the scratch directory and streams")
+	fs.StringVar(&f.out, "out", "results.json", "JSON results file; the SVG chart is written next to it (same name, .svg)")
+	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of each timed drain to PREFIX-<config>.pprof")
+	fs.DurationVar(&f.timeout, "timeout", 20*time.Minute, "bound on each phase (publish, drain)")
+	fs.DurationVar(&f.progressEvery, "progress", 2*time.Second, "progress line interval on stderr (0: none)")
+	fs.DurationVar(&f.pollEvery, "poll", 5*time.Millisecond, "consumer poll interval (drain detection and the stage's clock)")
+	fs.IntVar(&f.lagSample, "lag-sample", 20_000, "keys sampled to measure the stage clock's lag")
+}
+
+// defineScaleFlags defines the flags of the scale mode.
+func defineScaleFlags(fs *flag.FlagSet, f *flags) {
+	fs.StringVar(&f.scale, "scale", "", "comma-separated key counts (e.g. 1000000,10000000,50000000): state RAM, disk and start-up at N keys")
+	fs.DurationVar(&f.scaleTimeout, "scale-timeout", 45*time.Minute, "bound on each scale point")
+	fs.StringVar(&f.memprofile, "memprofile", "", "with --scale: write heap profiles of each scale point, right after the fill to PREFIX-<keys>-fill.pprof and after the reopen from snapshots to PREFIX-<keys>.pprof")
+	fs.IntVar(&f.scalePoint, "scale-point", 0, "internal: measure one scale point in this process and print JSON")
+	fs.StringVar(&f.scaleDir, "scale-dir", "", "internal: directory of the scale point")
+	fs.Int64Var(&f.scaleReopenAt, "scale-reopen-at", 0, "internal: with --scale-point, only reopen the filled store at this clock time (Unix ns) and print JSON")
+	fs.StringVar(&f.render, "render", "", "read a results JSON (for example one with scale points merged in), print its tables and write --out and its chart; run nothing")
+}
+
+// defineScaleOutFlags defines the flags of the scale-out mode.
+func defineScaleOutFlags(fs *flag.FlagSet, f *flags) {
+	fs.BoolVar(&f.scaleOut, "scaleout", false, "run the scale-out mode instead of --configs: a 3-node nats-server cluster, the stage as 1..N processes of the real binary (see bench/README.md)")
+	fs.StringVar(&f.soRows, "scaleout-rows", "off,header,subject", "scale-out rows: off (scale_out off, one instance: the reference), header (scale_out on, key in a header: the route step runs), subject (scale_out on, key as a subject token)")
+	fs.StringVar(&f.soInst, "scaleout-instances", "1,2,3", "scale-out: instance counts of the header and subject rows")
+	fs.StringVar(&f.soCaps, "cpu-cap", "0,0.25", "scale-out: CPU cap per instance in cores (cgroup v1 cpu quota), one set of rows per value; 0: uncapped")
+	fs.Float64Var(&f.badRatio, "bad-ratio", 0.01, "scale-out: share of the backlog's events without a usable key (dead-lettered once each)")
+	fs.IntVar(&f.replicas, "replicas", 3, "scale-out: replicas of every stream (scale_out.replicas, and the reference's streams)")
+	fs.DurationVar(&f.soAckWait, "scaleout-ack-wait", config.Default().Input.AckWait.D(), "scale-out: input.ack_wait of the instances (the pin's TTL)")
+	fs.DurationVar(&f.soWarmup, "scaleout-warmup", 2*time.Minute, "scale-out: bound on the warm-up that waits for the instances to share the partitions")
+}
+
+// defineHandOverFlags defines the flags of the hand-over mode.
+func defineHandOverFlags(fs *flag.FlagSet, f *flags) {
+	fs.BoolVar(&f.handOver, "handover", false, "run the hand-over mode instead of --configs: a 3-node nats-server cluster, instance a loaded then killed, instance b with an empty data dir taking over (see bench/README.md)")
+	fs.IntVar(&f.hoKeys, "handover-keys", 1_000_000, "hand-over: distinct keys loaded through instance a before the kill")
+	fs.IntVar(&f.hoPartitions, "handover-partitions", 1, "hand-over: state.partitions of the group")
+	fs.IntVar(&f.hoCopies, "handover-copies", 10_000, "hand-over: copies of loaded keys published through b after the hand-over (none may be forwarded)")
+	fs.DurationVar(&f.hoAckWait, "handover-ack-wait", config.Default().Input.AckWait.D(), "hand-over: input.ack_wait of the instances (the pin's TTL)")
+	fs.DurationVar(&f.hoSnapshotInterval, "handover-snapshot-interval", 30*time.Second, "hand-over: scale_out.snapshot_interval of the instances")
+	fs.DurationVar(&f.hoLoadTimeout, "handover-load-timeout", 20*time.Minute, "hand-over: bound on loading the keys (publish and drain)")
+}
+
+// parseKinds parses --configs, which the scale-out and hand-over modes
+// ignore.
+func parseKinds(f *flags) ([]Kind, error) {
+	var kinds []Kind
+	configs := f.configs
+	if f.scaleOut || f.handOver {
+		configs = ""
+	}
+	for c := range strings.SplitSeq(configs, ",") {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		k := Kind(c)
+		found := false
+		for _, a := range allKinds {
+			found = found || a == k
+		}
+		if !found {
+			return nil, fmt.Errorf("--configs: unknown %q (want raw, raw-atomic, jetstream, stage-bloom, stage-nofilter)", c)
+		}
+		kinds = append(kinds, k)
+	}
+	return kinds, nil
 }
 
 // Results is the JSON document the harness writes.
