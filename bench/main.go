@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // flags are the harness's options.
@@ -333,12 +334,7 @@ func realMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	cfg := config.Default()
-	if f.window > 0 {
-		cfg.Window.Paths = []config.Path{{Name: "bench", Max: config.Duration(f.window)}}
-		cfg.Window.Margin = 0
-	}
-	win, err := cfg.Window.Derive()
+	win, err := benchWindow(f)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench: window:", err)
 		return 2
@@ -361,51 +357,13 @@ func realMain(args []string) int {
 	failed := false
 
 	if len(f.kinds) > 0 {
-		all, wi, err := runComparison(ctx, f, win.W, dir)
-		res.Workload, res.Results = wi, medians(all, f.kinds)
-		if f.rounds > 1 {
-			res.AllRounds = all
-		}
-		if err != nil {
-			res.Errors = append(res.Errors, err.Error())
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			failed = true
-		}
+		failed = runComparisonMode(ctx, f, win.W, dir, res)
 	}
 	if f.scaleOut {
-		so, err := runScaleOut(ctx, f, win.W, dir)
-		res.ScaleOut = so
-		if so != nil && so.Cluster != "" {
-			res.Settings = so.Cluster
-		}
-		if err != nil {
-			res.Errors = append(res.Errors, err.Error())
-			fmt.Fprintln(os.Stderr, "bench: scale-out:", err)
-			failed = true
-		}
-		if failed || !scaleOutCorrect(so) {
-			// Keep the logs and configurations for a look.
-			f.keep = true
-			fmt.Fprintf(os.Stderr, "bench: scale-out: logs and configurations kept in %s\n", dir)
-		}
-		if so != nil {
-			so.Kept = f.keep || f.dir != ""
-		}
+		failed = runScaleOutMode(ctx, f, win.W, dir, res, failed) || failed
 	}
 	if f.handOver && ctx.Err() == nil {
-		ho, err := runHandOver(ctx, f, dir)
-		res.HandOver = ho
-		if ho != nil && ho.Cluster != "" {
-			res.Settings = ho.Cluster
-		}
-		if err != nil {
-			res.Errors = append(res.Errors, err.Error())
-			fmt.Fprintln(os.Stderr, "bench: hand-over:", err)
-		}
-		if err != nil || ho == nil || !ho.OK {
-			failed, f.keep = true, true
-			fmt.Fprintf(os.Stderr, "bench: hand-over failed or not correct; logs and configurations kept in %s\n", dir)
-		}
+		failed = runHandOverMode(ctx, f, dir, res) || failed
 	}
 	if f.scale != "" && ctx.Err() == nil {
 		pts, err := runScale(ctx, f, dir)
@@ -425,6 +383,90 @@ func realMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		failed = true
 	}
+	if !reportCorrect(res) {
+		failed = true
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// benchWindow is the dedupe window of the run: the configuration's
+// default, or --window.
+func benchWindow(f *flags) (window.Window, error) {
+	cfg := config.Default()
+	if f.window > 0 {
+		cfg.Window.Paths = []config.Path{{Name: "bench", Max: config.Duration(f.window)}}
+		cfg.Window.Margin = 0
+	}
+	return cfg.Window.Derive()
+}
+
+// runComparisonMode runs --configs side by side into res and reports
+// whether it failed.
+func runComparisonMode(ctx context.Context, f *flags, w time.Duration, dir string, res *Results) bool {
+	all, wi, err := runComparison(ctx, f, w, dir)
+	res.Workload, res.Results = wi, medians(all, f.kinds)
+	if f.rounds > 1 {
+		res.AllRounds = all
+	}
+	if err != nil {
+		res.Errors = append(res.Errors, err.Error())
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return true
+	}
+	return false
+}
+
+// runScaleOutMode runs --scaleout into res and reports whether it failed;
+// failed says whether an earlier mode did (the scratch dir is then kept).
+func runScaleOutMode(ctx context.Context, f *flags, w time.Duration, dir string, res *Results, failed bool) bool {
+	so, err := runScaleOut(ctx, f, w, dir)
+	res.ScaleOut = so
+	if so != nil && so.Cluster != "" {
+		res.Settings = so.Cluster
+	}
+	if err != nil {
+		res.Errors = append(res.Errors, err.Error())
+		fmt.Fprintln(os.Stderr, "bench: scale-out:", err)
+		failed = true
+	}
+	if failed || !scaleOutCorrect(so) {
+		// Keep the logs and configurations for a look.
+		f.keep = true
+		fmt.Fprintf(os.Stderr, "bench: scale-out: logs and configurations kept in %s\n", dir)
+	}
+	if so != nil {
+		so.Kept = f.keep || f.dir != ""
+	}
+	return failed
+}
+
+// runHandOverMode runs --handover into res and reports whether it failed
+// or its ground truth was violated.
+func runHandOverMode(ctx context.Context, f *flags, dir string, res *Results) bool {
+	ho, err := runHandOver(ctx, f, dir)
+	res.HandOver = ho
+	if ho != nil && ho.Cluster != "" {
+		res.Settings = ho.Cluster
+	}
+	if err != nil {
+		res.Errors = append(res.Errors, err.Error())
+		fmt.Fprintln(os.Stderr, "bench: hand-over:", err)
+	}
+	if err != nil || ho == nil || !ho.OK {
+		f.keep = true
+		fmt.Fprintf(os.Stderr, "bench: hand-over failed or not correct; logs and configurations kept in %s\n", dir)
+		return true
+	}
+	return false
+}
+
+// reportCorrect says on stderr which results are not correct, and reports
+// whether all are.
+func reportCorrect(res *Results) bool {
+	ok := true
 	checked := res.Results
 	if len(res.AllRounds) > 0 {
 		checked = res.AllRounds
@@ -434,7 +476,7 @@ func realMain(args []string) int {
 			if c := r.Correct; !c.OK {
 				fmt.Fprintf(os.Stderr, "bench: scale-out %s is not correct: lost %d, duplicated %d, bad inputs not dead-lettered %d, extra dead letters %d\n",
 					r.Row, c.Lost, c.Duplicated, c.DeadLetterLost, c.DeadLetterExtra)
-				failed = true
+				ok = false
 			}
 		}
 	}
@@ -442,13 +484,10 @@ func realMain(args []string) int {
 		if !r.Correctness.OK {
 			fmt.Fprintf(os.Stderr, "bench: %s (round %d) is not correct: lost %d, duplicated %d, dead-lettered %d\n",
 				r.Config, r.Round, r.Correctness.Lost, r.Correctness.Duplicated, r.Correctness.DeadLettered)
-			failed = true
+			ok = false
 		}
 	}
-	if failed {
-		return 1
-	}
-	return 0
+	return ok
 }
 
 // runComparison generates the workloads and runs the configurations side
