@@ -259,23 +259,12 @@ func runScaleOut(ctx context.Context, f *flags, w time.Duration, dir string) (*S
 	cs := &children{}
 	defer cs.closeAll()
 
-	bad := int(math.Round(float64(f.events) * f.badRatio))
-	keyed := f.events - bad
-	nkeys := f.keys
-	if nkeys == 0 {
-		nkeys = int(math.Round(float64(keyed) * (1 - f.repeatRatio)))
-	}
-	span := time.Duration(f.spanFactor * float64(w))
-	thr, err := Generate(Spec{Prefix: "thr", Seed: f.seed, Events: keyed, Keys: nkeys, Mix: f.mix,
-		BurstSize: f.burstSize, PayloadSize: f.payloadSize, W: w, Span: span})
+	thr, load, err := scaleOutWorkload(f, w)
 	if err != nil {
-		return nil, fmt.Errorf("workload: %w", err)
+		return nil, err
 	}
-	if len(thr.Late) > 0 {
-		return nil, errors.New("workload: the scale-out mode has no late phase (the stage runs on the wall clock)")
-	}
-	run.Workload = ScaleOutLoad{Events: f.events, Keyed: keyed, Keys: thr.Keys, Bad: bad, Mix: f.mix.String(),
-		PayloadBytes: f.payloadSize, Seed: f.seed, Partitions: f.partitions}
+	run.Workload = load
+	bad := load.Bad
 
 	binDir := filepath.Join(dir, "bin")
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
@@ -339,6 +328,29 @@ func runScaleOut(ctx context.Context, f *flags, w time.Duration, dir string) (*S
 	}
 	run.Ratios = scaleOutRatios(run.Rows, f.cpuCaps)
 	return run, nil
+}
+
+// scaleOutWorkload generates the keyed events of the scale-out backlog;
+// load describes the whole backlog, bad inputs included.
+func scaleOutWorkload(f *flags, w time.Duration) (*Workload, ScaleOutLoad, error) {
+	bad := int(math.Round(float64(f.events) * f.badRatio))
+	keyed := f.events - bad
+	nkeys := f.keys
+	if nkeys == 0 {
+		nkeys = int(math.Round(float64(keyed) * (1 - f.repeatRatio)))
+	}
+	span := time.Duration(f.spanFactor * float64(w))
+	thr, err := Generate(Spec{Prefix: "thr", Seed: f.seed, Events: keyed, Keys: nkeys, Mix: f.mix,
+		BurstSize: f.burstSize, PayloadSize: f.payloadSize, W: w, Span: span})
+	if err != nil {
+		return nil, ScaleOutLoad{}, fmt.Errorf("workload: %w", err)
+	}
+	if len(thr.Late) > 0 {
+		return nil, ScaleOutLoad{}, errors.New("workload: the scale-out mode has no late phase (the stage runs on the wall clock)")
+	}
+	load := ScaleOutLoad{Events: f.events, Keyed: keyed, Keys: thr.Keys, Bad: bad, Mix: f.mix.String(),
+		PayloadBytes: f.payloadSize, Seed: f.seed, Partitions: f.partitions}
+	return thr, load, nil
 }
 
 // probeCgroup checks that the cgroup v1 cpu controller takes a new group
