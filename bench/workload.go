@@ -214,17 +214,8 @@ func Payload(key string, i, size int) []byte {
 
 // Generate builds the workload of s.
 func Generate(s Spec) (*Workload, error) {
-	switch {
-	case s.Events < 1:
-		return nil, fmt.Errorf("events is %d, want >= 1", s.Events)
-	case s.Keys < 1 || s.Keys > s.Events:
-		return nil, fmt.Errorf("keys is %d, want 1..events (%d)", s.Keys, s.Events)
-	case s.Keys > 1<<31-1:
-		return nil, fmt.Errorf("keys is %d, too many", s.Keys)
-	case s.W <= 0 || s.Span <= 0 || s.Span >= s.W:
-		return nil, fmt.Errorf("window %v and span %v: want 0 < span < window", s.W, s.Span)
-	case s.BurstSize < 1:
-		return nil, fmt.Errorf("burst size is %d, want >= 1", s.BurstSize)
+	if err := s.check(); err != nil {
+		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(s.Seed, 0x5eed))
 	wl := &Workload{Spec: s, Copies: make([]uint16, s.Keys), First: make([]time.Duration, s.Keys)}
@@ -237,18 +228,7 @@ func Generate(s Spec) (*Workload, error) {
 		main = append(main, Event{Key: int32(i), Class: ClassFirst, At: wl.First[i]})
 	}
 
-	// Repeats per class; rounding leftovers go to the largest class.
-	repeats := s.Events - s.Keys
-	var n [numClasses]int
-	assigned, largest := 0, ClassBurst
-	for c := ClassBurst; c < numClasses; c++ {
-		n[c] = int(float64(repeats) * s.Mix[c])
-		assigned += n[c]
-		if s.Mix[c] > s.Mix[largest] {
-			largest = c
-		}
-	}
-	n[largest] += repeats - assigned
+	n := s.repeatsPerClass()
 
 	for left := n[ClassBurst]; left > 0; {
 		k := rng.IntN(s.Keys)
@@ -297,6 +277,40 @@ func Generate(s Spec) (*Workload, error) {
 		wl.ByClass[e.Class]++
 	}
 	return wl, nil
+}
+
+// check reports the first setting of s that Generate cannot work with.
+func (s Spec) check() error {
+	switch {
+	case s.Events < 1:
+		return fmt.Errorf("events is %d, want >= 1", s.Events)
+	case s.Keys < 1 || s.Keys > s.Events:
+		return fmt.Errorf("keys is %d, want 1..events (%d)", s.Keys, s.Events)
+	case s.Keys > 1<<31-1:
+		return fmt.Errorf("keys is %d, too many", s.Keys)
+	case s.W <= 0 || s.Span <= 0 || s.Span >= s.W:
+		return fmt.Errorf("window %v and span %v: want 0 < span < window", s.W, s.Span)
+	case s.BurstSize < 1:
+		return fmt.Errorf("burst size is %d, want >= 1", s.BurstSize)
+	}
+	return nil
+}
+
+// repeatsPerClass splits the events beyond the first copies by Mix;
+// rounding leftovers go to the largest class.
+func (s Spec) repeatsPerClass() [numClasses]int {
+	repeats := s.Events - s.Keys
+	var n [numClasses]int
+	assigned, largest := 0, ClassBurst
+	for c := ClassBurst; c < numClasses; c++ {
+		n[c] = int(float64(repeats) * s.Mix[c])
+		assigned += n[c]
+		if s.Mix[c] > s.Mix[largest] {
+			largest = c
+		}
+	}
+	n[largest] += repeats - assigned
+	return n
 }
 
 // sortSearch returns how many of the sorted times are < limit.
