@@ -1069,7 +1069,6 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 		thr     []uint16
 		warm    map[int]int
 		foreign int
-		bad     []int
 	)
 	fence := strings.TrimSuffix(handover.ControlSubjects(n.outPrefix), ">")
 	c := &res.Correct
@@ -1114,6 +1113,18 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 		c.Duplicated += foreign
 	}
 
+	if err := e.verifyDeadLetters(ctx, n, c); err != nil {
+		return err
+	}
+	c.OK = c.Lost == 0 && c.Duplicated == 0 && c.DeadLetterLost == 0 && c.DeadLetterExtra == 0
+	return nil
+}
+
+// verifyDeadLetters reads the dead-letter stream into c: each bad input
+// dead-lettered once, nothing else, fence messages counted apart.
+func (e *soEnv) verifyDeadLetters(ctx context.Context, n soNames, c *ScaleOutCorrect) error {
+	var bad []int
+	var err error
 	c.DeadLetterWant = e.bad
 	dlFence, dlFences := strings.TrimSuffix(handover.ControlSubjects(n.dlqSubj), ">"), 0
 	if c.DeadLettered, err = readStreamAgain(ctx, e.js, n.dlq, func() {
@@ -1140,7 +1151,6 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 			c.DeadLetterExtra += b - 1
 		}
 	}
-	c.OK = c.Lost == 0 && c.Duplicated == 0 && c.DeadLetterLost == 0 && c.DeadLetterExtra == 0
 	return nil
 }
 
