@@ -68,6 +68,47 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream string, fn f
 	return int(got), nil
 }
 
+// verifyStage fills res.Correctness for a stage configuration from the
+// output's counts oc and the total it holds.
+func (r *runner) verifyStage(s *sut, oc outputCounts, total int, res *Result) {
+	c := &res.Correctness
+	// The ground truth: each key forwarded Forwards times. The output
+	// stream's own duplicate window (output.duplicate_window, on the
+	// wall clock) drops a second forward of a key that arrives within
+	// it; the stage counts those (dedupe_republish_duplicates_total).
+	latForwards := slicesRepeat(1, r.lat.Keys)
+	c.Expected = r.lat.Keys
+	for _, f := range s.forwards {
+		c.Expected += int(f)
+	}
+	c.DroppedByOutput = int(counterSum(s.reg, "dedupe_republish_duplicates_total", nil))
+	var lostZero, deficit, extra int
+	tally := func(got []uint16, want []uint8) {
+		for i, g := range got {
+			w := int(want[i])
+			switch {
+			case g == 0:
+				lostZero += w
+			case int(g) < w:
+				deficit += w - int(g)
+			case int(g) > w:
+				extra += int(g) - w
+			}
+		}
+	}
+	tally(oc.thr, s.forwards)
+	tally(oc.lat, latForwards)
+	// A dropped forward can only make up for a key the stream holds
+	// fewer times than the ground truth says; beyond that it is a
+	// duplicate the output's window hid.
+	c.Lost = lostZero + max(0, deficit-c.DroppedByOutput)
+	c.Duplicated = extra + max(0, c.DroppedByOutput-deficit)
+	newCount := int(counterSum(s.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}))
+	if newCount != total+c.DroppedByOutput {
+		res.Notes = append(res.Notes, fmt.Sprintf("stage counted %d new, output holds %d and dropped %d", newCount, total, c.DroppedByOutput))
+	}
+}
+
 // outputCounts are the output stream's messages per key of each workload.
 type outputCounts struct {
 	thr, lat []uint16
@@ -141,41 +182,7 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 		c.Lost, c.Duplicated = c.Lost+l, c.Duplicated+d
 		res.Notes = append(res.Notes, "JetStream's window runs on the server's wall clock, so the copies placed past W in logical time are inside it and dropped: expected = one message per key")
 	default:
-		// The ground truth: each key forwarded Forwards times. The output
-		// stream's own duplicate window (output.duplicate_window, on the
-		// wall clock) drops a second forward of a key that arrives within
-		// it; the stage counts those (dedupe_republish_duplicates_total).
-		latForwards := slicesRepeat(1, r.lat.Keys)
-		c.Expected = r.lat.Keys
-		for _, f := range s.forwards {
-			c.Expected += int(f)
-		}
-		c.DroppedByOutput = int(counterSum(s.reg, "dedupe_republish_duplicates_total", nil))
-		var lostZero, deficit, extra int
-		tally := func(got []uint16, want []uint8) {
-			for i, g := range got {
-				w := int(want[i])
-				switch {
-				case g == 0:
-					lostZero += w
-				case int(g) < w:
-					deficit += w - int(g)
-				case int(g) > w:
-					extra += int(g) - w
-				}
-			}
-		}
-		tally(oc.thr, s.forwards)
-		tally(oc.lat, latForwards)
-		// A dropped forward can only make up for a key the stream holds
-		// fewer times than the ground truth says; beyond that it is a
-		// duplicate the output's window hid.
-		c.Lost = lostZero + max(0, deficit-c.DroppedByOutput)
-		c.Duplicated = extra + max(0, c.DroppedByOutput-deficit)
-		newCount := int(counterSum(s.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}))
-		if newCount != total+c.DroppedByOutput {
-			res.Notes = append(res.Notes, fmt.Sprintf("stage counted %d new, output holds %d and dropped %d", newCount, total, c.DroppedByOutput))
-		}
+		r.verifyStage(s, oc, total, res)
 	}
 	if oc.foreign > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d output messages carry no workload key", oc.foreign))
