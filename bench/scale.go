@@ -294,33 +294,11 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 		return nil, err
 	}
 
-	// Fill: chunks of keys, each chunk claimed per partition (two
-	// goroutines, one per core), the clock moved between chunks so that
-	// the first-seen times spread over 99% of W as steady traffic would.
-	const chunk = 1 << 14
-	steps := (n + chunk - 1) / chunk
-	step := win.W / 100 * 99 / time.Duration(steps)
-	prog := startProgress(fmt.Sprintf("scale %d fill", n), uint64(n), f.progressEvery, nil)
 	start := time.Now()
-	claims := make([][]state.Claim, opts.Partitions)
-	for from := 0; from < n; from += chunk {
-		for i := range claims {
-			claims[i] = claims[i][:0]
-		}
-		for i := from; i < min(n, from+chunk); i++ {
-			k := []byte(KeyString("scl", 7, i))
-			pi := state.PartitionOf(k, opts.Partitions)
-			claims[pi] = append(claims[pi], state.Claim{Key: k, Fingerprint: uint64(i)})
-		}
-		if err := claimParallel(st, claims, 2); err != nil {
-			st.Close()
-			prog.end()
-			return nil, err
-		}
-		clock.Advance(step)
-		prog.done.Store(uint64(min(n, from+chunk)))
+	if err := fillScale(st, opts.Partitions, clock, win.W, n, f.progressEvery); err != nil {
+		st.Close()
+		return nil, err
 	}
-	prog.end()
 	p.FillSec = time.Since(start).Seconds()
 	p.FillPerSec = float64(n) / p.FillSec
 	p.AfterFill = readMem()
@@ -378,6 +356,35 @@ func scalePoint(ctx context.Context, f *flags) (*ScalePoint, error) {
 		return nil, fmt.Errorf("rebuild scanned %d records, want %d", p.RebuildScanned, n)
 	}
 	return p, nil
+}
+
+// fillScale claims n keys into st for a scale point: chunks of keys, each
+// chunk claimed per partition (two goroutines, one per core), the clock
+// moved between chunks so that the first-seen times spread over 99% of w
+// as steady traffic would.
+func fillScale(st *state.Store, partitions int, clock *window.ManualClock, w time.Duration, n int, progressEvery time.Duration) error {
+	const chunk = 1 << 14
+	steps := (n + chunk - 1) / chunk
+	step := w / 100 * 99 / time.Duration(steps)
+	prog := startProgress(fmt.Sprintf("scale %d fill", n), uint64(n), progressEvery, nil)
+	defer prog.end()
+	claims := make([][]state.Claim, partitions)
+	for from := 0; from < n; from += chunk {
+		for i := range claims {
+			claims[i] = claims[i][:0]
+		}
+		for i := from; i < min(n, from+chunk); i++ {
+			k := []byte(KeyString("scl", 7, i))
+			pi := state.PartitionOf(k, partitions)
+			claims[pi] = append(claims[pi], state.Claim{Key: k, Fingerprint: uint64(i)})
+		}
+		if err := claimParallel(st, claims, 2); err != nil {
+			return err
+		}
+		clock.Advance(step)
+		prog.done.Store(uint64(min(n, from+chunk)))
+	}
+	return nil
 }
 
 // claimParallel claims each partition's batch, `workers` partitions at a
