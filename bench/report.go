@@ -24,118 +24,133 @@ func printTables(w io.Writer, res *Results) {
 		printScaleOut(w, res.ScaleOut)
 	}
 	if len(res.Results) > 0 {
-		var raw float64
-		for _, r := range res.Results {
-			if r.Config == string(KindRaw) {
-				raw = r.EventsPerSec
-			}
-		}
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "config\tevents/s\tvs raw\tdrain s\tCPU µs/event\tother load\tp50 ms\tp99 ms\tp99.9 ms\tRSS MiB\theap MiB\tpeak RSS MiB\texpected\toutput\tlost\tduplicated\tdead-lettered\t")
-		for _, r := range res.Results {
-			vs := "-"
-			if raw > 0 {
-				vs = fmt.Sprintf("%.2f", r.EventsPerSec/raw)
-			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n", r.Config, r.EventsPerSec, vs, r.DrainSeconds,
-				r.CPUMicrosPerEvent, r.DrainCPU.OtherCores, r.Latency.P50ms, r.Latency.P99ms, r.Latency.P999ms, mib(r.MemAfter.RSS), mib(r.MemAfter.Heap), mib(r.MemAfter.PeakRSS),
-				r.Correctness.Expected, r.Correctness.Output+r.Correctness.DroppedByOutput*boolInt(isStage(r.Config)), r.Correctness.Lost, r.Correctness.Duplicated, r.Correctness.DeadLettered)
-		}
-		tw.Flush()
-		fmt.Fprintln(w)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "config\ttracked keys\tdedupe RAM MiB\tRAM B/key\tfilter B/key\tdisk MiB\tdisk B/key\tstore reads/event\tskip ratio\tFP observed\tFP estimated\tstart-up ms empty\tsnapshot\trebuild\t")
-		for _, r := range res.Results {
-			if Kind(r.Config).isRaw() {
-				fmt.Fprintf(tw, "%s\t0\t(%s)\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Config, mib(r.DedupeHeapBytes))
-				continue
-			}
-			if r.Config == string(KindJetStream) {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Config, r.TrackedKeys, mib(r.DedupeHeapBytes), r.RAMPerKey)
-				continue
-			}
-			fb, skip, fp, est, rebuild := "-", "-", "-", "-", "-"
-			if r.Config == string(KindStageBloom) {
-				fb = fmt.Sprintf("%.2f", float64(r.FilterBytes)/float64(r.TrackedKeys))
-				skip, fp, est = fmt.Sprintf("%.3f", r.SkipRatio), fmt.Sprintf("%.4f", r.FalsePositiveRate), fmt.Sprintf("%.4f", r.EstimatedFPRate)
-				rebuild = fmt.Sprintf("%.0f", r.Startup.RebuildMs)
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f\t%s\t%s\t%.1f\t%.3f\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t\n", r.Config, r.TrackedKeys, mib(r.DedupeHeapBytes), r.RAMPerKey, fb,
-				mib(r.DiskBytes), r.DiskPerKey, r.StoreReadsPerEvent, skip, fp, est, r.Startup.EmptyMs, r.Startup.SnapshotMs, rebuild)
-		}
-		tw.Flush()
-		for _, r := range res.Results {
-			if len(r.AllRounds) > 1 {
-				fmt.Fprintf(w, "note (%s): events/s of each round %.0f; the table shows round %d (the median)\n", r.Config, r.AllRounds, r.Round)
-			}
-			if si := r.Stage; si != nil {
-				fmt.Fprintf(w, "note (%s): %d batches, mean %.1f messages; publish mean %.2f ms (p99 <= %.2f); commit mean %.2f ms (p99 <= %.2f)\n",
-					r.Config, si.Batches, si.MeanBatchSize, si.PublishMeanMs, si.PublishP99Ms, si.CommitMeanMs, si.CommitP99Ms)
-			}
-			for _, n := range r.Notes {
-				fmt.Fprintf(w, "note (%s): %s\n", r.Config, n)
-			}
-			if r.Config == string(KindStageBloom) || r.Config == string(KindStageNoFilter) {
-				fmt.Fprintf(w, "note (%s): %d late copies in %d groups: %d forwarded again past W, %d repeats near the end (stage counted %.0f); drain clock lag max %.4fW over %d keys\n",
-					r.Config, r.LateEvents, r.LateGroups, r.ForwardedAgain, r.NearExpected, r.NearWindowEnd, r.ClockLagMaxW, r.ClockLagSample)
-			}
-		}
-		fmt.Fprintln(w)
+		printResults(w, res)
 	}
 	if len(res.Scale) > 0 {
-		var jsPerID float64
-		for _, r := range res.Results {
-			if r.Config == string(KindJetStream) {
-				jsPerID = r.RAMPerKey
-			}
-		}
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		// "While writing" is the store still open right after the fill:
-		// Badger's table builders (pooled, up to 8 per partition) are then
-		// live. The other memory columns are after a reopen.
-		fmt.Fprintln(tw, "scale keys\tfill s\tfill keys/s\twhile writing: heap / anon / peak RSS MiB\tRSS MiB (anon/file)\tRSS B/key (anon/file)\tmarginal B/key (anon/file)\theap B/key\tfilter B/key\tdisk MiB\tdisk B/key\tstart-up snapshot ms\trebuild ms\tJetStream ids heap MiB\t")
-		for _, p := range res.Scale {
-			js := "-"
-			if jsPerID > 0 {
-				js = fmt.Sprintf("%s (extrapolated)", mib(int64(jsPerID*float64(p.Keys))))
-			}
-			label := itoa(int64(p.Keys))
-			if p.Extrapolated {
-				label += " (extrapolated)"
-			}
-			marginal := "-"
-			if m := p.Marginal; m != nil {
-				marginal = fmt.Sprintf("%.2f (%.2f/%.2f)", m.RSSPerKey, m.AnonPerKey, m.FilePerKey)
-			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s / %s / %s\t%s (%s/%s)\t%.2f (%.2f/%.2f)\t%s\t%.1f\t%.2f\t%s\t%.1f\t%.0f\t%.0f\t%s\t\n", label, p.FillSec, p.FillPerSec,
-				mib(p.AfterFill.Heap), mib(p.AfterFill.RSSAnon), mib(p.AfterFill.PeakRSS),
-				mib(p.AfterOpen.RSS), mib(p.AfterOpen.RSSAnon), mib(p.AfterOpen.RSSFile), p.RSSPerKey, p.RSSAnonPerKey, p.RSSFilePerKey, marginal,
-				p.HeapPerKey, p.FilterPerKey, mib(p.DiskBytes), p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs, js)
-		}
-		tw.Flush()
-		if p := lastMeasured(res.Scale); p != nil && p.Marginal != nil {
-			m := p.Marginal
-			fmt.Fprintf(w, "marginal RSS per key between the two largest measured points (%d to %d keys): %.2f B (anon %.2f, file %.2f); fixed part (the line at 0 keys) %s MiB\n",
-				m.FromKeys, m.ToKeys, m.RSSPerKey, m.AnonPerKey, m.FilePerKey, mib(m.FixedRSS))
-		}
-		for _, p := range res.Scale {
-			if p.Note != "" {
-				fmt.Fprintf(w, "note (scale %d): %s\n", p.Keys, p.Note)
-			}
-		}
-		fmt.Fprintln(w)
+		printScale(w, res)
 	}
 	if h := res.Headline; h != nil {
-		fmt.Fprintf(w, "headline: stage-bloom %.2fx raw events/s (target >= 0.90 without fsync); stage-nofilter %.2fx; jetstream %.2fx\n", h.StageVsRaw, h.NoFilterVsRaw, h.JetStreamVsRaw)
-		if h.StageVsRawAtomic > 0 || h.StageVsJetStream > 0 {
-			fmt.Fprintf(w, "headline: stage-bloom %.2fx raw-atomic events/s (target >= 0.70 with fsync always); %.2fx jetstream (target >= 5)\n", h.StageVsRawAtomic, h.StageVsJetStream)
-		}
-		fmt.Fprintf(w, "headline: jetstream RAM per key / stage-bloom RAM per key = %.1fx at this key count (target >= 40)", h.RAMRatio)
-		if h.RAMRatioMarginal > 0 {
-			fmt.Fprintf(w, "; %.1fx against the stage's marginal RSS per key (scale mode)", h.RAMRatioMarginal)
-		}
-		fmt.Fprintf(w, "\nheadline: all configurations correct (nothing lost, duplicated or dead-lettered): %v\n", h.AllCorrect)
+		printHeadline(w, h)
 	}
+}
+
+// printResults prints the configurations' tables and their notes.
+func printResults(w io.Writer, res *Results) {
+	var raw float64
+	for _, r := range res.Results {
+		if r.Config == string(KindRaw) {
+			raw = r.EventsPerSec
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "config\tevents/s\tvs raw\tdrain s\tCPU µs/event\tother load\tp50 ms\tp99 ms\tp99.9 ms\tRSS MiB\theap MiB\tpeak RSS MiB\texpected\toutput\tlost\tduplicated\tdead-lettered\t")
+	for _, r := range res.Results {
+		vs := "-"
+		if raw > 0 {
+			vs = fmt.Sprintf("%.2f", r.EventsPerSec/raw)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\n", r.Config, r.EventsPerSec, vs, r.DrainSeconds,
+			r.CPUMicrosPerEvent, r.DrainCPU.OtherCores, r.Latency.P50ms, r.Latency.P99ms, r.Latency.P999ms, mib(r.MemAfter.RSS), mib(r.MemAfter.Heap), mib(r.MemAfter.PeakRSS),
+			r.Correctness.Expected, r.Correctness.Output+r.Correctness.DroppedByOutput*boolInt(isStage(r.Config)), r.Correctness.Lost, r.Correctness.Duplicated, r.Correctness.DeadLettered)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "config\ttracked keys\tdedupe RAM MiB\tRAM B/key\tfilter B/key\tdisk MiB\tdisk B/key\tstore reads/event\tskip ratio\tFP observed\tFP estimated\tstart-up ms empty\tsnapshot\trebuild\t")
+	for _, r := range res.Results {
+		if Kind(r.Config).isRaw() {
+			fmt.Fprintf(tw, "%s\t0\t(%s)\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Config, mib(r.DedupeHeapBytes))
+			continue
+		}
+		if r.Config == string(KindJetStream) {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", r.Config, r.TrackedKeys, mib(r.DedupeHeapBytes), r.RAMPerKey)
+			continue
+		}
+		fb, skip, fp, est, rebuild := "-", "-", "-", "-", "-"
+		if r.Config == string(KindStageBloom) {
+			fb = fmt.Sprintf("%.2f", float64(r.FilterBytes)/float64(r.TrackedKeys))
+			skip, fp, est = fmt.Sprintf("%.3f", r.SkipRatio), fmt.Sprintf("%.4f", r.FalsePositiveRate), fmt.Sprintf("%.4f", r.EstimatedFPRate)
+			rebuild = fmt.Sprintf("%.0f", r.Startup.RebuildMs)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f\t%s\t%s\t%.1f\t%.3f\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t\n", r.Config, r.TrackedKeys, mib(r.DedupeHeapBytes), r.RAMPerKey, fb,
+			mib(r.DiskBytes), r.DiskPerKey, r.StoreReadsPerEvent, skip, fp, est, r.Startup.EmptyMs, r.Startup.SnapshotMs, rebuild)
+	}
+	tw.Flush()
+	for _, r := range res.Results {
+		if len(r.AllRounds) > 1 {
+			fmt.Fprintf(w, "note (%s): events/s of each round %.0f; the table shows round %d (the median)\n", r.Config, r.AllRounds, r.Round)
+		}
+		if si := r.Stage; si != nil {
+			fmt.Fprintf(w, "note (%s): %d batches, mean %.1f messages; publish mean %.2f ms (p99 <= %.2f); commit mean %.2f ms (p99 <= %.2f)\n",
+				r.Config, si.Batches, si.MeanBatchSize, si.PublishMeanMs, si.PublishP99Ms, si.CommitMeanMs, si.CommitP99Ms)
+		}
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "note (%s): %s\n", r.Config, n)
+		}
+		if r.Config == string(KindStageBloom) || r.Config == string(KindStageNoFilter) {
+			fmt.Fprintf(w, "note (%s): %d late copies in %d groups: %d forwarded again past W, %d repeats near the end (stage counted %.0f); drain clock lag max %.4fW over %d keys\n",
+				r.Config, r.LateEvents, r.LateGroups, r.ForwardedAgain, r.NearExpected, r.NearWindowEnd, r.ClockLagMaxW, r.ClockLagSample)
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+// printScale prints the scale points' table and its notes.
+func printScale(w io.Writer, res *Results) {
+	var jsPerID float64
+	for _, r := range res.Results {
+		if r.Config == string(KindJetStream) {
+			jsPerID = r.RAMPerKey
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	// "While writing" is the store still open right after the fill:
+	// Badger's table builders (pooled, up to 8 per partition) are then
+	// live. The other memory columns are after a reopen.
+	fmt.Fprintln(tw, "scale keys\tfill s\tfill keys/s\twhile writing: heap / anon / peak RSS MiB\tRSS MiB (anon/file)\tRSS B/key (anon/file)\tmarginal B/key (anon/file)\theap B/key\tfilter B/key\tdisk MiB\tdisk B/key\tstart-up snapshot ms\trebuild ms\tJetStream ids heap MiB\t")
+	for _, p := range res.Scale {
+		js := "-"
+		if jsPerID > 0 {
+			js = fmt.Sprintf("%s (extrapolated)", mib(int64(jsPerID*float64(p.Keys))))
+		}
+		label := itoa(int64(p.Keys))
+		if p.Extrapolated {
+			label += " (extrapolated)"
+		}
+		marginal := "-"
+		if m := p.Marginal; m != nil {
+			marginal = fmt.Sprintf("%.2f (%.2f/%.2f)", m.RSSPerKey, m.AnonPerKey, m.FilePerKey)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s / %s / %s\t%s (%s/%s)\t%.2f (%.2f/%.2f)\t%s\t%.1f\t%.2f\t%s\t%.1f\t%.0f\t%.0f\t%s\t\n", label, p.FillSec, p.FillPerSec,
+			mib(p.AfterFill.Heap), mib(p.AfterFill.RSSAnon), mib(p.AfterFill.PeakRSS),
+			mib(p.AfterOpen.RSS), mib(p.AfterOpen.RSSAnon), mib(p.AfterOpen.RSSFile), p.RSSPerKey, p.RSSAnonPerKey, p.RSSFilePerKey, marginal,
+			p.HeapPerKey, p.FilterPerKey, mib(p.DiskBytes), p.DiskPerKey, p.StartupSnapshotMs, p.StartupRebuildMs, js)
+	}
+	tw.Flush()
+	if p := lastMeasured(res.Scale); p != nil && p.Marginal != nil {
+		m := p.Marginal
+		fmt.Fprintf(w, "marginal RSS per key between the two largest measured points (%d to %d keys): %.2f B (anon %.2f, file %.2f); fixed part (the line at 0 keys) %s MiB\n",
+			m.FromKeys, m.ToKeys, m.RSSPerKey, m.AnonPerKey, m.FilePerKey, mib(m.FixedRSS))
+	}
+	for _, p := range res.Scale {
+		if p.Note != "" {
+			fmt.Fprintf(w, "note (scale %d): %s\n", p.Keys, p.Note)
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+// printHeadline prints the headline ratios against their targets.
+func printHeadline(w io.Writer, h *Headline) {
+	fmt.Fprintf(w, "headline: stage-bloom %.2fx raw events/s (target >= 0.90 without fsync); stage-nofilter %.2fx; jetstream %.2fx\n", h.StageVsRaw, h.NoFilterVsRaw, h.JetStreamVsRaw)
+	if h.StageVsRawAtomic > 0 || h.StageVsJetStream > 0 {
+		fmt.Fprintf(w, "headline: stage-bloom %.2fx raw-atomic events/s (target >= 0.70 with fsync always); %.2fx jetstream (target >= 5)\n", h.StageVsRawAtomic, h.StageVsJetStream)
+	}
+	fmt.Fprintf(w, "headline: jetstream RAM per key / stage-bloom RAM per key = %.1fx at this key count (target >= 40)", h.RAMRatio)
+	if h.RAMRatioMarginal > 0 {
+		fmt.Fprintf(w, "; %.1fx against the stage's marginal RSS per key (scale mode)", h.RAMRatioMarginal)
+	}
+	fmt.Fprintf(w, "\nheadline: all configurations correct (nothing lost, duplicated or dead-lettered): %v\n", h.AllCorrect)
 }
 
 func isStage(config string) bool { return Kind(config).isStage() }
