@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
 
 // openHandOvers opens (creating it when missing) the bucket in which each
@@ -18,16 +19,26 @@ import (
 // (config.Config.ScaleOutHandOverBucket), for `dedupe-stage status`.
 func openHandOvers(ctx context.Context, js jetstream.JetStream, cfg config.Config) (jetstream.KeyValue, error) {
 	bucket := cfg.ScaleOutHandOverBucket()
-	ctx, cancel := context.WithTimeout(ctx, streamRequestTimeout)
+	// As the streams' set-up: a request the cluster leaves unanswered
+	// (instances of a group starting together on a new cluster) is asked
+	// again, each for streamRequestTimeout of streamSetUpTimeout.
+	ctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
 	defer cancel()
-	kv, err := js.KeyValue(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: cfg.ScaleOut.Replicas,
-			Description: "dedupe-stage: the last takeover of each partition of group " + cfg.ScaleOut.Group + ", for status"})
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = js.KeyValue(ctx, bucket)
+	var kv jetstream.KeyValue
+	err := retry.Do(ctx, "hand-over bucket", func() error {
+		rctx, cancel := context.WithTimeout(ctx, streamRequestTimeout)
+		defer cancel()
+		var err error
+		kv, err = js.KeyValue(rctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			kv, err = js.CreateKeyValue(rctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: cfg.ScaleOut.Replicas,
+				Description: "dedupe-stage: the last takeover of each partition of group " + cfg.ScaleOut.Group + ", for status"})
+			if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				kv, err = js.KeyValue(rctx, bucket)
+			}
 		}
-	}
+		return err
+	}, retry.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("scale-out: hand-over bucket %s: %w", bucket, err)
 	}
