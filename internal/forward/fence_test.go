@@ -23,11 +23,22 @@ const fenceSubject = "out._fence.0"
 // and returns its sequence.
 func takeFence(t *testing.T, js jetstream.JetStream, who string) uint64 {
 	t.Helper()
-	ack, err := js.Publish(context.Background(), fenceSubject, []byte(who))
-	if err != nil {
-		t.Fatalf("%s takes the fence: %v", who, err)
-	}
-	return ack.Sequence
+	var seq uint64
+	// A stream just created on a cluster has no responders until its
+	// leader is elected; no responder means nothing was stored, so the
+	// fence is taken again.
+	natstest.Poll(t, 10*time.Second, 50*time.Millisecond, who+" takes the fence", func() (bool, error) {
+		ack, err := js.Publish(context.Background(), fenceSubject, []byte(who))
+		switch {
+		case errors.Is(err, jetstream.ErrNoStreamResponse):
+			return false, err
+		case err != nil:
+			t.Fatalf("%s takes the fence: %v", who, err)
+		}
+		seq = ack.Sequence
+		return true, nil
+	})
+	return seq
 }
 
 // streamState returns the message count and last sequence of stream OUT.
