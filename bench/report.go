@@ -34,13 +34,22 @@ func printTables(w io.Writer, res *Results) {
 	}
 }
 
+// resultFor returns the last of results of configuration k, nil when none is.
+func resultFor(results []*Result, k Kind) *Result {
+	var found *Result
+	for _, r := range results {
+		if r.Config == string(k) {
+			found = r
+		}
+	}
+	return found
+}
+
 // printResults prints the configurations' tables and their notes.
 func printResults(w io.Writer, res *Results) {
 	var raw float64
-	for _, r := range res.Results {
-		if r.Config == string(KindRaw) {
-			raw = r.EventsPerSec
-		}
+	if r := resultFor(res.Results, KindRaw); r != nil {
+		raw = r.EventsPerSec
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "config\tevents/s\tvs raw\tdrain s\tCPU µs/event\tother load\tp50 ms\tp99 ms\tp99.9 ms\tRSS MiB\theap MiB\tpeak RSS MiB\texpected\toutput\tlost\tduplicated\tdead-lettered\t")
@@ -98,10 +107,8 @@ func printResults(w io.Writer, res *Results) {
 // printScale prints the scale points' table and its notes.
 func printScale(w io.Writer, res *Results) {
 	var jsPerID float64
-	for _, r := range res.Results {
-		if r.Config == string(KindJetStream) {
-			jsPerID = r.RAMPerKey
-		}
+	if r := resultFor(res.Results, KindJetStream); r != nil {
+		jsPerID = r.RAMPerKey
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	// "While writing" is the store still open right after the fill:
@@ -205,10 +212,8 @@ func renderSVG(res *Results) []byte {
 	if len(res.Results) > 0 {
 		var thr, ram []bar
 		var raw float64
-		for _, r := range res.Results {
-			if r.Config == string(KindRaw) {
-				raw = r.EventsPerSec
-			}
+		if r := resultFor(res.Results, KindRaw); r != nil {
+			raw = r.EventsPerSec
 		}
 		for _, r := range res.Results {
 			v := fmt.Sprintf("%.0f/s", r.EventsPerSec)
