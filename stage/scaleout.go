@@ -639,6 +639,23 @@ func (g *scaleOut) setOwned(p int, pin string) {
 	g.mu.Unlock()
 }
 
+// groupBacklog reads the backlog of the partitions this instance owns
+// now: the sum over their member consumers. A partition without an owner
+// is reported by dedupe_group_partitions against dedupe_partitions_owned,
+// and by status.
+func (s *Stage) groupBacklog(ctx context.Context) (pending, ackPending uint64, err error) {
+	for _, p := range s.group.ownedPartitions() {
+		c, err := s.js.Consumer(ctx, s.group.inStream, config.ScaleOutMemberConsumer(s.group.name, p))
+		if err != nil {
+			return 0, 0, fmt.Errorf("partition %d's consumer: %w", p, err)
+		}
+		info := c.CachedInfo()
+		pending += info.NumPending
+		ackPending += uint64(info.NumAckPending)
+	}
+	return pending, ackPending, nil
+}
+
 // pinOf asks the server which pin partition p's consumer is pinned to now
 // ("" when none).
 func (s *Stage) pinOf(ctx context.Context, p int) (string, error) {

@@ -366,13 +366,14 @@ func (s *Stage) Run(ctx context.Context) error {
 	logs.Go(func() { s.logs.Run(logsCtx) })
 
 	s.status.setReady(true)
-	go s.pollPending(ctx)
 	if s.group != nil {
 		s.log.Info("judging messages of the partitions the server pins to this instance", "stream", s.cfg.Input.Stream,
 			"group", s.group.name, "instance", s.group.instance, "output_stream", s.cfg.Output.Stream,
 			"output_subjects", handover.PartitionSubject(s.group.prefix, 0, "<input subject>"))
+		go s.pollPending(ctx, s.groupBacklog)
 		s.consumeGroup(ctx, parts, dlq)
 	} else {
+		go s.pollPending(ctx, s.consumerBacklog)
 		s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
 			"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.Subject("<input subject>"))
 		s.consume(ctx, parts, dlq)
@@ -479,15 +480,16 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	parts[p] <- it
 }
 
-// pollPending exports the input backlog every few seconds: the input
-// consumer's, or in a scale-out group the sum over the partitions this
-// instance owns now (a partition without an owner is reported by
-// dedupe_group_partitions against dedupe_partitions_owned, and by status).
-func (s *Stage) pollPending(ctx context.Context) {
+// pollPending exports the input backlog that backlog reads (pending, then
+// ack pending) every few seconds.
+func (s *Stage) pollPending(ctx context.Context, backlog func(context.Context) (uint64, uint64, error)) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
-		if pending, ackPending, err := s.inputBacklog(ctx); err == nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		pending, ackPending, err := backlog(rctx)
+		cancel()
+		if err == nil {
 			s.metrics.ConsumerPending.WithLabelValues("pending").Set(float64(pending))
 			s.metrics.ConsumerPending.WithLabelValues("ack_pending").Set(float64(ackPending))
 		}
@@ -499,27 +501,13 @@ func (s *Stage) pollPending(ctx context.Context) {
 	}
 }
 
-// inputBacklog reads the backlog pollPending exports.
-func (s *Stage) inputBacklog(ctx context.Context) (pending, ackPending uint64, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if s.group == nil {
-		info, err := s.cons.Info(ctx)
-		if err != nil {
-			return 0, 0, err
-		}
-		return info.NumPending, uint64(info.NumAckPending), nil
+// consumerBacklog reads the single instance's input consumer's backlog.
+func (s *Stage) consumerBacklog(ctx context.Context) (pending, ackPending uint64, err error) {
+	info, err := s.cons.Info(ctx)
+	if err != nil {
+		return 0, 0, err
 	}
-	for _, p := range s.group.ownedPartitions() {
-		c, err := s.js.Consumer(ctx, s.group.inStream, config.ScaleOutMemberConsumer(s.group.name, p))
-		if err != nil {
-			return 0, 0, fmt.Errorf("partition %d's consumer: %w", p, err)
-		}
-		info := c.CachedInfo()
-		pending += info.NumPending
-		ackPending += uint64(info.NumAckPending)
-	}
-	return pending, ackPending, nil
+	return info.NumPending, uint64(info.NumAckPending), nil
 }
 
 // Close closes the state store, writing each filter's snapshot. It does not

@@ -445,3 +445,20 @@ func TestLastAllowedDeliveryIsDeadLettered(t *testing.T) {
 		t.Fatalf("output holds md-1 %d times", n)
 	}
 }
+
+// TestConsumerBacklogMetric: a single instance reports its input
+// consumer's backlog in dedupe_consumer_pending_messages, nothing pending
+// and nothing unacked once the input is drained.
+func TestConsumerBacklogMetric(t *testing.T) {
+	e := newEnv(t)
+	r := e.start()
+	evs, _ := workload(7, 300, 0.2)
+	e.publish(evs)
+	e.drained(30 * time.Second)
+	for _, kind := range []string{"pending", "ack_pending"} {
+		natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "dedupe_consumer_pending_messages{kind="+kind+"} at 0", func() (bool, error) {
+			v, ok := metrictest.Lookup(t, r.reg, "dedupe_consumer_pending_messages", map[string]string{"kind": kind})
+			return ok && v == 0, fmt.Errorf("gauge %v (reported: %v)", v, ok)
+		})
+	}
+}
