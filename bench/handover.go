@@ -144,58 +144,86 @@ func runHandOver(ctx context.Context, f *flags, dir string) (*HandOverRun, error
 	return run, err
 }
 
+// hoRun is a hand-over run on a cluster: what its phases share.
+type hoRun struct {
+	*soEnv
+	run    *HandOverRun
+	row    soRow
+	n      soNames
+	hoDir  string
+	cfg    config.Config
+	a, b   *instance
+	loaded time.Time // when the load was drained
+	last   uint64    // the output stream's last sequence before the kill
+}
+
 // handOver runs the phases of the mode on e's cluster.
 func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
-	f := e.f
-	row := soRow{mode: soSubject, instances: 2}
-	n := namesForRow(0)
-	hoDir := filepath.Join(e.dir, "handover")
+	h := &hoRun{soEnv: e, run: run, row: soRow{mode: soSubject, instances: 2}, n: namesForRow(0),
+		hoDir: filepath.Join(e.dir, "handover")}
+	if err := h.configure(); err != nil {
+		return err
+	}
+	if !e.f.keep {
+		defer e.deleteRow(h.n, h.cfg)
+	}
+	defer func() {
+		for _, in := range []*instance{h.a, h.b} {
+			if in.proc != nil {
+				e.cs.release(in.proc, 30*time.Second)
+			}
+		}
+	}()
+	if err := e.createStreams(ctx, h.cfg); err != nil {
+		return err
+	}
+	for _, phase := range []func(context.Context) error{h.load, h.snapshotted, h.standBy, h.kill, h.copies} {
+		if err := phase(ctx); err != nil {
+			return err
+		}
+	}
+	return e.verifyHandOver(ctx, h.n, run)
+}
+
+// configure writes the configurations of instances a and b.
+func (h *hoRun) configure() error {
 	ports, err := freeLoopbackPorts(2)
 	if err != nil {
 		return err
 	}
 	insts := make([]*instance, 2)
-	var cfg config.Config
 	for k, name := range []string{"a", "b"} {
 		// "a" sorts first: with one partition its quota is 1 and B's 0,
 		// so B stands by.
-		in := &instance{name: name, cfgPath: filepath.Join(hoDir, name+".yaml"), addr: fmt.Sprintf("127.0.0.1:%d", ports[k])}
-		y := e.yaml(row, n, name, filepath.Join(hoDir, name+"-data"), in.addr) +
-			fmt.Sprintf("  snapshot_interval: %s\n", f.hoSnapshotInterval)
-		if err := os.MkdirAll(hoDir, 0o755); err != nil {
+		in := &instance{name: name, cfgPath: filepath.Join(h.hoDir, name+".yaml"), addr: fmt.Sprintf("127.0.0.1:%d", ports[k])}
+		y := h.yaml(h.row, h.n, name, filepath.Join(h.hoDir, name+"-data"), in.addr) +
+			fmt.Sprintf("  snapshot_interval: %s\n", h.f.hoSnapshotInterval)
+		if err := os.MkdirAll(h.hoDir, 0o755); err != nil {
 			return err
 		}
 		if err := os.WriteFile(in.cfgPath, []byte(y), 0o644); err != nil {
 			return err
 		}
-		if cfg, err = config.Parse([]byte(y)); err == nil {
-			err = cfg.Validate()
+		if h.cfg, err = config.Parse([]byte(y)); err == nil {
+			err = h.cfg.Validate()
 		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", in.cfgPath, err)
 		}
 		insts[k] = in
 	}
-	if routed, why := cfg.ScaleOutRouted(); routed {
+	h.a, h.b = insts[0], insts[1]
+	if routed, why := h.cfg.ScaleOutRouted(); routed {
 		return fmt.Errorf("the route step would run (%s)", why)
 	}
-	if !f.keep {
-		defer e.deleteRow(n, cfg)
-	}
-	defer func() {
-		for _, in := range insts {
-			if in.proc != nil {
-				e.cs.release(in.proc, 30*time.Second)
-			}
-		}
-	}()
-	if err := e.createStreams(ctx, cfg); err != nil {
-		return err
-	}
-	a, b := insts[0], insts[1]
+	return nil
+}
 
-	// 1. A alone, owning every partition, takes the load.
-	if err := e.startInstance(ctx, row, 0, a, hoDir); err != nil {
+// load starts A alone, owning every partition, and loads the keys through
+// it.
+func (h *hoRun) load(ctx context.Context) error {
+	f, a, run := h.f, h.a, h.run
+	if err := h.startInstance(ctx, h.row, 0, a, h.hoDir); err != nil {
 		return err
 	}
 	if err := waitReady(ctx, a, 60*time.Second); err != nil {
@@ -203,67 +231,79 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 	}
 	fmt.Fprintf(logOut, "loading %d keys through instance a\n", f.hoKeys)
 	lctx, cancel := context.WithTimeout(ctx, f.hoLoadTimeout)
+	defer cancel()
 	start := time.Now()
 	prog := startProgress("load", uint64(f.hoKeys), f.progressEvery, nil)
-	_, err = publishAll(lctx, e.js, f.hoKeys, func(i int) *nats.Msg {
-		return n.msg(soSubject, KeyString(hoLoadPrefix, f.seed, i), i, f.payloadSize)
+	_, err := publishAll(lctx, h.js, f.hoKeys, func(i int) *nats.Msg {
+		return h.n.msg(soSubject, KeyString(hoLoadPrefix, f.seed, i), i, f.payloadSize)
 	}, prog)
 	prog.end()
 	if err == nil {
 		var cons []soConsumer
-		if cons, err = e.consumersOf(ctx, n.input); err == nil {
-			err = e.waitDrained(ctx, cons, []*instance{a}, max(time.Until(start.Add(f.hoLoadTimeout)), time.Second), nil)
+		if cons, err = h.consumersOf(ctx, h.n.input); err == nil {
+			err = h.waitDrained(ctx, cons, []*instance{a}, max(time.Until(start.Add(f.hoLoadTimeout)), time.Second), nil)
 		}
 	}
-	cancel()
 	if err != nil {
 		return fmt.Errorf("load of %d keys (bound --handover-load-timeout %v): %w", f.hoKeys, f.hoLoadTimeout, err)
 	}
-	loaded := time.Now()
+	h.loaded = time.Now()
 	// Pins are taken by the first message of a partition: a alone owns
 	// them all once the load is in.
-	if err := e.waitOwned(ctx, a, f.hoPartitions, 10*time.Second); err != nil {
+	if err := h.waitOwned(ctx, a, f.hoPartitions, 10*time.Second); err != nil {
 		return err
 	}
-	run.LoadSeconds = loaded.Sub(start).Seconds()
+	run.LoadSeconds = h.loaded.Sub(start).Seconds()
 	run.LoadPerSec = float64(f.hoKeys) / run.LoadSeconds
 	fmt.Fprintf(logOut, "loaded in %.1fs (%.0f keys/s); waiting for a snapshot of every partition\n", run.LoadSeconds, run.LoadPerSec)
+	return nil
+}
 
-	// 2. A snapshot of every partition written after the load.
-	if err := e.waitSnapshots(ctx, cfg, a, loaded, run); err != nil {
+// snapshotted waits for a snapshot of every partition written after the
+// load.
+func (h *hoRun) snapshotted(ctx context.Context) error {
+	if err := h.waitSnapshots(ctx, h.cfg, h.a, h.loaded, h.run); err != nil {
 		return err
 	}
-	run.SnapshotWaitSeconds = time.Since(loaded).Seconds()
+	h.run.SnapshotWaitSeconds = time.Since(h.loaded).Seconds()
+	return nil
+}
 
-	// 3. B with an empty data dir: standing by with one partition, else
-	// started at the kill.
+// standBy starts B with an empty data dir when it stands by (one
+// partition; with more it is started at the kill), and notes the output's
+// last sequence.
+func (h *hoRun) standBy(ctx context.Context) error {
+	f, run := h.f, h.run
 	run.BStartedAtKill = f.hoPartitions > 1
 	if !run.BStartedAtKill {
-		if err := e.startInstance(ctx, row, 0, b, hoDir); err != nil {
+		if err := h.startInstance(ctx, h.row, 0, h.b, h.hoDir); err != nil {
 			return err
 		}
-		if err := waitReady(ctx, b, 60*time.Second); err != nil {
+		if err := waitReady(ctx, h.b, 60*time.Second); err != nil {
 			return err
 		}
 		time.Sleep(time.Second) // B's presence is seen by A; nothing moves
-		if o := e.owned(ctx, insts); o[0] != f.hoPartitions || o[1] != 0 {
+		if o := h.owned(ctx, []*instance{h.a, h.b}); o[0] != f.hoPartitions || o[1] != 0 {
 			run.Notes = append(run.Notes, fmt.Sprintf("before the kill a owned %d partitions and b %d", o[0], o[1]))
 		}
 	}
-	last, err := e.lastSeq(ctx, n.output)
-	if err != nil {
-		return err
-	}
+	var err error
+	h.last, err = h.lastSeq(ctx, h.n.output)
+	return err
+}
 
-	// 4. Kill A, publish probes, find the first forward.
-	_ = a.proc.cmd.Process.Kill()
+// kill kills A, publishes probes, finds the first forward and waits until
+// B has taken every partition.
+func (h *hoRun) kill(ctx context.Context) error {
+	f, b, run := h.f, h.b, h.run
+	_ = h.a.proc.cmd.Process.Kill()
 	t0 := time.Now()
 	fmt.Fprintf(logOut, "killed instance a (SIGKILL); publishing probes at %d/s\n", hoProbeRate)
 	if run.BStartedAtKill {
 		// b's start refuses to run while messages arrive during its check
 		// of the input stream (see the README), so the probes start once b
 		// is ready: well inside the pin's TTL, before which nothing moves.
-		if err := e.startInstance(ctx, row, 0, b, hoDir); err != nil {
+		if err := h.startInstance(ctx, h.row, 0, b, h.hoDir); err != nil {
 			return err
 		}
 		if err := waitReady(ctx, b, 60*time.Second); err != nil {
@@ -274,12 +314,12 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 	pctx, stopProbes := context.WithTimeout(ctx, hoProbeFor)
 	defer stopProbes()
 	probes := make(chan int, 1)
-	go func() { probes <- e.publishProbes(pctx, n) }()
-	t1, err := e.firstForward(pctx, n, last, b)
+	go func() { probes <- h.publishProbes(pctx, h.n) }()
+	t1, err := h.firstForward(pctx, h.n, h.last, b)
 	if err == nil {
 		run.FirstForwardSeconds = t1.Sub(t0).Seconds()
 		run.BeyondTTLSeconds = run.FirstForwardSeconds - f.hoAckWait.Seconds()
-		err = e.waitTaken(pctx, b, f.hoPartitions)
+		err = h.waitTaken(pctx, b, f.hoPartitions)
 	}
 	time.Sleep(time.Second) // a few more probes after the last takeover
 	stopProbes()
@@ -297,23 +337,28 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 	if took > 0 {
 		run.RestoreRecordsPerSec = recs / took
 	}
+	return nil
+}
 
-	// 5. Copies of loaded keys through B: none may be forwarded again.
+// copies publishes copies of loaded keys through B and drains them: none
+// may be forwarded again.
+func (h *hoRun) copies(ctx context.Context) error {
+	f, run := h.f, h.run
 	run.Copies = min(f.hoCopies, f.hoKeys)
-	if _, err := publishAll(ctx, e.js, run.Copies, func(j int) *nats.Msg {
+	if _, err := publishAll(ctx, h.js, run.Copies, func(j int) *nats.Msg {
 		i := j * (f.hoKeys / run.Copies)
-		return n.msg(soSubject, KeyString(hoLoadPrefix, f.seed, i), i, f.payloadSize)
+		return h.n.msg(soSubject, KeyString(hoLoadPrefix, f.seed, i), i, f.payloadSize)
 	}, startProgress("", 0, 0, nil)); err != nil {
 		return fmt.Errorf("copies: %w", err)
 	}
-	cons, err := e.consumersOf(ctx, n.input)
+	cons, err := h.consumersOf(ctx, h.n.input)
 	if err == nil {
-		err = e.waitDrained(ctx, cons, []*instance{b}, f.timeout, nil)
+		err = h.waitDrained(ctx, cons, []*instance{h.b}, f.timeout, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("drain after the hand-over: %w", err)
 	}
-	return e.verifyHandOver(ctx, n, run)
+	return nil
 }
 
 // waitOwned waits until in owns want partitions.

@@ -301,31 +301,11 @@ func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	if !r.f.keep {
 		defer deleteStreams(context.Background(), hjs, n)
 	}
-	in, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: n.input, Subjects: []string{"in." + n.token + ".>"}, Storage: jetstream.FileStorage})
-	if err != nil {
-		return nil, fmt.Errorf("create input stream: %w", err)
-	}
-
 	// 1. The backlog.
-	pub, err := newPublisher(hnc, n.inSubject, r.f.keyMode)
+	pub, last, firstSeq, err := r.publishBacklog(ctx, kind, hnc, hjs, n, res)
 	if err != nil {
 		return nil, err
 	}
-	prog := startProgress(string(kind)+" publish backlog", uint64(len(r.thr.Main)), r.f.progressEvery, nil)
-	pubTook, err := pub.publish(ctx, r.thr, r.thr.Main, 0, prog)
-	prog.end()
-	if err != nil {
-		return nil, err
-	}
-	res.PublishSeconds = pubTook.Seconds()
-	info, err := in.Info(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if info.State.Msgs != uint64(len(r.thr.Main)) {
-		return nil, fmt.Errorf("input stream holds %d messages, published %d", info.State.Msgs, len(r.thr.Main))
-	}
-	last, firstSeq := info.State.LastSeq, info.State.FirstSeq
 
 	// 2. The system under test.
 	cfg := r.stageConfig(kind, n)
@@ -342,42 +322,13 @@ func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	if s.st != nil {
 		defer s.st.Close() // safe after measureStage closed it
 	}
-	forwarded := func() uint64 {
-		if si, err := hjs.Stream(ctx, n.output); err == nil {
-			return si.CachedInfo().State.Msgs
-		}
-		return 0
-	}
-
-	// 3. Timed drain of the backlog. The stage's clock follows the ack
-	// floor through the intended times of the main phase.
-	resetPeak()
+	// 3. Timed drain of the backlog; the pipeline runs on until step 6.
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	done := make(chan error, 1)
-	stopProfile := r.startProfile(kind)
-	cpu0 := readCPU()
-	start := time.Now()
-	go func() { done <- s.run(runCtx) }()
-	prog = startProgress(string(kind)+" drain", uint64(len(r.thr.Main)), r.f.progressEvery, forwarded)
-	err = waitDrained(ctx, s.cons, last, r.f.pollEvery, r.f.timeout, func(ci *jetstream.ConsumerInfo) {
-		if s.clock != nil {
-			r.driveClock(s.clock, ci, firstSeq)
-		}
-		prog.done.Store(ci.AckFloor.Stream - (firstSeq - 1))
-	})
-	drain := time.Since(start)
-	res.DrainCPU = cpuSince(cpu0)
-	prog.end()
-	stopProfile()
-	if err != nil {
-		return nil, fmt.Errorf("drain: %w", err)
+	if err := r.timeDrain(ctx, kind, s, hjs, n, last, firstSeq, res, func() { done <- s.run(runCtx) }); err != nil {
+		return nil, err
 	}
-	res.DrainSeconds = drain.Seconds()
-	res.EventsPerSec = float64(len(r.thr.Main)) / drain.Seconds()
-	res.CPUMicrosPerEvent = res.DrainCPU.Seconds * 1e6 / float64(len(r.thr.Main))
-	fmt.Fprintf(logOut, "  %s: drained %d events in %v: %.0f events/s, %.1f CPU µs/event (this process %.2f cores, other processes %.2f cores, iowait %.2f)\n",
-		kind, len(r.thr.Main), drain.Round(time.Millisecond), res.EventsPerSec, res.CPUMicrosPerEvent, res.DrainCPU.Cores, res.DrainCPU.OtherCores, res.DrainCPU.IOWaitCores)
 
 	// 4. The late copies (near and past the window's end).
 	if last, err = r.runLate(ctx, kind, s, pub, last, res); err != nil {
@@ -385,72 +336,170 @@ func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	}
 
 	// 5. Paced latency phase, published while the pipeline runs.
-	if r.latRate == 0 {
-		r.latRate = r.f.latencyLoad * res.EventsPerSec
-	}
-	res.Latency.RatePerSec = r.latRate
-	res.Latency.Events = len(r.lat.Main)
-	if len(r.lat.Main) > 0 {
-		prog = startProgress(string(kind)+" latency phase", uint64(len(r.lat.Main)), r.f.progressEvery, nil)
-		_, err := pub.publish(ctx, r.lat, r.lat.Main, r.latRate, prog)
-		prog.end()
-		if err != nil {
-			return nil, fmt.Errorf("latency phase: %w", err)
-		}
-		last += uint64(len(r.lat.Main))
-		if err := waitDrained(ctx, s.cons, last, r.f.pollEvery, r.f.timeout, nil); err != nil {
-			return nil, fmt.Errorf("latency phase drain: %w", err)
-		}
+	if err := r.latencyPhase(ctx, kind, s, pub, last, res); err != nil {
+		return nil, err
 	}
 	res.MemAfter = readMem()
 
 	// 6. Stop, finishing what is in flight.
 	stopRun()
-	select {
-	case err := <-done:
-		if err != nil {
-			return nil, fmt.Errorf("run: %w", err)
-		}
-	case <-time.After(time.Minute):
-		return nil, errors.New("pipeline did not stop within 1m")
-	}
-	if s.st != nil {
-		if err := r.measureStage(ctx, res, s, cfg); err != nil {
-			return nil, err
-		}
-	}
-
-	// 7. Verify the output against the ground truth, and the latency.
-	if err := r.verify(ctx, kind, hjs, n, res, s); err != nil {
+	if err := r.stopped(ctx, done, s, cfg, res); err != nil {
 		return nil, err
 	}
 
-	if s.loopStats != nil {
-		if n := s.loopStats.PublishErrors.Load(); n > 0 {
-			res.Notes = append(res.Notes, fmt.Sprintf("%d forwards failed (PubAck timeout or error) and were retried", n))
-		}
-	}
-
-	// 8. Heap held by the output stream's dedupe map.
-	if !kind.isStage() {
-		if r.nats.embedded() {
-			h, err := serverDedupeHeap(ctx, hjs, n.output)
-			if err != nil {
-				return nil, err
-			}
-			res.DedupeHeapBytes = h
-			if kind == KindJetStream {
-				res.TrackedKeys = r.thr.Keys + r.lat.Keys
-				res.RAMPerKey = float64(h) / float64(res.TrackedKeys)
-			}
-		} else {
-			res.Notes = append(res.Notes, "nats-server heap not measured: the server is not in this process (--nats-url)")
-		}
+	// 7. Verify, and measure the output stream's dedupe map.
+	if err := r.check(ctx, kind, hjs, n, res, s); err != nil {
+		return nil, err
 	}
 	if !r.f.keep {
 		_ = os.RemoveAll(cfg.State.DataDir)
 	}
 	return res, nil
+}
+
+// stopped waits until the system under test, told to stop, has finished
+// what was in flight (done gives its run's error), then measures the
+// stage.
+func (r *runner) stopped(ctx context.Context, done <-chan error, s *sut, cfg config.Config, res *Result) error {
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("run: %w", err)
+		}
+	case <-time.After(time.Minute):
+		return errors.New("pipeline did not stop within 1m")
+	}
+	if s.st == nil {
+		return nil
+	}
+	return r.measureStage(ctx, res, s, cfg)
+}
+
+// check verifies the output against the ground truth, and the latency,
+// then measures the heap held by the output stream's dedupe map (not for
+// the stage's configurations).
+func (r *runner) check(ctx context.Context, kind Kind, hjs jetstream.JetStream, n streamNames, res *Result, s *sut) error {
+	if err := r.verify(ctx, kind, hjs, n, res, s); err != nil {
+		return err
+	}
+	if s.loopStats != nil {
+		if n := s.loopStats.PublishErrors.Load(); n > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("%d forwards failed (PubAck timeout or error) and were retried", n))
+		}
+	}
+	if kind.isStage() {
+		return nil
+	}
+	return r.dedupeHeap(ctx, kind, hjs, n, res)
+}
+
+// publishBacklog creates the input stream and publishes the backlog into
+// it: it returns the publisher and the stream's last and first sequence.
+func (r *runner) publishBacklog(ctx context.Context, kind Kind, hnc *nats.Conn, hjs jetstream.JetStream, n streamNames, res *Result) (*publisher, uint64, uint64, error) {
+	in, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: n.input, Subjects: []string{"in." + n.token + ".>"}, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("create input stream: %w", err)
+	}
+	pub, err := newPublisher(hnc, n.inSubject, r.f.keyMode)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	prog := startProgress(string(kind)+" publish backlog", uint64(len(r.thr.Main)), r.f.progressEvery, nil)
+	pubTook, err := pub.publish(ctx, r.thr, r.thr.Main, 0, prog)
+	prog.end()
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	res.PublishSeconds = pubTook.Seconds()
+	info, err := in.Info(ctx)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	if info.State.Msgs != uint64(len(r.thr.Main)) {
+		return nil, 0, 0, fmt.Errorf("input stream holds %d messages, published %d", info.State.Msgs, len(r.thr.Main))
+	}
+	return pub, info.State.LastSeq, info.State.FirstSeq, nil
+}
+
+// timeDrain starts the system under test (start runs it in a goroutine)
+// and times its drain of the backlog, up to sequence last. The stage's
+// clock follows the ack floor through the intended times of the main
+// phase.
+func (r *runner) timeDrain(ctx context.Context, kind Kind, s *sut, hjs jetstream.JetStream, n streamNames, last, firstSeq uint64, res *Result, start func()) error {
+	forwarded := func() uint64 {
+		if si, err := hjs.Stream(ctx, n.output); err == nil {
+			return si.CachedInfo().State.Msgs
+		}
+		return 0
+	}
+	resetPeak()
+	stopProfile := r.startProfile(kind)
+	cpu0 := readCPU()
+	t0 := time.Now()
+	go start()
+	prog := startProgress(string(kind)+" drain", uint64(len(r.thr.Main)), r.f.progressEvery, forwarded)
+	err := waitDrained(ctx, s.cons, last, r.f.pollEvery, r.f.timeout, func(ci *jetstream.ConsumerInfo) {
+		if s.clock != nil {
+			r.driveClock(s.clock, ci, firstSeq)
+		}
+		prog.done.Store(ci.AckFloor.Stream - (firstSeq - 1))
+	})
+	drain := time.Since(t0)
+	res.DrainCPU = cpuSince(cpu0)
+	prog.end()
+	stopProfile()
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	res.DrainSeconds = drain.Seconds()
+	res.EventsPerSec = float64(len(r.thr.Main)) / drain.Seconds()
+	res.CPUMicrosPerEvent = res.DrainCPU.Seconds * 1e6 / float64(len(r.thr.Main))
+	fmt.Fprintf(logOut, "  %s: drained %d events in %v: %.0f events/s, %.1f CPU µs/event (this process %.2f cores, other processes %.2f cores, iowait %.2f)\n",
+		kind, len(r.thr.Main), drain.Round(time.Millisecond), res.EventsPerSec, res.CPUMicrosPerEvent, res.DrainCPU.Cores, res.DrainCPU.OtherCores, res.DrainCPU.IOWaitCores)
+	return nil
+}
+
+// latencyPhase publishes the paced latency phase while the pipeline runs
+// (the input's last sequence was last) and waits until it is drained.
+func (r *runner) latencyPhase(ctx context.Context, kind Kind, s *sut, pub *publisher, last uint64, res *Result) error {
+	if r.latRate == 0 {
+		r.latRate = r.f.latencyLoad * res.EventsPerSec
+	}
+	res.Latency.RatePerSec = r.latRate
+	res.Latency.Events = len(r.lat.Main)
+	if len(r.lat.Main) == 0 {
+		return nil
+	}
+	prog := startProgress(string(kind)+" latency phase", uint64(len(r.lat.Main)), r.f.progressEvery, nil)
+	_, err := pub.publish(ctx, r.lat, r.lat.Main, r.latRate, prog)
+	prog.end()
+	if err != nil {
+		return fmt.Errorf("latency phase: %w", err)
+	}
+	last += uint64(len(r.lat.Main))
+	if err := waitDrained(ctx, s.cons, last, r.f.pollEvery, r.f.timeout, nil); err != nil {
+		return fmt.Errorf("latency phase drain: %w", err)
+	}
+	return nil
+}
+
+// dedupeHeap measures the heap held by the output stream's dedupe map,
+// when the server runs in this process.
+func (r *runner) dedupeHeap(ctx context.Context, kind Kind, hjs jetstream.JetStream, n streamNames, res *Result) error {
+	if !r.nats.embedded() {
+		res.Notes = append(res.Notes, "nats-server heap not measured: the server is not in this process (--nats-url)")
+		return nil
+	}
+	h, err := serverDedupeHeap(ctx, hjs, n.output)
+	if err != nil {
+		return err
+	}
+	res.DedupeHeapBytes = h
+	if kind == KindJetStream {
+		res.TrackedKeys = r.thr.Keys + r.lat.Keys
+		res.RAMPerKey = float64(h) / float64(res.TrackedKeys)
+	}
+	return nil
 }
 
 // lateWidth is the widest spread of target times in one late group, as a

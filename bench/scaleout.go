@@ -406,6 +406,8 @@ func (e *soEnv) yaml(row soRow, n soNames, name, dataDir, addr string) string {
 		window = fmt.Sprintf("window:\n  paths: [{name: bench, max: %s}]\n  margin: 0s\n", e.f.window)
 	}
 	expected := max(config.Default().Filter.ExpectedKeys, uint64(e.thr.Keys+e.warmKeys+100_000))
+	// The default budget, or the least that --partitions takes.
+	budget := max(config.Default().State.MemoryBudget, config.MinMemoryPerPartition*config.ByteSize(e.f.partitions))
 	return fmt.Sprintf(`nats:
   url: %q
   create_streams: true
@@ -426,6 +428,7 @@ dead_letter:
 %sstate:
   data_dir: %q
   partitions: %d
+  memory_budget: %s
   sync_writes: %v
 filter:
   expected_keys: %d
@@ -442,7 +445,7 @@ scale_out:
   routed_stream: %s
   routed_subject: %s
 `, e.cl.urls(), key, soMaxKeyLength, n.input, n.inSubjects, n.consumer, e.f.soAckWait, n.output, n.outPrefix, e.f.publish, n.dlq, n.dlqSubj,
-		window, dataDir, e.f.partitions, e.f.syncWrites, expected, addr,
+		window, dataDir, e.f.partitions, budget, e.f.syncWrites, expected, addr,
 		row.mode != soOff, n.group, name, e.f.replicas, n.routed, n.routedSubj)
 }
 
@@ -468,164 +471,211 @@ func (n soNames) badMsg(mode string, j int) *nats.Msg {
 	return m
 }
 
+// soRowRun is one row's run: what its phases share.
+type soRowRun struct {
+	*soEnv
+	idx      int
+	row      soRow
+	n        soNames
+	rowDir   string
+	res      *ScaleOutRow
+	insts    []*instance
+	cfg      config.Config // the instances' configuration (the last one's: they differ by name, data dir and address)
+	hjs      jetstream.JetStream
+	cons     []soConsumer // the group's consumers, found by the warm-up
+	warmFrom int          // e.warmKeys before the row's warm-up
+	before   []series     // each instance's metrics before the drain
+}
+
 // runRow runs one row: create the streams, start the instances, warm the
 // group up until it shares the partitions, pause its consumers, publish the
 // backlog, resume them and time the drain, stop the instances, check the
 // ground truth, delete the streams.
 func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, error) {
 	fmt.Fprintf(logOut, "== scale-out %s\n", row)
-	n := namesForRow(idx)
-	res := &ScaleOutRow{Row: row.String(), Mode: row.mode, Instances: row.instances, CPUCap: row.cap}
-	rowDir := filepath.Join(e.dir, "rows", fmt.Sprintf("%02d-%s", idx, strings.ReplaceAll(row.String(), " ", "-")))
-	if err := os.MkdirAll(rowDir, 0o755); err != nil {
+	r := &soRowRun{soEnv: e, idx: idx, row: row, n: namesForRow(idx),
+		res: &ScaleOutRow{Row: row.String(), Mode: row.mode, Instances: row.instances, CPUCap: row.cap}}
+	if err := r.configure(); err != nil {
 		return nil, err
-	}
-	ports, err := freeLoopbackPorts(row.instances)
-	if err != nil {
-		return nil, err
-	}
-	insts := make([]*instance, row.instances)
-	var cfg config.Config
-	for k := range insts {
-		name := "i" + strconv.Itoa(k)
-		in := &instance{name: name, cfgPath: filepath.Join(rowDir, name+".yaml"), addr: fmt.Sprintf("127.0.0.1:%d", ports[k])}
-		y := e.yaml(row, n, name, filepath.Join(rowDir, name+"-data"), in.addr)
-		if err := os.WriteFile(in.cfgPath, []byte(y), 0o644); err != nil {
-			return nil, err
-		}
-		c, err := config.Parse([]byte(y))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", in.cfgPath, err)
-		}
-		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("%s: %w", in.cfgPath, err)
-		}
-		cfg = c
-		insts[k] = in
-	}
-	if routed, why := cfg.ScaleOutRouted(); cfg.ScaleOut.Enabled {
-		res.RouteStep = routed
-		if routed != (row.mode == soHeader) {
-			res.Notes = append(res.Notes, "route step "+strconv.FormatBool(routed)+": "+why)
-		}
-	}
-	// The output stream allows atomic publish (stage.StreamsToCreate).
-	res.Publish = config.PublishAsync
-	if atomic, _ := cfg.PublishAtomic(true); atomic {
-		res.Publish = config.PublishAtomic
 	}
 	if !e.f.keep {
-		defer e.deleteRow(n, cfg)
+		defer e.deleteRow(r.n, r.cfg)
 	}
-
 	// 1. The streams, created as the stage would (stage.StreamsToCreate)
 	// but with --replicas, so that every row writes to replicated streams.
-	if err := e.createStreams(ctx, cfg); err != nil {
+	if err := e.createStreams(ctx, r.cfg); err != nil {
 		return nil, err
 	}
-
-	// 2. The instances: the first alone, then the others.
 	defer func() {
-		for _, in := range insts {
+		for _, in := range r.insts {
 			if in.proc != nil {
 				e.cs.release(in.proc, 30*time.Second)
 			}
 		}
 	}()
-	res.Capped = row.cap > 0
-	for k, in := range insts {
-		if err := e.startInstance(ctx, row, idx, in, rowDir); err != nil {
+	for _, phase := range []func(context.Context) error{r.start, r.warmUp, r.publishBacklog, r.drain, r.stopAndVerify} {
+		if err := phase(ctx); err != nil {
 			return nil, err
 		}
+	}
+	return r.res, nil
+}
+
+// configure writes each instance's configuration and notes what the row
+// runs: the route step or not, and how the output is published.
+func (r *soRowRun) configure() error {
+	r.rowDir = filepath.Join(r.dir, "rows", fmt.Sprintf("%02d-%s", r.idx, strings.ReplaceAll(r.row.String(), " ", "-")))
+	if err := os.MkdirAll(r.rowDir, 0o755); err != nil {
+		return err
+	}
+	ports, err := freeLoopbackPorts(r.row.instances)
+	if err != nil {
+		return err
+	}
+	r.insts = make([]*instance, r.row.instances)
+	for k := range r.insts {
+		name := "i" + strconv.Itoa(k)
+		in := &instance{name: name, cfgPath: filepath.Join(r.rowDir, name+".yaml"), addr: fmt.Sprintf("127.0.0.1:%d", ports[k])}
+		y := r.yaml(r.row, r.n, name, filepath.Join(r.rowDir, name+"-data"), in.addr)
+		if err := os.WriteFile(in.cfgPath, []byte(y), 0o644); err != nil {
+			return err
+		}
+		c, err := config.Parse([]byte(y))
+		if err != nil {
+			return fmt.Errorf("%s: %w", in.cfgPath, err)
+		}
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("%s: %w", in.cfgPath, err)
+		}
+		r.cfg = c
+		r.insts[k] = in
+	}
+	res := r.res
+	if routed, why := r.cfg.ScaleOutRouted(); r.cfg.ScaleOut.Enabled {
+		res.RouteStep = routed
+		if routed != (r.row.mode == soHeader) {
+			res.Notes = append(res.Notes, "route step "+strconv.FormatBool(routed)+": "+why)
+		}
+	}
+	// The output stream allows atomic publish (stage.StreamsToCreate).
+	res.Publish = config.PublishAsync
+	if atomic, _ := r.cfg.PublishAtomic(true); atomic {
+		res.Publish = config.PublishAtomic
+	}
+	return nil
+}
+
+// start starts the instances: the first alone, then the others.
+func (r *soRowRun) start(ctx context.Context) error {
+	res := r.res
+	res.Capped = r.row.cap > 0
+	for k, in := range r.insts {
+		if err := r.startInstance(ctx, r.row, r.idx, in, r.rowDir); err != nil {
+			return err
+		}
 		res.Capped = res.Capped && in.capped
-		if k == 0 || k == len(insts)-1 {
-			for _, in := range insts[:k+1] {
+		if k == 0 || k == len(r.insts)-1 {
+			for _, in := range r.insts[:k+1] {
 				if err := waitReady(ctx, in, 60*time.Second); err != nil {
-					return nil, err
+					return err
 				}
 			}
 		}
 	}
-	if row.cap > 0 && !res.Capped {
-		res.Notes = append(res.Notes, "not capped: "+e.capErr.Error())
+	if r.row.cap > 0 && !res.Capped {
+		res.Notes = append(res.Notes, "not capped: "+r.capErr.Error())
 	}
+	return nil
+}
 
-	// 3. Warm-up: new keys in rounds until the group shares the partitions.
-	hjs, err := jetstream.New(e.js.Conn(), jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		return nil, err
+// warmUp publishes new keys in rounds until the group shares the
+// partitions.
+func (r *soRowRun) warmUp(ctx context.Context) error {
+	var err error
+	if r.hjs, err = jetstream.New(r.js.Conn(), jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+		return err
 	}
-	start := time.Now()
-	warmFrom := e.warmKeys
-	var cons []soConsumer
-	for round := 0; ; round++ {
-		if cons, err = e.warmRound(ctx, hjs, row, n, insts, cfg); err != nil {
-			return nil, fmt.Errorf("warm-up: %w", err)
+	res, start := r.res, time.Now()
+	r.warmFrom = r.warmKeys
+	for {
+		if r.cons, err = r.warmRound(ctx, r.hjs, r.row, r.n, r.insts, r.cfg); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
 		}
-		res.Spread = e.spread(ctx, insts, cfg)
-		if !cfg.ScaleOut.Enabled || res.Spread != nil {
+		res.Spread = r.spread(ctx, r.insts, r.cfg)
+		if !r.cfg.ScaleOut.Enabled || res.Spread != nil {
 			break
 		}
-		if time.Since(start) > e.f.soWarmup {
-			res.Spread = e.owned(ctx, insts)
-			res.Notes = append(res.Notes, fmt.Sprintf("the instances did not share the partitions within --scaleout-warmup %v (owned %v); measured as it was", e.f.soWarmup, res.Spread))
+		if time.Since(start) > r.f.soWarmup {
+			res.Spread = r.owned(ctx, r.insts)
+			res.Notes = append(res.Notes, fmt.Sprintf("the instances did not share the partitions within --scaleout-warmup %v (owned %v); measured as it was", r.f.soWarmup, res.Spread))
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
 	res.WarmupSeconds = time.Since(start).Seconds()
-	fmt.Fprintf(logOut, "  %s: warm-up %d keys in %.1fs; partitions owned by instance: %v\n", row, e.warmKeys-warmFrom, res.WarmupSeconds, res.Spread)
+	fmt.Fprintf(logOut, "  %s: warm-up %d keys in %.1fs; partitions owned by instance: %v\n", r.row, r.warmKeys-r.warmFrom, res.WarmupSeconds, res.Spread)
+	return nil
+}
 
-	// 4. Pause every consumer of the group, publish the backlog.
-	for _, c := range cons {
-		if _, err := e.js.PauseConsumer(ctx, c.stream, c.name, time.Now().Add(time.Hour)); err != nil {
-			return nil, fmt.Errorf("pause consumer %s: %w", c.name, err)
+// publishBacklog pauses every consumer of the group and publishes the
+// backlog, which then waits in them.
+func (r *soRowRun) publishBacklog(ctx context.Context) error {
+	res := r.res
+	for _, c := range r.cons {
+		if _, err := r.js.PauseConsumer(ctx, c.stream, c.name, time.Now().Add(time.Hour)); err != nil {
+			return fmt.Errorf("pause consumer %s: %w", c.name, err)
 		}
 	}
 	// On a cluster the answer can come before the consumer's leader
 	// applies the pause.
-	if err := e.waitPaused(ctx, cons, 30*time.Second); err != nil {
-		return nil, err
+	if err := r.waitPaused(ctx, r.cons, 30*time.Second); err != nil {
+		return err
 	}
-	before := make([]series, len(insts))
-	for k, in := range insts {
-		if before[k], err = scrape(ctx, in.addr); err != nil {
-			return nil, err
+	r.before = make([]series, len(r.insts))
+	for k, in := range r.insts {
+		var err error
+		if r.before[k], err = scrape(ctx, in.addr); err != nil {
+			return err
 		}
 	}
-	total := len(e.thr.Main) + e.bad
-	prog := startProgress(row.String()+" publish backlog", uint64(total), e.f.progressEvery, nil)
-	pctx, cancel := context.WithTimeout(ctx, e.f.timeout)
-	stopWatch, repaused := e.keepPaused(pctx, cons)
-	took, err := publishAll(pctx, hjs, total, e.backlogMsg(row, n), prog)
+	total := len(r.thr.Main) + r.bad
+	prog := startProgress(r.row.String()+" publish backlog", uint64(total), r.f.progressEvery, nil)
+	pctx, cancel := context.WithTimeout(ctx, r.f.timeout)
+	stopWatch, repaused := r.keepPaused(pctx, r.cons)
+	took, err := publishAll(pctx, r.hjs, total, r.backlogMsg(r.row, r.n), prog)
 	stopWatch()
 	cancel()
 	prog.end()
 	if err != nil {
-		return nil, fmt.Errorf("publish backlog: %w", err)
+		return fmt.Errorf("publish backlog: %w", err)
 	}
 	res.PublishSeconds = took.Seconds()
-	if err := e.waitPaused(ctx, cons, 30*time.Second); err != nil {
-		return nil, err
+	if err := r.waitPaused(ctx, r.cons, 30*time.Second); err != nil {
+		return err
 	}
-	if r := repaused.Load(); r > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("a consumer was found unpaused %d times during the publish and paused again (an instance re-created a member's consumer)", r))
+	if n := repaused.Load(); n > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("a consumer was found unpaused %d times during the publish and paused again (an instance re-created a member's consumer)", n))
 	}
 	// With the consumers paused, the backlog waits in them: what does at
 	// the resume is what the drain handles, and what events/s counts.
 	res.Drained = total
-	if waiting, err := e.waiting(ctx, cons); err != nil {
-		return nil, err
+	if waiting, err := r.waiting(ctx, r.cons); err != nil {
+		return err
 	} else if waiting != uint64(total) {
 		res.Drained = int(waiting)
 		res.Notes = append(res.Notes, fmt.Sprintf("%d of the %d backlog events waited in the paused consumers when the drain began; events/s and CPU per event count those", waiting, total))
 	}
+	return nil
+}
 
-	// 5. Resume, time the drain.
+// drain resumes the consumers and times the drain: events/s, the CPU of
+// the instances and of the servers, and each instance's own view of it.
+func (r *soRowRun) drain(ctx context.Context) error {
+	res := r.res
 	pids := func(ps []*child) []int {
 		out := make([]int, len(ps))
 		for i, p := range ps {
@@ -634,41 +684,43 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 		return out
 	}
 	var stagePs []*child
-	for _, in := range insts {
+	for _, in := range r.insts {
 		stagePs = append(stagePs, in.proc)
 	}
-	sCPU0, nCPU0, m0 := cpuOf(pids(stagePs)), cpuOf(pids(e.cl.nodes)), readCPU()
+	sCPU0, nCPU0, m0 := cpuOf(pids(stagePs)), cpuOf(pids(r.cl.nodes)), readCPU()
 	t0 := time.Now()
-	for _, c := range cons {
-		if _, err := e.js.ResumeConsumer(ctx, c.stream, c.name); err != nil {
-			return nil, fmt.Errorf("resume consumer %s: %w", c.name, err)
+	for _, c := range r.cons {
+		if _, err := r.js.ResumeConsumer(ctx, c.stream, c.name); err != nil {
+			return fmt.Errorf("resume consumer %s: %w", c.name, err)
 		}
 	}
-	prog = startProgress(row.String()+" drain (forwarded)", uint64(e.thr.Keys), e.f.progressEvery, nil)
-	base := uint64(e.warmKeys - warmFrom)
+	prog := startProgress(r.row.String()+" drain (forwarded)", uint64(r.thr.Keys), r.f.progressEvery, nil)
+	base := uint64(r.warmKeys - r.warmFrom)
 	var counted time.Time
-	err = e.waitDrained(ctx, cons, insts, e.f.timeout, func() {
+	err := r.waitDrained(ctx, r.cons, r.insts, r.f.timeout, func() {
 		// The output's count is for the progress line only: not every poll.
-		if e.f.progressEvery <= 0 || time.Since(counted) < e.f.progressEvery/2 {
+		if r.f.progressEvery <= 0 || time.Since(counted) < r.f.progressEvery/2 {
 			return
 		}
 		counted = time.Now()
-		if si, err := e.js.Stream(ctx, n.output); err == nil && si.CachedInfo().State.Msgs >= base {
+		if si, err := r.js.Stream(ctx, r.n.output); err == nil && si.CachedInfo().State.Msgs >= base {
 			prog.done.Store(si.CachedInfo().State.Msgs - base)
 		}
 	})
 	drain := time.Since(t0)
-	sCPU1, nCPU1, wall := cpuOf(pids(stagePs)), cpuOf(pids(e.cl.nodes)), time.Since(m0.at).Seconds()
+	sCPU1, nCPU1, wall := cpuOf(pids(stagePs)), cpuOf(pids(r.cl.nodes)), time.Since(m0.at).Seconds()
 	machine := cpuSince(m0)
 	prog.end()
 	if err != nil {
-		return nil, fmt.Errorf("drain: %w", err)
+		return fmt.Errorf("drain: %w", err)
 	}
 	res.DrainSeconds = drain.Seconds()
 	res.EventsPerSec = float64(res.Drained) / drain.Seconds()
+	cpu := make([]float64, len(sCPU1))
 	var sSum, nSum float64
 	for i := range sCPU1 {
-		sSum += (sCPU1[i] - sCPU0[i]).Seconds()
+		cpu[i] = (sCPU1[i] - sCPU0[i]).Seconds()
+		sSum += cpu[i]
 	}
 	for i := range nCPU1 {
 		nSum += (nCPU1[i] - nCPU0[i]).Seconds()
@@ -678,41 +730,48 @@ func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, e
 	// The machine's busy time minus the stage's and the servers' (the
 	// harness's own polling counts as other load).
 	res.OtherCores = max(0, machine.OtherCores+machine.Cores-(sSum+nSum)/wall)
+	return r.perInstance(ctx, drain, cpu)
+}
 
-	// 6. The instances' own view of the drain.
+// perInstance adds the instances' own view of the drain: each one's CPU
+// (cpu, seconds) and metrics, and their sum.
+func (r *soRowRun) perInstance(ctx context.Context, drain time.Duration, cpu []float64) error {
+	res := r.res
 	sum := series{}
-	for k, in := range insts {
+	for k, in := range r.insts {
 		after, err := scrape(ctx, in.addr)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		d := after.minus(before[k])
+		d := after.minus(r.before[k])
 		sum.add(d)
-		cpu := (sCPU1[k] - sCPU0[k]).Seconds()
-		pi := ScaleOutInst{Name: in.name, CPUSeconds: cpu, Cores: cpu / drain.Seconds(), Judged: d.sum("dedupe_messages_total"),
+		pi := ScaleOutInst{Name: in.name, CPUSeconds: cpu[k], Cores: cpu[k] / drain.Seconds(), Judged: d.sum("dedupe_messages_total"),
 			Routed: d.sum("dedupe_route_messages_total", `outcome="routed"`), PartitionsOwned: after.sum("dedupe_partitions_owned"),
 			Takeovers: d.sum("dedupe_partition_takeovers_total")}
 		if pi.Judged > 0 {
-			pi.CPUMicrosPerJudged = cpu * 1e6 / pi.Judged
+			pi.CPUMicrosPerJudged = cpu[k] * 1e6 / pi.Judged
 		}
 		res.PerInst = append(res.PerInst, pi)
 	}
 	res.Stage = internals(sum, drain)
-	if judged := sum.sum("dedupe_messages_total"); int(judged) < len(e.thr.Main) {
-		res.Notes = append(res.Notes, fmt.Sprintf("the instances counted %.0f messages judged during the drain, the backlog has %d keyed events", judged, len(e.thr.Main)))
+	if judged := sum.sum("dedupe_messages_total"); int(judged) < len(r.thr.Main) {
+		res.Notes = append(res.Notes, fmt.Sprintf("the instances counted %.0f messages judged during the drain, the backlog has %d keyed events", judged, len(r.thr.Main)))
 	}
+	return nil
+}
 
-	// 7. Stop the instances, then check the ground truth.
-	for _, in := range insts {
-		if !e.cs.release(in.proc, 30*time.Second) {
-			res.Notes = append(res.Notes, in.name+" did not stop within 30s of SIGTERM; killed")
+// stopAndVerify stops the instances, then checks the ground truth.
+func (r *soRowRun) stopAndVerify(ctx context.Context) error {
+	for _, in := range r.insts {
+		if !r.cs.release(in.proc, 30*time.Second) {
+			r.res.Notes = append(r.res.Notes, in.name+" did not stop within 30s of SIGTERM; killed")
 		}
 		in.proc = nil
 	}
-	if err := e.verify(ctx, n, warmFrom, res); err != nil {
-		return nil, fmt.Errorf("verify: %w", err)
+	if err := r.verify(ctx, r.n, r.warmFrom, r.res); err != nil {
+		return fmt.Errorf("verify: %w", err)
 	}
-	return res, nil
+	return nil
 }
 
 // startInstance starts in, in a CPU cgroup when the row is capped.
