@@ -242,19 +242,24 @@ func (p *Partition) commitFrom(claimed []claimWrites, start int) (int, error) {
 	defer func() { txn.Discard() }()
 	end := start
 	for ; end < len(claimed); end++ {
-		err := setClaimWrites(txn, claimed[end])
+		set, err := setClaimWrites(txn, claimed[end])
 		if err == nil {
 			continue
 		}
 		if !errors.Is(err, badger.ErrTxnTooBig) || end == start {
 			return start, fmt.Errorf("write: %w", err)
 		}
+		if set == 0 {
+			// Badger adds nothing of a write that is too big for txn:
+			// txn holds exactly the claims before claimed[end].
+			break
+		}
 		// claimed[end] is partly in txn: redo the whole claims before it in
 		// a fresh one.
 		txn.Discard()
 		txn = p.db.NewTransaction(true)
 		for _, c := range claimed[start:end] {
-			if err := setClaimWrites(txn, c); err != nil {
+			if _, err := setClaimWrites(txn, c); err != nil {
 				return start, fmt.Errorf("write: %w", err)
 			}
 		}
@@ -266,16 +271,17 @@ func (p *Partition) commitFrom(claimed []claimWrites, start int) (int, error) {
 	return end, nil
 }
 
-// setClaimWrites sets every write of one claim in txn.
-func setClaimWrites(txn *badger.Txn, c claimWrites) error {
-	for _, w := range c.writes {
+// setClaimWrites sets every write of one claim in txn and returns how many
+// it set: on an error, the writes before the failing one are in txn.
+func setClaimWrites(txn *badger.Txn, c claimWrites) (int, error) {
+	for i, w := range c.writes {
 		e := badger.NewEntry(w.key, w.value)
 		if w.ttl > 0 {
 			e = e.WithTTL(w.ttl)
 		}
 		if err := txn.SetEntry(e); err != nil {
-			return err
+			return i, err
 		}
 	}
-	return nil
+	return len(c.writes), nil
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/dedupe-stage/dedupe-stage/bloom"
 )
 
 // Cursor returns the partition's cursor: the output stream sequence up to
@@ -112,24 +114,31 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			continue
 		}
 		k := string(r.Key)
+		var h bloom.Hash // hashed once: to test the filter, then to add the key
 		if have, ok := b.inBatch[k]; ok {
 			if !have.FirstSeen.Before(rec.FirstSeen) {
 				continue
 			}
-		} else if p.filter == nil || p.filter.Test(r.Key) {
-			have, ok, err := readRecord(rtxn, r.Key)
-			if err != nil && !errors.Is(err, ErrCorruptRecord) {
-				return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+		} else {
+			if p.filter != nil {
+				h = p.filter.Hash(r.Key)
 			}
-			// A corrupt record is replaced by the restored one.
-			if err == nil && ok && !have.FirstSeen.Before(rec.FirstSeen) {
-				b.inBatch[k] = have
-				continue
+			if p.filter == nil || p.filter.TestHash(h) {
+				have, ok, err := readRecord(rtxn, r.Key)
+				if err != nil && !errors.Is(err, ErrCorruptRecord) {
+					return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+				}
+				// A corrupt record is replaced by the restored one.
+				if err == nil && ok && !have.FirstSeen.Before(rec.FirstSeen) {
+					b.inBatch[k] = have
+					continue
+				}
 			}
 		}
 		b.inBatch[k] = rec
 		cw := claimWrites{
 			key:       r.Key,
+			hash:      h,
 			firstSeen: rec.FirstSeen,
 			writes:    []write{{key: recordKey(r.Key), value: encodeRecord(rec), ttl: p.ttl}},
 		}
@@ -145,7 +154,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			// A later record of a key this call writes: it replaces the
 			// earlier one's record, in stream order (its total write, if
 			// any, holds both contributions).
-			b.claimed[j].key, b.claimed[j].writes = nil, b.claimed[j].writes[1:]
+			b.claimed[j].key, b.claimed[j].hash, b.claimed[j].writes = nil, bloom.Hash{}, b.claimed[j].writes[1:]
 		}
 		at[k] = len(b.claimed)
 		b.claimed = append(b.claimed, cw)
