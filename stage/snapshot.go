@@ -313,6 +313,30 @@ var errSnapshotUnusable = errors.New("snapshot not usable")
 // than the local store's cursor: the local store is the better start.
 var errSnapshotBehind = errors.New("the local store is as far")
 
+// snapshotSink returns how loadSnapshot stores a snapshot's records in
+// the worker's partition: put takes each chunk, finish stores the cursor
+// after the last, cancel (deferred) undoes an unfinished load. An empty
+// partition (a new owner's empty data dir) is loaded in bulk, as tables
+// built in key order (state.Loader); one that holds anything gets each
+// chunk merged in by Restore, its cursor with the last.
+func (w *worker) snapshotSink() (put func([]state.Restored) error, finish func(cursor uint64) error, cancel func(), err error) {
+	ld, err := w.p.NewLoader()
+	switch {
+	case err == nil:
+		return ld.Add, ld.Finish, func() {
+			if err := ld.Cancel(); err != nil {
+				w.s.log.Error("scale-out: dropping a snapshot load that did not finish", "partition", w.label, "err", err)
+			}
+		}, nil
+	case errors.Is(err, state.ErrNotEmpty):
+		put := func(recs []state.Restored) error { return w.p.Restore(recs, 0) }
+		finish := func(cursor uint64) error { return w.p.Restore(nil, cursor) }
+		return put, finish, func() {}, nil
+	default:
+		return nil, nil, nil, err
+	}
+}
+
 // loadSnapshot restores the worker's partition from its newest snapshot
 // when that is usable, and returns the output stream sequence the snapshot
 // covers (the changelog is replayed from the next one) and the records it
@@ -324,9 +348,11 @@ var errSnapshotBehind = errors.New("the local store is as far")
 // covers a sequence past the local cursor (when that is valid), at most
 // the stream's last, whose successors the stream still holds
 // (checkReach). Otherwise it returns an error wrapping
-// errSnapshotUnusable, and whatever it loaded before (records the
-// snapshot's writer held, checked block by block) leaves the cursor where
-// it was: the changelog restore from there is as exact as without it.
+// errSnapshotUnusable, and whatever it loaded before is dropped (a bulk
+// load into an empty partition) or leaves the cursor where it was (records
+// the snapshot's writer held, checked block by block, merged into a
+// partition that held some): the changelog restore from there is as exact
+// as without it.
 func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, batch []item) (uint64, int, error) {
 	s, g := w.s, w.s.group
 	sn, p := g.snaps, w.p.Index()
@@ -368,6 +394,11 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 	if err := g.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
 		return unusable("%v", err)
 	}
+	put, finish, cancel, err := w.snapshotSink()
+	if err != nil {
+		return 0, 0, fmt.Errorf("load snapshot of partition %d: %w", p, err)
+	}
+	defer cancel()
 	recs := make([]state.Restored, 0, restoreChunk)
 	n := 0
 	for {
@@ -380,11 +411,14 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 			recs = append(recs, state.Restored{Key: bytes.Clone(rec.Key), FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint})
 		}
 		if len(recs) == restoreChunk || done {
-			var upTo uint64
-			if done {
-				upTo = h.Seq // every record is in: the cursor moves to what the snapshot covers
+			err := put(recs)
+			if err == nil && done {
+				err = finish(h.Seq) // every record is in: the cursor moves to what the snapshot covers
 			}
-			if err := w.p.Restore(recs, upTo); err != nil {
+			if errors.Is(err, state.ErrBadRestore) {
+				return unusable("object %s after %d records: %v", snapshotObject(p), n, err)
+			}
+			if err != nil {
 				return 0, n, fmt.Errorf("load snapshot of partition %d: %w", p, err)
 			}
 			n += len(recs)

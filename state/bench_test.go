@@ -2,6 +2,7 @@ package state
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -401,5 +403,80 @@ func BenchmarkNewKeyLookup(b *testing.B) {
 				b.ReportMetric(float64(st.FilterBytes)/n, "filter-B/key")
 			}
 		})
+	}
+}
+
+var restoreKeys = flag.Int("restore-keys", 1_000_000, "records BenchmarkRestore loads into one empty partition")
+
+// BenchmarkRestore times what a new owner's snapshot load asks of the
+// store: -restore-keys records, sorted by key as a snapshot holds them, in
+// chunks of 4096 into one empty partition of four (the default memory
+// budget's share, synced writes, as a takeover runs), the cursor stored
+// last; by Restore (transactions, memtables, compactions), and by a
+// Loader (tables built in key order).
+func BenchmarkRestore(b *testing.B) {
+	n := *restoreKeys
+	keys := benchKeys("rst", n)
+	slices.SortFunc(keys, bytes.Compare)
+	now := time.Now()
+	recs := make([]Restored, n)
+	for i, k := range keys {
+		recs[i] = Restored{Key: k, FirstSeen: now.Add(-time.Duration(n-i) * time.Millisecond), Fingerprint: uint64(i)}
+	}
+	const chunk = 4096
+	for _, path := range []string{"restore", "load"} {
+		b.Run("path="+path, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				o := benchOptions(b.TempDir(), 4, uint(n)*4)
+				o.SyncWrites = true
+				o.Clock = window.NewManualClock(now)
+				s, err := Open(context.Background(), o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p := s.Partition(0)
+				b.StartTimer()
+				if path == "load" {
+					benchLoad(b, p, recs, chunk)
+				} else {
+					for start := 0; start < n; start += chunk {
+						end := min(n, start+chunk)
+						var cursor uint64
+						if end == n {
+							cursor = uint64(n)
+						}
+						if err := p.Restore(recs[start:end], cursor); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.StopTimer()
+				if r, err := p.Lookup(keys[n/2]); err != nil || !r.Found {
+					b.Fatalf("Lookup of a restored key = %+v, %v", r, err)
+				}
+				if err := s.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
+		})
+	}
+}
+
+// benchLoad loads recs into p with a Loader, chunk records per Add.
+func benchLoad(b *testing.B, p *Partition, recs []Restored, chunk int) {
+	ld, err := p.NewLoader()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ld.Cancel()
+	for start := 0; start < len(recs); start += chunk {
+		if err := ld.Add(recs[start:min(len(recs), start+chunk)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := ld.Finish(uint64(len(recs))); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -1,0 +1,186 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/pb"
+	"github.com/dgraph-io/ristretto/v2/z"
+)
+
+// ErrNotEmpty means a Loader was asked of a partition that holds a record,
+// a total or a cursor: only an empty partition is loaded in bulk (Restore
+// merges into one that is not).
+var ErrNotEmpty = errors.New("state: partition not empty")
+
+// Loader writes records into an empty partition as Badger tables, built
+// from the records in key order: no transaction per batch, no memtable, no
+// write-ahead log, no compaction. It is how a new owner with an empty data
+// dir loads a partition's snapshot, whose records come sorted by key.
+// What it loads is what Restore would store from the same records, without
+// totals: each record inside the window at the clock's now, with the TTL
+// a Claim gives, its key in the filter.
+//
+// A Loader holds the partition (no Lookup, Claim or Restore runs) from
+// NewLoader until Finish or Cancel; call Cancel in a defer. It is not safe
+// for concurrent use.
+type Loader struct {
+	p       *Partition
+	sw      *badger.StreamWriter
+	buf     *z.Buffer
+	now     time.Time
+	version uint64 // the Badger version of every loaded record
+	expires uint64 // their Badger expiry (Unix seconds), 0 for none
+	last    []byte // Badger key of the last record added
+	added   int
+	ended   bool
+}
+
+// NewLoader prepares a bulk load of the partition. It returns an error
+// wrapping ErrNotEmpty when the partition holds anything, ErrDiskFull as
+// Claim does, ErrClosed when the store is closed.
+func (p *Partition) NewLoader() (*Loader, error) {
+	p.mu.Lock()
+	l, err := p.newLoader()
+	if err != nil {
+		p.mu.Unlock()
+		return nil, p.wrap(fmt.Errorf("load: %w", err))
+	}
+	return l, nil
+}
+
+// newLoader is NewLoader with p.mu held.
+func (p *Partition) newLoader() (*Loader, error) {
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if err := p.empty(); err != nil {
+		return nil, err
+	}
+	if p.minFree > 0 {
+		if err := checkFreeSpace(p.dir, p.minFree); err != nil {
+			return nil, err
+		}
+	}
+	// Above every version the store has had: a filter snapshot on disk
+	// covers at most that one, so a later filter build tops it up with
+	// the loaded records instead of taking them as covered.
+	version := p.db.MaxVersion() + 1
+	sw := p.db.NewStreamWriter()
+	if err := sw.Prepare(); err != nil {
+		sw.Cancel()
+		return nil, fmt.Errorf("prepare: %w", err)
+	}
+	now := p.clock.Now()
+	if p.filter != nil {
+		p.filter.Advance(now)
+	}
+	l := &Loader{p: p, sw: sw, buf: z.NewBuffer(1<<20, "state.Loader"), now: now, version: version}
+	if p.ttl > 0 {
+		l.expires = uint64(time.Now().Add(p.ttl).Unix()) // Badger's clock, as Entry.WithTTL
+	}
+	return l, nil
+}
+
+// empty returns an error wrapping ErrNotEmpty when the partition holds any
+// key Badger still serves.
+func (p *Partition) empty() error {
+	txn := p.db.NewTransaction(false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{})
+	defer it.Close()
+	if it.Rewind(); it.Valid() {
+		return fmt.Errorf("%w: it holds key %q", ErrNotEmpty, it.Item().Key())
+	}
+	return nil
+}
+
+// Add adds recs, which continue the load in ascending key order with no
+// key twice. A record outside the window at the loader's now is left out
+// (it carries no total to keep). It refuses recs, with an error wrapping
+// ErrBadRestore, when a record has a bad key, no FirstSeen, a total
+// contribution, or a key not after the one before; the load must then be
+// cancelled.
+func (l *Loader) Add(recs []Restored) error {
+	p := l.p
+	if l.ended {
+		return fmt.Errorf("state: partition %d: load: Add after Finish or Cancel", p.index)
+	}
+	for i, r := range recs {
+		if err := checkKey(r.Key); err != nil {
+			return p.wrap(fmt.Errorf("load %d: %w", l.added+i, err))
+		}
+		switch {
+		case r.FirstSeen.IsZero():
+			return p.wrap(fmt.Errorf("load %d (key %q): %w: no FirstSeen", l.added+i, r.Key, ErrBadRestore))
+		case r.Total.Group != "":
+			return p.wrap(fmt.Errorf("load %d (key %q): %w: a load carries no totals", l.added+i, r.Key, ErrBadRestore))
+		}
+		if !p.win.Inside(r.FirstSeen, l.now) {
+			continue
+		}
+		key := recordKey(r.Key)
+		if l.last != nil && bytes.Compare(key, l.last) <= 0 {
+			return p.wrap(fmt.Errorf("load %d (key %q): %w: not after the key before it", l.added+i, r.Key, ErrBadRestore))
+		}
+		badger.KVToBuffer(&pb.KV{Key: key, Value: encodeRecord(Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}),
+			Version: l.version, ExpiresAt: l.expires}, l.buf)
+		if p.filter != nil {
+			p.filter.Add(r.Key, r.FirstSeen)
+		}
+		l.last = key
+	}
+	l.added += len(recs)
+	if err := l.sw.Write(l.buf); err != nil {
+		return p.wrap(fmt.Errorf("load: write: %w", err))
+	}
+	l.buf.Reset()
+	return nil
+}
+
+// Finish writes the last tables and syncs them, then stores cursor (when
+// not 0) in a transaction of its own, as Restore's last call would, and
+// gives the partition back. After a crash before the cursor's commit the
+// partition holds records without a cursor: restoring the changelog from
+// its start again merges into them.
+func (l *Loader) Finish(cursor uint64) error {
+	p := l.p
+	if l.ended {
+		return fmt.Errorf("state: partition %d: load: Finish after Finish or Cancel", p.index)
+	}
+	l.ended = true
+	defer p.mu.Unlock()
+	defer l.buf.Release()
+	if err := l.sw.Flush(); err != nil {
+		return p.wrap(fmt.Errorf("load: flush: %w", err))
+	}
+	if cursor == 0 {
+		return nil
+	}
+	if err := p.commit(&batch{claimed: []claimWrites{cursorWrites(cursor)}}); err != nil {
+		return p.wrap(fmt.Errorf("load: cursor: %w", err))
+	}
+	return nil
+}
+
+// Cancel ends a load that was not finished: it drops what the load wrote,
+// leaving the partition empty, and gives the partition back. The filter
+// keeps the keys added, which can only make it answer "maybe" for them.
+// After Finish it does nothing.
+func (l *Loader) Cancel() error {
+	if l.ended {
+		return nil
+	}
+	l.ended = true
+	p := l.p
+	defer p.mu.Unlock()
+	defer l.buf.Release()
+	l.sw.Cancel()
+	if err := p.db.DropAll(); err != nil {
+		return p.wrap(fmt.Errorf("load: drop what a cancelled load wrote: %w", err))
+	}
+	return nil
+}
