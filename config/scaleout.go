@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -352,6 +353,18 @@ func (c Config) PartitionBatch() int {
 	return c.Pipeline.BatchSize
 }
 
+// evenInstanceCounts lists the instance counts that own p partitions
+// equally: p's divisors.
+func evenInstanceCounts(p int) string {
+	var out []string
+	for k := 1; k <= p; k++ {
+		if p%k == 0 {
+			out = append(out, strconv.Itoa(k))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
 // scaleOutSummary describes the scale_out section for Summary: the
 // group, this instance, the input's transform and the hand-over time
 // after a crash. The stage prints the fence and output subjects it
@@ -365,6 +378,7 @@ func (c Config) scaleOutSummary() []string {
 		fmt.Sprintf("instance %q in static consumer group %q: members %s..%s (consumers %s-%s..), one per partition; every instance consumes for every member, the server's pin picks the owner",
 			s.InstanceName(), s.Group, ScaleOutMember(0), ScaleOutMember(c.State.Partitions-1), s.Group, ScaleOutMember(0)),
 		fmt.Sprintf("at most %d instances do work (one per partition, state.partitions); more stand by, and take partitions only when an owner leaves", c.State.Partitions),
+		fmt.Sprintf("instance counts that share the %d partitions evenly: %s; with any other count the busiest instance, one partition more than others, bounds the group", c.State.Partitions, evenInstanceCounts(c.State.Partitions)),
 		fmt.Sprintf("hand-over after a crash ≈ input.ack_wait %v (the pin's TTL) + the fence write + the restore; after a clean stop, one round trip (the stop unpins)", c.Input.AckWait),
 	}
 	if routed, why := c.ScaleOutRouted(); routed {

@@ -219,6 +219,7 @@ func TestScaleOutSummary(t *testing.T) {
 		"input stream transform orders.* -> {{partition(4,1)}}.orders.{{wildcard(1)}}",
 		"streams created with 3 replicas",
 		"at most 4 instances do work (one per partition, state.partitions)",
+		"instance counts that share the 4 partitions evenly: 1, 2, 4;",
 		"stream EVENTS_DEDUPED (subjects deduped.>, _dedupe.deduped.>)",
 		"a partition judges up to 1000 messages together (output.batch_max)",
 		"output.publish auto with scale-out: atomic batches",
