@@ -114,26 +114,12 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			continue
 		}
 		k := string(r.Key)
-		var h bloom.Hash // hashed once: to test the filter, then to add the key
-		if have, ok := b.inBatch[k]; ok {
-			if !have.FirstSeen.Before(rec.FirstSeen) {
-				continue
-			}
-		} else {
-			if p.filter != nil {
-				h = p.filter.Hash(r.Key)
-			}
-			if p.filter == nil || p.filter.TestHash(h) {
-				have, ok, err := readRecord(rtxn, r.Key)
-				if err != nil && !errors.Is(err, ErrCorruptRecord) {
-					return p.wrap(fmt.Errorf("restore %d: %w", i, err))
-				}
-				// A corrupt record is replaced by the restored one.
-				if err == nil && ok && !have.FirstSeen.Before(rec.FirstSeen) {
-					b.inBatch[k] = have
-					continue
-				}
-			}
+		h, held, err := p.holdsAsNew(rtxn, b, r.Key, rec)
+		if err != nil {
+			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+		}
+		if held {
+			continue
 		}
 		b.inBatch[k] = rec
 		cw := claimWrites{
@@ -166,6 +152,32 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		return p.wrap(fmt.Errorf("restore: %w", err))
 	}
 	return nil
+}
+
+// holdsAsNew reports whether the partition, or b (the records of this
+// Restore call before), holds key with rec's FirstSeen or a later one: rec
+// then adds nothing. It returns key's filter hash when it tested the
+// filter (zero otherwise), hashed once for the test and the add. A corrupt
+// stored record is replaced by rec.
+func (p *Partition) holdsAsNew(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, bool, error) {
+	var h bloom.Hash
+	if have, ok := b.inBatch[string(key)]; ok {
+		return h, !have.FirstSeen.Before(rec.FirstSeen), nil
+	}
+	if p.filter != nil {
+		if h = p.filter.Hash(key); !p.filter.TestHash(h) {
+			return h, false, nil
+		}
+	}
+	have, ok, err := readRecord(rtxn, key)
+	if err != nil && !errors.Is(err, ErrCorruptRecord) {
+		return h, false, err
+	}
+	if err == nil && ok && !have.FirstSeen.Before(rec.FirstSeen) {
+		b.inBatch[string(key)] = have
+		return h, true, nil
+	}
+	return h, false, nil
 }
 
 // checkRestored refuses recs, whole, when one of them has a bad key, no
