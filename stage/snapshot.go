@@ -316,6 +316,36 @@ var errSnapshotUnusable = errors.New("snapshot not usable")
 // than the local store's cursor: the local store is the better start.
 var errSnapshotBehind = errors.New("the local store is as far")
 
+// checkSnapshot returns an error wrapping errSnapshotUnusable (and
+// errSnapshotBehind when it covers no more than the local cursor) unless
+// the snapshot h heads is of this group, partition and number of
+// partitions, for a window at least W, of the output stream out, covers a
+// sequence inside it past the local cursor (when that is valid), and the
+// stream still holds that sequence's successors (checkReach).
+func (w *worker) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, cursor uint64) error {
+	s, g := w.s, w.s.group
+	p, parts := w.p.Index(), g.snaps.parts
+	unusable := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{errSnapshotUnusable}, args...)...)
+	}
+	switch {
+	case h.Group != g.name || h.Partition != p || h.Partitions != parts:
+		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, g.name, p, parts)
+	case h.Window < s.win.W:
+		return unusable("it holds a window of %v, below W = %v", h.Window, s.win.W)
+	case !h.StreamCreated.Equal(out.Created):
+		return unusable("it covers an output stream %s created %v, this one was created %v", g.outStream, h.StreamCreated, out.Created)
+	case h.Seq == 0 || h.Seq > out.State.LastSeq:
+		return unusable("it covers sequence %d, outside the output stream's 1..%d", h.Seq, out.State.LastSeq)
+	case cursor > 0 && cursor <= out.State.LastSeq && h.Seq <= cursor:
+		return fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
+	}
+	if err := g.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
+		return unusable("%v", err)
+	}
+	return nil
+}
+
 // snapshotSink returns how loadSnapshot stores a snapshot's records in
 // the worker's partition: put takes each chunk, finish stores the cursor
 // after the last, cancel (deferred) undoes an unfinished load. An empty
@@ -409,21 +439,8 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 		return unusable("object %s: %v", snapshotObject(p), err)
 	}
 	h := r.Header()
-	validCursor := cursor > 0 && cursor <= out.State.LastSeq
-	switch {
-	case h.Group != g.name || h.Partition != p || h.Partitions != sn.parts:
-		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, g.name, p, sn.parts)
-	case h.Window < s.win.W:
-		return unusable("it holds a window of %v, below W = %v", h.Window, s.win.W)
-	case !h.StreamCreated.Equal(out.Created):
-		return unusable("it covers an output stream %s created %v, this one was created %v", g.outStream, h.StreamCreated, out.Created)
-	case h.Seq == 0 || h.Seq > out.State.LastSeq:
-		return unusable("it covers sequence %d, outside the output stream's 1..%d", h.Seq, out.State.LastSeq)
-	case validCursor && h.Seq <= cursor:
-		return 0, 0, fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
-	}
-	if err := g.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
-		return unusable("%v", err)
+	if err := w.checkSnapshot(h, out, cursor); err != nil {
+		return 0, 0, err
 	}
 	put, finish, cancel, err := w.snapshotSink()
 	if err != nil {
