@@ -109,14 +109,11 @@ func (l *Loader) Add(recs []Restored) error {
 	if l.ended {
 		return fmt.Errorf("state: partition %d: load: Add after Finish or Cancel", p.index)
 	}
+	if err := p.checkRestored(recs); err != nil {
+		return err
+	}
 	for i, r := range recs {
-		if err := checkKey(r.Key); err != nil {
-			return p.wrap(fmt.Errorf("load %d: %w", l.added+i, err))
-		}
-		switch {
-		case r.FirstSeen.IsZero():
-			return p.wrap(fmt.Errorf("load %d (key %q): %w: no FirstSeen", l.added+i, r.Key, ErrBadRestore))
-		case r.Total.Group != "":
+		if r.Total.Group != "" {
 			return p.wrap(fmt.Errorf("load %d (key %q): %w: a load carries no totals", l.added+i, r.Key, ErrBadRestore))
 		}
 		if !p.win.Inside(r.FirstSeen, l.now) {

@@ -114,7 +114,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			continue
 		}
 		k := string(r.Key)
-		h, held, err := p.holdsAsNew(rtxn, b, r.Key, rec)
+		h, held, err := p.alreadyHolds(rtxn, b, r.Key, rec)
 		if err != nil {
 			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
 		}
@@ -154,12 +154,12 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 	return nil
 }
 
-// holdsAsNew reports whether the partition, or b (the records of this
+// alreadyHolds reports whether the partition, or b (the records of this
 // Restore call before), holds key with rec's FirstSeen or a later one: rec
 // then adds nothing. It returns key's filter hash when it tested the
 // filter (zero otherwise), hashed once for the test and the add. A corrupt
 // stored record is replaced by rec.
-func (p *Partition) holdsAsNew(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, bool, error) {
+func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, bool, error) {
 	var h bloom.Hash
 	if have, ok := b.inBatch[string(key)]; ok {
 		return h, !have.FirstSeen.Before(rec.FirstSeen), nil
