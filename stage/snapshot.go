@@ -373,10 +373,12 @@ func (w *worker) snapshotSink() (put func([]state.Restored) error, finish func(c
 // loadOne waits until no other partition of this instance loads its
 // snapshot, keeping the batch alive meanwhile, and returns what ends this
 // one's turn. Object store reads that share one connection stall each
-// other: on a 3-node cluster, one 60 MiB object came in 90-160 ms, four
-// read side by side on one connection took 5.4 s, and four on four
-// connections 0.3-0.6 s. One at a time, each read runs at the first
-// figure, and the loads it feeds are bound by CPU anyway.
+// other: on a 3-node cluster, one 60 MiB object came in 90-160 ms; four
+// read side by side on one connection took 5.4 s from five of the six
+// pairs of client node and bucket replicas tried (0.4 s from the sixth),
+// and four on four connections (R1) 0.3-0.6 s. One at a time, each read
+// runs at the first figure, and the loads it feeds are bound by CPU
+// anyway.
 func (w *worker) loadOne(ctx context.Context, batch []item) (release func(), err error) {
 	fetch := w.s.group.snaps.fetch
 	tick := time.NewTicker(w.s.ackWait / 3)
