@@ -125,8 +125,7 @@ func (s *Stage) publishFencedDeadLetters(ctx context.Context, batch []deadLetter
 		}
 		if g.fence != nil && retry.IsFenced(err) {
 			dl := batch[idx[g.js[0]]]
-			s.group.metrics.dlRefusals.WithLabelValues(dl.partition).Inc()
-			s.group.lose(dl.p, dl.pin)
+			s.group.DeadLetterFenced(dl.p, dl.pin)
 			s.logs.Warn("dead_letter_fenced", "scale-out: dead letters refused: another instance took the partition's dead-letter fence; they stay unacked for its owner",
 				"partition", dl.partition, "dead_letters", len(g.js), "fence", g.fence.Subject, "err", err)
 		}
@@ -260,8 +259,8 @@ func (s *Stage) sourceOf(dl deadLetter) (subject, stream string, seq uint64, ok 
 	if err != nil {
 		return dl.msg.Subject(), "", 0, false
 	}
-	if s.group != nil && s.group.routed != nil && md.Stream == s.group.inStream && dl.reason != ReasonNotRouted {
-		if subject, stream, seq, ok := route.InputOf(s.group.routed.RoutedSubject, dl.msg.Subject(), dl.msg.Headers()); ok {
+	if routed, routedSubject, ok := s.routed(); ok && md.Stream == routed && dl.reason != ReasonNotRouted {
+		if subject, stream, seq, ok := route.InputOf(routedSubject, dl.msg.Subject(), dl.msg.Headers()); ok {
 			return subject, stream, seq, true
 		}
 	}

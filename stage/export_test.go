@@ -2,7 +2,8 @@ package stage
 
 import (
 	"context"
-	"errors"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 )
 
 // SetBeforePublishHook installs a hook that runs before a partition batch
@@ -15,22 +16,16 @@ func SetReady(st *Status, r bool) { st.setReady(r) }
 // SetPinCheckFault makes the stage's pin checks fail for partition p with
 // f(p) when that is not nil, until the returned restore runs.
 func SetPinCheckFault(f func(p int) error) (restore func()) {
-	pinCheckFault = f
-	return func() { pinCheckFault = nil }
+	return scaleout.SetPinCheckFault(f)
 }
 
 // WriteSnapshots writes a snapshot of every partition the stage owns now,
 // as each scale_out.snapshot_interval does, and returns how many it owns.
 // For tests only.
 func (s *Stage) WriteSnapshots(ctx context.Context) (int, error) {
-	owned := s.group.ownedPartitions()
-	var errs []error
-	for _, p := range owned {
-		errs = append(errs, s.group.snaps.write(ctx, s.store.Partition(p), s.group.outStream))
-	}
-	return len(owned), errors.Join(errs...)
+	return s.group.WriteSnapshots(ctx, s.store)
 }
 
 // ReleasePartition has the stage's balance release partition p at once,
 // as it does for an instance owning more than its quota. For tests only.
-func (s *Stage) ReleasePartition(p int) { s.group.releaseNow <- p }
+func (s *Stage) ReleasePartition(p int) { s.group.Release(p) }

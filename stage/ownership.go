@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -15,21 +16,24 @@ import (
 // (Own), what a forwarded copy adds (Annotate), which fence the output
 // batch expects (Fence), what a fence loss means (Lost), how the claims
 // are committed (Claim) and which fence a dead letter expects
-// (FenceDeadLetter). The worker reads the same with one instance or many:
+// (DeadLetterFence). The worker reads the same with one instance or many:
 // soleOwner is the single instance, which owns every partition and does
-// nothing; groupOwner is one partition of a scale-out group
+// nothing; *scaleout.Owner is one partition of a scale-out group
 // (docs/scale-out.md). An ownership belongs to one worker and is not safe
 // for concurrent use.
 type ownership interface {
-	// Own is called before batch is judged. With ok false the batch is
-	// not judged: it was given back for the partition's next owner, or
-	// it is left unacked and comes back. done is called once the batch
-	// is finished, whatever ok is.
-	Own(ctx context.Context, batch []item) (done func(), ok bool)
-	// Annotate makes m, the forwarded copy of it, what the owner's
-	// changelog needs: nothing for a single instance; the partition's
-	// subject and the record's headers in a group.
-	Annotate(m *nats.Msg, it *item, now time.Time)
+	// Own is called before a batch of n messages is judged; pin is the
+	// pin its last message came under, and keepAlive tells the server the
+	// batch is in progress. The batch is judged, given back or left
+	// unacked as v says. release is called once the batch is finished,
+	// whatever v is.
+	Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v scaleout.Verdict)
+	// Annotate makes m, the forwarded copy of a message that came on the
+	// input subject subject, with body fingerprint fp and contribution tot
+	// to a total, what the owner's changelog needs: nothing for a single
+	// instance; the partition's subject and the record's headers in a
+	// group.
+	Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contribution, now time.Time)
 	// Fence is the fence the batch's output publish expects, nil for none.
 	Fence() *forward.Fence
 	// Lost handles a publish refused because the partition's fence moved
@@ -39,18 +43,18 @@ type ownership interface {
 	// Claim commits claims, the batch's forwarded keys, in p; res are the
 	// batch's publish results and now the time the forwarded records say.
 	Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error)
-	// FenceDeadLetter returns dl carrying the fence a dead letter decided
-	// under this ownership expects (dl unchanged when there is none).
-	FenceDeadLetter(dl deadLetter) deadLetter
+	// DeadLetterFence returns the fence a dead letter decided now expects
+	// and the pin of the tenure that decides it (nil and "" for none).
+	DeadLetterFence() (*forward.Fence, string)
 }
 
-// ownership returns the ownership of w's partition: w's tenures in the
-// scale-out group when scale-out is on, else the single instance's.
-func (s *Stage) ownership(w *worker) ownership {
+// ownership returns the ownership of partition p: this instance's part in
+// the scale-out group when scale-out is on, else the single instance's.
+func (s *Stage) ownership(p *state.Partition) ownership {
 	if s.group == nil {
 		return soleOwner{}
 	}
-	return &groupOwner{w: w, group: s.group}
+	return s.group.Owner(p)
 }
 
 // soleOwner is the ownership of a single instance: it owns every
@@ -58,13 +62,15 @@ func (s *Stage) ownership(w *worker) ownership {
 type soleOwner struct{}
 
 // Own implements ownership: every batch is this instance's.
-func (soleOwner) Own(context.Context, []item) (func(), bool) { return nothingToRelease, true }
+func (soleOwner) Own(context.Context, string, int, func()) (func(), scaleout.Verdict) {
+	return nothingToRelease, scaleout.Judge
+}
 
 // nothingToRelease is what soleOwner.Own holds.
 func nothingToRelease() {}
 
 // Annotate implements ownership: the copy is left as it is.
-func (soleOwner) Annotate(*nats.Msg, *item, time.Time) {}
+func (soleOwner) Annotate(*nats.Msg, string, uint64, state.Contribution, time.Time) {}
 
 // Fence implements ownership: there is no fence.
 func (soleOwner) Fence() *forward.Fence { return nil }
@@ -77,5 +83,9 @@ func (soleOwner) Claim(p *state.Partition, claims []state.Claim, _ []forward.Res
 	return p.Claim(claims)
 }
 
-// FenceDeadLetter implements ownership: dead letters are not fenced.
-func (soleOwner) FenceDeadLetter(dl deadLetter) deadLetter { return dl }
+// DeadLetterFence implements ownership: dead letters are not fenced.
+func (soleOwner) DeadLetterFence() (*forward.Fence, string) { return nil, "" }
+
+// groupOwned is checked by the compiler: a group's ownership is an
+// ownership.
+var _ ownership = (*scaleout.Owner)(nil)

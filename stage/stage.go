@@ -41,9 +41,9 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -96,8 +96,8 @@ type Stage struct {
 	keyFn   *keys.KeyFunc
 	metrics *Metrics
 	status  *Status
-	totals  *totals   // nil when totals are off
-	group   *scaleOut // nil when scale-out is off
+	totals  *totals         // nil when totals are off
+	group   *scaleout.Group // nil when scale-out is off
 
 	maxDeliver         int
 	ackWait            time.Duration
@@ -149,7 +149,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, err
 	}
 	if cfg.ScaleOut.Enabled {
-		if err := s.setUpScaleOut(ctx, reg); err != nil {
+		if err := s.setUpGroup(ctx, reg); err != nil {
 			return nil, err
 		}
 	}
@@ -367,11 +367,8 @@ func (s *Stage) Run(ctx context.Context) error {
 
 	s.status.setReady(true)
 	if s.group != nil {
-		s.log.Info("judging messages of the partitions the server pins to this instance", "stream", s.cfg.Input.Stream,
-			"group", s.group.name, "instance", s.group.instance, "output_stream", s.cfg.Output.Stream,
-			"output_subjects", handover.PartitionSubject(s.group.prefix, 0, "<input subject>"))
-		go s.pollPending(ctx, s.groupBacklog)
-		s.consumeGroup(ctx, parts, dlq)
+		go s.pollPending(ctx, s.group.Backlog)
+		s.group.Run(ctx, s.store, func(msg jetstream.Msg, p int) { s.dispatch(msg, p, parts, dlq) })
 	} else {
 		go s.pollPending(ctx, s.consumerBacklog)
 		s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
@@ -388,7 +385,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	dlqWorker.Wait()
 	flushTotals()
 	if s.group != nil {
-		s.releaseAll()
+		s.group.ReleaseAll()
 	}
 	stopLogs()
 	logs.Wait()
@@ -446,8 +443,8 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 		return
 	}
-	if s.group != nil && s.group.routed != nil {
-		s.dispatchRouted(msg, p, parts, dlq)
+	if _, subject, ok := s.routed(); ok {
+		s.dispatchRouted(msg, p, subject, parts, dlq)
 		return
 	}
 	key, err := s.keyFn.Key(msg.Subject(), msg.Headers(), data)
@@ -475,7 +472,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	if p < 0 {
 		p = state.PartitionOf(route, len(parts))
 	} else {
-		it.pin = msg.Headers().Get(headerPinID)
+		it.pin = msg.Headers().Get(scaleout.HeaderPinID)
 	}
 	parts[p] <- it
 }

@@ -148,16 +148,16 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	// A cluster can leave a request unanswered (a meta leader that steps
 	// down before it replies): a time-out is transient and asked again,
-	// for up to streamSetUpTimeout; a refusal is final. Each request has
-	// streamRequestTimeout of it, so that one lost reply does not spend it all.
-	ctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
+	// for up to streams.SetUpTimeout; a refusal is final. Each request has
+	// streams.RequestTimeout of it, so that one lost reply does not spend it all.
+	ctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
 	for _, w := range wanted {
 		sc := w.Config
 		var st jetstream.Stream
 		created := false
 		err := retry.Do(ctx, "streams", func() error {
-			ctx, cancel := context.WithTimeout(ctx, streamRequestTimeout)
+			ctx, cancel := context.WithTimeout(ctx, streams.RequestTimeout)
 			defer cancel()
 			if _, err := js.Stream(ctx, sc.Name); err == nil {
 				return nil
@@ -195,14 +195,6 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	return nil
 }
-
-// streamSetUpTimeout bounds how long the stage asks again for the streams
-// it creates before it gives up starting; streamRequestTimeout bounds one
-// request of it.
-const (
-	streamSetUpTimeout   = time.Minute
-	streamRequestTimeout = 10 * time.Second
-)
 
 // checkStreamsExist reports the first of the input, output and dead-letter
 // streams that does not exist, saying how to have it created. It is used

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
 // lostReply is a JetStream whose first stream lookup gets no answer, as
@@ -34,7 +35,7 @@ func (l *lostReply) Stream(ctx context.Context, name string) (jetstream.Stream, 
 }
 
 // TestStreamSetUpOutlivesALostReply: when the first stream lookup gets no
-// answer, it waits at most streamRequestTimeout, is asked again, and the
+// answer, it waits at most streams.RequestTimeout, is asked again, and the
 // set-up creates every stream within its minute.
 func TestStreamSetUpOutlivesALostReply(t *testing.T) {
 	srv := natstest.RunServer(t, "")
@@ -45,52 +46,15 @@ func TestStreamSetUpOutlivesALostReply(t *testing.T) {
 	if err := ensureStreams(context.Background(), lr, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatalf("stream set-up after one lost reply: %v", err)
 	}
-	if lr.deadline <= 0 || lr.deadline > streamRequestTimeout {
-		t.Errorf("the lost lookup could wait %v, want at most %v of the %v set-up", lr.deadline, streamRequestTimeout, streamSetUpTimeout)
+	if lr.deadline <= 0 || lr.deadline > streams.RequestTimeout {
+		t.Errorf("the lost lookup could wait %v, want at most %v of the %v set-up", lr.deadline, streams.RequestTimeout, streams.SetUpTimeout)
 	}
-	if took := time.Since(start); took >= streamSetUpTimeout {
-		t.Errorf("set-up took %v, the whole of its %v", took, streamSetUpTimeout)
+	if took := time.Since(start); took >= streams.SetUpTimeout {
+		t.Errorf("set-up took %v, the whole of its %v", took, streams.SetUpTimeout)
 	}
 	for _, name := range []string{cfg.Input.Stream, cfg.Output.Stream, cfg.DeadLetter.Stream} {
 		if _, err := js.Stream(context.Background(), name); err != nil {
 			t.Errorf("stream %s after set-up: %v", name, err)
 		}
-	}
-}
-
-// lostKVReply is a JetStream whose first key-value bucket lookup gets no
-// answer.
-type lostKVReply struct {
-	jetstream.JetStream
-	calls atomic.Int32
-}
-
-func (l *lostKVReply) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
-	if l.calls.Add(1) == 1 {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return l.JetStream.KeyValue(ctx, bucket)
-}
-
-// TestHandOverBucketOutlivesALostReply: instances of a group starting
-// together on a new cluster can leave the hand-over bucket's first lookup
-// unanswered; the start asks again and opens the bucket instead of
-// exiting with "context deadline exceeded".
-func TestHandOverBucketOutlivesALostReply(t *testing.T) {
-	srv := natstest.RunServer(t, "")
-	_, js := natstest.Connect(t, srv.ClientURL())
-	cfg := config.Default()
-	cfg.ScaleOut.Enabled, cfg.ScaleOut.Group, cfg.ScaleOut.Replicas = true, "g", 1
-	lr := &lostKVReply{JetStream: js}
-	kv, err := openHandOvers(context.Background(), lr, cfg)
-	if err != nil {
-		t.Fatalf("hand-over bucket after one lost reply: %v", err)
-	}
-	if n := lr.calls.Load(); n < 2 {
-		t.Errorf("%d lookups, want the lost one asked again", n)
-	}
-	if _, err := kv.Put(context.Background(), config.ScaleOutMember(0), []byte("{}")); err != nil {
-		t.Errorf("put into the opened bucket: %v", err)
 	}
 }

@@ -153,7 +153,7 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte) (state.
 	}
 	var at time.Time
 	switch {
-	case t.time == nil && t.s.group != nil && t.s.group.routed != nil:
+	case t.time == nil && t.s.routes():
 		// The routed copy's own timestamp is the route step's; the input's
 		// travels in a header.
 		if at, err = route.InputTime(hdr); err != nil {
@@ -173,7 +173,7 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte) (state.
 		if at, err = keys.ParseTime(raw); err != nil {
 			return dl(ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
 		}
-		if t.s.group != nil {
+		if t.s.cfg.ScaleOut.Enabled {
 			ahead := t.s.cfg.ScaleOut.MaxEventTimeAhead.D()
 			if now := t.s.clock.Now(); at.Sub(now) > ahead {
 				return dl(ReasonFutureTime, "time (%v) %s is %v ahead of the clock, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",

@@ -18,6 +18,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -55,7 +56,7 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
-	w.owner = s.ownership(w)
+	w.owner = s.ownership(p)
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
@@ -98,9 +99,13 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchSize.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
-	done, ok := w.owner.Own(ctx, batch)
-	defer done()
-	if !ok {
+	release, v := w.owner.Own(ctx, batch[len(batch)-1].pin, len(batch), func() { w.keepAlive(batch) })
+	defer release()
+	switch v {
+	case scaleout.GiveBack:
+		giveBack(batch)
+		return
+	case scaleout.Leave:
 		return
 	}
 	w.reset(len(batch))
@@ -173,7 +178,7 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 		}
 		forwarded = append(forwarded, outCopy{})
 		m := s.outputMsg(it, id, &forwarded[len(forwarded)-1])
-		w.owner.Annotate(m, it, now)
+		w.owner.Annotate(m, it.inputSubject(), it.fp, it.tot, now)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
@@ -198,7 +203,7 @@ func (w *worker) late(i int, batch []item, now time.Time) bool {
 		w.acks = append(w.acks, i)
 		return true
 	case lateDeadLetter:
-		w.dlq <- w.owner.FenceDeadLetter(dl)
+		w.dlq <- w.fenced(dl)
 		return true
 	}
 	return false
@@ -373,7 +378,26 @@ func (w *worker) stopping(batch []item, err error) {
 // deadLetter sends batch item it to the dead-letter worker; it acks it
 // once stored.
 func (w *worker) deadLetter(it *item, reason, detail string) {
-	w.dlq <- w.owner.FenceDeadLetter(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
+	w.dlq <- w.fenced(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
+}
+
+// fenced returns dl carrying the fence a dead letter decided now by this
+// worker expects (ownership.DeadLetterFence), with the partition and the
+// pin of the tenure that decided it; dl unchanged when there is none.
+func (w *worker) fenced(dl deadLetter) deadLetter {
+	if f, pin := w.owner.DeadLetterFence(); f != nil {
+		dl.fence, dl.p, dl.pin = f, w.p.Index(), pin
+	}
+	return dl
+}
+
+// giveBack naks every message of batch without delay: they were
+// delivered under a pin this instance gave up (or it stops), and the
+// partition's next owner gets them at once instead of after ack_wait.
+func giveBack(batch []item) {
+	for i := range batch {
+		_ = batch[i].msg.Nak() // a lost nak: the message comes back after ack_wait
+	}
 }
 
 // repeat handles a message whose key the window already holds.

@@ -53,3 +53,13 @@ func RequiredDuplicateWindow(ackWait time.Duration, backoff []time.Duration, res
 func DuplicateWindow(ackWait, restartMargin time.Duration) time.Duration {
 	return max(DefaultDuplicateWindow, 2*RequiredDuplicateWindow(ackWait, nil, restartMargin))
 }
+
+// SetUpTimeout bounds how long the stage asks again for the streams,
+// consumers and buckets it creates or checks at start before it gives up
+// starting, and RequestTimeout bounds one request of it: a cluster can
+// leave a request unanswered while it elects a leader, and the request
+// asked again is answered.
+const (
+	SetUpTimeout   = time.Minute
+	RequestTimeout = 10 * time.Second
+)

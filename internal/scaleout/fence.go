@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"context"
@@ -21,12 +21,12 @@ func fenceRefresh(maxAge time.Duration) time.Duration { return maxAge / 4 }
 // A partition with no batch for longer than the output's max_age lets its
 // fence age out; its next batch is then refused and, the instance still
 // pinned, takes the fence again from its cursor.
-func (o *groupOwner) refreshFence(ctx context.Context) bool {
+func (o *Owner) refreshFence(ctx context.Context) bool {
 	t := o.tenure
-	g := o.group
+	g := o.g
 	if t.refresh > 0 && time.Since(t.written) >= t.refresh {
 		written := time.Now()
-		seq, err := handover.Refresh(ctx, o.w.s.js, g.outStream, t.fence.Subject, g.instance, t.fence.Seq)
+		seq, err := handover.Refresh(ctx, o.g.js, g.outStream, t.fence.Subject, g.instance, t.fence.Seq)
 		if err != nil {
 			return o.refreshFailed(ctx, "output", err)
 		}
@@ -35,7 +35,7 @@ func (o *groupOwner) refreshFence(ctx context.Context) bool {
 	// The dead-letter fence, on the dead-letter stream's own max_age.
 	if g.dlRefresh > 0 && t.dlFence.Subject != "" && time.Since(t.dlWritten) >= g.dlRefresh {
 		written := time.Now()
-		seq, err := handover.Refresh(ctx, o.w.s.js, g.dlStream, t.dlFence.Subject, g.instance, t.dlFence.Seq)
+		seq, err := handover.Refresh(ctx, o.g.js, g.dlStream, t.dlFence.Subject, g.instance, t.dlFence.Seq)
 		if err != nil {
 			return o.refreshFailed(ctx, "dead_letter", err)
 		}
@@ -47,12 +47,12 @@ func (o *groupOwner) refreshFence(ctx context.Context) bool {
 // refreshFailed handles a failed refresh of the tenure's fence in stream
 // (output or dead_letter) and returns false: the batch is left unacked.
 // A fence that moved ends the tenure, as in fenced.
-func (o *groupOwner) refreshFailed(ctx context.Context, stream string, err error) bool {
+func (o *Owner) refreshFailed(ctx context.Context, stream string, err error) bool {
 	switch {
 	case retry.IsFenced(err):
 		o.fenced(ctx, err)
 	case ctx.Err() == nil:
-		o.w.s.logs.Warn("fence_refresh_failed", "scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", o.w.label, "stream", stream, "err", err)
+		o.g.logs.Warn("fence_refresh_failed", "scale-out: refreshing the fence failed; the batch stays unacked and comes back", "partition", o.label, "stream", stream, "err", err)
 	}
 	return false
 }

@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"bytes"
@@ -149,13 +149,13 @@ func (sn *snapshots) open(ctx context.Context) (jetstream.ObjectStore, error) {
 // time, every interval, until ctx is done. A partition whose cursor did
 // not move since its last snapshot is skipped. A failure is logged
 // (at most once per round) and counted; the next round tries again.
-func (s *Stage) runSnapshots(ctx context.Context) {
-	sn := s.group.snaps
+func (g *Group) runSnapshots(ctx context.Context, store *state.Store) {
+	sn := g.snaps
 	if sn == nil || sn.every == 0 {
 		return
 	}
 	if _, err := sn.open(ctx); err != nil && ctx.Err() == nil {
-		s.log.Warn("scale-out: snapshot bucket not reachable yet; snapshots wait for it", "err", err)
+		g.log.Warn("scale-out: snapshot bucket not reachable yet; snapshots wait for it", "err", err)
 	}
 	t := time.NewTicker(sn.every)
 	defer t.Stop()
@@ -166,24 +166,24 @@ func (s *Stage) runSnapshots(ctx context.Context) {
 		case <-t.C:
 		}
 		var failed error
-		owned := s.group.ownedPartitions()
+		owned := g.ownedPartitions()
 		sn.forgetOthers(owned)
 		for _, p := range owned {
 			if ctx.Err() != nil {
 				return
 			}
-			if err := sn.write(ctx, s.store.Partition(p), s.group.outStream); err != nil {
+			if err := sn.write(ctx, store.Partition(p), g.outStream); err != nil {
 				failed = err
 			}
 		}
 		if failed != nil && ctx.Err() == nil {
-			s.log.Warn("scale-out: writing a partition snapshot failed; a new owner reads more of the changelog until the next one", "err", failed)
+			g.log.Warn("scale-out: writing a partition snapshot failed; a new owner reads more of the changelog until the next one", "err", failed)
 		}
 	}
 }
 
 // ownedPartitions returns the partitions this instance owns now.
-func (g *scaleOut) ownedPartitions() []int {
+func (g *Group) ownedPartitions() []int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := make([]int, 0, len(g.owned))
@@ -322,17 +322,17 @@ var errSnapshotBehind = errors.New("the local store is as far")
 // partitions, for a window at least W, of the output stream out, covers a
 // sequence inside it past the local cursor (when that is valid), and the
 // stream still holds that sequence's successors (checkReach).
-func (w *worker) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, cursor uint64) error {
-	s, g := w.s, w.s.group
-	p, parts := w.p.Index(), g.snaps.parts
+func (o *Owner) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, cursor uint64) error {
+	g := o.g
+	p, parts := o.p.Index(), g.snaps.parts
 	unusable := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errSnapshotUnusable}, args...)...)
 	}
 	switch {
 	case h.Group != g.name || h.Partition != p || h.Partitions != parts:
 		return unusable("it is of group %q partition %d of %d, want %q partition %d of %d", h.Group, h.Partition, h.Partitions, g.name, p, parts)
-	case h.Window < s.win.W:
-		return unusable("it holds a window of %v, below W = %v", h.Window, s.win.W)
+	case h.Window < g.window:
+		return unusable("it holds a window of %v, below W = %v", h.Window, g.window)
 	case !h.StreamCreated.Equal(out.Created):
 		return unusable("it covers an output stream %s created %v, this one was created %v", g.outStream, h.StreamCreated, out.Created)
 	case h.Seq == 0 || h.Seq > out.State.LastSeq:
@@ -340,7 +340,7 @@ func (w *worker) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, cur
 	case cursor > 0 && cursor <= out.State.LastSeq && h.Seq <= cursor:
 		return fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
 	}
-	if err := g.checkReach(out.State, p, h.Seq+1, s.clock.Now()); err != nil {
+	if err := g.checkReach(out.State, p, h.Seq+1, g.clock.Now()); err != nil {
 		return unusable("%v", err)
 	}
 	return nil
@@ -352,18 +352,18 @@ func (w *worker) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, cur
 // partition (a new owner's empty data dir) is loaded in bulk, as tables
 // built in key order (state.Loader); one that holds anything gets each
 // chunk merged in by Restore, its cursor with the last.
-func (w *worker) snapshotSink() (put func([]state.Restored) error, finish func(cursor uint64) error, cancel func(), err error) {
-	ld, err := w.p.NewLoader()
+func (o *Owner) snapshotSink() (put func([]state.Restored) error, finish func(cursor uint64) error, cancel func(), err error) {
+	ld, err := o.p.NewLoader()
 	switch {
 	case err == nil:
 		return ld.Add, ld.Finish, func() {
 			if err := ld.Cancel(); err != nil {
-				w.s.log.Error("scale-out: dropping a snapshot load that did not finish", "partition", w.label, "err", err)
+				o.g.log.Error("scale-out: dropping a snapshot load that did not finish", "partition", o.label, "err", err)
 			}
 		}, nil
 	case errors.Is(err, state.ErrNotEmpty):
-		put := func(recs []state.Restored) error { return w.p.Restore(recs, 0) }
-		finish := func(cursor uint64) error { return w.p.Restore(nil, cursor) }
+		put := func(recs []state.Restored) error { return o.p.Restore(recs, 0) }
+		finish := func(cursor uint64) error { return o.p.Restore(nil, cursor) }
 		return put, finish, func() {}, nil
 	default:
 		return nil, nil, nil, err
@@ -379,16 +379,16 @@ func (w *worker) snapshotSink() (put func([]state.Restored) error, finish func(c
 // and four on four connections (R1) 0.3-0.6 s. One at a time, each read
 // runs at the first figure, and the loads it feeds are bound by CPU
 // anyway.
-func (w *worker) loadOne(ctx context.Context, batch []item) (release func(), err error) {
-	fetch := w.s.group.snaps.fetch
-	tick := time.NewTicker(w.s.ackWait / 3)
+func (o *Owner) loadOne(ctx context.Context, keepAlive func()) (release func(), err error) {
+	fetch := o.g.snaps.fetch
+	tick := time.NewTicker(o.g.consumer.AckWait / 3)
 	defer tick.Stop()
 	for {
 		select {
 		case fetch <- struct{}{}:
 			return func() { <-fetch }, nil
 		case <-tick.C:
-			w.keepAlive(batch)
+			keepAlive()
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -411,9 +411,9 @@ func (w *worker) loadOne(ctx context.Context, batch []item) (release func(), err
 // the snapshot's writer held, checked block by block, merged into a
 // partition that held some): the changelog restore from there is as exact
 // as without it.
-func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, batch []item) (uint64, int, error) {
-	s, g := w.s, w.s.group
-	sn, p := g.snaps, w.p.Index()
+func (o *Owner) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, keepAlive func()) (uint64, int, error) {
+	g := o.g
+	sn, p := g.snaps, o.p.Index()
 	unusable := func(format string, args ...any) (uint64, int, error) {
 		return 0, 0, fmt.Errorf("%w: "+format, append([]any{errSnapshotUnusable}, args...)...)
 	}
@@ -421,7 +421,7 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 	if err != nil {
 		return unusable("%v", err)
 	}
-	release, err := w.loadOne(ctx, batch)
+	release, err := o.loadOne(ctx, keepAlive)
 	if err != nil {
 		return 0, 0, fmt.Errorf("load snapshot of partition %d: %w", p, err)
 	}
@@ -441,10 +441,10 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 		return unusable("object %s: %v", snapshotObject(p), err)
 	}
 	h := r.Header()
-	if err := w.checkSnapshot(h, out, cursor); err != nil {
+	if err := o.checkSnapshot(h, out, cursor); err != nil {
 		return 0, 0, err
 	}
-	put, finish, cancel, err := w.snapshotSink()
+	put, finish, cancel, err := o.snapshotSink()
 	if err != nil {
 		return 0, 0, fmt.Errorf("load snapshot of partition %d: %w", p, err)
 	}
@@ -472,10 +472,10 @@ func (w *worker) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cu
 				return 0, n, fmt.Errorf("load snapshot of partition %d: %w", p, err)
 			}
 			n += len(recs)
-			sn.metrics.loaded.WithLabelValues(w.label).Add(float64(len(recs)))
-			s.status.setRestoring(p, n, true)
+			sn.metrics.loaded.WithLabelValues(o.label).Add(float64(len(recs)))
+			g.restoring(p, n, true)
 			recs = recs[:0]
-			w.keepAlive(batch)
+			keepAlive()
 		}
 		if done {
 			return h.Seq, n, nil

@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,52 +17,79 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
-// groupOwner is one partition's ownership in a scale-out group: the
+// Verdict is what Own decides of a batch.
+type Verdict int
+
+const (
+	// Judge: this instance owns the partition, and the batch is judged.
+	Judge Verdict = iota
+	// GiveBack: the batch is not this instance's to judge (the instance
+	// stops, or the batch came under a pin it lost): every message of it
+	// is given back (nak) at once, for the partition's owner.
+	GiveBack
+	// Leave: the batch is left unacked (a takeover did not finish, or a
+	// fence could not be refreshed); it comes back after ack_wait.
+	Leave
+)
+
+// Owner is one partition's ownership in a scale-out group: the
 // partition's tenure in this instance (nil while it does not own the
 // partition), and the last pins it lost, whose messages are left to the
-// new owner.
-type groupOwner struct {
-	w        *worker
-	group    *scaleOut
+// new owner. An Owner belongs to the partition's worker and is not safe
+// for concurrent use.
+type Owner struct {
+	g        *Group
+	p        *state.Partition
+	label    string
 	tenure   *tenure
 	lostPins []string
 }
 
-// Own implements ownership: it takes the partition's busy token (a
-// planned release waits for the batch), gives the batch back when the
-// instance stops, and otherwise makes sure this instance owns the
-// partition (own).
-func (o *groupOwner) Own(ctx context.Context, batch []item) (func(), bool) {
-	busy := &o.group.busy[o.w.p.Index()]
+// Owner returns the ownership of partition p, for p's worker.
+func (g *Group) Owner(p *state.Partition) *Owner {
+	return &Owner{g: g, p: p, label: strconv.Itoa(p.Index())}
+}
+
+// Own is called before a batch of n messages is judged; pin is the pin
+// its last message was delivered under (HeaderPinID), and keepAlive tells
+// the server the batch is in progress, which Own does while a takeover
+// restores the partition. Own takes the partition's busy token (a planned
+// release waits for the batch), gives the batch back when the instance
+// stops, and otherwise makes sure this instance owns the partition (own).
+// release is called once the batch is finished, whatever the verdict.
+func (o *Owner) Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v Verdict) {
+	busy := &o.g.busy[o.p.Index()]
 	busy.Lock()
-	if o.group.stopping() {
-		giveBack(batch) // the instance stops: the next owner gets it at once
-		return busy.Unlock, false
+	if o.g.stopping() {
+		return busy.Unlock, GiveBack // the instance stops: the next owner gets it at once
 	}
-	return busy.Unlock, o.own(ctx, batch)
+	return busy.Unlock, o.own(ctx, pin, n, keepAlive)
 }
 
-// Annotate implements ownership: the output is the partition's
-// changelog, so the subject names the partition and the headers carry the
-// record and what it adds to a total, for a new owner to restore.
-func (o *groupOwner) Annotate(m *nats.Msg, it *item, now time.Time) {
-	m.Subject = handover.PartitionSubject(o.group.prefix, o.w.p.Index(), it.inputSubject())
-	handover.Annotate(m.Header, now, it.fp)
-	if it.tot.Group != "" {
-		handover.AnnotateTotal(m.Header, it.tot.Group, it.tot.Bucket, it.tot.Value)
+// Annotate makes m, a forwarded copy, what the partition's changelog
+// needs: the subject names the partition (subject is the input's), and
+// the headers carry the record (now, fp, the body's fingerprint) and tot,
+// what it adds to a total, for a new owner to restore.
+func (o *Owner) Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contribution, now time.Time) {
+	m.Subject = handover.PartitionSubject(o.g.prefix, o.p.Index(), subject)
+	handover.Annotate(m.Header, now, fp)
+	if tot.Group != "" {
+		handover.AnnotateTotal(m.Header, tot.Group, tot.Bucket, tot.Value)
 	}
 }
 
-// Fence implements ownership: the tenure's fence in the output stream.
-func (o *groupOwner) Fence() *forward.Fence {
+// Fence is the fence the batch's output publish expects: the tenure's fence in the output stream.
+func (o *Owner) Fence() *forward.Fence {
 	if o.tenure == nil {
 		return nil
 	}
 	return &o.tenure.fence
 }
 
-// Lost implements ownership: the tenure ends (fenced).
-func (o *groupOwner) Lost(ctx context.Context, err error) bool {
+// Lost handles a publish refused because the partition's fence moved,
+// and reports whether it was: the tenure ends (fenced). With no tenure,
+// err is no fence this owner holds.
+func (o *Owner) Lost(ctx context.Context, err error) bool {
 	if o.tenure == nil {
 		return false
 	}
@@ -69,12 +97,12 @@ func (o *groupOwner) Lost(ctx context.Context, err error) bool {
 	return true
 }
 
-// Claim implements ownership: each claim's first-seen time is now, as the
+// Claim commits claims, the batch's forwarded keys, in p: each claim's first-seen time is now, as the
 // forwarded record says, and the claims commit with the partition's
 // cursor: the highest output sequence of the batch, up to which the
 // partition's changelog is in the store (this instance alone has written
 // it since its fence, batch after batch).
-func (o *groupOwner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error) {
+func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error) {
 	for i := range claims {
 		claims[i].FirstSeen = now
 	}
@@ -88,15 +116,17 @@ func (o *groupOwner) Claim(p *state.Partition, claims []state.Claim, res []forwa
 	return p.ClaimWithCursor(claims, cursor)
 }
 
-// FenceDeadLetter implements ownership: while the partition is owned, dl
-// carries the tenure's dead-letter fence, so that it is stored only while
-// no other instance has taken the partition since.
-func (o *groupOwner) FenceDeadLetter(dl deadLetter) deadLetter {
+// DeadLetterFence returns the fence a dead letter decided now expects,
+// and the pin of the tenure it is decided in: while the partition is
+// owned, the tenure's dead-letter fence, so that the dead letter is
+// stored only while no other instance has taken the partition since; nil
+// otherwise.
+func (o *Owner) DeadLetterFence() (*forward.Fence, string) {
 	if t := o.tenure; t != nil && t.dlFence.Subject != "" {
 		f := t.dlFence
-		dl.fence, dl.p, dl.pin = &f, o.w.p.Index(), t.pin
+		return &f, t.pin
 	}
-	return dl
+	return nil, ""
 }
 
 // tenure is one partition owned by this instance: the fence its batches
@@ -125,13 +155,12 @@ type tenure struct {
 const maxLostPins = 16
 
 // own makes sure the worker owns its partition, taking the fence and
-// restoring the partition when it does not. It returns false when the
-// batch must be left unacked: it came under a pin of a tenure this
-// instance lost while it owns none, or the takeover did not finish.
-func (o *groupOwner) own(ctx context.Context, batch []item) bool {
-	g := o.group
-	pin := batch[len(batch)-1].pin
-	if lost := g.takeLost(o.w.p.Index()); lost != "" {
+// restoring the partition when it does not. A batch that came under a pin
+// of a tenure this instance lost, while it owns none, is given back; one
+// whose takeover or fence refresh did not finish is left unacked.
+func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) Verdict {
+	g := o.g
+	if lost := g.takeLost(o.p.Index()); lost != "" {
 		// Released for balance, or the pin moved: what still comes under
 		// the tenure's pins is the next owner's.
 		if o.tenure != nil && o.tenure.pins[lost] {
@@ -144,33 +173,35 @@ func (o *groupOwner) own(ctx context.Context, batch []item) bool {
 		if !o.tenure.pins[pin] {
 			o.tenure.pins[pin] = true
 			o.tenure.pin = pin
-			g.setOwned(o.w.p.Index(), pin)
+			g.setOwned(o.p.Index(), pin)
 		}
-		return o.refreshFence(ctx)
+		if !o.refreshFence(ctx) {
+			return Leave
+		}
+		return Judge
 	}
 	if slices.Contains(o.lostPins, pin) && !o.recheckLost(ctx, pin) {
-		g.metrics.stale.WithLabelValues(o.w.label).Add(float64(len(batch)))
-		giveBack(batch)
-		return false
+		g.metrics.stale.WithLabelValues(o.label).Add(float64(n))
+		return GiveBack
 	}
-	t, err := o.takeOver(ctx, batch, pin)
+	t, err := o.takeOver(ctx, keepAlive, pin)
 	if err != nil {
 		if r := refusedReason(err); r != "" {
-			g.metrics.refused.WithLabelValues(o.w.label, r).Inc()
-			o.w.s.logs.Error("partition_refused", "scale-out: partition refused; its batch stays unacked and comes back", "partition", o.w.label, "err", err)
+			g.metrics.refused.WithLabelValues(o.label, r).Inc()
+			o.g.logs.Error("partition_refused", "scale-out: partition refused; its batch stays unacked and comes back", "partition", o.label, "err", err)
 		} else if ctx.Err() == nil {
-			o.w.s.logs.Warn("take_over_failed", "scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", o.w.label, "err", err)
+			o.g.logs.Warn("take_over_failed", "scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", o.label, "err", err)
 		}
-		return false
+		return Leave
 	}
 	o.tenure = t
-	g.setOwned(o.w.p.Index(), pin)
-	return true
+	g.setOwned(o.p.Index(), pin)
+	return Judge
 }
 
 // rememberLost adds pin to the pins whose messages are left unacked for
 // the partition's new owner, forgetting the oldest past maxLostPins.
-func (o *groupOwner) rememberLost(pin string) {
+func (o *Owner) rememberLost(pin string) {
 	if slices.Contains(o.lostPins, pin) {
 		return
 	}
@@ -183,24 +214,24 @@ func (o *groupOwner) rememberLost(pin string) {
 // takeOver takes the partition's fence and restores the partition from
 // the output stream up to it: from the local cursor when this instance's
 // store has one, else from now minus the output's retention.
-func (o *groupOwner) takeOver(ctx context.Context, batch []item, pin string) (*tenure, error) {
-	s, g := o.w.s, o.group
-	p := o.w.p.Index()
+func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*tenure, error) {
+	g := o.g
+	p := o.p.Index()
 	start := time.Now()
 	fenceSubj := handover.FenceSubject(g.prefix, p)
 	// The output stream may have been edited, or purged, since the start: a
 	// changelog that no longer keeps what a restore reads would restore the
 	// partition short, so the partition is not taken (its batch comes back,
 	// and the check runs again).
-	out, err := g.outputState(ctx, s.js)
+	out, err := g.outputState(ctx, g.js)
 	if err != nil {
 		return nil, err
 	}
-	cursor, err := o.w.p.Cursor()
+	cursor, err := o.p.Cursor()
 	if err != nil {
 		return nil, fmt.Errorf("read the partition's cursor: %w", err)
 	}
-	now := s.clock.Now()
+	now := g.clock.Now()
 	from, since := g.restoreStart(cursor, out.State.LastSeq, now)
 	if err := g.checkChangelog(out.Config); err != nil {
 		return nil, err
@@ -208,7 +239,7 @@ func (o *groupOwner) takeOver(ctx context.Context, batch []item, pin string) (*t
 	if err := g.checkReach(out.State, p, from, now); err != nil {
 		return nil, err
 	}
-	f, err := handover.Take(ctx, s.js, g.outStream, fenceSubj, g.instance)
+	f, err := handover.Take(ctx, g.js, g.outStream, fenceSubj, g.instance)
 	if err != nil {
 		return nil, err
 	}
@@ -216,25 +247,25 @@ func (o *groupOwner) takeOver(ctx context.Context, batch []item, pin string) (*t
 	// this one has taken the output's first.
 	dlFenceSubj := handover.FenceSubject(g.dlSubject, p)
 	dlWritten := time.Now()
-	dlf, err := handover.Take(ctx, s.js, g.dlStream, dlFenceSubj, g.instance)
+	dlf, err := handover.Take(ctx, g.js, g.dlStream, dlFenceSubj, g.instance)
 	if err != nil {
 		return nil, fmt.Errorf("take the dead-letter fence: %w", err)
 	}
-	restoring := g.metrics.restoring.WithLabelValues(o.w.label)
+	restoring := g.metrics.restoring.WithLabelValues(o.label)
 	restoring.Set(1)
 	defer restoring.Set(0)
-	s.status.setRestoring(p, 0, true)
-	defer s.status.setRestoring(p, 0, false)
-	r, err := o.restore(ctx, batch, out, cursor, from, since, f)
+	g.restoring(p, 0, true)
+	defer g.restoring(p, 0, false)
+	r, err := o.restore(ctx, keepAlive, out, cursor, from, since, f)
 	if err != nil {
 		return nil, err
 	}
 	took := time.Since(start)
-	g.metrics.takeovers.WithLabelValues(o.w.label).Inc()
-	g.metrics.restoreDur.WithLabelValues(o.w.label).Set(took.Seconds())
-	s.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
+	g.metrics.takeovers.WithLabelValues(o.label).Inc()
+	g.metrics.restoreDur.WithLabelValues(o.label).Set(took.Seconds())
+	g.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
 		"from_snapshot", r.loaded, "restored", r.total, "took", took.Round(time.Millisecond))
-	s.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
+	g.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
 		Records: r.loaded + r.total, RestoreSeconds: took.Seconds()})
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
 		written: start, refresh: fenceRefresh(out.Config.MaxAge),
@@ -257,15 +288,15 @@ type restoreRun struct {
 // local store's. out is the output stream as read before the fence was
 // taken. It keeps the batch alive meanwhile and reports the records
 // restored in the status and the metrics.
-func (o *groupOwner) restore(ctx context.Context, batch []item, out *jetstream.StreamInfo, cursor, from uint64, since time.Time, f uint64) (restoreRun, error) {
-	s, g := o.w.s, o.group
-	p := o.w.p.Index()
+func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.StreamInfo, cursor, from uint64, since time.Time, f uint64) (restoreRun, error) {
+	g := o.g
+	p := o.p.Index()
 	r := restoreRun{path: restoreFull, from: from, cursor: cursor}
 	if from > 0 {
 		r.path = restoreLocal
 	}
 	if g.snaps.load {
-		seq, n, err := o.w.loadSnapshot(ctx, out, r.cursor, batch)
+		seq, n, err := o.loadSnapshot(ctx, out, r.cursor, keepAlive)
 		switch {
 		case err == nil:
 			r.path, r.from, since, r.cursor, r.loaded = restoreSnapshot, seq+1, time.Time{}, seq, n
@@ -276,23 +307,23 @@ func (o *groupOwner) restore(ctx context.Context, batch []item, out *jetstream.S
 			if errors.Is(err, jetstream.ErrObjectNotFound) || errors.Is(err, errSnapshotBehind) {
 				level = slog.LevelInfo
 			}
-			s.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", r.path, "reason", err)
+			g.log.Log(ctx, level, "scale-out: restoring the partition without its snapshot", "partition", p, "path", r.path, "reason", err)
 		}
 	}
 	g.snaps.metrics.paths.WithLabelValues(r.path).Inc()
 	recs := make([]state.Restored, 0, restoreChunk)
 	flush := func(upTo uint64) error {
-		if err := o.w.p.Restore(recs, upTo); err != nil {
+		if err := o.p.Restore(recs, upTo); err != nil {
 			return err
 		}
 		r.total += len(recs)
-		g.metrics.restored.WithLabelValues(o.w.label).Add(float64(len(recs)))
-		s.status.setRestoring(p, r.total, true)
+		g.metrics.restored.WithLabelValues(o.label).Add(float64(len(recs)))
+		g.restoring(p, r.total, true)
 		recs = recs[:0]
-		o.w.keepAlive(batch)
+		keepAlive()
 		return nil
 	}
-	_, err := handover.Restore(ctx, s.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p), r.from, since, f,
+	_, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p), r.from, since, f,
 		func(rec handover.Record, seq uint64) error {
 			recs = append(recs, state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
 				Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq})
@@ -319,24 +350,24 @@ func (o *groupOwner) restore(ctx context.Context, batch []item, out *jetstream.S
 // moved it), the next batch takes the fence again; otherwise the tenure's
 // pins are lost, and what was delivered under them is left for the new
 // owner.
-func (o *groupOwner) fenced(ctx context.Context, err error) {
-	s, g := o.w.s, o.group
-	g.metrics.refusals.WithLabelValues(o.w.label).Inc()
-	now, ierr := s.pinOf(ctx, o.w.p.Index())
+func (o *Owner) fenced(ctx context.Context, err error) {
+	g := o.g
+	g.metrics.refusals.WithLabelValues(o.label).Inc()
+	now, ierr := g.pinOf(ctx, o.p.Index())
 	still := ierr == nil && o.tenure.pins[now]
 	level := slog.LevelWarn
 	if ierr != nil {
 		level = slog.LevelError
 	}
-	s.logs.Log(ctx, level, "partition_lost", "scale-out: partition lost: another instance took its fence; the batch is left unacked",
-		"partition", o.w.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
+	g.logs.Log(ctx, level, "partition_lost", "scale-out: partition lost: another instance took its fence; the batch is left unacked",
+		"partition", o.label, "still_pinned", still, "pin_check_err", ierr, "err", err)
 	o.endTenure(!still)
 }
 
 // endTenure ends the worker's tenure; with lost, the tenure's pins are
 // remembered as lost.
-func (o *groupOwner) endTenure(lost bool) {
-	g := o.group
+func (o *Owner) endTenure(lost bool) {
+	g := o.g
 	if lost {
 		for pin := range o.tenure.pins {
 			o.rememberLost(pin)
@@ -344,7 +375,7 @@ func (o *groupOwner) endTenure(lost bool) {
 	}
 	o.tenure = nil
 	g.mu.Lock()
-	delete(g.owned, o.w.p.Index())
+	delete(g.owned, o.p.Index())
 	g.metrics.owned.Set(float64(len(g.owned)))
 	g.mu.Unlock()
 }

@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
 // openHandOvers opens (creating it when missing) the bucket in which each
@@ -21,12 +22,12 @@ func openHandOvers(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	bucket := cfg.ScaleOutHandOverBucket()
 	// As the streams' set-up: a request the cluster leaves unanswered
 	// (instances of a group starting together on a new cluster) is asked
-	// again, each for streamRequestTimeout of streamSetUpTimeout.
-	ctx, cancel := context.WithTimeout(ctx, streamSetUpTimeout)
+	// again, each for streams.RequestTimeout of streams.SetUpTimeout.
+	ctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
 	var kv jetstream.KeyValue
 	err := retry.Do(ctx, "hand-over bucket", func() error {
-		rctx, cancel := context.WithTimeout(ctx, streamRequestTimeout)
+		rctx, cancel := context.WithTimeout(ctx, streams.RequestTimeout)
 		defer cancel()
 		var err error
 		kv, err = js.KeyValue(rctx, bucket)
@@ -47,15 +48,15 @@ func openHandOvers(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 
 // recordHandOver puts h as partition p's last takeover. It only informs:
 // a failure is logged (rate-limited) and the takeover stands.
-func (s *Stage) recordHandOver(ctx context.Context, p int, h handover.HandOver) {
+func (g *Group) recordHandOver(ctx context.Context, p int, h handover.HandOver) {
 	b, err := json.Marshal(h)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = s.group.handOvers.Put(ctx, config.ScaleOutMember(p), b)
+		_, err = g.handOvers.Put(ctx, config.ScaleOutMember(p), b)
 		cancel()
 	}
 	if err != nil && ctx.Err() == nil {
-		s.logs.Warn("handover_record_failed", "scale-out: recording the takeover for status failed; the partition is taken all the same",
+		g.logs.Warn("handover_record_failed", "scale-out: recording the takeover for status failed; the partition is taken all the same",
 			"partition", p, "err", err)
 	}
 }

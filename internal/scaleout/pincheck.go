@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"context"
@@ -10,6 +10,15 @@ import (
 // with the error it returns.
 var pinCheckFault func(p int) error
 
+// SetPinCheckFault makes every group's pin checks fail for partition p
+// with f(p) when that is not nil, until the returned restore runs. It is
+// for tests, which cannot take a consumer's leader away at a chosen
+// moment; it is not safe to call while a group runs.
+func SetPinCheckFault(f func(p int) error) (restore func()) {
+	pinCheckFault = f
+	return func() { pinCheckFault = nil }
+}
+
 // recheckLost is for a batch delivered under pin, a pin this worker counts
 // as lost. A pin is counted lost on what the server said or could not say
 // (a pin check that failed inside fenced, with the consumer's leader gone),
@@ -19,9 +28,9 @@ var pinCheckFault func(p int) error
 // partition would stall), and it returns true: the batch takes the fence
 // again and restores what another owner wrote meanwhile. Otherwise it
 // returns false and the batch is left unacked for the partition's owner.
-func (o *groupOwner) recheckLost(ctx context.Context, pin string) bool {
-	g := o.group
-	p := o.w.p.Index()
+func (o *Owner) recheckLost(ctx context.Context, pin string) bool {
+	g := o.g
+	p := o.p.Index()
 	g.mu.Lock()
 	if g.rechecked == nil {
 		g.rechecked = make(map[int]time.Time)
@@ -34,11 +43,11 @@ func (o *groupOwner) recheckLost(ctx context.Context, pin string) bool {
 	if !due {
 		return false
 	}
-	now, err := o.w.s.pinOf(ctx, p)
+	now, err := o.g.pinOf(ctx, p)
 	if err != nil || now != pin {
 		return false
 	}
 	o.lostPins = slices.DeleteFunc(o.lostPins, func(l string) bool { return l == pin })
-	o.w.s.logs.Warn("lost_pin_still_held", "scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", o.w.label)
+	o.g.logs.Warn("lost_pin_still_held", "scale-out: a pin counted as lost is still this instance's; taking the partition again", "partition", o.label)
 	return true
 }

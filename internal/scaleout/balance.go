@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"context"
@@ -208,15 +208,14 @@ func (pr *presence) leave() {
 // balance runs until ctx is done: at once, then every presence refresh,
 // it releases what this instance owns beyond its quota, and stands by
 // again for what it released once the cooldown has passed.
-func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
-	g := s.group
-	n := s.cfg.State.Partitions
-	cooldown := s.cfg.ScaleOutReleaseCooldown()
+func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
+	n := g.cfg.State.Partitions
+	cooldown := g.cfg.ScaleOutReleaseCooldown()
 	released := map[int]time.Time{}
 	t := time.NewTicker(pr.every)
 	defer t.Stop()
 	if err := pr.watch(ctx); err != nil {
-		s.log.Warn("scale-out: presence watch failed; balance counts what this instance puts only", "err", err)
+		g.log.Warn("scale-out: presence watch failed; balance counts what this instance puts only", "err", err)
 	}
 	first := true
 	for {
@@ -225,7 +224,7 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 			case <-ctx.Done():
 				return
 			case p := <-g.releaseNow:
-				s.releaseForBalance(ctx, m, p, "asked")
+				g.releaseForBalance(ctx, m, p, "asked")
 				released[p] = time.Now()
 				continue
 			case <-pr.joined:
@@ -243,15 +242,15 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 		live, err := pr.refresh(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Warn("scale-out: presence refresh failed; balance waits", "err", err)
+				g.log.Warn("scale-out: presence refresh failed; balance waits", "err", err)
 			}
 			continue
 		}
-		owned := s.stillOwned(ctx)
+		owned := g.stillOwned(ctx)
 		for _, p := range toRelease(g.instance, owned, n, live) {
-			s.releaseForBalance(ctx, m, p, "balance")
+			g.releaseForBalance(ctx, m, p, "balance")
 			released[p] = now
-			s.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(live),
+			g.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(live),
 				"quota", quota(g.instance, live, n), "cooldown", cooldown)
 		}
 	}
@@ -264,8 +263,7 @@ func (s *Stage) balance(ctx context.Context, pr *presence, m *members) {
 // dropped. Then it stops consuming p and gives back (nak) what it kept
 // aside, and its worker gives back what it still holds of p: the next
 // owner gets all of it at once instead of after input.ack_wait.
-func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why string) {
-	g := s.group
+func (g *Group) releaseForBalance(ctx context.Context, m *members, p int, why string) {
 	g.mu.Lock()
 	if g.diverted == nil {
 		g.diverted = make(map[int][]jetstream.Msg)
@@ -277,8 +275,8 @@ func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why st
 	pins := map[string]bool{g.owned[p]: true}
 	g.mu.Unlock()
 	g.release(p)
-	if err := pcgroups.StaticMemberStepDown(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
-		s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+	if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+		g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 	}
 	g.busy[p].Unlock()
 	m.leave(p)
@@ -287,13 +285,13 @@ func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why st
 	delete(g.diverted, p)
 	g.mu.Unlock()
 	for _, msg := range kept {
-		pins[msg.Headers().Get(headerPinID)] = true
+		pins[msg.Headers().Get(HeaderPinID)] = true
 	}
 	// The member may have been pinned again before it stopped: unpin it
 	// once more, or the partition would wait for the pin's TTL.
-	if now, err := s.pinOf(ctx, p); err == nil && now != "" && pins[now] {
-		if err := pcgroups.StaticMemberStepDown(ctx, s.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
-			s.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+	if now, err := g.pinOf(ctx, p); err == nil && now != "" && pins[now] {
+		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+			g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 		}
 	}
 	giveBackMsgs(kept)
@@ -309,17 +307,16 @@ func (s *Stage) releaseForBalance(ctx context.Context, m *members, p int, why st
 // counts only what the server still pins to this instance. A partition
 // whose check fails, or that is pinned to nobody for the moment, is
 // counted as owned.
-func (s *Stage) stillOwned(ctx context.Context) []int {
-	g := s.group
+func (g *Group) stillOwned(ctx context.Context) []int {
 	g.mu.Lock()
 	owned := maps.Clone(g.owned)
 	g.mu.Unlock()
 	var still []int
 	for p, pin := range owned {
-		now, err := s.pinOf(ctx, p)
+		now, err := g.pinOf(ctx, p)
 		if err == nil && now != "" && now != pin {
 			g.lose(p, pin)
-			s.log.Info("scale-out: partition's pin moved to another client; its tenure here ends", "partition", p)
+			g.log.Info("scale-out: partition's pin moved to another client; its tenure here ends", "partition", p)
 			continue
 		}
 		still = append(still, p)
@@ -330,7 +327,7 @@ func (s *Stage) stillOwned(ctx context.Context) []int {
 // release ends this instance's tenure of partition p for balance: the
 // worker treats what it still receives under the pin it owned p with as
 // delivered under a lost pin.
-func (g *scaleOut) release(p int) {
+func (g *Group) release(p int) {
 	g.mu.Lock()
 	pin, ok := g.owned[p]
 	g.mu.Unlock()
@@ -342,7 +339,7 @@ func (g *scaleOut) release(p int) {
 // lose ends this instance's tenure of partition p under pin, unless the
 // worker owns it under another pin by now: the worker treats what it
 // still receives under pin as delivered under a lost pin.
-func (g *scaleOut) lose(p int, pin string) {
+func (g *Group) lose(p int, pin string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.owned[p] == pin {
@@ -353,7 +350,7 @@ func (g *scaleOut) lose(p int, pin string) {
 }
 
 // takeLost returns the pin partition p was released under, once, or "".
-func (g *scaleOut) takeLost(p int) string {
+func (g *Group) takeLost(p int) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	pin := g.lost[p]

@@ -1,4 +1,4 @@
-package stage
+package scaleout
 
 import (
 	"context"
@@ -60,7 +60,7 @@ func refusedReason(err error) string {
 // limit that drops the oldest messages (the streams the stage creates have
 // none). It is checked at start and again at every takeover, since the
 // stream can be edited while the group runs.
-func (g *scaleOut) checkChangelog(oc jetstream.StreamConfig) error {
+func (g *Group) checkChangelog(oc jetstream.StreamConfig) error {
 	fail := func(field, now, fix string) error {
 		return &changelogError{reason: refusedLimits, msg: fmt.Sprintf(
 			"scale-out: %v: output stream %s has %s %s; it is the changelog new owners restore partitions from, and that drops records a restore needs (fix: nats stream edit %s %s)",
@@ -112,7 +112,7 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 // cursor + 1 when the store has a cursor into this stream (at most its
 // last sequence: a larger one is from a stream since deleted and made
 // again), else from since = now - the output's retention.
-func (g *scaleOut) restoreStart(cursor, lastSeq uint64, now time.Time) (from uint64, since time.Time) {
+func (g *Group) restoreStart(cursor, lastSeq uint64, now time.Time) (from uint64, since time.Time) {
 	if cursor > 0 && cursor <= lastSeq {
 		return cursor + 1, time.Time{}
 	}
@@ -132,7 +132,7 @@ func (g *scaleOut) restoreStart(cursor, lastSeq uint64, now time.Time) (from uin
 // retention's edge; such a refusal ends once that edge passes the first
 // message. Messages removed from the middle (a purge of some subjects) do
 // not move the first message and are not seen.
-func (g *scaleOut) checkReach(st jetstream.StreamState, p int, from uint64, now time.Time) error {
+func (g *Group) checkReach(st jetstream.StreamState, p int, from uint64, now time.Time) error {
 	edge := now.Add(-g.retention)
 	first, firstTime := st.FirstSeq, st.FirstTime
 	if st.Msgs == 0 {
@@ -154,7 +154,7 @@ func (g *scaleOut) checkReach(st jetstream.StreamState, p int, from uint64, now 
 
 // outputState reads the output stream's configuration and state, retrying
 // a transient failure until ctx ends.
-func (g *scaleOut) outputState(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
+func (g *Group) outputState(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
 	var info *jetstream.StreamInfo
 	err := retry.Do(ctx, "fence", func() error {
 		st, err := js.Stream(ctx, g.outStream)

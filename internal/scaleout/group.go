@@ -1,0 +1,377 @@
+// Package scaleout is one instance's part in a scale-out group
+// (docs/scale-out.md). A static consumer group has one member per
+// partition, and the server pins each member to one instance of the group.
+// An instance owns a partition while it holds the partition's fence in the
+// output stream: it takes the fence with the first batch the server pins to
+// it, restoring the partition from its snapshot and the changelog up to the
+// fence first, and every output batch of the tenure expects that fence.
+//
+// Group runs the members, the route step, balance and the snapshots, and
+// hands each delivered message to the stage. The stage's worker of a
+// partition asks the partition's Owner before it judges a batch, and tells
+// it what the batch forwarded; it does not know more of the group.
+package scaleout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// HeaderPinID is the header nats-server puts on each message a pinned
+// client of a priority group receives: the pin the message was delivered
+// under. A partition's tenure in this instance is one pin.
+const HeaderPinID = "Nats-Pin-Id"
+
+// pcgPriorityGroup is the priority group pcgroups gives every member's
+// consumer.
+const pcgPriorityGroup = "PCG"
+
+// restoreChunk is how many restored records are written to the store in
+// one call.
+const restoreChunk = 4096
+
+// Options configure New.
+type Options struct {
+	// Config is the validated configuration, with scale_out on.
+	Config config.Config
+	// Conn is the NATS connection, and JS the JetStream context on it.
+	// Both required.
+	Conn *nats.Conn
+	JS   jetstream.JetStream
+	// Window is W, the dedupe window: what a snapshot must hold.
+	Window time.Duration
+	// Clock tells the time of judgements. Default window.SystemClock.
+	Clock window.Clock
+	// Key is the key the route step reads. Required when the route step
+	// runs (config.Config.ScaleOutRouted).
+	Key *keys.KeyFunc
+	// PartitionKey, when set, is what the route step partitions by instead
+	// of the key: with totals on, the group of the event's total.
+	PartitionKey func(subject string, hdr nats.Header, data, key []byte) ([]byte, error)
+	// AtomicOutput says whether the output is published as atomic batches:
+	// the fence needs them, and New refuses to start without.
+	AtomicOutput bool
+	// ShutdownTimeout bounds how long the route step finishes what it
+	// routes when it stops.
+	ShutdownTimeout time.Duration
+	// Registry receives the group's metrics. Default: a new registry that
+	// is not served.
+	Registry prometheus.Registerer
+	// Logger receives the group's logs, and Logs the rate-limited ones of
+	// per-batch events. Default slog.Default() and a limiter on it.
+	Logger *slog.Logger
+	Logs   *lograte.Limiter
+	// Reporter hears the route step's health. Optional.
+	Reporter retry.Reporter
+	// Restoring, when set, hears a takeover's restore of partition p: on
+	// at its start and at each chunk of records, off at its end.
+	Restoring func(p, records int, on bool)
+}
+
+// Group is this instance's part in a scale-out group: the static consumer
+// group's members it consumes, the fences of the partitions it owns, and
+// their metrics. Its methods are safe for concurrent use; each Owner
+// belongs to one partition's worker.
+type Group struct {
+	cfg       config.Config
+	js        jetstream.JetStream
+	log       *slog.Logger
+	logs      *lograte.Limiter // log: the lines of per-batch events, rate-limited
+	clock     window.Clock
+	window    time.Duration // W
+	restoring func(p, records int, on bool)
+	reporter  retry.Reporter // nil: the route step's failures are logged only
+	name      string
+	instance  string
+	prefix    string             // output subject prefix
+	outStream string             // output stream: changelog and fences
+	dlStream  string             // dead-letter stream: dead letters and their fences
+	dlSubject string             // dead-letter subject prefix
+	dlRefresh time.Duration      // how often a dead-letter fence is written again (fenceRefresh)
+	handOvers jetstream.KeyValue // each partition's last takeover, for status (recordHandOver)
+	inStream  string             // the stream the group's members consume: the input, or the routed stream
+	routed    *route.Options     // the route step's options when it runs, else nil
+	retention time.Duration      // how far back a restore without a cursor reads
+	terms     string             // what retention adds up (config.OutputRetentionTerms)
+	consumer  jetstream.ConsumerConfig
+	metrics   *scaleOutMetrics
+	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
+
+	mu    sync.Mutex
+	owned map[int]string // partition -> the pin it is owned under
+	lost  map[int]string // partition -> the pin it was released under (balance)
+	// rechecked: partition -> when a lost pin was last checked again (recheckLost)
+	rechecked map[int]time.Time
+	// busy holds, per partition, the token its worker keeps while it
+	// judges and forwards a batch: a planned release takes it, so the
+	// batch in flight finishes before the partition is unpinned.
+	busy []sync.Mutex
+	// releaseNow asks balance to release a partition at once (tests).
+	releaseNow chan int
+	// diverted: partition -> the messages its member delivered while it
+	// was being released, given back once it is (releaseForBalance).
+	diverted map[int][]jetstream.Msg
+	// givingBack is set when the instance stops: its workers give back
+	// (nak) what they have not started judging.
+	givingBack bool
+}
+
+// scaleOutMetrics are the metrics of partition ownership; they exist only
+// with scale-out on.
+type scaleOutMetrics struct {
+	owned      prometheus.Gauge
+	takeovers  *prometheus.CounterVec
+	refusals   *prometheus.CounterVec
+	stale      *prometheus.CounterVec
+	restored   *prometheus.CounterVec
+	restoring  *prometheus.GaugeVec
+	restoreDur *prometheus.GaugeVec
+	released   *prometheus.CounterVec
+	refused    *prometheus.CounterVec
+	dlRefusals *prometheus.CounterVec
+	partitions *prometheus.GaugeVec
+}
+
+func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
+	m := &scaleOutMetrics{
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_partitions_owned",
+			Help: "Partitions this instance owns: it holds their fence and judges their messages.",
+		}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_partition_takeovers_total",
+			Help: "Times this instance took a partition's fence and restored the partition, by partition.",
+		}, []string{"partition"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_fence_refusals_total",
+			Help: "Output batches the server refused because the partition's fence moved: another instance took the partition, and nothing of the batch was stored.",
+		}, []string{"partition"}),
+		dlRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_dead_letter_fence_refusals_total",
+			Help: "Dead letters the server refused because the partition's dead-letter fence moved: another instance took the partition; they stay unacked for its owner.",
+		}, []string{"partition"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_stale_pin_messages_total",
+			Help: "Messages given back (nak) because they were delivered under a pin this instance lost or released; the partition's owner gets them at once.",
+		}, []string{"partition"}),
+		restored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_restore_records_total",
+			Help: "Records read back from the output stream into the state store when taking a partition, by partition.",
+		}, []string{"partition"}),
+		restoring: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_partition_restoring",
+			Help: "1 while this instance restores the partition from the output stream, else 0.",
+		}, []string{"partition"}),
+		restoreDur: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedupe_partition_restore_seconds",
+			Help: "How long the last takeover of the partition took: the fence and the restore.",
+		}, []string{"partition"}),
+		released: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_partition_releases_total",
+			Help: "Partitions this instance released to balance the group (it owned more than its fair share), by partition.",
+		}, []string{"partition"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_partition_refused_total",
+			Help: "Takeovers of the partition this instance refused because the output stream does not keep what its restore needs (reason limits: the stream's configuration drops records; short: records the restore needs are gone). The partition's input waits; the log names the stream field and the fix.",
+		}, []string{"partition", "reason"}),
+	}
+	m.partitions = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dedupe_group_partitions",
+		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner.",
+	}, []string{"group"})
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
+	return m
+}
+
+// runRoute runs the route step until ctx is done. A failure to start it
+// (the routed stream or the route consumer) is retried with backoff: the
+// partitions' owners meanwhile judge what was routed before.
+func (g *Group) runRoute(ctx context.Context) {
+	b := retry.NewBackoff()
+	for ctx.Err() == nil {
+		err := route.Run(ctx, *g.routed)
+		if err == nil {
+			return
+		}
+		if g.reporter != nil {
+			g.reporter.Failed(route.CompRoute, err)
+		}
+		g.log.Error("scale-out: the route step stopped; restarting it", "err", err)
+		b.Wait(ctx)
+	}
+}
+
+// Run consumes every member of the group until ctx is done, handing each
+// message the server delivers for partition p to deliver(msg, p), which
+// must not wait long: the server pins a partition's messages to the one
+// instance it pins the partition to. Beside it run the route step, when
+// on, balance, and the snapshots of the partitions it owns in store. When
+// ctx is done it gives the partitions back (giveBackAll) and returns; the
+// stage then finishes its workers and calls ReleaseAll.
+func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg jetstream.Msg, p int)) {
+	g.log.Info("judging messages of the partitions the server pins to this instance", "stream", g.cfg.Input.Stream,
+		"group", g.name, "instance", g.instance, "output_stream", g.outStream,
+		"output_subjects", handover.PartitionSubject(g.prefix, 0, "<input subject>"))
+	var gate sync.RWMutex // held to read while dispatching, to write when stopping
+	stopped := false
+	var side sync.WaitGroup
+	defer side.Wait()
+	if g.routed != nil {
+		side.Go(func() { g.runRoute(ctx) })
+	}
+	side.Go(func() { g.runSnapshots(ctx, store) })
+	m := &members{g: g, running: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
+		return func(msg jetstream.Msg) {
+			gate.RLock()
+			defer gate.RUnlock()
+			if stopped {
+				_ = msg.Nak() // given back: the next owner gets it at once
+				return
+			}
+			if g.divert(p, msg) {
+				return
+			}
+			deliver(msg, p)
+		}
+	}}
+	for p := range g.cfg.State.Partitions {
+		m.join(ctx, p)
+	}
+	var pr *presence
+	side.Go(func() {
+		var err error
+		pr, err = g.joinPresence(ctx)
+		if err == nil {
+			g.balance(ctx, pr, m)
+		}
+	})
+	<-ctx.Done()
+	g.giveBackAll(m)
+	gate.Lock()
+	stopped = true
+	gate.Unlock()
+	side.Wait()
+	if pr != nil {
+		pr.leave()
+	}
+}
+
+// joinPresence opens the presence bucket that balance counts the live
+// instances in, retrying a transient failure (a cluster busy electing a
+// leader times out) until ctx is done. A permanent one leaves the group
+// without balance: partitions stay with whoever the server pins first,
+// which costs throughput, never correctness.
+func (g *Group) joinPresence(ctx context.Context) (*presence, error) {
+	var pr *presence
+	err := retry.Do(ctx, "presence", func() (err error) {
+		pr, err = openPresence(ctx, g.js, g.cfg, g.instance)
+		return err
+	}, retry.Options{OnRetry: func(attempt int, err error) {
+		if attempt == 1 || attempt%20 == 0 {
+			g.log.Warn("scale-out: presence bucket not reachable yet; balance waits for it", "attempt", attempt, "err", err)
+		}
+	}})
+	if err != nil && ctx.Err() == nil {
+		g.log.Warn("scale-out: no presence, so no balance: partitions stay with whoever the server pins first", "err", err)
+	}
+	return pr, err
+}
+
+// Backlog reads the backlog of the partitions this instance owns
+// now: the sum over their member consumers. A partition without an owner
+// is reported by dedupe_group_partitions against dedupe_partitions_owned,
+// and by status.
+func (g *Group) Backlog(ctx context.Context) (pending, ackPending uint64, err error) {
+	for _, p := range g.ownedPartitions() {
+		c, err := g.js.Consumer(ctx, g.inStream, config.ScaleOutMemberConsumer(g.name, p))
+		if err != nil {
+			return 0, 0, fmt.Errorf("partition %d's consumer: %w", p, err)
+		}
+		info := c.CachedInfo()
+		pending += info.NumPending
+		ackPending += uint64(info.NumAckPending)
+	}
+	return pending, ackPending, nil
+}
+
+// pinOf asks the server which pin partition p's consumer is pinned to now
+// ("" when none).
+func (g *Group) pinOf(ctx context.Context, p int) (string, error) {
+	if pinCheckFault != nil {
+		if err := pinCheckFault(p); err != nil {
+			return "", err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := g.js.Consumer(ctx, g.inStream, config.ScaleOutMemberConsumer(g.name, p))
+	if err != nil {
+		return "", err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == pcgPriorityGroup {
+			return g.PinnedClientID, nil
+		}
+	}
+	return "", errors.New("the consumer has no priority group " + pcgPriorityGroup)
+}
+
+// Route returns the routed stream and subject the group consumes when the
+// route step runs (scale_out.route); ok is false when the members consume
+// the input stream itself.
+func (g *Group) Route() (stream, subject string, ok bool) {
+	if g.routed == nil {
+		return "", "", false
+	}
+	return g.inStream, g.routed.RoutedSubject, true
+}
+
+// DeadLetterFenced handles dead letters the server refused because
+// partition p's dead-letter fence moved: another instance took the
+// partition, so the tenure of pin, the one that decided them, is lost here
+// as a lost pin is (lose), and the refusal is counted.
+func (g *Group) DeadLetterFenced(p int, pin string) {
+	g.metrics.dlRefusals.WithLabelValues(strconv.Itoa(p)).Inc()
+	g.lose(p, pin)
+}
+
+// Release has balance release partition p at once, as it does a
+// partition beyond this instance's quota; it waits until balance takes
+// the request. It is for tests: an operator moves partitions by starting
+// and stopping instances.
+func (g *Group) Release(p int) { g.releaseNow <- p }
+
+// WriteSnapshots writes a snapshot of every partition of store this
+// instance owns now, as each scale_out.snapshot_interval does, and
+// returns how many it owns. It is for tests, which cannot wait for the
+// interval.
+func (g *Group) WriteSnapshots(ctx context.Context, store *state.Store) (int, error) {
+	owned := g.ownedPartitions()
+	var errs []error
+	for _, p := range owned {
+		errs = append(errs, g.snaps.write(ctx, store.Partition(p), g.outStream))
+	}
+	return len(owned), errors.Join(errs...)
+}

@@ -1,0 +1,49 @@
+package scaleout
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+)
+
+// lostKVReply is a JetStream whose first key-value bucket lookup gets no
+// answer.
+type lostKVReply struct {
+	jetstream.JetStream
+	calls atomic.Int32
+}
+
+func (l *lostKVReply) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	if l.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return l.JetStream.KeyValue(ctx, bucket)
+}
+
+// TestHandOverBucketOutlivesALostReply: instances of a group starting
+// together on a new cluster can leave the hand-over bucket's first lookup
+// unanswered; the start asks again and opens the bucket instead of
+// exiting with "context deadline exceeded".
+func TestHandOverBucketOutlivesALostReply(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	cfg := config.Default()
+	cfg.ScaleOut.Enabled, cfg.ScaleOut.Group, cfg.ScaleOut.Replicas = true, "g", 1
+	lr := &lostKVReply{JetStream: js}
+	kv, err := openHandOvers(context.Background(), lr, cfg)
+	if err != nil {
+		t.Fatalf("hand-over bucket after one lost reply: %v", err)
+	}
+	if n := lr.calls.Load(); n < 2 {
+		t.Errorf("%d lookups, want the lost one asked again", n)
+	}
+	if _, err := kv.Put(context.Background(), config.ScaleOutMember(0), []byte("{}")); err != nil {
+		t.Errorf("put into the opened bucket: %v", err)
+	}
+}

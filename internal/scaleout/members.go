@@ -1,0 +1,187 @@
+package scaleout
+
+import (
+	"context"
+	"maps"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/pcgroups"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// members are this instance's consumers of the group's members, one per
+// partition; balance stops and restarts them.
+type members struct {
+	g       *Group
+	handler func(p int) func(jetstream.Msg)
+	mu      sync.Mutex
+	running map[int]*member // partition -> its member's consumer
+}
+
+// member is one running consumer of a group member.
+type member struct {
+	consuming pcgroups.ConsumerGroupConsumeContext
+	ended     chan struct{} // closed when the library reports it done
+}
+
+// join consumes partition p's member, retrying until ctx is done.
+func (m *members) join(ctx context.Context, p int) {
+	g := m.g
+	b := retry.NewBackoff()
+	for ctx.Err() == nil {
+		consuming, err := pcgroups.StaticConsume(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
+		if err != nil {
+			g.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
+			b.Wait(ctx)
+			continue
+		}
+		mb := &member{consuming: consuming, ended: make(chan struct{})}
+		go func() {
+			defer close(mb.ended)
+			if err := <-consuming.Done(); err != nil {
+				g.log.Error("scale-out: the group stopped a member's consumer", "member", config.ScaleOutMember(p), "err", err)
+			}
+		}()
+		m.mu.Lock()
+		m.running[p] = mb
+		m.mu.Unlock()
+		return
+	}
+}
+
+// leave stops consuming partition p's member.
+func (m *members) leave(p int) {
+	m.mu.Lock()
+	mb := m.running[p]
+	delete(m.running, p)
+	m.mu.Unlock()
+	if mb != nil {
+		mb.consuming.Stop()
+		<-mb.ended
+	}
+}
+
+// leaveAll stops consuming every member.
+func (m *members) leaveAll() {
+	m.mu.Lock()
+	all := make([]int, 0, len(m.running))
+	for p := range m.running {
+		all = append(all, p)
+	}
+	m.mu.Unlock()
+	for _, p := range all {
+		m.leave(p)
+	}
+}
+
+// giveBackAll is a clean stop's release (docs/scale-out.md §7): what the
+// members deliver from now on is kept aside, and the workers give back
+// (nak) what they have not started judging; once each batch in flight has
+// finished (the busy tokens), every owned partition is unpinned while the
+// members still consume, so that nothing the client buffered is dropped;
+// then the members stop and what was kept aside is given back.
+func (g *Group) giveBackAll(m *members) {
+	g.mu.Lock()
+	g.givingBack = true
+	if g.diverted == nil {
+		g.diverted = make(map[int][]jetstream.Msg)
+	}
+	for p := range g.busy {
+		g.diverted[p] = nil
+	}
+	g.mu.Unlock()
+	for p := range g.busy {
+		g.busy[p].Lock()
+	}
+	g.mu.Lock()
+	pins := maps.Clone(g.owned)
+	g.mu.Unlock()
+	g.ReleaseAll()
+	for p, pin := range pins {
+		g.lose(p, pin)
+	}
+	for p := range g.busy {
+		g.busy[p].Unlock()
+	}
+	m.leaveAll()
+	g.mu.Lock()
+	kept := g.diverted
+	g.diverted = nil
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for p, msgs := range kept {
+		if len(msgs) == 0 {
+			continue
+		}
+		// A member pinned again before it stopped is unpinned once more.
+		if now, err := g.pinOf(ctx, p); err == nil && now != "" && now == msgs[len(msgs)-1].Headers().Get(HeaderPinID) {
+			if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+				g.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
+			}
+		}
+		giveBackMsgs(msgs)
+		g.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(msgs)))
+	}
+}
+
+// giveBackMsgs naks msgs without delay.
+func giveBackMsgs(msgs []jetstream.Msg) {
+	for _, msg := range msgs {
+		_ = msg.Nak() // a lost nak: the message comes back after ack_wait
+	}
+}
+
+// ReleaseAll unpins the partitions this instance owns, after its workers
+// finished, so that their next owners get them at once instead of after
+// the pin's TTL.
+func (g *Group) ReleaseAll() {
+	g.mu.Lock()
+	owned := make([]int, 0, len(g.owned))
+	for p := range g.owned {
+		owned = append(owned, p)
+	}
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, p := range owned {
+		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+			g.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
+			continue
+		}
+		g.log.Info("scale-out: partition released", "partition", p)
+	}
+}
+
+// divert keeps msg aside when partition p is being released, and reports
+// whether it did.
+func (g *Group) divert(p int, msg jetstream.Msg) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ms, ok := g.diverted[p]
+	if ok {
+		g.diverted[p] = append(ms, msg)
+	}
+	return ok
+}
+
+// stopping reports whether the instance stops, so that its workers give
+// back what they have not started judging.
+func (g *Group) stopping() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.givingBack
+}
+
+// setOwned records that this instance owns partition p, under pin now.
+func (g *Group) setOwned(p int, pin string) {
+	g.mu.Lock()
+	g.owned[p] = pin
+	g.metrics.owned.Set(float64(len(g.owned)))
+	g.mu.Unlock()
+}

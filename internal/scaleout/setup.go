@@ -1,0 +1,243 @@
+package scaleout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/synadia-io/orbit.go/pcgroups"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// New checks what scale-out needs of the streams, creates the static
+// consumer group, with member p<i> consuming partition i, when it does not
+// exist yet (every instance may try at once: the same record is written by
+// all of them), and opens the hand-over bucket. The group is joined by
+// Run.
+func New(ctx context.Context, o Options) (*Group, error) {
+	if o.Conn == nil || o.JS == nil {
+		return nil, errors.New("scale-out: Options.Conn or Options.JS is nil")
+	}
+	cfg := o.Config
+	g := newGroup(&o)
+	if routed, why := cfg.ScaleOutRouted(); routed {
+		if err := g.setUpRoute(ctx, o, why); err != nil {
+			return nil, err
+		}
+	} else if err := checkTransform(ctx, g.js, cfg); err != nil {
+		return nil, err
+	} else if err := checkUntokened(ctx, g.js, cfg); err != nil {
+		return nil, err
+	}
+	oc, err := g.checkSideStreams(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if g.handOvers, err = openHandOvers(ctx, g.js, cfg); err != nil {
+		return nil, err
+	}
+	if !o.AtomicOutput {
+		return nil, fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
+			cfg.Output.Publish, g.outStream, oc.AllowAtomicPublish)
+	}
+	if err := g.createGroup(ctx); err != nil {
+		return nil, err
+	}
+	g.metrics = newScaleOutMetrics(o.Registry)
+	g.metrics.partitions.WithLabelValues(g.name).Set(float64(cfg.State.Partitions))
+	g.snaps = newSnapshots(cfg, g.js, g.log, g.window, max(oc.Replicas, 1), o.Registry)
+	g.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", cfg.State.Partitions,
+		"input_stream", g.inStream, "output_stream", g.outStream, "handover_after_crash", g.consumer.AckWait)
+	return g, nil
+}
+
+// newGroup returns this instance's part in the group o configures, before
+// it has checked or joined anything, filling in o's defaults.
+func newGroup(o *Options) *Group {
+	cfg := o.Config
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Logs == nil {
+		o.Logs = lograte.New(o.Logger, lograte.DefaultOptions(), o.Registry)
+	}
+	if o.Clock == nil {
+		o.Clock = window.SystemClock{}
+	}
+	if o.Restoring == nil {
+		o.Restoring = func(int, int, bool) {}
+	}
+	return &Group{
+		cfg:        cfg,
+		js:         o.JS,
+		log:        o.Logger,
+		logs:       o.Logs,
+		clock:      o.Clock,
+		window:     o.Window,
+		restoring:  o.Restoring,
+		reporter:   o.Reporter,
+		busy:       make([]sync.Mutex, cfg.State.Partitions),
+		releaseNow: make(chan int),
+		name:       cfg.ScaleOut.Group,
+		instance:   cfg.ScaleOut.InstanceName(),
+		prefix:     cfg.Output.SubjectPrefix,
+		outStream:  cfg.Output.Stream,
+		inStream:   cfg.Input.Stream,
+		retention:  cfg.OutputRetention(o.Window),
+		terms:      cfg.OutputRetentionTerms(),
+		owned:      make(map[int]string),
+		lost:       make(map[int]string),
+		consumer: jetstream.ConsumerConfig{
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.Input.AckWait.D(),
+			MaxAckPending: cfg.Input.MaxAckPending,
+			MaxDeliver:    cfg.Input.MaxDeliver,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		},
+	}
+}
+
+// checkSideStreams checks that the output stream can be the changelog and
+// that neither it nor the dead-letter stream is written on the
+// partitions' control subjects, and sets the dead-letter fence's stream,
+// subject and refresh. It returns the output stream's configuration.
+func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, error) {
+	cfg := g.cfg
+	out, err := g.js.Stream(ctx, g.outStream)
+	if err != nil {
+		return jetstream.StreamConfig{}, fmt.Errorf("scale-out: output stream %s: %w", g.outStream, err)
+	}
+	oc := out.CachedInfo().Config
+	if err := g.checkChangelog(oc); err != nil {
+		return oc, err
+	}
+	if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
+		return oc, err
+	}
+	dl, err := g.js.Stream(ctx, cfg.DeadLetter.Stream)
+	if err != nil {
+		return oc, fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
+	}
+	if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
+		return oc, err
+	}
+	g.dlStream, g.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
+	g.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
+	return oc, nil
+}
+
+// createGroup creates the static consumer group, one member per
+// partition, or checks that the one there is the same.
+func (g *Group) createGroup(ctx context.Context) error {
+	n := g.cfg.State.Partitions
+	mappings := make([]pcgroups.MemberMapping, n)
+	for i := range mappings {
+		mappings[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
+	}
+	// A cluster can leave a request unanswered (no responders while a
+	// leader is elected, a time-out): asked again, for as long as the
+	// streams' set-up is, each request for streams.RequestTimeout of it.
+	// Anything else pcgroups says (an invalid or mismatched group) no
+	// retry changes.
+	gctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
+	defer cancel()
+	err := retry.Do(gctx, "consumer group", func() error {
+		rctx, cancel := context.WithTimeout(gctx, streams.RequestTimeout)
+		defer cancel()
+		_, err := pcgroups.CreateStatic(rctx, g.js, g.inStream, g.name, uint(n), nil, nil, mappings)
+		var api *jetstream.APIError
+		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) &&
+			!errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &api) {
+			return retry.MarkPermanent(err)
+		}
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", g.name, g.inStream, n, err)
+	}
+	return nil
+}
+
+// checkTransform checks that the input stream's subject transform puts
+// each key's partition first, as the configuration implies.
+func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Config) error {
+	name := cfg.Input.Stream
+	in, err := js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("scale-out: input stream %s: %w", name, err)
+	}
+	src, dest, err := cfg.ScaleOutTransform()
+	if err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	if tr := in.CachedInfo().Config.SubjectTransform; tr == nil || tr.Source != src || tr.Destination != dest {
+		have := "none"
+		if tr != nil {
+			have = fmt.Sprintf("%q -> %q", tr.Source, tr.Destination)
+		}
+		return fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
+			"(of state.partitions = %d) first in the stored subject; edit the stream, create it with the stage (nats.create_streams), "+
+			"or have the route step partition it (scale_out.route always)",
+			name, have, src, dest, cfg.State.Partitions)
+	}
+	return nil
+}
+
+// setUpRoute prepares the route step: the group consumes the routed
+// stream, which must keep the route step's guarantee (route.CheckStream),
+// and Run routes the input into it.
+func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
+	cfg := g.cfg
+	name := cfg.ScaleOut.RoutedStream
+	st, err := g.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("scale-out: routed stream %s (scale_out.routed_stream): %w", name, err)
+	}
+	ackWait, margin := cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D()
+	if err := route.CheckStream(st.CachedInfo().Config, cfg.ScaleOut.RoutedSubject, cfg.State.Partitions, ackWait, margin); err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	g.inStream = name
+	g.routed = &route.Options{
+		Conn:              o.Conn,
+		InputStream:       cfg.Input.Stream,
+		Group:             g.name,
+		Partitions:        cfg.State.Partitions,
+		RoutedStream:      name,
+		RoutedSubject:     cfg.ScaleOut.RoutedSubject,
+		Key:               o.Key,
+		DeadLetterSubject: cfg.DeadLetter.SubjectFor,
+		MaxMessageBytes:   int64(cfg.Pipeline.MaxMessageBytes),
+		BatchSize:         cfg.Pipeline.BatchSize,
+		BatchLinger:       cfg.Pipeline.BatchLinger.D(),
+		AckWait:           ackWait,
+		MaxAckPending:     cfg.Input.MaxAckPending,
+		RestartMargin:     margin,
+		ShutdownTimeout:   o.ShutdownTimeout,
+		Registry:          o.Registry,
+		Logger:            g.log,
+		Logs:              g.logs,
+		Reporter:          o.Reporter,
+		PartitionKey:      o.PartitionKey,
+	}
+	if err := g.routed.Validate(); err != nil {
+		return fmt.Errorf("scale-out: %w", err)
+	}
+	g.log.Info("scale-out: the route step partitions the input", "why", why, "routed_stream", name,
+		"routed_subjects", route.Subject(0, cfg.ScaleOut.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(g.name))
+	return nil
+}

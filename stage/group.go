@@ -1,0 +1,96 @@
+package stage
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+)
+
+// The stage's side of scale-out (docs/scale-out.md): internal/scaleout is
+// this instance's part in the group; the stage hands it what it delivers
+// and asks each partition's scaleout.Owner before judging a batch.
+
+// ErrChangelog means the output stream does not keep what a new owner of
+// a partition restores it from; New refuses to start on a stream
+// configured so. See scaleout.ErrChangelog.
+var ErrChangelog = scaleout.ErrChangelog
+
+// ErrControlSubjects means the output or dead-letter stream has no
+// subjects for the partitions' fences; New refuses to start. See
+// scaleout.ErrControlSubjects.
+var ErrControlSubjects = scaleout.ErrControlSubjects
+
+// ReasonNotRouted: a message in the routed stream that the route step did
+// not write (its subject, Nats-Msg-Id or headers are not the route step's).
+const ReasonNotRouted = "not_routed"
+
+// setUpGroup prepares this instance's part in the scale-out group
+// (scaleout.New checks the streams and creates the consumer group); Run
+// joins it.
+func (s *Stage) setUpGroup(ctx context.Context, reg prometheus.Registerer) error {
+	cfg := s.cfg
+	o := scaleout.Options{Config: cfg, Conn: s.nc, JS: s.js, Window: s.win.W, Clock: s.clock, Key: s.keyFn,
+		AtomicOutput: s.atomicOutput, ShutdownTimeout: s.shutdownTimeout, Registry: reg,
+		Logger: s.log, Logs: s.logs, Reporter: s.status, Restoring: s.status.setRestoring}
+	if cfg.Totals.Enabled {
+		// All of a group's events meet in one partition: the route step
+		// partitions by the group, read as the totals read it.
+		spec := cfg.Totals.Group
+		ex, err := keys.NewExtractor(spec)
+		if err != nil {
+			return fmt.Errorf("scale-out: totals.group: %w", err)
+		}
+		o.PartitionKey = func(subject string, hdr nats.Header, data, _ []byte) ([]byte, error) {
+			return groupOf(ex, spec, subject, hdr, data)
+		}
+	}
+	g, err := scaleout.New(ctx, o)
+	if err != nil {
+		return err
+	}
+	s.group = g
+	return nil
+}
+
+// routed reports whether the group consumes the routed stream, whose
+// messages the route step wrote; subject is its subject prefix.
+func (s *Stage) routed() (stream, subject string, ok bool) {
+	if s.group == nil {
+		return "", "", false
+	}
+	return s.group.Route()
+}
+
+// dispatchRouted is dispatch for a message of the routed stream, which the
+// route step already checked: its key and input subject come from what the
+// route step wrote (route.OriginOf), not derived again.
+func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, parts []chan item, dlq chan<- deadLetter) {
+	o, err := route.OriginOf(routedSubject, msg.Subject(), msg.Headers())
+	if err != nil {
+		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
+			detail: "in the routed stream, but not written by the route step: " + err.Error()}
+		return
+	}
+	it := item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(scaleout.HeaderPinID), subject: o.Subject}
+	if s.totals != nil {
+		var dl *deadLetter
+		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data()); dl != nil {
+			dlq <- *dl
+			return
+		}
+	}
+	parts[p] <- it
+}
+
+// routes reports whether the route step writes what the group consumes.
+func (s *Stage) routes() bool {
+	_, _, ok := s.routed()
+	return ok
+}
