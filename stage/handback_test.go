@@ -3,6 +3,7 @@ package stage_test
 import (
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,11 +116,19 @@ func TestScaleOutStopGivesBackHeld(t *testing.T) {
 		defer close(stopped)
 		a.stop(t)
 	}()
-	select { // the stop waits for the batch in flight
+	// The stop waits for the batch in flight, and this process (both
+	// instances and the server) has nothing to do meanwhile but wait.
+	cpu := processCPU(t)
+	select {
 	case <-stopped:
 		t.Fatal("the stop returned while a batch was in flight")
 	case <-time.After(time.Second):
 	}
+	used := processCPU(t) - cpu
+	if used > 500*time.Millisecond {
+		t.Errorf("the process used %v of CPU in the second the stop waited for the batch in flight, want it idle: something spins", used)
+	}
+	t.Logf("CPU used in the second the stop waited: %v", used)
 	unblock()
 	<-stopped
 	e.scaleOutDrained(20 * time.Second)
@@ -221,4 +230,15 @@ func TestScaleOutBacklogMetric(t *testing.T) {
 		n := backlog()
 		return n == 0, fmt.Errorf("the gauge shows %v messages after the drain", n)
 	})
+}
+
+// processCPU returns the CPU time this process has used (user and
+// system).
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

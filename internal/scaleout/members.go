@@ -27,20 +27,40 @@ type members struct {
 type member struct {
 	consuming pcgroups.ConsumerGroupConsumeContext
 	ended     chan struct{} // closed when the library reports it done
+	// cancel ends the context the member was joined with, after Stop.
+	cancel context.CancelFunc
 }
 
 // join consumes partition p's member, retrying until ctx is done.
+//
+// The member runs on a context of its own, which ctx cancels only while
+// StaticConsume runs and leave cancels once the member is stopped:
+// pcgroups watches the group's configuration on the context it was given,
+// nats.go unsubscribes that watch when the context ends, and the
+// library's watch loop then spins on the closed channel until Stop. Joined
+// on ctx, every member spun at full speed from the end of Run's ctx to its
+// leave, while the clean stop's batches in flight finished and its
+// partitions were unpinned.
 func (m *members) join(ctx context.Context, p int) {
 	g := m.g
 	b := retry.NewBackoff()
 	for ctx.Err() == nil {
-		consuming, err := pcgroups.StaticConsume(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
+		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		stopCancel := context.AfterFunc(ctx, cancel)
+		consuming, err := pcgroups.StaticConsume(mctx, g.js, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
+		if !stopCancel() && err == nil { // ctx ended while joining
+			consuming.Stop()
+			err = ctx.Err()
+		}
 		if err != nil {
-			g.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
-			b.Wait(ctx)
+			cancel()
+			if ctx.Err() == nil {
+				g.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
+				b.Wait(ctx)
+			}
 			continue
 		}
-		mb := &member{consuming: consuming, ended: make(chan struct{})}
+		mb := &member{consuming: consuming, ended: make(chan struct{}), cancel: cancel}
 		go func() {
 			defer close(mb.ended)
 			if err := <-consuming.Done(); err != nil {
@@ -63,6 +83,7 @@ func (m *members) leave(p int) {
 	if mb != nil {
 		mb.consuming.Stop()
 		<-mb.ended
+		mb.cancel()
 	}
 }
 
