@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -63,9 +64,15 @@ type HandOverRun struct {
 	// BReadySeconds is the kill until b answered /readyz, when started at
 	// the kill; the probes start then.
 	BReadySeconds float64 `json:"b_ready_seconds,omitempty"`
+	// Stop is how A was stopped (--handover-stop): kill (SIGKILL) or term
+	// (SIGTERM, a clean stop); "the kill" below is that signal.
+	Stop string `json:"stop"`
+	// AExitSeconds is the signal until A's process exited.
+	AExitSeconds float64 `json:"a_exit_seconds"`
 	// FirstForwardSeconds is the kill until the output stream stored the
 	// first probe forwarded by B; BeyondTTLSeconds that minus the pin's
-	// TTL (the figure issue 22's targets name).
+	// TTL (the figure issue 22's targets name; 0 after a clean stop, which
+	// does not wait for the pin's TTL).
 	FirstForwardSeconds float64 `json:"kill_to_first_forward_seconds"`
 	BeyondTTLSeconds    float64 `json:"beyond_ttl_seconds"`
 	// LastTakenSeconds is the kill until B logged its last partition taken
@@ -296,9 +303,19 @@ func (h *hoRun) standBy(ctx context.Context) error {
 // B has taken every partition.
 func (h *hoRun) kill(ctx context.Context) error {
 	f, b, run := h.f, h.b, h.run
-	_ = h.a.proc.cmd.Process.Kill()
+	sig, how := os.Signal(syscall.SIGKILL), "killed instance a (SIGKILL)"
+	if f.hoStop == "term" {
+		sig, how = syscall.SIGTERM, "stopping instance a (SIGTERM: it finishes, gives back and unpins its partitions)"
+	}
+	run.Stop = f.hoStop
+	_ = h.a.proc.cmd.Process.Signal(sig)
 	t0 := time.Now()
-	fmt.Fprintf(logOut, "killed instance a (SIGKILL); publishing probes at %d/s\n", hoProbeRate)
+	aExit := make(chan time.Duration, 1)
+	go func() {
+		<-h.a.proc.exited
+		aExit <- time.Since(t0)
+	}()
+	fmt.Fprintf(logOut, "%s; publishing probes at %d/s\n", how, hoProbeRate)
 	if run.BStartedAtKill {
 		// b's start refuses to run while messages arrive during its check
 		// of the input stream (see the README), so the probes start once b
@@ -318,8 +335,16 @@ func (h *hoRun) kill(ctx context.Context) error {
 	t1, err := h.firstForward(pctx, h.n, h.last, b)
 	if err == nil {
 		run.FirstForwardSeconds = t1.Sub(t0).Seconds()
-		run.BeyondTTLSeconds = run.FirstForwardSeconds - f.hoAckWait.Seconds()
+		if f.hoStop == "kill" {
+			run.BeyondTTLSeconds = run.FirstForwardSeconds - f.hoAckWait.Seconds()
+		}
 		err = h.waitTaken(pctx, b, f.hoPartitions)
+	}
+	select {
+	case d := <-aExit:
+		run.AExitSeconds = d.Seconds()
+	case <-time.After(time.Minute):
+		run.Notes = append(run.Notes, "instance a had not exited a minute after its signal")
 	}
 	time.Sleep(time.Second) // a few more probes after the last takeover
 	stopProbes()
@@ -622,16 +647,20 @@ func printHandOver(w io.Writer, r *HandOverRun) {
 	fmt.Fprintf(w, "\nHand-over (%s)\n", r.Cluster)
 	fmt.Fprintf(w, "keys %d, partitions %d, pin TTL (input.ack_wait) %gs, snapshot_interval %s; load %.1fs (%.0f keys/s), snapshot after %.1fs\n",
 		r.Keys, r.Partitions, r.PinTTLSeconds, r.SnapshotInterval, r.LoadSeconds, r.LoadPerSec, r.SnapshotWaitSeconds)
-	when := "standing by before the kill"
+	what := map[string]string{"kill": "kill", "term": "stop"}[r.Stop]
+	when := "standing by before the " + what
 	if r.BStartedAtKill {
-		when = fmt.Sprintf("started at the kill, ready %.2fs after it (the probes start then)", r.BReadySeconds)
+		when = fmt.Sprintf("started at the %s, ready %.2fs after it (the probes start then)", what, r.BReadySeconds)
 	}
 	fmt.Fprintf(w, "new owner b (empty data dir) %s\n\n", when)
 	fmt.Fprintf(w, "| %-28s | %12s |\n|%s|%s|\n", "measure", "value", strings.Repeat("-", 30), strings.Repeat("-", 14))
 	row := func(k, v string) { fmt.Fprintf(w, "| %-28s | %12s |\n", k, v) }
-	row("kill -> first forward", fmt.Sprintf("%.2f s", r.FirstForwardSeconds))
-	row("  beyond the pin's TTL", fmt.Sprintf("%.2f s", r.BeyondTTLSeconds))
-	row("kill -> last partition taken", fmt.Sprintf("%.2f s", r.LastTakenSeconds))
+	row(what+" -> a exited", fmt.Sprintf("%.2f s", r.AExitSeconds))
+	row(what+" -> first forward", fmt.Sprintf("%.2f s", r.FirstForwardSeconds))
+	if r.Stop == "kill" {
+		row("  beyond the pin's TTL", fmt.Sprintf("%.2f s", r.BeyondTTLSeconds))
+	}
+	row(what+" -> last partition taken", fmt.Sprintf("%.2f s", r.LastTakenSeconds))
 	row("restore records/s", fmt.Sprintf("%.0f", r.RestoreRecordsPerSec))
 	row("snapshot bytes/key", fmt.Sprintf("%.1f", r.SnapshotBytesPerKey))
 	row("probes (lost/dup)", fmt.Sprintf("%d (%d/%d)", r.Probes, r.ProbesLost, r.ProbesDuplicated))
@@ -668,6 +697,8 @@ func handOverFlags(f *flags, set map[string]bool) error {
 		return fmt.Errorf("--handover-copies %d: want >= 0", f.hoCopies)
 	case f.hoSnapshotInterval < config.MinSnapshotInterval.D():
 		return fmt.Errorf("--handover-snapshot-interval %v: want >= %v", f.hoSnapshotInterval, config.MinSnapshotInterval.D())
+	case f.hoStop != "kill" && f.hoStop != "term":
+		return fmt.Errorf("--handover-stop %q: want kill or term", f.hoStop)
 	}
 	if !set["sync-always"] {
 		f.syncAlways = false

@@ -17,6 +17,7 @@ func TestHandOverFlags(t *testing.T) {
 		{"--handover", "--handover-keys", "0"},
 		{"--handover", "--handover-partitions", "0"},
 		{"--handover", "--handover-snapshot-interval", "100ms"},
+		{"--handover", "--handover-stop", "pause"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v: accepted, want refused", args)
@@ -59,6 +60,47 @@ func TestHandOverRun(t *testing.T) {
 		t.Errorf("first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
 			r.FirstForwardSeconds, r.SnapshotBytesPerKey, r.RestoreRecordsPerSec)
 	}
+	noneLeft(t, dir)
+}
+
+// TestHandOverPlannedStop runs the hand-over with a clean stop
+// (--handover-stop term) and a pin's TTL of 20s: the new owner forwards
+// well before the TTL, since the stopping owner unpins its partition, and
+// every probe and loaded key comes out once.
+func TestHandOverPlannedStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
+	}
+	dir := t.TempDir()
+	f, err := parseFlags([]string{"--handover", "--handover-stop", "term", "--handover-keys", "2000", "--handover-copies", "100",
+		"--handover-ack-wait", "20s", "--handover-snapshot-interval", "2s", "--progress", "0", "--dir", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := logOut
+	logOut = testWriter{t}
+	defer func() { logOut = saved }()
+	r, err := runHandOver(context.Background(), f, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK || r.Probes == 0 {
+		t.Errorf("%+v; want every probe and loaded key once, probes published, stop term", r)
+	}
+	// After a crash the first forward waits for the pin's TTL, which runs
+	// from the owner's last pull: 16.8s after a SIGKILL in this test's
+	// setting. Half the TTL tells the two apart.
+	if r.FirstForwardSeconds <= 0 || r.FirstForwardSeconds >= r.PinTTLSeconds/2 || r.AExitSeconds <= 0 {
+		t.Errorf("stop -> first forward %.2fs, a exited after %.2fs; want a forward within half the pin's TTL of %gs: the stop unpins",
+			r.FirstForwardSeconds, r.AExitSeconds, r.PinTTLSeconds)
+	}
+	t.Logf("stop -> a exited %.2fs, -> first forward %.2fs (pin TTL %gs)", r.AExitSeconds, r.FirstForwardSeconds, r.PinTTLSeconds)
+	noneLeft(t, dir)
+}
+
+// noneLeft fails t for every process whose command line names dir.
+func noneLeft(t *testing.T, dir string) {
+	t.Helper()
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {

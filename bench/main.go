@@ -89,6 +89,7 @@ type flags struct {
 	hoCopies                 int
 	hoAckWait, hoLoadTimeout time.Duration
 	hoSnapshotInterval       time.Duration
+	hoStop                   string // kill or term: how instance a is stopped
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -213,6 +214,7 @@ func defineHandOverFlags(fs *flag.FlagSet, f *flags) {
 	fs.DurationVar(&f.hoAckWait, "handover-ack-wait", config.Default().Input.AckWait.D(), "hand-over: input.ack_wait of the instances (the pin's TTL)")
 	fs.DurationVar(&f.hoSnapshotInterval, "handover-snapshot-interval", 30*time.Second, "hand-over: scale_out.snapshot_interval of the instances")
 	fs.DurationVar(&f.hoLoadTimeout, "handover-load-timeout", 20*time.Minute, "hand-over: bound on loading the keys (publish and drain)")
+	fs.StringVar(&f.hoStop, "handover-stop", "kill", "hand-over: how instance a stops: kill (SIGKILL, a crash: its partitions move after the pin's TTL) or term (SIGTERM, a planned stop: it finishes, gives back and unpins them)")
 }
 
 // parseKinds parses --configs, which the scale-out and hand-over modes
