@@ -48,17 +48,17 @@ const pcgPriorityGroup = "PCG"
 // one call.
 const restoreChunk = 4096
 
-// Options configure New.
+// Options configure New. Every field is required but Key (required when
+// the route step runs), PartitionKey and Reporter.
 type Options struct {
 	// Config is the validated configuration, with scale_out on.
 	Config config.Config
 	// Conn is the NATS connection, and JS the JetStream context on it.
-	// Both required.
 	Conn *nats.Conn
 	JS   jetstream.JetStream
 	// Window is W, the dedupe window: what a snapshot must hold.
 	Window time.Duration
-	// Clock tells the time of judgements. Default window.SystemClock.
+	// Clock tells the time of judgements.
 	Clock window.Clock
 	// Key is the key the route step reads. Required when the route step
 	// runs (config.Config.ScaleOutRouted).
@@ -72,17 +72,16 @@ type Options struct {
 	// ShutdownTimeout bounds how long the route step finishes what it
 	// routes when it stops.
 	ShutdownTimeout time.Duration
-	// Registry receives the group's metrics. Default: a new registry that
-	// is not served.
+	// Registry receives the group's metrics.
 	Registry prometheus.Registerer
 	// Logger receives the group's logs, and Logs the rate-limited ones of
-	// per-batch events. Default slog.Default() and a limiter on it.
+	// per-batch events.
 	Logger *slog.Logger
 	Logs   *lograte.Limiter
 	// Reporter hears the route step's health. Optional.
 	Reporter retry.Reporter
-	// Restoring, when set, hears a takeover's restore of partition p: on
-	// at its start and at each chunk of records, off at its end.
+	// Restoring hears a takeover's restore of partition p: on at its start
+	// and at each chunk of records, off at its end.
 	Restoring func(p, records int, on bool)
 }
 

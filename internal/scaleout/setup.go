@@ -4,20 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
-	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // New checks what scale-out needs of the streams, creates the static
@@ -26,11 +22,11 @@ import (
 // all of them), and opens the hand-over bucket. The group is joined by
 // Run.
 func New(ctx context.Context, o Options) (*Group, error) {
-	if o.Conn == nil || o.JS == nil {
-		return nil, errors.New("scale-out: Options.Conn or Options.JS is nil")
+	if o.Conn == nil || o.JS == nil || o.Clock == nil || o.Registry == nil || o.Logger == nil || o.Logs == nil || o.Restoring == nil {
+		return nil, errors.New("scale-out: Options.Conn, JS, Clock, Registry, Logger, Logs and Restoring are required")
 	}
 	cfg := o.Config
-	g := newGroup(&o)
+	g := newGroup(o)
 	if routed, why := cfg.ScaleOutRouted(); routed {
 		if err := g.setUpRoute(ctx, o, why); err != nil {
 			return nil, err
@@ -63,24 +59,9 @@ func New(ctx context.Context, o Options) (*Group, error) {
 }
 
 // newGroup returns this instance's part in the group o configures, before
-// it has checked or joined anything, filling in o's defaults.
-func newGroup(o *Options) *Group {
+// it has checked or joined anything.
+func newGroup(o Options) *Group {
 	cfg := o.Config
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.Registry == nil {
-		o.Registry = prometheus.NewRegistry()
-	}
-	if o.Logs == nil {
-		o.Logs = lograte.New(o.Logger, lograte.DefaultOptions(), o.Registry)
-	}
-	if o.Clock == nil {
-		o.Clock = window.SystemClock{}
-	}
-	if o.Restoring == nil {
-		o.Restoring = func(int, int, bool) {}
-	}
 	return &Group{
 		cfg:        cfg,
 		js:         o.JS,
