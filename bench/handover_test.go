@@ -38,18 +38,7 @@ func TestHandOverRun(t *testing.T) {
 		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
 	}
 	dir := t.TempDir()
-	f, err := parseFlags([]string{"--handover", "--handover-keys", "2000", "--handover-copies", "500",
-		"--handover-ack-wait", "2s", "--handover-snapshot-interval", "2s", "--progress", "0", "--dir", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saved := logOut
-	logOut = testWriter{t}
-	defer func() { logOut = saved }()
-	r, err := runHandOver(context.Background(), f, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := runHandOverTest(t, dir, "--handover-keys", "2000", "--handover-copies", "500", "--handover-ack-wait", "2s")
 	if !r.OK || r.Probes == 0 || r.Copies != 500 {
 		t.Errorf("%+v; want every probe and loaded key once, probes published, 500 copies", r)
 	}
@@ -72,18 +61,7 @@ func TestHandOverPlannedStop(t *testing.T) {
 		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
 	}
 	dir := t.TempDir()
-	f, err := parseFlags([]string{"--handover", "--handover-stop", "term", "--handover-keys", "2000", "--handover-copies", "100",
-		"--handover-ack-wait", "20s", "--handover-snapshot-interval", "2s", "--progress", "0", "--dir", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saved := logOut
-	logOut = testWriter{t}
-	defer func() { logOut = saved }()
-	r, err := runHandOver(context.Background(), f, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := runHandOverTest(t, dir, "--handover-stop", "term", "--handover-keys", "2000", "--handover-copies", "100", "--handover-ack-wait", "20s")
 	if !r.OK || r.Probes == 0 {
 		t.Errorf("%+v; want every probe and loaded key once, probes published, stop term", r)
 	}
@@ -96,6 +74,24 @@ func TestHandOverPlannedStop(t *testing.T) {
 	}
 	t.Logf("stop -> a exited %.2fs, -> first forward %.2fs (pin TTL %gs)", r.AExitSeconds, r.FirstForwardSeconds, r.PinTTLSeconds)
 	noneLeft(t, dir)
+}
+
+// runHandOverTest runs the hand-over mode in dir with args added to
+// --handover, snapshots every 2s and no progress lines, its log into t.
+func runHandOverTest(t *testing.T, dir string, args ...string) *HandOverRun {
+	t.Helper()
+	f, err := parseFlags(append([]string{"--handover", "--handover-snapshot-interval", "2s", "--progress", "0", "--dir", dir}, args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := logOut
+	logOut = testWriter{t}
+	defer func() { logOut = saved }()
+	r, err := runHandOver(context.Background(), f, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // noneLeft fails t for every process whose command line names dir.
