@@ -406,8 +406,7 @@ func (e *soEnv) yaml(row soRow, n soNames, name, dataDir, addr string) string {
 		window = fmt.Sprintf("window:\n  paths: [{name: bench, max: %s}]\n  margin: 0s\n", e.f.window)
 	}
 	expected := max(config.Default().Filter.ExpectedKeys, uint64(e.thr.Keys+e.warmKeys+100_000))
-	// The default budget, or the least that --partitions takes.
-	budget := max(config.Default().State.MemoryBudget, config.MinMemoryPerPartition*config.ByteSize(e.f.partitions))
+	budget := config.Default().State.MemoryBudget
 	return fmt.Sprintf(`nats:
   url: %q
   create_streams: true

@@ -16,7 +16,7 @@ func TestStateLimitsAgree(t *testing.T) {
 	for _, p := range []int{-1, 0, 1, 8, state.MaxPartitions, state.MaxPartitions + 1} {
 		c := Default()
 		c.State.Partitions = p
-		c.State.MemoryBudget = ByteSize(max(p, 1)) * MinMemoryPerPartition
+		c.State.MemoryBudget = MinMemoryBudget
 		w, err := c.Window.Derive()
 		if err != nil {
 			t.Fatal(err)

@@ -380,11 +380,11 @@ type State struct {
 	// one goroutine. Default 8; 1..1024. Existing state records its count
 	// and refuses to open with another.
 	Partitions int `yaml:"partitions"`
-	// MemoryBudget is the total memory for all Badger instances (their
-	// memtables; tables are read in place), divided between partitions.
-	// Default 64MiB; at least 8MiB per partition, so that Badger's
-	// per-instance floors stay inside it. state.Options.BadgerSizing
-	// derives Badger's sizes from it.
+	// MemoryBudget is the memory for the store's Badger instance, which
+	// every partition shares: its memtables (tables are read in place).
+	// Default 64MiB; at least 8MiB, so that Badger's smallest memtables
+	// stay inside it. state.Options.BadgerSizing derives Badger's sizes
+	// from it.
 	MemoryBudget ByteSize `yaml:"memory_budget"`
 	// SyncWrites: fsync each commit before acknowledging the input. Unset
 	// (the default), the state syncs as the output's server does: as

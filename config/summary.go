@@ -89,14 +89,13 @@ func (c Config) filterSummary(line func(label, format string, args ...any), more
 // memorySummary describes the state's memory budget beside the filter's
 // filterTotal bytes, and what Badger adds while it writes.
 func (c Config) memorySummary(line func(label, format string, args ...any), more func(format string, args ...any), filterTotal uint64) {
-	per := "n/a"
+	sz := c.StateOptions(window.Window{}).BadgerSizing()
+	line("memory", "state.memory_budget %v (one Badger instance for the %d partitions) + filter %s + table builders %s while writing = %s",
+		c.State.MemoryBudget, c.State.Partitions, humanBytes(filterTotal), humanBytes(uint64(sz.BuilderPool)),
+		humanBytes(uint64(max(c.State.MemoryBudget, 0))+filterTotal+uint64(sz.BuilderPool)))
 	if c.State.Partitions > 0 {
-		per = humanBytes(uint64(max(c.State.MemoryBudget, 0)) / uint64(c.State.Partitions))
-	}
-	line("memory", "state.memory_budget %v (%s per partition) + filter %s", c.State.MemoryBudget, per, humanBytes(filterTotal))
-	if c.State.Partitions > 0 {
-		more("badger %s", c.StateOptions(window.Window{}).BadgerSizing())
-		more("while writing, Badger's table builders come on top: buffers of twice a table's size, up to 8 per partition (hundreds of MiB to GiBs at tens of millions of keys)")
+		more("badger %s", sz)
+		more("table builders: %s", sz.BuildersNote())
 	}
 }
 

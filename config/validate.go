@@ -21,18 +21,18 @@ import (
 
 // Limits enforced by Validate.
 const (
-	MaxPartitions         = state.MaxPartitions
-	MaxBatchSize          = 10000
-	MaxPublishInFlight    = 65536
-	MaxGenerations        = ringbloom.MaxGenerations
-	MaxExpectedKeys       = 100_000_000_000
-	MaxMessageBytes       = 64 * MiB // NATS's hard payload limit
-	MaxBatchLinger        = Duration(time.Second)
-	MaxAckWait            = Duration(12 * time.Hour)
-	MaxRestartMargin      = Duration(24 * time.Hour)
-	MinMemoryPerPartition = 8 * MiB
-	MaxOutputBatch        = 10000 // output.batch_max
-	MaxBatchesInFlight    = 1000  // output.max_batches_in_flight: nats-server's default max_batch_inflight_total
+	MaxPartitions      = state.MaxPartitions
+	MaxBatchSize       = 10000
+	MaxPublishInFlight = 65536
+	MaxGenerations     = ringbloom.MaxGenerations
+	MaxExpectedKeys    = 100_000_000_000
+	MaxMessageBytes    = 64 * MiB // NATS's hard payload limit
+	MaxBatchLinger     = Duration(time.Second)
+	MaxAckWait         = Duration(12 * time.Hour)
+	MaxRestartMargin   = Duration(24 * time.Hour)
+	MinMemoryBudget    = 8 * MiB // three of Badger's smallest memtables (1 MiB, 2.3 MiB in RAM each) fit
+	MaxOutputBatch     = 10000   // output.batch_max
+	MaxBatchesInFlight = 1000    // output.max_batches_in_flight: nats-server's default max_batch_inflight_total
 )
 
 // FieldError is one problem with one field. Its message starts with the
@@ -406,8 +406,9 @@ func (c Config) validateState(v *validator) {
 	}
 	if s.Partitions < 1 || s.Partitions > MaxPartitions {
 		v.add("state.partitions", "%d, want 1..%d", s.Partitions, MaxPartitions)
-	} else if need := MinMemoryPerPartition * ByteSize(s.Partitions); s.MemoryBudget < need {
-		v.add("state.memory_budget", "%v, want >= %v (%v per partition, %d partitions)", s.MemoryBudget, need, MinMemoryPerPartition, s.Partitions)
+	}
+	if s.MemoryBudget < MinMemoryBudget {
+		v.add("state.memory_budget", "%v, want >= %v (Badger's smallest memtables)", s.MemoryBudget, MinMemoryBudget)
 	}
 	if s.GCInterval < 0 {
 		v.add("state.gc_interval", "%v, want >= 0 (0 disables value-log GC)", s.GCInterval)

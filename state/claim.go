@@ -105,7 +105,7 @@ func (p *Partition) ClaimWithCursor(claims []Claim, cursor uint64) ([]ClaimResul
 	}
 	claimsNew := len(b.claimed)
 	if cursor > 0 {
-		b.claimed = append(b.claimed, cursorWrites(cursor))
+		b.claimed = append(b.claimed, p.cursorWrites(cursor))
 	}
 	if err := p.commit(b); err != nil {
 		return nil, p.wrap(err)
@@ -141,8 +141,8 @@ type claimWrites struct {
 }
 
 // cursorWrites returns the write of the partition's cursor.
-func cursorWrites(cursor uint64) claimWrites {
-	return claimWrites{writes: []write{{key: cursorKey, value: encodeCursor(cursor)}}}
+func (p *Partition) cursorWrites(cursor uint64) claimWrites {
+	return claimWrites{writes: []write{{key: p.ks.cursor(), value: encodeCursor(cursor)}}}
 }
 
 // write is one Badger write.
@@ -170,7 +170,7 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 	}
 	if p.filter == nil || p.filter.TestHash(h) {
 		p.claimStoreReads.Add(1)
-		rec, ok, err := readRecord(rtxn, c.Key)
+		rec, ok, err := readRecord(rtxn, p.ks, c.Key)
 		if err != nil {
 			return fmt.Errorf("claim %d: %w", i, err)
 		}
@@ -190,7 +190,7 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 		key:       c.Key,
 		hash:      h,
 		firstSeen: rec.FirstSeen,
-		writes:    []write{{key: recordKey(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
+		writes:    []write{{key: p.ks.record(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
 	}
 	if c.Total.Group != "" {
 		v, w, err := p.addTotal(rtxn, b, c.Total, now)
@@ -268,6 +268,7 @@ func (p *Partition) commitFrom(claimed []claimWrites, start int) (int, error) {
 	if err := txn.Commit(); err != nil {
 		return start, fmt.Errorf("commit: %w", err)
 	}
+	p.commits++
 	return end, nil
 }
 

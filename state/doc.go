@@ -3,9 +3,16 @@
 //
 // # Partitions
 //
-// A Store has P partitions. Partition i is its own Badger database in
-// Dir/p%03d with its own windowed Bloom filter (package bloom); it is the
-// unit of ownership, so that it can later move between instances. A key
+// A Store has P partitions, which share one Badger database in
+// Dir/badger (BadgerDir): partition i's keys start with its keyspace, i
+// as a big-endian uint16, so they sort together and drop together. Each
+// partition has its own windowed Bloom filter (package bloom), snapshotted
+// in Dir/p%03d; it is the unit of ownership, so that it can move between
+// instances. One database, not one per partition, because Badger's
+// memory while it writes is per database (see BadgerSizing), and
+// partitions that commit at once share its write-ahead log. A data dir
+// written with a database per partition is moved into the shared one at
+// Open (logged). A key
 // belongs to partition PartitionOf(partitionKey, P) = xxhash64(partitionKey)
 // mod P. Dir/LAYOUT records P; opening with another P is refused
 // (ErrLayout), because keys would route to the wrong partition. One
@@ -14,7 +21,7 @@
 //
 // # Records
 //
-// A record is stored under 'k'+key (other one-byte prefixes are reserved
+// A record is stored under keyspace+'k'+key (other one-byte prefixes are reserved
 // for other record kinds, such as totals, written in the same transaction)
 // as 17 bytes: version 1, FirstSeen in Unix nanoseconds and the
 // fingerprint, both big endian. Claim records a batch of keys in one Badger
@@ -28,7 +35,7 @@
 // stores instead of the clock's now, so that the record read back from
 // the output stream on another instance equals the local one.
 // ClaimWithCursor also stores the partition's cursor, the output stream
-// sequence of the batch, under the single key 'c', in the same transaction
+// sequence of the batch, under the single key keyspace+'c', in the same transaction
 // as the claims: nothing that scans records or totals sees it. Restore
 // puts records read back from the output (and their keys in the filter)
 // and the cursor, idempotently; Cursor reads it.
@@ -37,7 +44,7 @@
 //
 // With Options.TotalsBucket set, a Claim may carry a Contribution: a New
 // claim adds its Value to the total of its (group, time bucket), stored
-// under 't' + bucket + group, in the same Badger transaction that records
+// under keyspace + 't' + bucket + group, in the same Badger transaction that records
 // its key, so a crash never keeps a key without its contribution nor a
 // contribution without its key. Repeats (and copies inside one batch) add
 // nothing. The partition remembers in memory which pairs changed;
@@ -61,8 +68,9 @@
 // read, never a wrong answer. The filter must therefore answer "maybe" for
 // every unexpired record, also after a restart. Each partition's filter is
 // snapshotted to Dir/p%03d/filter.snap (every SnapshotInterval and at
-// Close) together with the Badger version it covers; the capture holds the
-// partition lock, so every record up to that version is in it. Open loads
+// Close, when the partition wrote since the last) together with the
+// Badger version it covers; the capture holds the partition lock, so
+// every record of the partition up to that version is in it. Open loads
 // the snapshot and tops it up with the records written after that version
 // (a crash after the snapshot loses nothing), or rebuilds the filter from a
 // full scan when the snapshot is missing, corrupt, made with other options,

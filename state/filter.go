@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -89,19 +90,19 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 	snapPath := filepath.Join(p.dir, SnapshotFile)
 	f, meta, err := loadSnapshot(snapPath, p.fopts)
 	if err == nil {
-		if maxV := p.db.MaxVersion(); meta > maxV {
+		if maxV := p.version(); meta > maxV {
 			err = fmt.Errorf("snapshot covers store version %d but the store ends at version %d (writes lost after the snapshot?)", meta, maxV)
 		}
 	}
 	if err == nil {
 		f.Advance(now)
-		err = snapshotHolds(p.db, f, meta, p.win, now)
+		err = snapshotHolds(p.db, p.ks, f, meta, p.win, now)
 	}
 	var b FilterBuild
 	if err == nil {
 		b = FilterBuild{Source: SourceSnapshot, SnapshotVersion: meta}
 		pr := p.newProgress(SourceSnapshotTopUp, 0)
-		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, meta, p.win, now, p.log, pr.tick); err != nil {
+		if b.Scanned, b.Added, err = scanInto(ctx, p.db, p.ks, f, meta, p.win, now, p.log, pr.tick); err != nil {
 			return fmt.Errorf("top up filter from version %d: %w", meta, err)
 		}
 		pr.done(b.Scanned, b.Added)
@@ -109,11 +110,11 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 			b.Source = SourceSnapshotTopUp
 		} else {
 			p.snapMu.Lock()
-			p.snapVersion, p.snapOnDisk = meta, true
+			p.snapVersion, p.snapOnDisk, p.snapCommits = meta, true, 0
 			p.snapMu.Unlock()
 		}
 	} else {
-		fresh := errors.Is(err, fs.ErrNotExist) && p.db.MaxVersion() == 0
+		fresh := errors.Is(err, fs.ErrNotExist) && p.empty() == nil
 		if fresh {
 			p.log.Debug("state: new partition, starting with an empty filter", "path", snapPath)
 		} else {
@@ -123,8 +124,8 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 		if f, err = bloom.New(p.fopts, now); err != nil {
 			return fmt.Errorf("new filter: %w", err)
 		}
-		pr := p.newProgress(SourceRebuild, estimateRecords(p.db))
-		if b.Scanned, b.Added, err = scanInto(ctx, p.db, f, 0, p.win, now, p.log, pr.tick); err != nil {
+		pr := p.newProgress(SourceRebuild, estimateRecords(p.db, p.ks))
+		if b.Scanned, b.Added, err = scanInto(ctx, p.db, p.ks, f, 0, p.win, now, p.log, pr.tick); err != nil {
 			return fmt.Errorf("rebuild filter: %w", err)
 		}
 		pr.done(b.Scanned, b.Added)
@@ -159,10 +160,10 @@ func loadSnapshot(path string, opts bloom.Options) (*bloom.Filter, uint64, error
 // a key the store holds) and logged. It returns how many records it read
 // and how many it added. It calls tick with the counts every
 // progressEveryRecords records.
-func scanInto(ctx context.Context, db *badger.DB, f *bloom.Filter, since uint64, win window.Window, now time.Time, log *slog.Logger, tick func(scanned, added uint64)) (scanned, added uint64, err error) {
+func scanInto(ctx context.Context, db *badger.DB, ks keyspace, f *bloom.Filter, since uint64, win window.Window, now time.Time, log *slog.Logger, tick func(scanned, added uint64)) (scanned, added uint64, err error) {
 	txn := db.NewTransaction(false)
 	defer txn.Discard()
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}, SinceTs: since})
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: ks.kind(prefixRecord), SinceTs: since})
 	defer it.Close()
 	for it.Rewind(); it.Valid(); it.Next() {
 		if scanned%progressEveryRecords == 0 {
@@ -175,7 +176,7 @@ func scanInto(ctx context.Context, db *badger.DB, f *bloom.Filter, since uint64,
 		}
 		scanned++
 		item := it.Item()
-		key := item.Key()[1:]
+		key := userKey(item.Key())
 		var rec Record
 		err := item.Value(func(v []byte) error {
 			var derr error
@@ -214,10 +215,10 @@ func (p *Partition) snapshot(closing bool) error {
 		p.mu.Unlock()
 		return nil
 	}
-	meta := p.db.MaxVersion()
-	if p.snapOnDisk && meta == p.snapVersion {
-		// Nothing written since: the file on disk still covers the store
-		// (the filter has at most rotated, which loading redoes).
+	meta, commits := p.version(), p.commits
+	if p.snapOnDisk && commits == p.snapCommits {
+		// Nothing written since: the file on disk still covers the
+		// partition (the filter has at most rotated, which loading redoes).
 		p.mu.Unlock()
 		return nil
 	}
@@ -230,7 +231,7 @@ func (p *Partition) snapshot(closing bool) error {
 	if err := writeFileAtomic(filepath.Join(p.dir, SnapshotFile), buf.Bytes()); err != nil {
 		return p.wrap(err)
 	}
-	p.snapVersion, p.snapOnDisk = meta, true
+	p.snapVersion, p.snapOnDisk, p.snapCommits = meta, true, commits
 	return nil
 }
 
@@ -327,13 +328,22 @@ func (pr *progress) report(scanned, added uint64, now time.Time, done bool) Filt
 	return fp
 }
 
-// estimateRecords is the number of keys in db's tables: about the records
-// a full scan reads (it also counts totals, the cursor and older versions,
-// and misses what is still in memtables).
-func estimateRecords(db *badger.DB) uint64 {
+// estimateRecords is about the number of keys of keyspace ks in db's
+// tables: about the records a full scan of the partition reads (it also
+// counts totals, the cursor and older versions, and misses what is still
+// in memtables). A table whose keys span several keyspaces counts an even
+// share of its keys for each.
+func estimateRecords(db *badger.DB, ks keyspace) uint64 {
+	want := binary.BigEndian.Uint16(ks[:])
 	var n uint64
 	for _, t := range db.Tables() {
-		n += uint64(t.KeyCount)
+		if len(t.Left) < keyspaceLen || len(t.Right) < keyspaceLen {
+			continue
+		}
+		lo, hi := binary.BigEndian.Uint16(t.Left), binary.BigEndian.Uint16(t.Right)
+		if lo <= want && want <= hi {
+			n += uint64(t.KeyCount) / uint64(hi-lo+1)
+		}
 	}
 	return n
 }

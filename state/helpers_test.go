@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/badger/v4"
+
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
@@ -298,4 +300,22 @@ next:
 		n++
 	}
 	return n
+}
+
+// lastVersion returns the highest Badger version of p's keys.
+func lastVersion(tb testing.TB, p *Partition) uint64 {
+	tb.Helper()
+	var v uint64
+	err := p.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: p.ks[:], AllVersions: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			v = max(v, it.Item().Version())
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
 }

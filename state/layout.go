@@ -67,15 +67,28 @@ func (p Partitioning) validate() error {
 type layout struct {
 	partitions int
 	how        Partitioning
+	// shared is true when the partitions are keyspaces of one Badger
+	// instance in BadgerDir (the "store one-badger" line), false for a
+	// data dir written before, with one Badger instance per partition
+	// directory: Open moves those into BadgerDir, then records shared.
+	shared bool
 }
 
+// storeOneBadger is LayoutFile's line of a shared store. Versions that
+// kept a Badger instance per partition refuse a LayoutFile with it, so
+// they never open a migrated data dir as an empty one.
+const storeOneBadger = "store one-badger"
+
 // formatLayout returns LayoutFile's text: "partitions N\n", followed by
-// "hash H\ngroup G\n" when the hash is not HashXXHash64, so that a
-// single-instance data dir keeps the file it always had.
+// "hash H\ngroup G\n" when the hash is not HashXXHash64, then
+// "store one-badger\n" when shared.
 func formatLayout(l layout) []byte {
 	b := fmt.Appendf(nil, "partitions %d\n", l.partitions)
 	if l.how.hash() != HashXXHash64 {
 		b = fmt.Appendf(b, "hash %s\ngroup %s\n", l.how.hash(), l.how.Group)
+	}
+	if l.shared {
+		b = fmt.Appendf(b, "%s\n", storeOneBadger)
 	}
 	return b
 }
@@ -94,6 +107,10 @@ func parseLayout(b []byte) (layout, error) {
 	}
 	l.partitions = n
 	for _, line := range lines[1:] {
+		if line == storeOneBadger {
+			l.shared = true
+			continue
+		}
 		f := strings.Fields(line)
 		if len(f) != 2 {
 			return l, fmt.Errorf("want \"hash H\" or \"group G\", got %q", line)

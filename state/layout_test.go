@@ -30,7 +30,7 @@ func TestLayoutRecordsPartitioning(t *testing.T) {
 	if err := open(scaled, 4, server("dedupe")); err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(filepath.Join(scaled, LayoutFile)); string(b) != "partitions 4\nhash server-fnv1a32\ngroup dedupe\n" {
+	if b, _ := os.ReadFile(filepath.Join(scaled, LayoutFile)); string(b) != "partitions 4\nhash server-fnv1a32\ngroup dedupe\nstore one-badger\n" {
 		t.Fatalf("LAYOUT = %q, want the count, the server's hash and the group", b)
 	}
 	if err := open(scaled, 4, server("dedupe")); err != nil {
@@ -40,8 +40,10 @@ func TestLayoutRecordsPartitioning(t *testing.T) {
 	if err := open(single, 4, Partitioning{}); err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(filepath.Join(single, LayoutFile)); string(b) != "partitions 4\n" {
-		t.Fatalf("single-instance LAYOUT = %q, want \"partitions 4\\n\" as before", b)
+	// The store line makes versions that kept a Badger instance per
+	// partition refuse the dir instead of opening empty partitions in it.
+	if b, _ := os.ReadFile(filepath.Join(single, LayoutFile)); string(b) != "partitions 4\nstore one-badger\n" {
+		t.Fatalf("single-instance LAYOUT = %q, want \"partitions 4\\nstore one-badger\\n\"", b)
 	}
 
 	for _, tt := range []struct {

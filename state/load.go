@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
-	"github.com/dgraph-io/badger/v4/pb"
-	"github.com/dgraph-io/ristretto/v2/z"
 )
 
 // ErrNotEmpty means a Loader was asked of a partition that holds a record,
@@ -16,10 +14,10 @@ import (
 // merges into one that is not).
 var ErrNotEmpty = errors.New("state: partition not empty")
 
-// Loader writes records into an empty partition as Badger tables, built
-// from the records in key order: no transaction per batch, no memtable, no
-// write-ahead log, no compaction. It is how a new owner with an empty data
-// dir loads a partition's snapshot, whose records come sorted by key.
+// Loader writes records into an empty partition in Badger write batches:
+// no read before each write, no per-call transaction to wait for, as many
+// commits in flight as Badger takes. It is how a new owner with an empty
+// data dir loads a partition's snapshot, whose records come sorted by key.
 // What it loads is what Restore would store from the same records, without
 // totals: each record inside the window at the clock's now, with the TTL
 // a Claim gives, its key in the filter.
@@ -29,11 +27,9 @@ var ErrNotEmpty = errors.New("state: partition not empty")
 // for concurrent use.
 type Loader struct {
 	p       *Partition
-	sw      *badger.StreamWriter
-	buf     *z.Buffer
+	wb      *badger.WriteBatch
 	now     time.Time
-	version uint64 // the Badger version of every loaded record
-	expires uint64 // their Badger expiry (Unix seconds), 0 for none
+	expires uint64 // the records' Badger expiry (Unix seconds), 0 for none
 	last    []byte // Badger key of the last record added
 	added   int
 	ended   bool
@@ -65,20 +61,15 @@ func (p *Partition) newLoader() (*Loader, error) {
 			return nil, err
 		}
 	}
-	// Above every version the store has had: a filter snapshot on disk
-	// covers at most that one, so a later filter build tops it up with
-	// the loaded records instead of taking them as covered.
-	version := p.db.MaxVersion() + 1
-	sw := p.db.NewStreamWriter()
-	if err := sw.Prepare(); err != nil {
-		sw.Cancel()
-		return nil, fmt.Errorf("prepare: %w", err)
-	}
 	now := p.clock.Now()
 	if p.filter != nil {
 		p.filter.Advance(now)
 	}
-	l := &Loader{p: p, sw: sw, buf: z.NewBuffer(1<<20, "state.Loader"), now: now, version: version}
+	// Badger gives each of the batch's commits a version above every
+	// version the store has had: a filter snapshot on disk covers at most
+	// that one, so a later filter build tops it up with the loaded
+	// records instead of taking them as covered.
+	l := &Loader{p: p, wb: p.db.NewWriteBatch(), now: now}
 	if p.ttl > 0 {
 		l.expires = uint64(time.Now().Add(p.ttl).Unix()) // Badger's clock, as Entry.WithTTL
 	}
@@ -90,10 +81,10 @@ func (p *Partition) newLoader() (*Loader, error) {
 func (p *Partition) empty() error {
 	txn := p.db.NewTransaction(false)
 	defer txn.Discard()
-	it := txn.NewIterator(badger.IteratorOptions{})
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: p.ks[:]})
 	defer it.Close()
 	if it.Rewind(); it.Valid() {
-		return fmt.Errorf("%w: it holds key %q", ErrNotEmpty, it.Item().Key())
+		return fmt.Errorf("%w: it holds key %q", ErrNotEmpty, it.Item().Key()[keyspaceLen:])
 	}
 	return nil
 }
@@ -119,28 +110,27 @@ func (l *Loader) Add(recs []Restored) error {
 		if !p.win.Inside(r.FirstSeen, l.now) {
 			continue
 		}
-		key := recordKey(r.Key)
+		key := p.ks.record(r.Key)
 		if l.last != nil && bytes.Compare(key, l.last) <= 0 {
 			return p.wrap(fmt.Errorf("load %d (key %q): %w: not after the key before it", l.added+i, r.Key, ErrBadRestore))
 		}
-		badger.KVToBuffer(&pb.KV{Key: key, Value: encodeRecord(Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}),
-			Version: l.version, ExpiresAt: l.expires}, l.buf)
+		e := badger.NewEntry(key, encodeRecord(Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}))
+		e.ExpiresAt = l.expires
+		if err := l.wb.SetEntry(e); err != nil {
+			return p.wrap(fmt.Errorf("load: write: %w", err))
+		}
 		if p.filter != nil {
 			p.filter.Add(r.Key, r.FirstSeen)
 		}
 		l.last = key
 	}
 	l.added += len(recs)
-	if err := l.sw.Write(l.buf); err != nil {
-		return p.wrap(fmt.Errorf("load: write: %w", err))
-	}
-	l.buf.Reset()
 	return nil
 }
 
-// Finish writes the last tables and syncs them, then stores cursor (when
-// not 0) in a transaction of its own, as Restore's last call would, and
-// gives the partition back. After a crash before the cursor's commit the
+// Finish waits for the batch's last commits, then stores cursor (when not
+// 0) in a transaction of its own, as Restore's last call would, and gives
+// the partition back. After a crash before the cursor's commit the
 // partition holds records without a cursor: restoring the changelog from
 // its start again merges into them.
 func (l *Loader) Finish(cursor uint64) error {
@@ -150,23 +140,25 @@ func (l *Loader) Finish(cursor uint64) error {
 	}
 	l.ended = true
 	defer p.mu.Unlock()
-	defer l.buf.Release()
-	if err := l.sw.Flush(); err != nil {
+	if err := l.wb.Flush(); err != nil {
 		return p.wrap(fmt.Errorf("load: flush: %w", err))
 	}
+	p.commits++
 	if cursor == 0 {
 		return nil
 	}
-	if err := p.commit(&batch{claimed: []claimWrites{cursorWrites(cursor)}}); err != nil {
+	if err := p.commit(&batch{claimed: []claimWrites{p.cursorWrites(cursor)}}); err != nil {
 		return p.wrap(fmt.Errorf("load: cursor: %w", err))
 	}
 	return nil
 }
 
-// Cancel ends a load that was not finished: it drops what the load wrote,
-// leaving the partition empty, and gives the partition back. The filter
-// keeps the keys added, which can only make it answer "maybe" for them.
-// After Finish it does nothing.
+// Cancel ends a load that was not finished: it drops what the load wrote
+// (Badger's DropPrefix of the partition's keyspace, which holds the
+// store's writes, every partition's, while it runs), leaving the
+// partition empty, and gives the partition back. The filter keeps the
+// keys added, which can only make it answer "maybe" for them. After
+// Finish it does nothing.
 func (l *Loader) Cancel() error {
 	if l.ended {
 		return nil
@@ -174,9 +166,8 @@ func (l *Loader) Cancel() error {
 	l.ended = true
 	p := l.p
 	defer p.mu.Unlock()
-	defer l.buf.Release()
-	l.sw.Cancel()
-	if err := p.db.DropAll(); err != nil {
+	l.wb.Cancel()
+	if err := p.db.DropPrefix(p.ks[:]); err != nil {
 		return p.wrap(fmt.Errorf("load: drop what a cancelled load wrote: %w", err))
 	}
 	return nil

@@ -139,7 +139,8 @@ func TestLoaderStoresWhatRestoreWould(t *testing.T) {
 
 // TestLoaderRefuses: a partition that holds a key is not loaded in bulk;
 // keys out of order, a record without FirstSeen or with a total are
-// refused, and Cancel leaves the partition empty, to be loaded again.
+// refused, and Cancel leaves the partition empty, to be loaded again,
+// and the other partitions as they were.
 func TestLoaderRefuses(t *testing.T) {
 	opts := testOptions(t, t.TempDir(), 2)
 	clock := window.NewManualClock(time.Now())
@@ -183,6 +184,13 @@ func TestLoaderRefuses(t *testing.T) {
 			if got, err := p.Lookup(r.Key); err != nil || got.Found {
 				t.Errorf("%s: Lookup(%q) after Cancel = %+v, %v; want not found", name, r.Key, got, err)
 			}
+		}
+	}
+	// Cancel drops the cancelled load's keyspace only: the partition that
+	// shares the Badger instance keeps its keys.
+	for _, k := range []string{"held", "held-too"} {
+		if got, err := held.Lookup([]byte(k)); err != nil || !got.Found {
+			t.Errorf("Lookup(%q) in the other partition after Cancels = %+v, %v; want found", k, got, err)
 		}
 	}
 	loadAll(t, p, recs, 42)

@@ -16,9 +16,8 @@ const (
 	DefaultPartitions = 8
 	// MaxPartitions is the largest allowed number of partitions.
 	MaxPartitions = 1024
-	// DefaultMemoryBudget is the default total memory for all Badger
-	// instances of a store: 64 MiB (8 MiB per partition at
-	// DefaultPartitions).
+	// DefaultMemoryBudget is the default memory of the store's Badger
+	// instance, shared by its partitions: 64 MiB.
 	DefaultMemoryBudget = 64 << 20
 	// MinMemoryBudget is the smallest accepted MemoryBudget: 4 MiB.
 	MinMemoryBudget = 4 << 20
@@ -39,9 +38,11 @@ const (
 type Options struct {
 	// Layout.
 
-	// Dir is the data directory. Partition i lives in Dir/p%03d (Dir/p000,
-	// Dir/p001, ...), each its own Badger directory and the unit of
-	// ownership. Dir/LAYOUT records the partition count. Required.
+	// Dir is the data directory. Every partition's records live in one
+	// Badger instance in Dir/BadgerDir, each partition under a key prefix
+	// of its own; partition i's filter snapshot lives in Dir/p%03d
+	// (Dir/p000, Dir/p001, ...). Dir/LAYOUT records the partition count.
+	// Required.
 	Dir string
 	// Partitions is the number of partitions P, 1..MaxPartitions. Default
 	// DefaultPartitions. It must match Dir/LAYOUT once the store exists.
@@ -89,15 +90,15 @@ type Options struct {
 
 	// Badger.
 
-	// MemoryBudget is the total memory in bytes for ALL Badger instances,
-	// split evenly over the partitions. It goes to memtables: each
-	// partition's share bounds its memtables in memory, arenas and
-	// write-ahead-log pages both. Tables stay on disk, read in place
-	// through their memory maps: there is no block or index cache, and no
-	// per-table Bloom filter. BadgerSizing derives every Badger size from
-	// it and says why. A floor of 1 MiB per memtable applies, so with a
-	// small budget and many partitions the real use can exceed the
-	// budget. Default DefaultMemoryBudget; at least MinMemoryBudget.
+	// MemoryBudget is the memory in bytes of the store's Badger instance,
+	// which every partition shares. It goes to memtables: it bounds them
+	// in memory, arenas and write-ahead-log pages both. Tables stay on
+	// disk, read in place through their memory maps: there is no block or
+	// index cache, and no per-table Bloom filter. BadgerSizing derives
+	// every Badger size from it and says why, and what Badger's table
+	// builders add while it writes. A floor of 1 MiB per memtable
+	// applies, so below 8 MiB the real use can exceed the budget. Default
+	// DefaultMemoryBudget; at least MinMemoryBudget.
 	MemoryBudget int64
 	// SyncWrites makes each Claim commit fsync before Claim returns (group
 	// commit: one fsync per Claim batch, or per split of it). Default true.
@@ -249,28 +250,45 @@ func (o Options) recordTTL() time.Duration {
 
 const maxDuration = time.Duration(1<<63 - 1)
 
-// Fixed Badger settings of every partition; BadgerSizing documents each.
+// Fixed Badger settings of the store; BadgerSizing documents each.
 const (
-	badgerBlockSize          = 64 << 10
-	badgerBaseTableSize      = 16 << 20
-	badgerNumLevelZeroTables = 2
-	badgerNumMemtables       = 1
-	badgerValueThreshold     = 1 << 10
-	minMemTableSize          = 1 << 20
+	badgerBlockSize           = 64 << 10
+	badgerBaseTableSize       = 4 << 20
+	badgerTableSizeMultiplier = 1
+	badgerNumLevelZeroTables  = 2
+	badgerNumMemtables        = 1
+	badgerValueThreshold      = 1 << 10
+	minMemTableSize           = 1 << 20
+	// badgerCompactionBuilders is how many table builders one Badger
+	// compaction runs at once before its splits (Badger 4.9.6, levels.go:
+	// y.NewThrottle(8 + len(cd.splits))).
+	badgerCompactionBuilders = 8
+	// badgerAllocatorPool is how many table builders' buffers Badger keeps
+	// for reuse between writes (Badger 4.9.6, db.go:
+	// z.NewAllocatorPool(8)).
+	badgerAllocatorPool = 8
 )
 
-// BadgerSizing is how each partition's Badger instance is configured: the
-// sizes derived from Options.MemoryBudget and the fixed choices that go
-// with them. It is what Open configures; callers that describe a store
-// (check-config) call Options.BadgerSizing instead of sizing Badger
-// themselves.
+// BadgerSizing is how the store's Badger instance, which every partition
+// shares, is configured: the sizes derived from Options.MemoryBudget and
+// the fixed choices that go with them. It is what Open configures;
+// callers that describe a store (check-config) call Options.BadgerSizing
+// instead of sizing Badger themselves.
 //
 // The workload: keys of some tens of bytes with 17-byte values, written
 // once, read back only when the partition's own Bloom filter says "maybe
 // seen" (a repeat, or one of its ~1% false positives), and scanned in
-// full to rebuild that filter. Badger memory-maps its tables and reads
-// them in place, so what a table costs in RAM is the pages of it that are
-// touched; memtables are allocated in full.
+// full, one partition's keyspace at a time, to rebuild that filter.
+// Badger memory-maps its tables and reads them in place, so what a table
+// costs in RAM is the pages of it that are touched; memtables are
+// allocated in full.
+//
+// One instance for all partitions, not one each: Badger's memory while it
+// writes is its table builders' buffers, and each instance runs its own
+// compactors and flushes, each compaction up to 8 builders at once plus
+// one per key range it splits into. With an instance per partition (8 at
+// the default) a fill of 10M keys held 833 MiB of Go heap and 780 MiB of
+// anonymous RSS; see BaseTableSize for what one instance holds.
 //
 // Blocks are not compressed (Badger's options.None): every read then
 // searches a block in place in the memory map, where a compressed block
@@ -278,9 +296,9 @@ const (
 // searches, and a rebuild would decompress every block. The price is disk
 // per key (random keys compress little anyway).
 type BadgerSizing struct {
-	// Share is MemoryBudget/Partitions: the bytes one partition's
-	// memtables may hold.
-	Share int64
+	// Budget is MemoryBudget: the bytes the store's memtables may hold,
+	// shared by every partition.
+	Budget int64
 	// NumMemtables is Badger's NumMemtables: how many full memtables may
 	// wait for their flush before writes wait. 1: claims arrive in
 	// fsynced batches far slower than a flush writes a table, so one
@@ -297,7 +315,7 @@ type BadgerSizing struct {
 	// file whose written pages (up to MemTableSize) stay resident until
 	// the memtable is flushed: 2.3 x MemTableSize.
 	MemtableBytes int64
-	// MemTableSize is Badger's MemTableSize: Share / MaxMemtables / 2.3,
+	// MemTableSize is Badger's MemTableSize: Budget / MaxMemtables / 2.3,
 	// at least 1 MiB. It is also the size of an L0 table (a flushed
 	// memtable) and bounds a write transaction to 15% of it (a larger
 	// Claim batch commits in several transactions).
@@ -309,28 +327,30 @@ type BadgerSizing struct {
 	// per deeper level; few L0 tables keep that short.
 	NumLevelZeroTables int
 	// BaseTableSize is Badger's BaseTableSize: the size of a table below
-	// L0 (doubling per level below the base level). 16 MiB: every open
-	// table keeps its index and the pages around its last block resident
-	// (about 150 KiB with fault-around), so fewer, larger tables cost
-	// fewer bytes per key. It also sizes Badger's table builders, memtable
-	// flushes included: each builds its table in a buffer of twice the
-	// table size (of its level's tables, doubling per level below the
-	// base), taken from a pool that keeps up to 8 buffers per partition
-	// while writes go on, in the Go heap. While a store takes writes fast,
-	// those buffers are most of its memory: right after a fill of 50M keys
-	// the store held 2.8 GiB of Go heap and 1.7 GiB of anonymous RSS,
-	// against 110 MiB of heap after a reopen (bench --scale). Neither
-	// smaller tables nor equal ones on every level paid for that at 50M
-	// keys: 4 MiB tables left anonymous RSS after the fill the same (1.7
-	// GiB), with 308 instead of 210 MiB of RSS after a reopen and half the
-	// fill speed; a multiplier of 1 took it to 1.4 GiB, for 227 MiB after a
-	// reopen and a quarter less fill speed. Both at once, at 10M keys (one
-	// run each, bench --scale 10000000): 514 MiB of heap and 436 MiB of
-	// anonymous RSS right after the fill instead of 833 and 780, for 103k
-	// instead of 160k keys/s and 70.8 instead of 58.0 MiB of RSS after a
-	// reopen. A memtable flush sizes its buffer from this too, not from
-	// the memtable it writes.
+	// L0, 4 MiB, the same on every level (TableSizeMultiplier 1). It sizes
+	// Badger's table builders: each builds its table in a buffer of twice
+	// the table size, in the Go heap, and a compaction runs up to 8 + its
+	// key ranges of them at once, on each of 2 compactors; a memtable
+	// flush sizes its buffer from it too. While a store takes writes fast,
+	// those buffers are most of its memory, so they are what this size
+	// bounds. At 10M keys, one run each of the same fill (bench --scale
+	// 10000000, one writer), Go heap and anonymous RSS right after the
+	// fill: 748 and 630 MiB with 16 MiB tables doubling per level, 391 and
+	// 340 with 16 MiB on every level, 349 and 305 with 4 MiB doubling, 154
+	// and 119 with 4 MiB on every level. The price is more tables, each
+	// keeping its index and the pages around its last block resident, and
+	// a slower fill: 98k instead of 127k keys/s with one writer.
 	BaseTableSize int64
+	// TableSizeMultiplier is Badger's TableSizeMultiplier: 1, tables of
+	// BaseTableSize on every level (see BaseTableSize).
+	TableSizeMultiplier int
+	// BuilderPool is the Go heap Badger's table builders keep on top of
+	// Budget while the store writes: the buffers of its pool of 8, each
+	// twice BaseTableSize. A compaction holds more for as long as it runs
+	// (see BaseTableSize); right after fills of 10M and 50M keys as fast
+	// as the disk allows, the builders held exactly this (bench --scale
+	// --memprofile: 64 MiB of z.Calloc).
+	BuilderPool int64
 	// BlockSize is Badger's BlockSize: the uncompressed size of a table's
 	// blocks. 64 KiB: a table's index holds one key per block and is read
 	// in full when the table opens, so larger blocks make it smaller
@@ -346,9 +366,10 @@ type BadgerSizing struct {
 	// of a held key costs without them: at 10M keys, reopened (5 tables
 	// per partition), a lookup of a held key took 12.1 and 12.3 µs
 	// without per-table filters and 7.8 and 8.3 µs with 1% ones
-	// (BenchmarkLookupSeen -seen-keys 10000000, two runs each, alternated).
-	// About 4 µs more per repeat that reads the store, 0.4 µs per event at
-	// 10% repeats; the memory is kept instead.
+	// (BenchmarkLookupSeen -seen-keys 10000000, two runs each, alternated,
+	// with an instance per partition and 16 MiB tables). About 4 µs more
+	// per repeat that reads the store, 0.4 µs per event at 10% repeats;
+	// the memory is kept instead.
 	BloomFalsePositive float64
 	// BlockCacheSize is Badger's BlockCacheSize: 0. Badger needs a block
 	// cache only for compressed or encrypted blocks; for plain blocks it
@@ -366,28 +387,38 @@ type BadgerSizing struct {
 	ValueThreshold int64
 }
 
-// BadgerSizing returns the Badger configuration of each partition (the
-// same for every partition), as documented on BadgerSizing.
+// BadgerSizing returns the Badger configuration of the store, as
+// documented on BadgerSizing.
 func (o Options) BadgerSizing() BadgerSizing {
 	s := BadgerSizing{
-		Share:              o.MemoryBudget / int64(max(o.Partitions, 1)),
-		NumMemtables:       badgerNumMemtables,
-		MaxMemtables:       badgerNumMemtables + 2,
-		NumLevelZeroTables: badgerNumLevelZeroTables,
-		BaseTableSize:      badgerBaseTableSize,
-		BlockSize:          badgerBlockSize,
-		ValueThreshold:     badgerValueThreshold,
+		Budget:              o.MemoryBudget,
+		NumMemtables:        badgerNumMemtables,
+		MaxMemtables:        badgerNumMemtables + 2,
+		NumLevelZeroTables:  badgerNumLevelZeroTables,
+		BaseTableSize:       badgerBaseTableSize,
+		TableSizeMultiplier: badgerTableSizeMultiplier,
+		BuilderPool:         badgerAllocatorPool * 2 * badgerBaseTableSize,
+		BlockSize:           badgerBlockSize,
+		ValueThreshold:      badgerValueThreshold,
 	}
-	s.MemTableSize = max(s.Share/int64(s.MaxMemtables)*10/23, minMemTableSize)
+	s.MemTableSize = max(s.Budget/int64(s.MaxMemtables)*10/23, minMemTableSize)
 	s.MemtableBytes = s.MemTableSize * 23 / 10
 	return s
 }
 
+// BuildersNote describes, in one line, the Go heap Badger's table
+// builders take on top of Budget while the store writes (see BuilderPool
+// and BaseTableSize), as check-config prints it.
+func (s BadgerSizing) BuildersNote() string {
+	return fmt.Sprintf("%s kept in a pool of %d buffers of %s (twice a %s table); a compaction in flight holds up to %d plus one per key range it splits into, on each of %d compactors",
+		humanBytes(s.BuilderPool), badgerAllocatorPool, humanBytes(2*s.BaseTableSize), humanBytes(s.BaseTableSize), badgerCompactionBuilders, numCompactors)
+}
+
 // String describes the sizing in one line, as check-config prints it.
 func (s BadgerSizing) String() string {
-	return fmt.Sprintf("%s per partition: up to %d memtables of %s (%s each in RAM with arena and log); "+
-		"tables read in place: %s blocks, uncompressed, no per-table Bloom filter, no block or index cache, %d L0 tables, %s base tables",
-		humanBytes(s.Share), s.MaxMemtables, humanBytes(s.MemTableSize), humanBytes(s.MemtableBytes),
+	return fmt.Sprintf("one instance, %s for all partitions: up to %d memtables of %s (%s each in RAM with arena and log); "+
+		"tables read in place: %s blocks, uncompressed, no per-table Bloom filter, no block or index cache, %d L0 tables, %s tables on every level",
+		humanBytes(s.Budget), s.MaxMemtables, humanBytes(s.MemTableSize), humanBytes(s.MemtableBytes),
 		humanBytes(s.BlockSize), s.NumLevelZeroTables, humanBytes(s.BaseTableSize))
 }
 

@@ -87,9 +87,9 @@ func TestRecordTTL(t *testing.T) {
 	}
 }
 
-// TestBadgerSizing checks that the memtables a partition can hold at once
-// fit its share of the budget, down to the floor, and that every Badger
-// instance Open builds is configured as BadgerSizing says.
+// TestBadgerSizing checks that the memtables the store can hold at once
+// fit the budget, whatever the partition count, down to the floor, and
+// that the Badger instance Open builds is configured as BadgerSizing says.
 func TestBadgerSizing(t *testing.T) {
 	o := DefaultOptions(t.TempDir(), window.Window{W: time.Hour, NearFraction: 0.8})
 	o.Filter.ExpectedKeys = 1000
@@ -99,13 +99,13 @@ func TestBadgerSizing(t *testing.T) {
 	}{{DefaultMemoryBudget, DefaultPartitions}, {256 << 20, 8}, {1 << 30, 32}, {MinMemoryBudget, 1}} {
 		o.MemoryBudget, o.Partitions = tc.budget, tc.partitions
 		s := o.BadgerSizing()
-		if s.Share != tc.budget/int64(tc.partitions) {
-			t.Errorf("budget %d over %d partitions: share %d", tc.budget, tc.partitions, s.Share)
+		if s.Budget != tc.budget {
+			t.Errorf("budget %d over %d partitions: sized for %d", tc.budget, tc.partitions, s.Budget)
 		}
 		if s.MemTableSize > minMemTableSize {
-			if total := int64(s.MaxMemtables) * s.MemtableBytes; total > s.Share {
-				t.Errorf("budget %d over %d partitions: %d memtables of %d bytes in RAM hold %d, more than the share %d",
-					tc.budget, tc.partitions, s.MaxMemtables, s.MemtableBytes, total, s.Share)
+			if total := int64(s.MaxMemtables) * s.MemtableBytes; total > tc.budget {
+				t.Errorf("budget %d over %d partitions: %d memtables of %d bytes in RAM hold %d, more than the budget",
+					tc.budget, tc.partitions, s.MaxMemtables, s.MemtableBytes, total)
 			}
 		}
 		// A memtable's arena is MemTableSize plus Badger's largest batch
@@ -114,22 +114,28 @@ func TestBadgerSizing(t *testing.T) {
 			t.Errorf("MemtableBytes %d below 2.3 x MemTableSize %d", s.MemtableBytes, s.MemTableSize)
 		}
 	}
-	o.MemoryBudget, o.Partitions = 256<<20, MaxPartitions
+	o.MemoryBudget = MinMemoryBudget / 2 // below what Validate accepts
 	if s := o.BadgerSizing(); s.MemTableSize != minMemTableSize {
-		t.Errorf("sizing %+v with a tiny share, want the 1 MiB memtable floor", s)
+		t.Errorf("sizing %+v with a tiny budget, want the 1 MiB memtable floor", s)
 	}
 
 	o.MemoryBudget, o.Partitions = 48<<20, 3
 	want := o.BadgerSizing()
 	st := openStore(t, o)
 	for i := range st.Partitions() {
-		got := st.Partition(i).db.Opts()
+		if st.Partition(i).db != st.db {
+			t.Fatalf("partition %d has a Badger instance of its own", i)
+		}
+	}
+	{
+		got := st.db.Opts()
 		if got.MemTableSize != want.MemTableSize || got.NumMemtables != want.NumMemtables ||
 			got.NumLevelZeroTables != want.NumLevelZeroTables || got.BaseTableSize != want.BaseTableSize ||
+			got.TableSizeMultiplier != want.TableSizeMultiplier ||
 			got.BlockSize != want.BlockSize || got.BloomFalsePositive != want.BloomFalsePositive ||
 			got.BlockCacheSize != want.BlockCacheSize || got.IndexCacheSize != want.IndexCacheSize ||
 			got.ValueThreshold != want.ValueThreshold || got.Compression != options.None {
-			t.Errorf("partition %d Badger options %+v, BadgerSizing %+v", i, got, want)
+			t.Errorf("Badger options %+v, BadgerSizing %+v", got, want)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,14 +60,16 @@ type Stats struct {
 	FilterEstimatedFP float64
 }
 
-// Partition is one partition of a Store: its own Badger instance in its own
-// directory, and its own filter. It is safe for concurrent use; Lookup,
+// Partition is one partition of a Store: its own keyspace in the store's
+// Badger instance, its own directory for its filter snapshot, and its own
+// filter. It is safe for concurrent use; Lookup,
 // Claim and snapshots are serialised by a per-partition mutex, which is
 // uncontended when one goroutine owns the partition.
 type Partition struct {
 	index int
 	dir   string
-	db    *badger.DB
+	db    *badger.DB // the store's, shared by every partition
+	ks    keyspace   // the prefix of every Badger key of the partition
 	log   *slog.Logger
 	clock window.Clock
 	win   window.Window
@@ -90,6 +91,13 @@ type Partition struct {
 	// valid when snapOnDisk; guarded by snapMu.
 	snapVersion uint64
 	snapOnDisk  bool
+	// snapCommits is commits when the snapshot on disk was captured;
+	// guarded by snapMu.
+	snapCommits uint64
+	// commits counts the partition's Badger commits since Open: the
+	// store's version also moves with other partitions' writes, so it
+	// cannot tell whether this one wrote. Guarded by mu.
+	commits uint64
 
 	totalsBucket time.Duration // Options.TotalsBucket; 0 = totals off
 	totalsKeep   time.Duration // Options.TotalsKeep
@@ -104,12 +112,23 @@ type Partition struct {
 // Index returns the partition's number, 0..Partitions-1.
 func (p *Partition) Index() int { return p.index }
 
-// Dir returns the partition's directory.
+// Dir returns the partition's directory, which holds its filter snapshot.
 func (p *Partition) Dir() string { return p.dir }
 
-// SyncWrites reports whether the partition's Badger instance was opened to
+// SyncWrites reports whether the store's Badger instance was opened to
 // fsync every commit before it returns (Badger's own option, as opened).
 func (p *Partition) SyncWrites() bool { return p.db.Opts().SyncWrites }
+
+// version returns a Badger version at or above every version committed so
+// far, this partition's included: the read timestamp of a new read
+// transaction, which waits until every commit below it is applied.
+// (Badger's MaxVersion reads the memtable's highest version without the
+// lock its writer holds, so it races with the other partitions' commits.)
+func (p *Partition) version() uint64 {
+	txn := p.db.NewTransaction(false)
+	defer txn.Discard()
+	return txn.ReadTs()
+}
 
 // Lookup reports whether the partition holds an unexpired record of key.
 // It advances the filter to the clock's now and tests it: "definitely not"
@@ -157,15 +176,15 @@ func (p *Partition) Lookup(key []byte) (LookupResult, error) {
 // get reads key's record from Badger, whatever its logical expiry.
 func (p *Partition) get(key []byte) (rec Record, found bool, err error) {
 	err = p.db.View(func(txn *badger.Txn) error {
-		rec, found, err = readRecord(txn, key)
+		rec, found, err = readRecord(txn, p.ks, key)
 		return err
 	})
 	return rec, found, err
 }
 
 // readRecord reads key's record in txn.
-func readRecord(txn *badger.Txn, key []byte) (Record, bool, error) {
-	item, err := txn.Get(recordKey(key))
+func readRecord(txn *badger.Txn, ks keyspace, key []byte) (Record, bool, error) {
+	item, err := txn.Get(ks.record(key))
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return Record{}, false, nil
 	}
@@ -222,28 +241,12 @@ func (p *Partition) wrap(err error) error {
 	return fmt.Errorf("state: partition %d: %w", p.index, err)
 }
 
-// close writes the snapshot, then closes Badger.
+// close writes the snapshot and marks the partition closed; the store
+// closes Badger after every partition.
 func (p *Partition) close() error {
 	serr := p.snapshot(true)
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
-	if err := p.db.Close(); err != nil {
-		return errors.Join(serr, p.wrap(fmt.Errorf("close badger: %w", err)))
-	}
 	return serr
-}
-
-// runGC runs value-log GC until Badger has nothing to rewrite.
-func (p *Partition) runGC(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := p.db.RunValueLogGC(0.5)
-		if err == nil {
-			continue
-		}
-		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
-			p.log.Warn("state: value-log GC failed", "err", err)
-		}
-		return
-	}
 }

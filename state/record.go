@@ -59,20 +59,54 @@ const MaxKeySize = 60000
 
 // Badger key prefixes. Every kind of record lives under its own one-byte
 // prefix so that the keyspace can hold more kinds (e.g. totals) next to
-// dedupe records.
+// dedupe records. All partitions share one Badger instance: each key
+// starts with its partition's keyspace (see keyspace), then the kind.
 const (
 	// prefixRecord prefixes dedupe records: 'k' + key.
 	prefixRecord byte = 'k'
 	// prefixTotal prefixes totals: 't' + bucket + group (see totalKey).
 	prefixTotal byte = 't'
 	// prefixCursor prefixes the partition's cursor, a single key (see
-	// cursorKey). Scans of records or totals never see it.
+	// keyspace.cursor). Scans of records or totals never see it.
 	prefixCursor byte = 'c'
 )
 
-// cursorKey is the Badger key of the partition's cursor: the output
+// keyspaceLen is the length of a partition's keyspace prefix.
+const keyspaceLen = 2
+
+// keyspace is the prefix of every Badger key of one partition: the
+// partition's index as a big-endian uint16 (MaxPartitions fits). A
+// partition's keys sort together, so its scans read its own tables and a
+// partition's whole state drops with one DropPrefix.
+type keyspace [keyspaceLen]byte
+
+// keyspaceOf returns partition i's keyspace.
+func keyspaceOf(i int) keyspace {
+	var ks keyspace
+	binary.BigEndian.PutUint16(ks[:], uint16(i))
+	return ks
+}
+
+// kind returns the prefix of the partition's keys of one kind, for
+// iterators.
+func (ks keyspace) kind(prefix byte) []byte { return []byte{ks[0], ks[1], prefix} }
+
+// record returns the Badger key of a dedupe record.
+func (ks keyspace) record(key []byte) []byte {
+	k := make([]byte, keyspaceLen+1+len(key))
+	copy(k, ks[:])
+	k[keyspaceLen] = prefixRecord
+	copy(k[keyspaceLen+1:], key)
+	return k
+}
+
+// cursor returns the Badger key of the partition's cursor: the output
 // stream sequence up to which the partition's state is complete.
-var cursorKey = []byte{prefixCursor}
+func (ks keyspace) cursor() []byte { return ks.kind(prefixCursor) }
+
+// userKey returns the key part of a Badger key of ks, after the keyspace
+// and the kind.
+func userKey(badgerKey []byte) []byte { return badgerKey[keyspaceLen+1:] }
 
 // encodeCursor encodes a cursor as a uint64 big endian.
 func encodeCursor(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
@@ -100,14 +134,6 @@ const (
 	recordVersion = 1
 	recordLen     = 1 + 8 + 8
 )
-
-// recordKey returns the Badger key of a dedupe record.
-func recordKey(key []byte) []byte {
-	k := make([]byte, 1+len(key))
-	k[0] = prefixRecord
-	copy(k[1:], key)
-	return k
-}
 
 // encodeRecord encodes r as version byte 1, FirstSeen as Unix nanoseconds
 // (int64 big endian) and the fingerprint (uint64 big endian).

@@ -43,7 +43,7 @@ func TestRestartCopyWithoutClose(t *testing.T) {
 	// copy opens without removing it.
 	copied := filepath.Join(t.TempDir(), "copy")
 	copyDir(t, opts.Dir, copied)
-	if _, err := os.Stat(filepath.Join(copied, "p000", "LOCK")); err != nil {
+	if _, err := os.Stat(filepath.Join(copied, BadgerDir, "LOCK")); err != nil {
 		t.Fatalf("the copy has no stale LOCK file: %v", err)
 	}
 	copyOpts := opts

@@ -23,7 +23,7 @@ func (p *Partition) Cursor() (uint64, error) {
 	}
 	var cursor uint64
 	err := p.db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(cursorKey)
+		item, err := txn.Get(p.ks.cursor())
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return nil
 		}
@@ -126,7 +126,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			key:       r.Key,
 			hash:      h,
 			firstSeen: rec.FirstSeen,
-			writes:    []write{{key: recordKey(r.Key), value: encodeRecord(rec), ttl: p.ttl}},
+			writes:    []write{{key: p.ks.record(r.Key), value: encodeRecord(rec), ttl: p.ttl}},
 		}
 		if r.Total.Group != "" {
 			_, w, err := p.addTotal(rtxn, b, r.Total, now)
@@ -146,7 +146,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		b.claimed = append(b.claimed, cw)
 	}
 	if cursor > 0 {
-		b.claimed = append(b.claimed, cursorWrites(cursor))
+		b.claimed = append(b.claimed, p.cursorWrites(cursor))
 	}
 	if err := p.commit(b); err != nil {
 		return p.wrap(fmt.Errorf("restore: %w", err))
@@ -169,7 +169,7 @@ func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Rec
 			return h, false, nil
 		}
 	}
-	have, ok, err := readRecord(rtxn, key)
+	have, ok, err := readRecord(rtxn, p.ks, key)
 	if err != nil && !errors.Is(err, ErrCorruptRecord) {
 		return h, false, err
 	}
@@ -208,7 +208,7 @@ func (p *Partition) restoreExpired(rtxn *badger.Txn, b *batch, r Restored, rec R
 	if have, ok := b.inBatch[string(r.Key)]; ok && have.FirstSeen.Equal(rec.FirstSeen) {
 		return nil, nil
 	}
-	have, ok, err := readRecord(rtxn, r.Key)
+	have, ok, err := readRecord(rtxn, p.ks, r.Key)
 	if err != nil && !errors.Is(err, ErrCorruptRecord) {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func (p *Partition) restoreExpired(rtxn *badger.Txn, b *batch, r Restored, rec R
 	}
 	cw := &claimWrites{writes: []write{w}, total: string(w.key)}
 	if r.Seq > 0 {
-		cw.writes = append(cw.writes, write{key: cursorKey, value: encodeCursor(r.Seq)})
+		cw.writes = append(cw.writes, write{key: p.ks.cursor(), value: encodeCursor(r.Seq)})
 	}
 	return cw, nil
 }

@@ -35,7 +35,7 @@ func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) e
 	p.mu.Unlock()
 	defer txn.Discard()
 	var cursor uint64
-	item, err := txn.Get(cursorKey)
+	item, err := txn.Get(p.ks.cursor())
 	switch {
 	case errors.Is(err, badger.ErrKeyNotFound):
 	case err != nil:
@@ -51,17 +51,8 @@ func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) e
 	if err := begin(cursor); err != nil {
 		return err
 	}
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}, PrefetchValues: true, PrefetchSize: 256})
-	defer it.Close()
-	n := 0
-	for it.Rewind(); it.Valid(); it.Next() {
-		if n++; n%scanCheckEvery == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-		}
-		item := it.Item()
-		key := item.Key()[1:]
+	_, err = eachItem(ctx, txn, p.ks.kind(prefixRecord), func(item *badger.Item) error {
+		key := userKey(item.Key())
 		var rec Record
 		if err := item.Value(func(v []byte) (derr error) {
 			rec, derr = decodeRecord(v)
@@ -69,9 +60,28 @@ func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) e
 		}); err != nil {
 			return p.wrap(fmt.Errorf("scan: key %q: %w", key, err))
 		}
-		if err := fn(key, rec); err != nil {
-			return err
+		return fn(key, rec)
+	})
+	return err
+}
+
+// eachItem calls fn with every item under prefix in txn, values
+// prefetched, in key order, and stops at fn's first error or when ctx
+// ends (looked at every scanCheckEvery items). It returns how many items
+// it visited.
+func eachItem(ctx context.Context, txn *badger.Txn, prefix []byte, fn func(*badger.Item) error) (int, error) {
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	n := 0
+	for it.Rewind(); it.Valid(); it.Next() {
+		if n++; n%scanCheckEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return n, err
+			}
+		}
+		if err := fn(it.Item()); err != nil {
+			return n, err
 		}
 	}
-	return nil
+	return n, nil
 }

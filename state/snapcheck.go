@@ -22,10 +22,10 @@ const (
 // must each test "maybe" in f, as they did in the filter the snapshot was
 // taken of. An intact snapshot of another partition or store passes the
 // checksum and the version check but fails this one.
-func snapshotHolds(db *badger.DB, f *bloom.Filter, meta uint64, win window.Window, now time.Time) error {
+func snapshotHolds(db *badger.DB, ks keyspace, f *bloom.Filter, meta uint64, win window.Window, now time.Time) error {
 	txn := db.NewTransaction(false)
 	defer txn.Discard()
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}})
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: ks.kind(prefixRecord)})
 	defer it.Close()
 	checked, visited := 0, 0
 	for it.Rewind(); it.Valid() && checked < snapshotCheckRecords && visited < snapshotCheckVisits; it.Next() {
@@ -43,7 +43,7 @@ func snapshotHolds(db *badger.DB, f *bloom.Filter, meta uint64, win window.Windo
 			continue
 		}
 		checked++
-		if key := item.Key()[1:]; !f.Test(key) {
+		if key := userKey(item.Key()); !f.Test(key) {
 			return fmt.Errorf("snapshot lacks key %q, recorded at store version %d (the snapshot covers %d): it is not this partition's", key, item.Version(), meta)
 		}
 	}

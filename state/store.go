@@ -22,19 +22,25 @@ import (
 )
 
 // LayoutFile is the name of the file in Dir that records the partition
-// count, as "partitions N\n".
+// count, as "partitions N\n", and how keys are placed and stored.
 const LayoutFile = "LAYOUT"
+
+// BadgerDir is the directory in Dir that holds the store's Badger
+// instance, which every partition shares (each in a keyspace of its own).
+const BadgerDir = "badger"
 
 const (
 	valueLogFileSize = 64 << 20 // modest value-log files
 	numCompactors    = 2
 )
 
-// Store is a partitioned dedupe store: P partitions, each its own Badger
-// instance with its own windowed Bloom filter. It is safe for concurrent use.
+// Store is a partitioned dedupe store: P partitions, each a keyspace of
+// one shared Badger instance with its own windowed Bloom filter. It is safe
+// for concurrent use.
 type Store struct {
 	opts  Options
 	log   *slog.Logger
+	db    *badger.DB
 	parts []*Partition
 
 	cancel    context.CancelFunc // stops the background goroutines
@@ -49,7 +55,8 @@ func PartitionOf(partitionKey []byte, partitions int) int {
 	return int(xxhash.Sum64(partitionKey) % uint64(partitions))
 }
 
-// PartitionDir returns the directory of partition i in dir: dir/p%03d.
+// PartitionDir returns the directory of partition i in dir: dir/p%03d. It
+// holds the partition's filter snapshot.
 func PartitionDir(dir string, i int) string {
 	return filepath.Join(dir, fmt.Sprintf("p%03d", i))
 }
@@ -86,11 +93,20 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state: data dir %q is not usable: %w", opts.Dir, err)
 	}
-	if err := checkLayout(opts.Dir, layout{opts.Partitions, opts.Partitioning}); err != nil {
+	have, err := checkLayout(opts.Dir, layout{partitions: opts.Partitions, how: opts.Partitioning})
+	if err != nil {
+		return nil, err
+	}
+	db, err := openBadger(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate(ctx, opts, db, have); err != nil {
+		db.Close()
 		return nil, err
 	}
 
-	s := &Store{opts: opts, log: opts.Logger, parts: make([]*Partition, opts.Partitions)}
+	s := &Store{opts: opts, log: opts.Logger, db: db, parts: make([]*Partition, opts.Partitions)}
 	popts := opts
 	popts.OnFilterProgress = newOpenProgress(opts).report
 	errs := make([]error, opts.Partitions)
@@ -106,16 +122,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 				errs[i] = fmt.Errorf("state: partition %d: %w", i, err)
 				return
 			}
-			s.parts[i], errs[i] = openPartition(ctx, popts, i)
+			s.parts[i], errs[i] = openPartition(ctx, popts, db, i)
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		for _, p := range s.parts {
-			if p != nil {
-				p.db.Close()
-			}
-		}
+		db.Close()
 		return nil, err
 	}
 	fresh := 0
@@ -133,11 +145,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	bg, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if opts.GCInterval > 0 {
-		s.every(bg, opts.GCInterval, func(ctx context.Context) {
-			for _, p := range s.parts {
-				p.runGC(ctx)
-			}
-		})
+		s.every(bg, opts.GCInterval, s.runGC)
 	}
 	if opts.SnapshotInterval > 0 && !opts.DisableFilter {
 		s.every(bg, opts.SnapshotInterval, func(context.Context) {
@@ -217,37 +225,48 @@ func (s *Store) every(ctx context.Context, d time.Duration, fn func(context.Cont
 	}()
 }
 
-// openPartition opens partition i's Badger and builds its filter.
-func openPartition(ctx context.Context, opts Options, i int) (*Partition, error) {
+// openBadger opens the store's Badger instance in Dir/BadgerDir, after
+// removing the empty log files a kill can leave and checking free space.
+func openBadger(opts Options) (*badger.DB, error) {
+	dir := filepath.Join(opts.Dir, BadgerDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("state: dir %q is not usable: %w", dir, err)
+	}
+	removed, err := removeEmptyLogFiles(dir)
+	if err != nil {
+		return nil, fmt.Errorf("state: dir %q is not usable: %w", dir, err)
+	}
+	if len(removed) > 0 {
+		opts.Logger.Warn("state: removed empty Badger log files left by a crash", "dir", dir, "files", removed)
+	}
+	if opts.MinFreeBytes > 0 {
+		// Badger writes while it opens; on a full file system that is a SIGBUS.
+		if err := checkFreeSpace(dir, opts.MinFreeBytes); err != nil {
+			return nil, fmt.Errorf("state: %w", err)
+		}
+	}
+	db, err := badger.Open(badgerOptions(opts, dir, opts.Logger))
+	if err != nil {
+		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
+			return nil, fmt.Errorf("%w: dir %q: %v", ErrLocked, dir, err)
+		}
+		return nil, fmt.Errorf("state: open badger in %q: %w", dir, err)
+	}
+	return db, nil
+}
+
+// openPartition makes partition i of db and builds its filter.
+func openPartition(ctx context.Context, opts Options, db *badger.DB, i int) (*Partition, error) {
 	dir := PartitionDir(opts.Dir, i)
 	log := opts.Logger.With("partition", i)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state: partition %d: dir %q is not usable: %w", i, dir, err)
 	}
-	removed, err := removeEmptyLogFiles(dir)
-	if err != nil {
-		return nil, fmt.Errorf("state: partition %d: dir %q is not usable: %w", i, dir, err)
-	}
-	if len(removed) > 0 {
-		log.Warn("state: removed empty Badger log files left by a crash", "files", removed)
-	}
-	if opts.MinFreeBytes > 0 {
-		// Badger writes while it opens; on a full file system that is a SIGBUS.
-		if err := checkFreeSpace(dir, opts.MinFreeBytes); err != nil {
-			return nil, fmt.Errorf("state: partition %d: %w", i, err)
-		}
-	}
-	db, err := badger.Open(badgerOptions(opts, dir, log))
-	if err != nil {
-		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
-			return nil, fmt.Errorf("%w: partition %d: dir %q: %v", ErrLocked, i, dir, err)
-		}
-		return nil, fmt.Errorf("state: partition %d: open badger in %q: %w", i, dir, err)
-	}
 	p := &Partition{
 		index: i,
 		dir:   dir,
 		db:    db,
+		ks:    keyspaceOf(i),
 		log:   log,
 		clock: opts.Clock,
 		win:   opts.Window,
@@ -265,22 +284,21 @@ func openPartition(ctx context.Context, opts Options, i int) (*Partition, error)
 	}
 	if !opts.DisableFilter {
 		if err := p.buildFilter(ctx); err != nil {
-			db.Close()
 			return nil, p.wrap(err)
 		}
 	}
 	return p, nil
 }
 
-// badgerOptions returns the options of one partition's Badger: the sizes
+// badgerOptions returns the options of the store's Badger: the sizes
 // and choices of Options.BadgerSizing (see BadgerSizing for why each),
 // two compactors, 64 MiB value-log files (values stay in the LSM tree, so
 // the value log stays nearly empty), no conflict detection (the partition
-// lock serialises writers), no expvar metrics, and Badger's warnings and
+// locks serialise writers of a keyspace), no expvar metrics, and Badger's warnings and
 // errors routed to log.
 func badgerOptions(opts Options, dir string, log *slog.Logger) badger.Options {
 	sz := opts.BadgerSizing()
-	return badger.DefaultOptions(dir).
+	o := badger.DefaultOptions(dir).
 		WithSyncWrites(opts.SyncWrites).
 		WithMemTableSize(sz.MemTableSize).
 		WithNumMemtables(sz.NumMemtables).
@@ -297,6 +315,8 @@ func badgerOptions(opts Options, dir string, log *slog.Logger) badger.Options {
 		WithDetectConflicts(false).
 		WithMetricsEnabled(false).
 		WithLogger(badgerLogger{log})
+	o.TableSizeMultiplier = sz.TableSizeMultiplier
+	return o
 }
 
 // badgerLogger routes Badger's warnings and errors to slog and drops its
@@ -317,29 +337,30 @@ func (badgerLogger) Debugf(string, ...any) {}
 var partitionDirRE = regexp.MustCompile(`^p[0-9]{3,}$`)
 
 // checkLayout compares Dir/LAYOUT with want (the partition count and how
-// keys are placed), or writes it on first open. Without LAYOUT, partition
-// directories already in dir must number exactly want.partitions.
-func checkLayout(dir string, want layout) error {
+// keys are placed), or writes it on first open, and returns what it holds.
+// Without LAYOUT, partition directories already in dir must number exactly
+// want.partitions.
+func checkLayout(dir string, want layout) (layout, error) {
 	path := filepath.Join(dir, LayoutFile)
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
 		have, perr := parseLayout(b)
 		if perr != nil {
-			return fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
+			return have, fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
 		}
 		if have.partitions != want.partitions {
-			return fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, have.partitions, path, want.partitions)
+			return have, fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, have.partitions, path, want.partitions)
 		}
 		if have.how.hash() != want.how.hash() || have.how.Group != want.how.Group {
-			return fmt.Errorf("%w: the data dir's keys were placed in partitions by %s (%s), and %s was asked for: "+
+			return have, fmt.Errorf("%w: the data dir's keys were placed in partitions by %s (%s), and %s was asked for: "+
 				"partition i of one is not partition i of the other", ErrLayout, have.how, path, want.how)
 		}
-		return nil
+		return have, nil
 	case errors.Is(err, fs.ErrNotExist):
 		entries, err := os.ReadDir(dir)
 		if err != nil {
-			return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+			return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 		}
 		found := 0
 		for _, e := range entries {
@@ -348,19 +369,19 @@ func checkLayout(dir string, want layout) error {
 			}
 		}
 		if found > 0 && found != want.partitions {
-			return fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, and %d partitions were asked for",
+			return want, fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, and %d partitions were asked for",
 				ErrLayout, path, dir, found, want.partitions)
 		}
 		if found > 0 && want.how.hash() != HashXXHash64 {
-			return fmt.Errorf("%w: %s is missing and %q holds partition dirs written without a record of how keys were placed (%s was asked for)",
+			return want, fmt.Errorf("%w: %s is missing and %q holds partition dirs written without a record of how keys were placed (%s was asked for)",
 				ErrLayout, path, dir, want.how)
 		}
 		if err := writeFileAtomic(path, formatLayout(want)); err != nil {
-			return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+			return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 		}
-		return nil
+		return want, nil
 	default:
-		return fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+		return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 	}
 }
 
@@ -433,7 +454,7 @@ func (s *Store) Snapshot() error {
 }
 
 // Close stops the GC and snapshot goroutines, writes each partition's
-// filter snapshot and closes each Badger instance. Calls after the first
+// filter snapshot and closes the Badger instance. Calls after the first
 // return the first call's result. Claims and lookups after Close return
 // ErrClosed; Stats keeps working.
 func (s *Store) Close() error {
@@ -450,7 +471,24 @@ func (s *Store) Close() error {
 			}()
 		}
 		wg.Wait()
+		if err := s.db.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("state: close badger: %w", err))
+		}
 		s.closeErr = errors.Join(errs...)
 	})
 	return s.closeErr
+}
+
+// runGC runs value-log GC until Badger has nothing to rewrite.
+func (s *Store) runGC(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := s.db.RunValueLogGC(0.5)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
+			s.log.Warn("state: value-log GC failed", "err", err)
+		}
+		return
+	}
 }

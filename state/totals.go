@@ -64,22 +64,25 @@ const (
 	totalLen      = 1 + 8
 )
 
-// totalKey returns the Badger key of a (group, bucket) total: 't', the
-// bucket's Unix seconds as a big-endian uint64 with the sign bit flipped (so
+// total returns the Badger key of a (group, bucket) total: the keyspace,
+// 't', the bucket's Unix seconds as a big-endian uint64 with the sign bit flipped (so
 // keys sort by time), then the group.
-func totalKey(group string, bucket time.Time) []byte {
-	k := make([]byte, 1+8+len(group))
-	k[0] = prefixTotal
-	binary.BigEndian.PutUint64(k[1:9], uint64(bucket.Unix())^(1<<63))
-	copy(k[9:], group)
+func (ks keyspace) total(group string, bucket time.Time) []byte {
+	k := make([]byte, keyspaceLen+1+8+len(group))
+	copy(k, ks[:])
+	t := k[keyspaceLen:]
+	t[0] = prefixTotal
+	binary.BigEndian.PutUint64(t[1:9], uint64(bucket.Unix())^(1<<63))
+	copy(t[9:], group)
 	return k
 }
 
-// parseTotalKey inverts totalKey.
+// parseTotalKey inverts keyspace.total (whatever the keyspace).
 func parseTotalKey(k []byte) (group string, bucket time.Time, err error) {
-	if len(k) < 10 || k[0] != prefixTotal {
+	if len(k) < keyspaceLen+10 || k[keyspaceLen] != prefixTotal {
 		return "", time.Time{}, fmt.Errorf("%w: total key %q", ErrCorruptRecord, k)
 	}
+	k = k[keyspaceLen:]
 	secs := int64(binary.BigEndian.Uint64(k[1:9]) ^ (1 << 63))
 	return string(k[9:]), time.Unix(secs, 0).UTC(), nil
 }
@@ -151,7 +154,7 @@ func checkContribution(c Contribution, bucket time.Duration) error {
 // batch already wrote for the pair, else the stored one (read through rtxn).
 // It returns the new absolute value and the write that stores it.
 func (p *Partition) addTotal(rtxn *badger.Txn, b *batch, c Contribution, now time.Time) (int64, write, error) {
-	k := totalKey(c.Group, c.Bucket)
+	k := p.ks.total(c.Group, c.Bucket)
 	cur, ok := b.totals[string(k)]
 	if !ok {
 		var err error
@@ -247,7 +250,7 @@ func (p *Partition) MarkTotalsDirty(recs []TotalRecord) {
 		p.dirty = make(map[string]struct{}, len(recs))
 	}
 	for _, r := range recs {
-		p.dirty[string(totalKey(r.Group, r.Bucket))] = struct{}{}
+		p.dirty[string(p.ks.total(r.Group, r.Bucket))] = struct{}{}
 	}
 }
 
@@ -268,7 +271,7 @@ func (p *Partition) Total(group string, bucket time.Time) (value int64, found bo
 		return 0, false, ErrClosed
 	}
 	err = p.db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(totalKey(group, bucket))
+		item, err := txn.Get(p.ks.total(group, bucket))
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return nil
 		}
@@ -298,9 +301,9 @@ func (p *Partition) ScanTotals(ctx context.Context, since time.Time, fn func(Tot
 	}
 	txn := p.db.NewTransaction(false)
 	defer txn.Discard()
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixTotal}, PrefetchValues: true, PrefetchSize: 100})
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: p.ks.kind(prefixTotal), PrefetchValues: true, PrefetchSize: 100})
 	defer it.Close()
-	start := totalKey("", since)
+	start := p.ks.total("", since)
 	n := 0
 	for it.Seek(start); it.Valid(); it.Next() {
 		if n++; n%1024 == 0 {

@@ -272,7 +272,7 @@ func TestTotalsTTL(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			claimTotals(t, p, tt.bucket, Claim{Key: []byte(tt.name), Total: contrib("g", 1)})
 			err := p.db.View(func(txn *badger.Txn) error {
-				item, err := txn.Get(totalKey("g", tt.bucket))
+				item, err := txn.Get(p.ks.total("g", tt.bucket))
 				if err != nil {
 					return err
 				}
@@ -402,10 +402,10 @@ func TestTotalsMatchKeysAfterCrash(t *testing.T) {
 	b := BucketOf(now, time.Minute)
 	keysPerGroup := map[string]int64{}
 	err = c.Partition(0).db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixRecord}})
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: keyspaceOf(0).kind(prefixRecord)})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			g, _, _ := strings.Cut(string(it.Item().Key()[1:]), "/")
+			g, _, _ := strings.Cut(string(userKey(it.Item().Key())), "/")
 			keysPerGroup[g]++
 		}
 		return nil

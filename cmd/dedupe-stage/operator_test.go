@@ -299,7 +299,7 @@ func TestCheckConfigAgreesWithRun(t *testing.T) {
 	// run with the same file, environment and flags does what it said.
 	p := startBinary(t, httpAddr, env, args...) // ready on the http.addr from the environment
 	layout, err := os.ReadFile(filepath.Join(dataDir, "state", "LAYOUT"))
-	if err != nil || strings.TrimSpace(string(layout)) != "partitions 4" {
+	if err != nil || strings.TrimSpace(string(layout)) != "partitions 4\nstore one-badger" {
 		t.Errorf("run's state LAYOUT %q, %v; check-config said 4 partitions in %s", layout, err, dataDir)
 	}
 	url := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
