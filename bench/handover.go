@@ -81,15 +81,25 @@ type HandOverRun struct {
 	// Takeovers are B's "scale-out: partition taken" log lines.
 	Takeovers            []HandOverTake `json:"takeovers"`
 	RestoreRecordsPerSec float64        `json:"restore_records_per_sec"`
-	Probes               int            `json:"probes"`
-	ProbesLost           int            `json:"probes_lost"`
-	ProbesDuplicated     int            `json:"probes_duplicated"`
-	Copies               int            `json:"copies_of_loaded_keys"`
-	LoadedLost           int            `json:"loaded_lost"`
-	LoadedDuplicated     int            `json:"loaded_duplicated"`
-	Foreign              int            `json:"foreign_output"`
-	OK                   bool           `json:"ok"`
-	Notes                []string       `json:"notes,omitempty"`
+	// BAnonRSSMaxMiB and BHeapInuseMaxMiB are the largest anonymous RSS
+	// and Go heap in use (garbage not yet collected included) of B's
+	// process, sampled every 100 ms from the kill (or from B's start,
+	// when started at it) until B had taken every partition;
+	// BAnonRSSFirstMiB is the first sample; BPeakRSSMiB is its peak RSS
+	// (VmHWM) then, file-backed pages included.
+	BAnonRSSFirstMiB float64  `json:"b_anon_rss_first_mib"`
+	BAnonRSSMaxMiB   float64  `json:"b_anon_rss_max_mib"`
+	BHeapInuseMaxMiB float64  `json:"b_heap_inuse_max_mib"`
+	BPeakRSSMiB      float64  `json:"b_peak_rss_mib"`
+	Probes           int      `json:"probes"`
+	ProbesLost       int      `json:"probes_lost"`
+	ProbesDuplicated int      `json:"probes_duplicated"`
+	Copies           int      `json:"copies_of_loaded_keys"`
+	LoadedLost       int      `json:"loaded_lost"`
+	LoadedDuplicated int      `json:"loaded_duplicated"`
+	Foreign          int      `json:"foreign_output"`
+	OK               bool     `json:"ok"`
+	Notes            []string `json:"notes,omitempty"`
 }
 
 // HandOverTake is one takeover as the new owner logged it.
@@ -328,6 +338,7 @@ func (h *hoRun) kill(ctx context.Context) error {
 		}
 		run.BReadySeconds = time.Since(t0).Seconds()
 	}
+	mw := watchMem(ctx, b.proc.pid(), b.addr, 100*time.Millisecond)
 	pctx, stopProbes := context.WithTimeout(ctx, hoProbeFor)
 	defer stopProbes()
 	probes := make(chan int, 1)
@@ -340,6 +351,9 @@ func (h *hoRun) kill(ctx context.Context) error {
 		}
 		err = h.waitTaken(pctx, b, f.hoPartitions)
 	}
+	m := mw.end()
+	run.BAnonRSSFirstMiB, run.BAnonRSSMaxMiB = float64(m.AnonFirst)/(1<<20), float64(m.AnonMax)/(1<<20)
+	run.BHeapInuseMaxMiB, run.BPeakRSSMiB = float64(m.HeapMax)/(1<<20), float64(m.PeakRSS)/(1<<20)
 	select {
 	case d := <-aExit:
 		run.AExitSeconds = d.Seconds()
@@ -662,6 +676,9 @@ func printHandOver(w io.Writer, r *HandOverRun) {
 	}
 	row(what+" -> last partition taken", fmt.Sprintf("%.2f s", r.LastTakenSeconds))
 	row("restore records/s", fmt.Sprintf("%.0f", r.RestoreRecordsPerSec))
+	row("b anon RSS first -> max", fmt.Sprintf("%.1f -> %.1f MiB", r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB))
+	row("b max Go heap in use", fmt.Sprintf("%.1f MiB", r.BHeapInuseMaxMiB))
+	row("b peak RSS", fmt.Sprintf("%.1f MiB", r.BPeakRSSMiB))
 	row("snapshot bytes/key", fmt.Sprintf("%.1f", r.SnapshotBytesPerKey))
 	row("probes (lost/dup)", fmt.Sprintf("%d (%d/%d)", r.Probes, r.ProbesLost, r.ProbesDuplicated))
 	row("copies of loaded keys", strconv.Itoa(r.Copies))

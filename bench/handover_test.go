@@ -18,10 +18,16 @@ func TestHandOverFlags(t *testing.T) {
 		{"--handover", "--handover-partitions", "0"},
 		{"--handover", "--handover-snapshot-interval", "100ms"},
 		{"--handover", "--handover-stop", "pause"},
+		{"--handover", "--stage-env", "GOMEMLIMIT"},
+		{"--handover", "--stage-env", "=1GiB"},
+		{"--stage-env", "GOMEMLIMIT=1GiB"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v: accepted, want refused", args)
 		}
+	}
+	if _, err := parseFlags([]string{"--handover", "--stage-env", "GOMEMLIMIT=1GiB,GOGC=50"}); err != nil {
+		t.Errorf("--stage-env with two pairs: %v", err)
 	}
 	f, err := parseFlags([]string{"--handover"})
 	if err != nil {
@@ -48,6 +54,10 @@ func TestHandOverRun(t *testing.T) {
 	if r.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || r.RestoreRecordsPerSec <= 0 {
 		t.Errorf("first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
 			r.FirstForwardSeconds, r.SnapshotBytesPerKey, r.RestoreRecordsPerSec)
+	}
+	if r.BAnonRSSFirstMiB <= 0 || r.BAnonRSSMaxMiB < r.BAnonRSSFirstMiB || r.BHeapInuseMaxMiB <= 0 || r.BPeakRSSMiB < r.BAnonRSSMaxMiB {
+		t.Errorf("b's anonymous RSS %.1f -> %.1f MiB, heap in use %.1f MiB, peak RSS %.1f MiB; want each sampled, the peak at least the anonymous maximum",
+			r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB, r.BHeapInuseMaxMiB, r.BPeakRSSMiB)
 	}
 	noneLeft(t, dir)
 }

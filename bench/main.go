@@ -90,6 +90,7 @@ type flags struct {
 	hoAckWait, hoLoadTimeout time.Duration
 	hoSnapshotInterval       time.Duration
 	hoStop                   string // kill or term: how instance a is stopped
+	stageEnv                 string // KEY=VALUE,... added to the environment of stage processes
 }
 
 func parseFlags(args []string) (*flags, error) {
@@ -106,6 +107,14 @@ func parseFlags(args []string) (*flags, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if set["stage-env"] && !f.scaleOut && !f.handOver {
+		return nil, errors.New("--stage-env applies to the stage processes of --scaleout and --handover")
+	}
+	for _, kv := range strings.Split(f.stageEnv, ",") {
+		if k, _, ok := strings.Cut(kv, "="); f.stageEnv != "" && (!ok || k == "") {
+			return nil, fmt.Errorf("--stage-env: %q, want KEY=VALUE", kv)
+		}
+	}
 	if f.scaleOut {
 		if err := scaleOutFlags(f, set); err != nil {
 			return nil, err
@@ -214,6 +223,7 @@ func defineHandOverFlags(fs *flag.FlagSet, f *flags) {
 	fs.DurationVar(&f.hoAckWait, "handover-ack-wait", config.Default().Input.AckWait.D(), "hand-over: input.ack_wait of the instances (the pin's TTL)")
 	fs.DurationVar(&f.hoSnapshotInterval, "handover-snapshot-interval", 30*time.Second, "hand-over: scale_out.snapshot_interval of the instances")
 	fs.DurationVar(&f.hoLoadTimeout, "handover-load-timeout", 20*time.Minute, "hand-over: bound on loading the keys (publish and drain)")
+	fs.StringVar(&f.stageEnv, "stage-env", "", "scale-out and hand-over: comma-separated KEY=VALUE pairs added to the environment of the stage processes only (e.g. GOMEMLIMIT=130MiB)")
 	fs.StringVar(&f.hoStop, "handover-stop", "kill", "hand-over: how instance a stops: kill (SIGKILL, a crash: its partitions move after the pin's TTL) or term (SIGTERM, a planned stop: it finishes, gives back and unpins them)")
 }
 

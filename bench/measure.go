@@ -45,28 +45,8 @@ func readMem() MemSnap {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	s := MemSnap{Heap: int64(ms.HeapAlloc), RuntimeHeld: int64(ms.Sys - ms.HeapReleased)}
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return s
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(val), " kB"), 10, 64)
-		switch name {
-		case "VmRSS":
-			s.RSS = kb << 10
-		case "RssAnon":
-			s.RSSAnon = kb << 10
-		case "RssFile":
-			s.RSSFile = kb << 10
-		case "VmHWM":
-			s.PeakRSS = kb << 10
-		}
+	if st, ok := procStatus(os.Getpid()); ok {
+		s.RSS, s.RSSAnon, s.RSSFile, s.PeakRSS = st["VmRSS"], st["RssAnon"], st["RssFile"], st["VmHWM"]
 	}
 	return s
 }

@@ -84,11 +84,19 @@ type children struct {
 
 // start runs bin with args, its output appended to logPath.
 func (cs *children) start(name, logPath, bin string, args ...string) (*child, error) {
+	return cs.startEnv(name, logPath, nil, bin, args...)
+}
+
+// startEnv is start with env added to the harness's environment.
+func (cs *children) startEnv(name, logPath string, env []string, bin string, args ...string) (*child, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The kernel kills the child if the harness dies without cleaning up.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

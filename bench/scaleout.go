@@ -778,7 +778,11 @@ func (e *soEnv) startInstance(ctx context.Context, row soRow, idx int, in *insta
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	p, err := e.cs.start("dedupe-stage "+in.name, filepath.Join(rowDir, in.name+".log"), e.stageBin, "run", "--config", in.cfgPath)
+	var env []string
+	if e.f.stageEnv != "" {
+		env = strings.Split(e.f.stageEnv, ",")
+	}
+	p, err := e.cs.startEnv("dedupe-stage "+in.name, filepath.Join(rowDir, in.name+".log"), env, e.stageBin, "run", "--config", in.cfgPath)
 	if err != nil {
 		return err
 	}
