@@ -77,7 +77,9 @@ func migratePartition(ctx context.Context, opts Options, db *badger.DB, i int) e
 	if _, err := removeEmptyLogFiles(dir); err != nil {
 		return err
 	}
-	src, err := badger.Open(badgerOptions(opts, dir, log))
+	// Read only, but Badger opens its memtable log for writes (a kill may
+	// have left one to replay), so no compactor rewrites what is read.
+	src, err := badger.Open(badgerOptions(opts, dir, log).WithNumCompactors(0))
 	if err != nil {
 		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
 			return fmt.Errorf("%w: dir %q: %v", ErrLocked, dir, err)

@@ -104,8 +104,8 @@ func (ks keyspace) record(key []byte) []byte {
 // stream sequence up to which the partition's state is complete.
 func (ks keyspace) cursor() []byte { return ks.kind(prefixCursor) }
 
-// userKey returns the key part of a Badger key of ks, after the keyspace
-// and the kind.
+// userKey returns the key part of a partition's Badger key, after the
+// keyspace and the kind.
 func userKey(badgerKey []byte) []byte { return badgerKey[keyspaceLen+1:] }
 
 // encodeCursor encodes a cursor as a uint64 big endian.

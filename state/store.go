@@ -339,7 +339,8 @@ var partitionDirRE = regexp.MustCompile(`^p[0-9]{3,}$`)
 // checkLayout compares Dir/LAYOUT with want (the partition count and how
 // keys are placed), or writes it on first open, and returns what it holds.
 // Without LAYOUT, partition directories already in dir must number exactly
-// want.partitions.
+// want.partitions; a dir without either is new, and its LAYOUT records the
+// shared store at once.
 func checkLayout(dir string, want layout) (layout, error) {
 	path := filepath.Join(dir, LayoutFile)
 	b, err := os.ReadFile(path)
@@ -376,6 +377,7 @@ func checkLayout(dir string, want layout) (layout, error) {
 			return want, fmt.Errorf("%w: %s is missing and %q holds partition dirs written without a record of how keys were placed (%s was asked for)",
 				ErrLayout, path, dir, want.how)
 		}
+		want.shared = found == 0
 		if err := writeFileAtomic(path, formatLayout(want)); err != nil {
 			return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 		}
