@@ -406,7 +406,6 @@ func (e *soEnv) yaml(row soRow, n soNames, name, dataDir, addr string) string {
 		window = fmt.Sprintf("window:\n  paths: [{name: bench, max: %s}]\n  margin: 0s\n", e.f.window)
 	}
 	expected := max(config.Default().Filter.ExpectedKeys, uint64(e.thr.Keys+e.warmKeys+100_000))
-	budget := config.Default().State.MemoryBudget
 	return fmt.Sprintf(`nats:
   url: %q
   create_streams: true
@@ -427,7 +426,6 @@ dead_letter:
 %sstate:
   data_dir: %q
   partitions: %d
-  memory_budget: %s
   sync_writes: %v
 filter:
   expected_keys: %d
@@ -444,7 +442,7 @@ scale_out:
   routed_stream: %s
   routed_subject: %s
 `, e.cl.urls(), key, soMaxKeyLength, n.input, n.inSubjects, n.consumer, e.f.soAckWait, n.output, n.outPrefix, e.f.publish, n.dlq, n.dlqSubj,
-		window, dataDir, e.f.partitions, budget, e.f.syncWrites, expected, addr,
+		window, dataDir, e.f.partitions, e.f.syncWrites, expected, addr,
 		row.mode != soOff, n.group, name, e.f.replicas, n.routed, n.routedSubj)
 }
 
