@@ -372,8 +372,10 @@ func (o *Owner) snapshotSink() (put func([]state.Restored) error, finish func(cu
 
 // loadOne waits until no other partition of this instance loads its
 // snapshot, keeping the batch alive meanwhile, and returns what ends this
-// one's turn. Object store reads that share one connection stall each
-// other: on a 3-node cluster, one 60 MiB object came in 90-160 ms; four
+// one's turn. Object store reads that share one connection stalled each
+// other when they went through jetstream.ObjectStore.Get (a push consumer
+// each, up to 32 MiB ahead; objectReader reads at most 2 MiB ahead): on a
+// 3-node cluster, one 60 MiB object came in 90-160 ms; four
 // read side by side on one connection took 5.4 s from five of the six
 // pairs of client node and bucket replicas tried (0.4 s from the sixth),
 // and four on four connections (R1) 0.3-0.6 s. One at a time, each read
@@ -426,12 +428,11 @@ func (o *Owner) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cur
 		return 0, 0, fmt.Errorf("load snapshot of partition %d: %w", p, err)
 	}
 	defer release()
-	// Without a deadline of its own, the object store bounds the whole
-	// read by its default request timeout (5s), which a large snapshot
-	// loaded into the store outlasts.
+	// The whole read is bounded by snapshotTransferTimeout, the wait for
+	// each chunk by objectChunkTimeout.
 	gctx, cancel := context.WithTimeout(ctx, snapshotTransferTimeout)
 	defer cancel()
-	res, err := obs.Get(gctx, snapshotObject(p))
+	res, err := openObject(gctx, sn.js, obs, sn.bucket, snapshotObject(p))
 	if err != nil {
 		return 0, 0, fmt.Errorf("%w: object %s: %w", errSnapshotUnusable, snapshotObject(p), err)
 	}
