@@ -410,10 +410,10 @@ var restoreKeys = flag.Int("restore-keys", 1_000_000, "records BenchmarkRestore 
 
 // BenchmarkRestore times what a new owner's snapshot load asks of the
 // store: -restore-keys records, sorted by key as a snapshot holds them, in
-// chunks of 4096 into one empty partition of four (the default memory
-// budget's share, synced writes, as a takeover runs), the cursor stored
-// last; by Restore (transactions, memtables, compactions), and by a
-// Loader (tables built in key order).
+// chunks of 4096 into one empty partition of four (synced writes, as a
+// takeover runs), the cursor stored last; by Restore (a read of each key
+// the filter does not prove new, transactions as Claim's), and by a Loader
+// (Badger write batches, no read).
 func BenchmarkRestore(b *testing.B) {
 	n := *restoreKeys
 	keys := benchKeys("rst", n)
