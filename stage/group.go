@@ -93,23 +93,17 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, p
 // dispatchLocal is dispatch for an input the route step hands to this
 // instance, which owns its partition p (scaleout.Group.JudgeLocally):
 // the route step extracted key, and checked the size; the input itself,
-// not a copy, is judged and acked. It reports false, taking nothing, when
-// the partition's queue is full: the route step then routes a copy.
-func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan item, dlq chan<- deadLetter) bool {
+// not a copy, is judged and acked.
+func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan item, dlq chan<- deadLetter) {
 	it := item{msg: msg, key: bytes.Clone(key), fp: fingerprint(msg.Data()), pin: scaleout.LocalPin}
 	if s.totals != nil {
 		var dl *deadLetter
 		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data()); dl != nil {
 			dlq <- *dl
-			return true
+			return
 		}
 	}
-	select {
-	case parts[p] <- it:
-		return true
-	default:
-		return false
-	}
+	parts[p] <- it
 }
 
 // isRoutedCopy reports whether msg came from the routed stream: a copy the

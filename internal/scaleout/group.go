@@ -116,7 +116,7 @@ type Group struct {
 	retention time.Duration      // how far back a restore without a cursor reads
 	terms     string             // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
-	local     func(msg jetstream.Msg, p int, key []byte) bool // JudgeLocally's deliver, nil: none
+	local     func(msg jetstream.Msg, p int, key []byte) // JudgeLocally's deliver, nil: none
 	metrics   *scaleOutMetrics
 	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
 
@@ -209,13 +209,11 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 // JudgeLocally makes the route step hand an input of a partition this
 // instance owns to deliver, with its key, instead of routing a copy
 // through the routed stream: deliver queues it for the partition's
-// worker, with LocalPin, without waiting, and reports whether it did;
-// false (the partition's queue is full) routes a copy, so that one slow
-// partition never holds up the route step. The worker judges it only
-// under the tenure it holds, so the output's fence keeps it exact as on
-// the member path; without a tenure the batch is given back and the input
-// comes back to the route step. Call it before Run.
-func (g *Group) JudgeLocally(deliver func(msg jetstream.Msg, p int, key []byte) bool) {
+// worker, with LocalPin, and must not wait long. The worker judges it
+// only under the tenure it holds, so the output's fence keeps it exact as
+// on the member path; without a tenure the batch is given back and the
+// input comes back to the route step. Call it before Run.
+func (g *Group) JudgeLocally(deliver func(msg jetstream.Msg, p int, key []byte)) {
 	g.local = deliver
 }
 
@@ -272,7 +270,8 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 				if stopped || !g.holds(p) {
 					return false
 				}
-				return g.local(msg, p, key)
+				g.local(msg, p, key)
+				return true
 			}
 		}
 		side.Go(func() { g.runRoute(ctx, local) })
