@@ -69,9 +69,6 @@ func openObject(ctx context.Context, js jetstream.JetStream, obs jetstream.Objec
 	return r, nil
 }
 
-// Info returns the object's info, as read when it was opened.
-func (r *objectReader) Info() *jetstream.ObjectInfo { return r.info }
-
 // Read reads the object's bytes in order. It returns io.EOF after the
 // last chunk when the object's chunk count, size and digest match its
 // info, and an error otherwise.
