@@ -111,7 +111,7 @@ func warmUp(t *testing.T, js jetstream.JetStream, stages []*stage, w *workload) 
 		}
 		return spread(stages) != nil
 	})
-	waitSpread(t, stages, takeoverWait)
+	waitSpread(t, js, w, stages, takeoverWait)
 }
 
 // spread returns the partitions each instance owns (-1: not running) once
@@ -159,13 +159,25 @@ func (s *stage) owned() int {
 	return int(s.metric("dedupe_partitions_owned"))
 }
 
-// waitSpread waits until spread(stages) is not nil.
-func waitSpread(tb testing.TB, stages []*stage, timeout time.Duration) {
+// waitSpread waits until spread(stages) is not nil, publishing a repeat of
+// one of w's keys every 100 ms meanwhile: a partition released for balance
+// gets its next owner with its next message (the server pins a member's
+// client when it delivers), so a group with no input would wait for ever,
+// and with the local path (docs/scale-out.md §3.2) an owner's own inputs
+// reach no member at all. A repeat changes neither the output nor a total.
+func waitSpread(tb testing.TB, js jetstream.JetStream, w *workload, stages []*stage, timeout time.Duration) {
 	tb.Helper()
 	var owned []int
+	last := time.Now()
 	natstest.WaitFor(tb, timeout, "the running instances to share the partitions fairly", func() bool {
-		owned = spread(stages)
-		return owned != nil
+		if owned = spread(stages); owned != nil {
+			return true
+		}
+		if time.Since(last) >= 100*time.Millisecond {
+			last = time.Now()
+			mustPublish(tb, js, []event{w.repeat()}, "spread")
+		}
+		return false
 	})
 	tb.Logf("partitions owned by instance (-1: not running): %v", owned)
 }
@@ -179,15 +191,27 @@ func scaleOutDrained(tb testing.TB, js jetstream.JetStream, partitions int, time
 	// ack floor need not reach the stream's last sequence.
 	for p := range partitions {
 		name := "dedupe-p" + strconv.Itoa(p)
-		natstest.WaitFor(tb, timeout, "member "+name+" to ack everything in "+routedStream, func() bool {
+		natstest.Poll(tb, timeout, 20*time.Millisecond, "member "+name+" to ack everything in "+routedStream, func() (bool, error) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			c, err := js.Consumer(ctx, routedStream, name)
 			if err != nil {
-				return false
+				return false, err
 			}
 			ci, err := c.Info(ctx)
-			return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+			if err != nil {
+				return false, err
+			}
+			if ci.NumPending == 0 && ci.NumAckPending == 0 {
+				return true, nil
+			}
+			// Said when the wait fails: who holds the member, and how.
+			leader := ""
+			if ci.Cluster != nil {
+				leader = ci.Cluster.Leader
+			}
+			return false, fmt.Errorf("pending %d, ack pending %d, redelivered %d, waiting pulls %d, pinned %+v, leader %q",
+				ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting, ci.PriorityGroups, leader)
 		})
 	}
 }
@@ -275,7 +299,7 @@ func TestScaleOutKillAddStop(t *testing.T) {
 	wait()
 	scaleOutDrained(t, js, stages[0].cfg.Partitions, 90*time.Second)
 	lateCopiesThenCheck(t, js, w, stages[0].cfg.Partitions)
-	waitSpread(t, stages, takeoverWait)
+	waitSpread(t, js, w, stages, takeoverWait)
 	takeovers := 0.0
 	for _, s := range []*stage{stages[0], stages[2]} {
 		takeovers += s.metric("dedupe_partition_takeovers_total")
