@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 
@@ -89,8 +90,35 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, p
 	parts[p] <- it
 }
 
-// routes reports whether the route step writes what the group consumes.
-func (s *Stage) routes() bool {
-	_, _, ok := s.routed()
-	return ok
+// dispatchLocal is dispatch for an input the route step hands to this
+// instance, which owns its partition p (scaleout.Group.JudgeLocally):
+// the route step extracted key, and checked the size; the input itself,
+// not a copy, is judged and acked. It reports false, taking nothing, when
+// the partition's queue is full: the route step then routes a copy.
+func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan item, dlq chan<- deadLetter) bool {
+	it := item{msg: msg, key: bytes.Clone(key), fp: fingerprint(msg.Data()), pin: scaleout.LocalPin}
+	if s.totals != nil {
+		var dl *deadLetter
+		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data()); dl != nil {
+			dlq <- *dl
+			return true
+		}
+	}
+	select {
+	case parts[p] <- it:
+		return true
+	default:
+		return false
+	}
+}
+
+// isRoutedCopy reports whether msg came from the routed stream: a copy the
+// route step wrote, not an input handed over as it is (dispatchLocal).
+func (s *Stage) isRoutedCopy(msg jetstream.Msg) bool {
+	stream, _, ok := s.routed()
+	if !ok {
+		return false
+	}
+	md, err := msg.Metadata()
+	return err == nil && md.Stream == stream
 }

@@ -3,6 +3,7 @@ package stage_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -242,6 +243,35 @@ func partitionOf(key string, n int) int { return state.PartitionFNV([]byte(key),
 // fingerprintOf is the payload fingerprint the stage records.
 func fingerprintOf(data []byte) uint64 { return xxhash.Sum64(data) }
 
+// routedOutput reads the output's records (not its fences) of a group
+// whose key is the Event-Id header (env.publish) by key, and checks each
+// is on its partition's subject under the input's and carries the input's
+// headers.
+func (e *env) routedOutput() map[string]int {
+	t := e.t
+	t.Helper()
+	out := map[string]int{}
+	for _, m := range natstest.ReadAll(t, e.js, e.cfg.Output.Stream) {
+		if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects(e.cfg.Output.SubjectPrefix), ">")) {
+			continue
+		}
+		r, err := handover.DecodeHeader(m.Header)
+		if err != nil {
+			t.Errorf("output message on %s: %v", m.Subject, err)
+			continue
+		}
+		key := r.Key
+		if want := handover.PartitionSubject(e.cfg.Output.SubjectPrefix, partitionOf(string(key), 4), "events.orders"); m.Subject != want {
+			t.Errorf("key %s on subject %s, want %s", key, m.Subject, want)
+		}
+		if m.Header.Get("Trace") != "t-"+string(key) {
+			t.Errorf("key %s: the input's headers were not carried: %v", key, m.Header)
+		}
+		out[string(key)]++
+	}
+	return out
+}
+
 // TestScaleOutRoutesHeaderKeys runs two instances of a group whose key is
 // a header, so the route step partitions the input: a workload with
 // repeats (adjacent and far apart) reaches the output once per key, on its
@@ -265,29 +295,7 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
 	e.scaleOutDrained(60 * time.Second)
 
-	routedOutput := func() map[string]int {
-		out := map[string]int{}
-		for _, m := range natstest.ReadAll(t, e.js, e.cfg.Output.Stream) {
-			if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects(e.cfg.Output.SubjectPrefix), ">")) {
-				continue
-			}
-			r, err := handover.DecodeHeader(m.Header)
-			if err != nil {
-				t.Errorf("output message on %s: %v", m.Subject, err)
-				continue
-			}
-			key := r.Key
-			if want := handover.PartitionSubject(e.cfg.Output.SubjectPrefix, partitionOf(string(key), 4), "events.orders"); m.Subject != want {
-				t.Errorf("key %s on subject %s, want %s", key, m.Subject, want)
-			}
-			if m.Header.Get("Trace") != "t-"+string(key) {
-				t.Errorf("key %s: the input's headers were not carried: %v", key, m.Header)
-			}
-			out[string(key)]++
-		}
-		return out
-	}
-	e.checkOnce(routedOutput(), unique)
+	e.checkOnce(e.routedOutput(), unique)
 	// Every instance reports the shared route consumer's backlog: nothing
 	// once the input is routed.
 	for _, r := range []*running{a, b} {
@@ -322,10 +330,55 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	e.publish(copies)
 	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
 	e.scaleOutDrained(60 * time.Second)
-	e.checkOnce(routedOutput(), unique)
+	e.checkOnce(e.routedOutput(), unique)
 	if got := gauge(t, b.reg, "dedupe_partitions_owned"); got != 4 {
 		t.Errorf("instance b owns %v partitions after a stopped, want 4", got)
 	}
+}
+
+// TestScaleOutJudgesOwnedPartitionsLocally runs one instance of a group
+// whose key is a header. Once it owns every partition, the route step
+// hands it each input to judge where it is: nothing more is copied into
+// the routed stream, and new keys and copies of the first round's keys
+// reach the output once, as through the routed stream.
+func TestScaleOutJudgesOwnedPartitionsLocally(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Input.AckWait = config.Duration(2 * time.Second)
+	e.cfg.ScaleOut.Enabled = true
+	e.cfg.ScaleOut.Replicas = 1
+	a := e.as("a").start()
+	evs, unique := workload(31, 400, 0)
+	e.publish(evs)
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
+	e.scaleOutDrained(60 * time.Second)
+	natstest.WaitFor(t, 30*time.Second, "instance a to own every partition", func() bool {
+		return gauge(t, a.reg, "dedupe_partitions_owned") == 4
+	})
+	routedLast := func() uint64 {
+		st, err := e.js.Stream(context.Background(), e.cfg.ScaleOut.RoutedStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().State.LastSeq
+	}
+	before := routedLast()
+	local := counter(t, a.reg, "dedupe_route_messages_total", map[string]string{"outcome": "local"})
+
+	more, moreUnique := workload(32, 600, 0.3)
+	for k, p := range unique { // copies of the first round's keys
+		more = append(more, event{key: k, payload: p})
+	}
+	e.publish(more)
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
+	e.scaleOutDrained(60 * time.Second)
+	if got := routedLast(); got != before {
+		t.Errorf("the routed stream's last sequence went from %d to %d: copies were routed for partitions the instance owns", before, got)
+	}
+	if got := counter(t, a.reg, "dedupe_route_messages_total", map[string]string{"outcome": "local"}) - local; got < float64(len(more)) {
+		t.Errorf("%v inputs judged locally, want all %d", got, len(more))
+	}
+	maps.Copy(unique, moreUnique)
+	e.checkOnce(e.routedOutput(), unique)
 }
 
 // TestScaleOutBalances starts instance a alone, which the server pins

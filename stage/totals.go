@@ -153,7 +153,7 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte) (state.
 	}
 	var at time.Time
 	switch {
-	case t.time == nil && t.s.routes():
+	case t.time == nil && t.s.isRoutedCopy(msg):
 		// The routed copy's own timestamp is the route step's; the input's
 		// travels in a header.
 		if at, err = route.InputTime(hdr); err != nil {

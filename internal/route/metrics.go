@@ -11,6 +11,10 @@ const (
 	// input was routed before, by this or another instance, and its ack
 	// was lost or late); the input is acked.
 	OutcomeDuplicate = "duplicate"
+	// OutcomeLocal: the input's partition is this instance's, and
+	// Options.Local took it to be judged where it is, with no copy; the
+	// partition's worker acks it.
+	OutcomeLocal = "local"
 	// OutcomeDeadLetter: the input was dead-lettered with a reason and
 	// acked.
 	OutcomeDeadLetter = "dead_letter"
@@ -38,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_route_messages_total",
-			Help: "Input messages handled by the route step, by outcome (routed: stored in the routed stream; duplicate: the routed stream already held it; dead_letter; dead_letter_unstorable: the dead letter was refused even without payload, see the logs).",
+			Help: "Input messages handled by the route step, by outcome (routed: stored in the routed stream; duplicate: the routed stream already held it; local: judged by this instance, which owns its partition, with no copy; dead_letter; dead_letter_unstorable: the dead letter was refused even without payload, see the logs).",
 		}, []string{"outcome"}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_route_dead_letters_total",

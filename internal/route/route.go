@@ -14,7 +14,8 @@
 // stream has stored the copy is the input acked. The id is the same on
 // every delivery and in every instance, so the routed stream's duplicate
 // window drops a copy routed again after a redelivery or by another
-// instance.
+// instance. With Options.Local, an input of a partition the caller owns
+// is handed to it instead, with no copy: the caller judges and acks it.
 //
 // The copy keeps the input's headers and payload, except the input's
 // publish directives (forward.IsDirective: checks against the input
@@ -150,6 +151,13 @@ type Options struct {
 	// MaxMessageBytes dead-letters inputs with a larger payload
 	// (pipeline.max_message_bytes). Default 0: only the server's limit.
 	MaxMessageBytes int64
+	// Local, if set, is offered every input the route step can route,
+	// with its partition and key, before a copy is made. It returns true
+	// when it took the input: the caller judges it in this instance (whose
+	// partition it is) and acks, naks or dead-letters it; the route step
+	// neither copies nor acks it and counts it OutcomeLocal. False routes
+	// a copy, as without it.
+	Local func(msg jetstream.Msg, p int, key []byte) bool
 
 	// BatchSize is the most messages routed together (published with all
 	// in flight, then acked). Default DefaultBatchSize.
@@ -423,6 +431,10 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	maxPayload := r.o.Conn.MaxPayload()
 	for i, msg := range batch {
 		m, dl := r.routed(msg)
+		if m == nil && dl == nil { // taken by Options.Local
+			r.metrics.Messages.WithLabelValues(OutcomeLocal).Inc()
+			continue
+		}
 		if dl == nil {
 			if err := forward.CheckSize(m, maxPayload); err != nil {
 				dl = &deadLetter{msg: msg, reason: ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
@@ -479,7 +491,8 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	clear(r.out)
 }
 
-// routed builds the routed copy of msg, or says why it cannot be routed.
+// routed builds the routed copy of msg, or says why it cannot be routed;
+// neither when Options.Local took msg.
 func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 	data := msg.Data()
 	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
@@ -502,6 +515,9 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 		}
 	}
 	p := state.PartitionFNV(pkey, r.o.Partitions)
+	if r.o.Local != nil && r.o.Local(msg, p, key) {
+		return nil, nil
+	}
 	h := make(nats.Header, len(in)+6)
 	for k, v := range in {
 		if forward.IsDirective(k) || k == jetstream.MsgIDHeader {

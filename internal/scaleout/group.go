@@ -35,6 +35,11 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
+// LocalPin is the pin of a message the route step handed to this
+// instance's worker directly (JudgeLocally): it came under no pin, and its
+// batch is judged only under a tenure this instance already holds.
+const LocalPin = "local"
+
 // HeaderPinID is the header nats-server puts on each message a pinned
 // client of a priority group receives: the pin the message was delivered
 // under. A partition's tenure in this instance is one pin.
@@ -111,6 +116,7 @@ type Group struct {
 	retention time.Duration      // how far back a restore without a cursor reads
 	terms     string             // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
+	local     func(msg jetstream.Msg, p int, key []byte) bool // JudgeLocally's deliver, nil: none
 	metrics   *scaleOutMetrics
 	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
 
@@ -200,13 +206,37 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 	return m
 }
 
-// runRoute runs the route step until ctx is done. A failure to start it
-// (the routed stream or the route consumer) is retried with backoff: the
-// partitions' owners meanwhile judge what was routed before.
-func (g *Group) runRoute(ctx context.Context) {
+// JudgeLocally makes the route step hand an input of a partition this
+// instance owns to deliver, with its key, instead of routing a copy
+// through the routed stream: deliver queues it for the partition's
+// worker, with LocalPin, without waiting, and reports whether it did;
+// false (the partition's queue is full) routes a copy, so that one slow
+// partition never holds up the route step. The worker judges it only
+// under the tenure it holds, so the output's fence keeps it exact as on
+// the member path; without a tenure the batch is given back and the input
+// comes back to the route step. Call it before Run.
+func (g *Group) JudgeLocally(deliver func(msg jetstream.Msg, p int, key []byte) bool) {
+	g.local = deliver
+}
+
+// holds reports whether this instance owns partition p now.
+func (g *Group) holds(p int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.owned[p]
+	return ok
+}
+
+// runRoute runs the route step until ctx is done, offering each input to
+// local first when it is not nil (route.Options.Local). A failure to start
+// it (the routed stream or the route consumer) is retried with backoff:
+// the partitions' owners meanwhile judge what was routed before.
+func (g *Group) runRoute(ctx context.Context, local func(msg jetstream.Msg, p int, key []byte) bool) {
+	o := *g.routed
+	o.Local = local
 	b := retry.NewBackoff()
 	for ctx.Err() == nil {
-		err := route.Run(ctx, *g.routed)
+		err := route.Run(ctx, o)
 		if err == nil {
 			return
 		}
@@ -234,7 +264,18 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 	var side sync.WaitGroup
 	defer side.Wait()
 	if g.routed != nil {
-		side.Go(func() { g.runRoute(ctx) })
+		var local func(msg jetstream.Msg, p int, key []byte) bool
+		if g.local != nil {
+			local = func(msg jetstream.Msg, p int, key []byte) bool {
+				gate.RLock()
+				defer gate.RUnlock()
+				if stopped || !g.holds(p) {
+					return false
+				}
+				return g.local(msg, p, key)
+			}
+		}
+		side.Go(func() { g.runRoute(ctx, local) })
 	}
 	side.Go(func() { g.runSnapshots(ctx, store) })
 	m := &members{g: g, running: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {

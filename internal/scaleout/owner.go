@@ -51,7 +51,8 @@ func (g *Group) Owner(p *state.Partition) *Owner {
 }
 
 // Own is called before a batch of n messages is judged; pin is the pin
-// its last message was delivered under (HeaderPinID), and keepAlive tells
+// its last message was delivered under (HeaderPinID), or LocalPin when
+// the route step handed it over (JudgeLocally), and keepAlive tells
 // the server the batch is in progress, which Own does while a takeover
 // restores the partition. Own takes the partition's busy token (a planned
 // release waits for the batch), gives the batch back when the instance
@@ -168,6 +169,18 @@ func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) Ve
 		} else {
 			o.rememberLost(lost)
 		}
+	}
+	if pin == LocalPin {
+		// Handed over by the route step (JudgeLocally), under no pin: only
+		// a tenure held already judges it; a takeover comes from the
+		// member's deliveries.
+		if o.tenure == nil {
+			return GiveBack
+		}
+		if !o.refreshFence(ctx) {
+			return Leave
+		}
+		return Judge
 	}
 	if o.tenure != nil {
 		if !o.tenure.pins[pin] {
