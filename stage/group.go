@@ -82,7 +82,7 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, p
 	it := item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(scaleout.HeaderPinID), subject: o.Subject}
 	if s.totals != nil {
 		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data()); dl != nil {
+		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data(), true); dl != nil {
 			dlq <- *dl
 			return
 		}
@@ -99,7 +99,7 @@ func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan
 	it := item{msg: msg, key: bytes.Clone(key), fp: fingerprint(msg.Data()), pin: scaleout.LocalPin}
 	if s.totals != nil {
 		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data()); dl != nil {
+		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), false); dl != nil {
 			dlq <- *dl
 			return true
 		}
@@ -110,15 +110,4 @@ func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan
 	default:
 		return false
 	}
-}
-
-// isRoutedCopy reports whether msg came from the routed stream: a copy the
-// route step wrote, not an input handed over as it is (dispatchLocal).
-func (s *Stage) isRoutedCopy(msg jetstream.Msg) bool {
-	stream, _, ok := s.routed()
-	if !ok {
-		return false
-	}
-	md, err := msg.Metadata()
-	return err == nil && md.Stream == stream
 }

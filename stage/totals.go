@@ -138,9 +138,10 @@ func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.H
 
 // extract reads a message's group, time and value; subject is the input
 // subject the message arrived on (for a routed message, the one the route
-// step recorded, not the routed stream's). A message that has no usable
-// one returns a dead letter with its reason.
-func (t *totals) extract(msg jetstream.Msg, subject string, data []byte) (state.Contribution, *deadLetter) {
+// step recorded, not the routed stream's), and routedCopy says whether msg
+// is a copy the route step wrote (its input's time is in a header). A
+// message that has no usable one returns a dead letter with its reason.
+func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, routedCopy bool) (state.Contribution, *deadLetter) {
 	hdr := msg.Headers()
 	dl := func(reason, format string, args ...any) (state.Contribution, *deadLetter) {
 		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, partition: "none", detail: fmt.Sprintf(format, args...)}
@@ -153,7 +154,7 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte) (state.
 	}
 	var at time.Time
 	switch {
-	case t.time == nil && t.s.isRoutedCopy(msg):
+	case t.time == nil && routedCopy:
 		// The routed copy's own timestamp is the route step's; the input's
 		// travels in a header.
 		if at, err = route.InputTime(hdr); err != nil {
