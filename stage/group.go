@@ -94,14 +94,15 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, p
 // instance, which owns its partition p (scaleout.Group.JudgeLocally):
 // the route step extracted key, and checked the size; the input itself,
 // not a copy, is judged and acked. It reports false, taking nothing, when
-// the partition's queue is full: the route step then routes a copy.
-func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan item, dlq chan<- deadLetter) bool {
+// the partition's queue is full, or when the totals cannot read the input
+// (its dead letter would wait on the dead-letter queue): the route step
+// then routes a copy, which the member path judges or dead-letters.
+func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan item) bool {
 	it := item{msg: msg, key: bytes.Clone(key), fp: fingerprint(msg.Data()), pin: scaleout.LocalPin}
 	if s.totals != nil {
 		var dl *deadLetter
 		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), false); dl != nil {
-			dlq <- *dl
-			return true
+			return false
 		}
 	}
 	select {

@@ -368,7 +368,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	s.status.setReady(true)
 	if s.group != nil {
 		go s.pollPending(ctx, s.group.Backlog)
-		s.group.JudgeLocally(func(msg jetstream.Msg, p int, key []byte) bool { return s.dispatchLocal(msg, p, key, parts, dlq) })
+		s.group.JudgeLocally(func(msg jetstream.Msg, p int, key []byte) bool { return s.dispatchLocal(msg, p, key, parts) })
 		s.group.Run(ctx, s.store, func(msg jetstream.Msg, p int) { s.dispatch(msg, p, parts, dlq) })
 	} else {
 		go s.pollPending(ctx, s.consumerBacklog)

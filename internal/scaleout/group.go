@@ -210,8 +210,8 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 // instance owns to deliver, with its key, instead of routing a copy
 // through the routed stream: deliver queues it for the partition's
 // worker, with LocalPin, without waiting, and reports whether it did;
-// false (the partition's queue is full) routes a copy, so that one slow
-// partition never holds up the route step. The worker judges it only
+// false (say, the partition's queue is full) routes a copy, so that one
+// slow partition never holds up the route step. The worker judges it only
 // under the tenure it holds, so the output's fence keeps it exact as on
 // the member path; without a tenure the batch is given back and the input
 // comes back to the route step. Call it before Run.
