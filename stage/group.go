@@ -91,7 +91,7 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, p
 }
 
 // dispatchLocal is dispatch for an input the route step hands to this
-// instance, which owns its partition p (scaleout.Group.JudgeLocally):
+// instance, which owns its partition p (scaleout.Group.Run's local):
 // the route step extracted key, and checked the size; the input itself,
 // not a copy, is judged and acked. It reports false, taking nothing, when
 // the partition's queue is full, or when the totals cannot read the input

@@ -368,8 +368,8 @@ func (s *Stage) Run(ctx context.Context) error {
 	s.status.setReady(true)
 	if s.group != nil {
 		go s.pollPending(ctx, s.group.Backlog)
-		s.group.JudgeLocally(func(msg jetstream.Msg, p int, key []byte) bool { return s.dispatchLocal(msg, p, key, parts) })
-		s.group.Run(ctx, s.store, func(msg jetstream.Msg, p int) { s.dispatch(msg, p, parts, dlq) })
+		s.group.Run(ctx, s.store, func(msg jetstream.Msg, p int) { s.dispatch(msg, p, parts, dlq) },
+			func(msg jetstream.Msg, p int, key []byte) bool { return s.dispatchLocal(msg, p, key, parts) })
 	} else {
 		go s.pollPending(ctx, s.consumerBacklog)
 		s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,

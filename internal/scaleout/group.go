@@ -36,7 +36,7 @@ import (
 )
 
 // LocalPin is the pin of a message the route step handed to this
-// instance's worker directly (JudgeLocally): it came under no pin, and its
+// instance's worker directly (Run's local): it came under no pin, and its
 // batch is judged only under a tenure this instance already holds.
 const LocalPin = "local"
 
@@ -116,7 +116,6 @@ type Group struct {
 	retention time.Duration      // how far back a restore without a cursor reads
 	terms     string             // what retention adds up (config.OutputRetentionTerms)
 	consumer  jetstream.ConsumerConfig
-	local     func(msg jetstream.Msg, p int, key []byte) bool // JudgeLocally's deliver, nil: none
 	metrics   *scaleOutMetrics
 	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
 
@@ -206,19 +205,6 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 	return m
 }
 
-// JudgeLocally makes the route step hand an input of a partition this
-// instance owns to deliver, with its key, instead of routing a copy
-// through the routed stream: deliver queues it for the partition's
-// worker, with LocalPin, without waiting, and reports whether it did;
-// false (say, the partition's queue is full) routes a copy, so that one
-// slow partition never holds up the route step. The worker judges it only
-// under the tenure it holds, so the output's fence keeps it exact as on
-// the member path; without a tenure the batch is given back and the input
-// comes back to the route step. Call it before Run.
-func (g *Group) JudgeLocally(deliver func(msg jetstream.Msg, p int, key []byte) bool) {
-	g.local = deliver
-}
-
 // holds reports whether this instance owns partition p now.
 func (g *Group) holds(p int) bool {
 	g.mu.Lock()
@@ -228,7 +214,7 @@ func (g *Group) holds(p int) bool {
 }
 
 // runRoute runs the route step until ctx is done, offering each input to
-// local first when it is not nil (route.Options.Local). A failure to start
+// local first (route.Options.Local). A failure to start
 // it (the routed stream or the route consumer) is retried with backoff:
 // the partitions' owners meanwhile judge what was routed before.
 func (g *Group) runRoute(ctx context.Context, local func(msg jetstream.Msg, p int, key []byte) bool) {
@@ -255,7 +241,17 @@ func (g *Group) runRoute(ctx context.Context, local func(msg jetstream.Msg, p in
 // on, balance, and the snapshots of the partitions it owns in store. When
 // ctx is done it gives the partitions back (giveBackAll) and returns; the
 // stage then finishes its workers and calls ReleaseAll.
-func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg jetstream.Msg, p int)) {
+//
+// The route step hands an input of a partition this instance owns to
+// local, with its key, instead of routing a copy through the routed
+// stream (the local path): local queues it for the partition's worker,
+// with LocalPin, without waiting, and reports whether it did; false (say,
+// the partition's queue is full) routes a copy, so that one slow partition
+// never holds up the route step. The worker judges it only under the
+// tenure it holds, so the output's fence keeps it exact as on the member
+// path; without a tenure the batch is given back and the input comes back
+// to the route step.
+func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg jetstream.Msg, p int), local func(msg jetstream.Msg, p int, key []byte) bool) {
 	g.log.Info("judging messages of the partitions the server pins to this instance", "stream", g.cfg.Input.Stream,
 		"group", g.name, "instance", g.instance, "output_stream", g.outStream,
 		"output_subjects", handover.PartitionSubject(g.prefix, 0, "<input subject>"))
@@ -264,18 +260,13 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 	var side sync.WaitGroup
 	defer side.Wait()
 	if g.routed != nil {
-		var local func(msg jetstream.Msg, p int, key []byte) bool
-		if g.local != nil {
-			local = func(msg jetstream.Msg, p int, key []byte) bool {
+		side.Go(func() {
+			g.runRoute(ctx, func(msg jetstream.Msg, p int, key []byte) bool {
 				gate.RLock()
 				defer gate.RUnlock()
-				if stopped || !g.holds(p) {
-					return false
-				}
-				return g.local(msg, p, key)
-			}
-		}
-		side.Go(func() { g.runRoute(ctx, local) })
+				return !stopped && g.holds(p) && local(msg, p, key)
+			})
+		})
 	}
 	side.Go(func() { g.runSnapshots(ctx, store) })
 	m := &members{g: g, running: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {

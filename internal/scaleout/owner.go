@@ -52,7 +52,7 @@ func (g *Group) Owner(p *state.Partition) *Owner {
 
 // Own is called before a batch of n messages is judged; pin is the pin
 // its last message was delivered under (HeaderPinID), or LocalPin when
-// the route step handed it over (JudgeLocally), and keepAlive tells
+// the route step handed it over (Run's local), and keepAlive tells
 // the server the batch is in progress, which Own does while a takeover
 // restores the partition. Own takes the partition's busy token (a planned
 // release waits for the batch), gives the batch back when the instance
@@ -171,7 +171,7 @@ func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) Ve
 		}
 	}
 	if pin == LocalPin {
-		// Handed over by the route step (JudgeLocally), under no pin: only
+		// Handed over by the route step (Run's local), under no pin: only
 		// a tenure held already judges it; a takeover comes from the
 		// member's deliveries.
 		if o.tenure == nil {
