@@ -69,9 +69,19 @@ func TestClusterR3SurvivesANode(t *testing.T) {
 	if len(got) != 150 {
 		t.Fatalf("stream holds %d messages, want 150", len(got))
 	}
-	for i, m := range got {
-		if want := fmt.Sprintf("r3.%d", i); m.Subject != want {
-			t.Fatalf("message %d on %s, want %s", i, m.Subject, want)
+	// Each message once. Not in publish order: an async publish the new
+	// stream did not answer yet (no responders) is sent again after the
+	// ones behind it, as CI saw once (r3.48 stored third).
+	seen := map[string]bool{}
+	for _, m := range got {
+		if seen[m.Subject] {
+			t.Errorf("%s stored twice", m.Subject)
+		}
+		seen[m.Subject] = true
+	}
+	for i := range 150 {
+		if want := fmt.Sprintf("r3.%d", i); !seen[want] {
+			t.Errorf("%s not stored", want)
 		}
 	}
 }
