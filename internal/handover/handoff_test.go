@@ -69,7 +69,7 @@ func (o *owner) take(t *testing.T, js jetstream.JetStream) int {
 		t.Fatal(err)
 	}
 	var recs []state.Restored
-	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, part), subj, cursor+1, time.Time{}, f,
+	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, part), subj, cursor+1, time.Time{}, f,
 		func(r handover.Record, _ uint64) error {
 			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint})
 			return nil
@@ -80,7 +80,7 @@ func (o *owner) take(t *testing.T, js jetstream.JetStream) int {
 	if err := p.Restore(recs, f); err != nil {
 		t.Fatalf("%s restores: %v", o.name, err)
 	}
-	return n
+	return st.Records
 }
 
 // forwardNew judges keys as the stage does: the ones the partition does not

@@ -28,7 +28,7 @@
 // Use, on taking partition p:
 //
 //	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject("out", p), instance)
-//	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), handover.FenceSubject("out", p), cursor+1, time.Time{}, f,
+//	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), handover.FenceSubject("out", p), cursor+1, time.Time{}, f,
 //		func(r handover.Record, seq uint64) error { ... })
 //	// then publish with forward.Options{Fence: &forward.Fence{Subject: handover.FenceSubject("out", p), Seq: f}}
 package handover
@@ -270,13 +270,31 @@ func Take(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, ins
 // restoreBuffer is how many messages Restore's reader asks for at once.
 const restoreBuffer = 4096
 
-// restoreIdle is how long one wait of Restore for the next message lasts.
-const restoreIdle = 2 * time.Second
+// RestoreReopenAfter is how long Restore's reader may deliver nothing
+// before Restore replaces it with a new one.
+const RestoreReopenAfter = 10 * time.Second
 
-// restoreStall is how long Restore waits with no message at all before it
-// gives up with a transient error, so that a lost consumer never holds a
-// takeover forever.
-const restoreStall = 30 * time.Second
+// How long Restore waits (variables for the package's tests).
+var (
+	// restoreIdle is how long one wait for the next message lasts.
+	restoreIdle = 2 * time.Second
+	// restoreReopen is how long a reader may deliver nothing before
+	// Restore opens a new one from the message after the last it read.
+	restoreReopen = RestoreReopenAfter
+	// restoreStall is how long Restore waits with no message at all
+	// before it gives up with a transient error, so that a lost consumer
+	// never holds a takeover forever.
+	restoreStall = 30 * time.Second
+)
+
+// RestoreStats is what a Restore did.
+type RestoreStats struct {
+	// Records is how many records Restore passed to its fn.
+	Records int
+	// Reopens is how many times a reader that delivered nothing for
+	// restoreReopen was replaced by a new one.
+	Reopens int
+}
 
 // firstSince returns the sequence at which a restore of the records on
 // filter stored at or after since starts. A consumer of filter alone,
@@ -312,7 +330,7 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 // since is zero too), up to and including sequence upTo, the sequence of
 // the caller's fence message on fenceSubject (FenceSubject). It calls fn
 // for each record in stream order, with the message's stream sequence, and
-// returns how many it passed to fn.
+// says how many it passed to fn.
 //
 // Restore reads the fence subject along with filter and returns only once
 // it has read a message at or past upTo: the fence message itself, or a
@@ -322,60 +340,62 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 // messages it has applied: a restore that ended when the reader's replica
 // had nothing more to deliver would end short of records stored before the
 // fence, and their keys would be forwarded again. Fence messages below upTo
-// are skipped. No message for restoreStall ends it with a transient error.
+// are skipped. A reader that delivers nothing for restoreReopen is
+// replaced by a new one from the message after the last read (it may be
+// placed on another replica); no message for restoreStall ends Restore
+// with a transient error.
 //
 // A message on filter that is not a record (Decode) ends Restore with that
-// permanent error; so does an error from fn, wrapped. Restore uses an
-// ordered consumer, so it needs no consumer of its own in the stream.
+// permanent error; so does an error from fn, wrapped. Restore uses ordered
+// consumers, so it needs no consumer of its own in the stream.
 func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject string, from uint64, since time.Time, upTo uint64,
-	fn func(r Record, seq uint64) error) (int, error) {
+	fn func(r Record, seq uint64) error) (RestoreStats, error) {
+	var st RestoreStats
 	if upTo == 0 || from > upTo {
-		return 0, nil
+		return st, nil
 	}
 	if from == 0 && !since.IsZero() {
 		var err error
 		if from, err = firstSince(ctx, js, stream, filter, since); err != nil {
-			return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+			return st, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
 		}
 		if from > upTo {
-			return 0, nil
+			return st, nil
 		}
 	}
-	it, pending, err := restoreReader(ctx, js, stream, filter, fenceSubject, from)
+	rd := &reader{ctx: ctx, js: js, stream: stream, filter: filter, fenceSubject: fenceSubject}
+	pending, err := rd.open(from)
 	if err != nil {
-		return 0, err
+		return st, err
 	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
+	defer rd.close()
 	// Done at the fence: every record at or below it was stored before it,
 	// so the reader's replica delivers them all before the fence. A quiet
 	// spell proves nothing (the replica may be catching up, or the server
-	// sent messages a loaded client has not read yet), so it only waits on;
-	// one past restoreStall ends the restore with a transient error, and the
-	// takeover is tried again.
-	n := 0
+	// sent messages a loaded client has not read yet), so it only waits on,
+	// with a new reader after restoreReopen; one past restoreStall ends the
+	// restore with a transient error, and the takeover is tried again.
 	var read uint64
 	last := max(from, 1) - 1 // the stream sequence of the last message read
 	heard := time.Now()
 	for {
-		m, err := it.Next(jetstream.NextMaxWait(restoreIdle))
+		m, err := rd.it.Next(jetstream.NextMaxWait(restoreIdle))
 		if errors.Is(err, nats.ErrTimeout) {
-			if quiet := time.Since(heard); quiet > restoreStall {
-				return n, fmt.Errorf("handover: restore %s: no message for %v, %d of %d pending read", filter, quiet.Round(time.Second), read, pending)
+			if err := rd.quiet(time.Since(heard), last+1, read, pending, &st); err != nil {
+				return st, err
 			}
 			continue
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return n, fmt.Errorf("handover: restore %s: %d records read: %w", filter, n, ctx.Err())
+				return st, fmt.Errorf("handover: restore %s: %d records read: %w", filter, st.Records, ctx.Err())
 			}
-			return n, fmt.Errorf("handover: restore %s: %d records read: %w", filter, n, err)
+			return st, fmt.Errorf("handover: restore %s: %d records read: %w", filter, st.Records, err)
 		}
 		heard = time.Now()
 		md, err := m.Metadata()
 		if err != nil {
-			return n, fmt.Errorf("handover: restore %s: %w", filter, err)
+			return st, fmt.Errorf("handover: restore %s: %w", filter, err)
 		}
 		seq := md.Sequence.Stream
 		if seq <= last {
@@ -384,25 +404,76 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 		last = seq
 		read++
 		if seq > upTo {
-			return n, nil
+			return st, nil
 		}
 		if m.Subject() == fenceSubject {
 			if seq == upTo {
-				return n, nil
+				return st, nil
 			}
 			continue // an earlier owner's fence
 		}
 		r, err := Decode(m)
 		if err != nil {
-			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
+			return st, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
 		if err := fn(r, seq); err != nil {
-			return n, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
+			return st, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
 		}
-		n++
+		st.Records++
 		if seq == upTo {
-			return n, nil
+			return st, nil
 		}
+	}
+}
+
+// reader is Restore's reader of one partition, which Restore replaces when
+// it falls silent.
+type reader struct {
+	ctx                          context.Context
+	js                           jetstream.JetStream
+	stream, filter, fenceSubject string
+
+	it     jetstream.MessagesContext // nil when closed
+	stop   func() bool               // ends the ctx.Done hook that stops it
+	opened time.Time
+}
+
+// open opens a reader from sequence from (restoreReader) and returns how
+// many messages it had pending.
+func (r *reader) open(from uint64) (uint64, error) {
+	it, pending, err := restoreReader(r.ctx, r.js, r.stream, r.filter, r.fenceSubject, from)
+	if err != nil {
+		return 0, err
+	}
+	r.it, r.stop, r.opened = it, context.AfterFunc(r.ctx, it.Stop), time.Now()
+	return pending, nil
+}
+
+// quiet handles a wait that brought no message, quiet long after the last
+// one: past restoreStall it gives up with a transient error; past
+// restoreReopen, with the reader open as long, it replaces the reader by
+// one from sequence next. read and pending are for the error.
+func (r *reader) quiet(quiet time.Duration, next, read, pending uint64, st *RestoreStats) error {
+	if quiet > restoreStall {
+		return fmt.Errorf("handover: restore %s: no message for %v, %d of %d pending read, %d readers replaced",
+			r.filter, quiet.Round(time.Second), read, pending, st.Reopens)
+	}
+	if quiet > restoreReopen && time.Since(r.opened) > restoreReopen {
+		r.close()
+		if _, err := r.open(next); err != nil {
+			return err
+		}
+		st.Reopens++
+	}
+	return nil
+}
+
+// close stops the reader, if open.
+func (r *reader) close() {
+	if r.it != nil {
+		r.stop()
+		r.it.Stop()
+		r.it = nil
 	}
 }
 

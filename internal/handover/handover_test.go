@@ -78,16 +78,16 @@ func restore(t *testing.T, js jetstream.JetStream, p int, from uint64, since tim
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []record
-	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, 1), from, since, upTo,
+	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, 1), from, since, upTo,
 		func(r handover.Record, seq uint64) error {
-			got = append(got, record{key: string(r.Key), firstSeen: r.FirstSeen, fp: r.Fingerprint, group: r.Group, bucket: r.Bucket, value: r.Value, seq: seq})
+			got = append(got, asRecord(r, seq))
 			return nil
 		})
 	if err != nil {
 		t.Fatalf("restore p%d from %d since %v up to %d: %v", p, from, since, upTo, err)
 	}
-	if n != len(got) {
-		t.Errorf("Restore returned %d, passed %d records on", n, len(got))
+	if st.Records != len(got) {
+		t.Errorf("Restore returned %d, passed %d records on", st.Records, len(got))
 	}
 	return got
 }
@@ -350,10 +350,10 @@ func TestRestore(t *testing.T) {
 		t.Errorf("restore of a message without a record: %v, want a permanent ErrNotARecord", err)
 	}
 	stop := errors.New("stop")
-	n, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), 0, time.Time{}, f1b,
+	rs, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), 0, time.Time{}, f1b,
 		func(handover.Record, uint64) error { return stop })
-	if !errors.Is(err, stop) || n != 0 {
-		t.Errorf("restore whose fn fails: %d, %v; want 0 and fn's error", n, err)
+	if !errors.Is(err, stop) || rs.Records != 0 {
+		t.Errorf("restore whose fn fails: %d, %v; want 0 and fn's error", rs.Records, err)
 	}
 }
 
@@ -372,23 +372,52 @@ func TestRestoreReadsUpToTheFence(t *testing.T) {
 	const p = 6
 	want := publishRecords(t, js, p, 0, 3)
 	fenceSeq := want[len(want)-1].seq + 4 // three more records, then the fence
-	read, stored := make(chan struct{}), make(chan struct{})
-	var got []record
-	done := make(chan error, 1)
+	r := startHalted(ctx, js, p, fenceSeq, 1)
+	<-r.halted
+	want = append(want, moreThenFence(t, ctx, js, p, fenceSeq)...)
+	close(r.resume)
+	<-r.done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	sameRecords(t, "records stored after the restore began, before its fence", r.got, want)
+}
+
+// haltedRestore is a Restore running in the background that halts once.
+type haltedRestore struct {
+	halted chan struct{} // closed once it halts
+	resume chan struct{} // close to let it go on
+	done   chan struct{} // closed when Restore returned
+	got    []record      // the records passed to fn
+	st     handover.RestoreStats
+	err    error
+}
+
+// startHalted starts a Restore of partition p from its first record up to
+// fenceSeq, which halts in fn once it has the at-th record.
+func startHalted(ctx context.Context, js jetstream.JetStream, p int, fenceSeq uint64, at int) *haltedRestore {
+	h := &haltedRestore{halted: make(chan struct{}), resume: make(chan struct{}), done: make(chan struct{})}
 	go func() {
-		_, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, p), 0, time.Time{}, fenceSeq,
+		defer close(h.done)
+		h.st, h.err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, p), 0, time.Time{}, fenceSeq,
 			func(r handover.Record, seq uint64) error {
-				if len(got) == 0 {
-					close(read)
-					<-stored
+				h.got = append(h.got, asRecord(r, seq))
+				if len(h.got) == at {
+					close(h.halted)
+					<-h.resume
 				}
-				got = append(got, record{key: string(r.Key), firstSeen: r.FirstSeen, fp: r.Fingerprint, group: r.Group, bucket: r.Bucket, value: r.Value, seq: seq})
 				return nil
 			})
-		done <- err
 	}()
-	<-read
-	want = append(want, publishRecords(t, js, p, 3, 3)...)
+	return h
+}
+
+// moreThenFence publishes three more records of partition p (keys from 3
+// on) and takes p's fence, which must land at fenceSeq; it returns the
+// records.
+func moreThenFence(t *testing.T, ctx context.Context, js jetstream.JetStream, p int, fenceSeq uint64) []record {
+	t.Helper()
+	more := publishRecords(t, js, p, 3, 3)
 	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject(prefix, p), "B")
 	if err != nil {
 		t.Fatal(err)
@@ -396,9 +425,58 @@ func TestRestoreReadsUpToTheFence(t *testing.T) {
 	if f != fenceSeq {
 		t.Fatalf("fence at sequence %d, want %d (nothing else writes the stream)", f, fenceSeq)
 	}
-	close(stored)
-	if err := <-done; err != nil {
+	return more
+}
+
+// asRecord is r, read back at sequence seq.
+func asRecord(r handover.Record, seq uint64) record {
+	return record{key: string(r.Key), firstSeen: r.FirstSeen, fp: r.Fingerprint, group: r.Group, bucket: r.Bucket, value: r.Value, seq: seq}
+}
+
+// TestRestoreReopensASilentReader: a reader that stays subscribed but
+// delivers nothing (here its consumer is paused; in a cluster, a reader
+// whose pull the server dropped while its heartbeats still flow) does not
+// hold the takeover until Restore gives up: after restoreReopen of silence
+// Restore opens a new reader from the message after the last it read, and
+// reads every record up to the fence once.
+func TestRestoreReopensASilentReader(t *testing.T) {
+	defer handover.SetRestoreTimings(200*time.Millisecond, time.Second, time.Hour)()
+	js := outStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const p = 7
+	want := publishRecords(t, js, p, 0, 3)
+	fenceSeq := want[len(want)-1].seq + 4 // three more records, then the fence
+	r := startHalted(ctx, js, p, fenceSeq, 3)
+	<-r.halted
+	// Silence the reader: pause its consumer, the only one on the stream.
+	out, err := js.Stream(ctx, "OUT")
+	if err != nil {
 		t.Fatal(err)
 	}
-	sameRecords(t, "records stored after the restore began, before its fence", got, want)
+	names := out.ConsumerNames(ctx)
+	var readers []string
+	for n := range names.Name() {
+		readers = append(readers, n)
+	}
+	if err := names.Err(); err != nil || len(readers) != 1 {
+		t.Fatalf("consumers of OUT: %v, %v; want Restore's reader alone", readers, err)
+	}
+	if _, err := js.PauseConsumer(ctx, "OUT", readers[0], time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, moreThenFence(t, ctx, js, p, fenceSeq)...)
+	close(r.resume)
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		t.Fatal("Restore still waits on its paused reader")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	sameRecords(t, "records before and after the silent spell", r.got, want)
+	if r.st.Reopens < 1 || r.st.Records != len(want) {
+		t.Errorf("Restore stats %+v, want at least 1 reopen and %d records", r.st, len(want))
+	}
 }

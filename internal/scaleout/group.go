@@ -146,6 +146,7 @@ type scaleOutMetrics struct {
 	refusals   *prometheus.CounterVec
 	stale      *prometheus.CounterVec
 	restored   *prometheus.CounterVec
+	reopens    *prometheus.CounterVec
 	restoring  *prometheus.GaugeVec
 	restoreDur *prometheus.GaugeVec
 	released   *prometheus.CounterVec
@@ -180,6 +181,10 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_restore_records_total",
 			Help: "Records read back from the output stream into the state store when taking a partition, by partition.",
 		}, []string{"partition"}),
+		reopens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_restore_reader_reopens_total",
+			Help: fmt.Sprintf("Times a restore replaced its changelog reader because it delivered nothing for %v (a consumer alive but silent), by partition.", handover.RestoreReopenAfter),
+		}, []string{"partition"}),
 		restoring: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dedupe_partition_restoring",
 			Help: "1 while this instance restores the partition from the output stream, else 0.",
@@ -201,7 +206,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		Name: "dedupe_group_partitions",
 		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner.",
 	}, []string{"group"})
-	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
+	reg.MustRegister(m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
 	return m
 }
 

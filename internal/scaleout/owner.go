@@ -277,7 +277,7 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	g.metrics.takeovers.WithLabelValues(o.label).Inc()
 	g.metrics.restoreDur.WithLabelValues(o.label).Set(took.Seconds())
 	g.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
-		"from_snapshot", r.loaded, "restored", r.total, "took", took.Round(time.Millisecond))
+		"from_snapshot", r.loaded, "restored", r.total, "readers_replaced", r.reopens, "took", took.Round(time.Millisecond))
 	g.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
 		Records: r.loaded + r.total, RestoreSeconds: took.Seconds()})
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
@@ -288,11 +288,13 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 // restoreRun is what a takeover's restore did: its path (restoreSnapshot,
 // restoreLocal or restoreFull), the output sequence the changelog was
 // read from, the cursor it started at (the snapshot's when it loaded one),
-// and the records the snapshot loaded and the changelog restored.
+// the records the snapshot loaded and the changelog restored, and the
+// changelog readers it replaced (handover.RestoreStats).
 type restoreRun struct {
 	path          string
 	from, cursor  uint64
 	loaded, total int
+	reopens       int // changelog readers replaced after a silent spell
 }
 
 // restore restores the partition up to f, its new fence in the output
@@ -336,7 +338,7 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 		keepAlive()
 		return nil
 	}
-	_, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p), r.from, since, f,
+	st, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p), r.from, since, f,
 		func(rec handover.Record, seq uint64) error {
 			recs = append(recs, state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
 				Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq})
@@ -345,6 +347,8 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 			}
 			return nil
 		})
+	r.reopens = st.Reopens
+	g.metrics.reopens.WithLabelValues(o.label).Add(float64(st.Reopens))
 	if err != nil {
 		return r, err
 	}
