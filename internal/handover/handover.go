@@ -306,6 +306,8 @@ type RestoreStats struct {
 // on any replica: one that is behind answers an earlier sequence (the next
 // one it would store), from which the restore reads more, never less.
 func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, restoreStall)
+	defer cancel()
 	var from uint64
 	err := retry.Do(ctx, "restore", func() error {
 		c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
@@ -487,12 +489,17 @@ func restoreReader(ctx context.Context, js jetstream.JetStream, stream, filter, 
 	}
 	var cons jetstream.Consumer
 	var pending uint64
-	err := retry.Do(ctx, "restore", func() error {
-		c, err := js.OrderedConsumer(ctx, stream, cfg)
+	// Opening it is retried for restoreStall at most, as a silent reader
+	// is waited for: a takeover that cannot open one gives up with the
+	// last failure, and is tried again with the partition's next batch.
+	octx, cancel := context.WithTimeout(ctx, restoreStall)
+	defer cancel()
+	err := retry.Do(octx, "restore", func() error {
+		c, err := js.OrderedConsumer(octx, stream, cfg)
 		if err != nil {
 			return err
 		}
-		info, err := c.Info(ctx)
+		info, err := c.Info(octx)
 		if err != nil {
 			return err
 		}

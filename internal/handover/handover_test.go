@@ -480,3 +480,37 @@ func TestRestoreReopensASilentReader(t *testing.T) {
 		t.Errorf("Restore stats %+v, want at least 1 reopen and %d records", r.st, len(want))
 	}
 }
+
+// TestRestoreGivesUpOpeningItsReader: a reader that cannot be opened (here
+// every JetStream request goes unanswered, as after a takeover raced the
+// stream's leader away) ends Restore with the last failure once
+// restoreStall has passed, instead of retrying until the caller's context
+// ends: a takeover stuck so held its worker, and the worker's held
+// messages were kept alive (in progress) with no owner to judge them.
+func TestRestoreGivesUpOpeningItsReader(t *testing.T) {
+	defer handover.SetRestoreTimings(200*time.Millisecond, time.Second, time.Second)()
+	s := natstest.RunServer(t, "")
+	nc, _ := natstest.Connect(t, s.ClientURL())
+	nowhere, err := jetstream.NewWithAPIPrefix(nc, "$NOWHERE.API")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, since := range []time.Time{{}, time.Now().Add(-time.Hour)} {
+		from := uint64(1)
+		if !since.IsZero() {
+			from = 0 // by time: firstSince opens a reader first
+		}
+		start := time.Now()
+		_, err := handover.Restore(ctx, nowhere, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), from, since, 10,
+			func(handover.Record, uint64) error { return nil })
+		if ctx.Err() != nil {
+			t.Fatalf("from %d since %v: Restore retried until its context ended (%v)", from, since, err)
+		}
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || retry.IsPermanent(err) {
+			t.Errorf("from %d since %v: %v, want a transient error after the stall bound", from, since, err)
+		}
+		t.Logf("from %d since %v: gave up after %v: %v", from, since, time.Since(start).Round(time.Millisecond), err)
+	}
+}
