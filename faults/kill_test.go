@@ -167,7 +167,7 @@ func TestKill9AtRandomMoments(t *testing.T) {
 	// batch per partition, in flight at the previous kill).
 	aloneRun := func() {
 		t.Helper()
-		out0, ci0 := streamMsgs(js, outputStream), consumerInfo(t, js)
+		out0, ci0 := settledMsgs(js, outputStream), consumerInfo(t, js)
 		p := s.startReady()
 		waitDrained(t, js, 90*time.Second)
 		deliveries := consumerInfo(t, js).Delivered.Consumer - ci0.Delivered.Consumer

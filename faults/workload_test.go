@@ -291,6 +291,23 @@ func mustPublish(tb testing.TB, js jetstream.JetStream, events []event, round st
 	return seqs
 }
 
+// settledMsgs returns streamMsgs(js, stream) once two reads half a second
+// apart agree (within 10s): a stage killed right after it sent an atomic
+// batch's commit leaves the server storing that batch after the kill, and
+// a count read before it would credit the batch to the next run.
+func settledMsgs(js jetstream.JetStream, stream string) uint64 {
+	last := streamMsgs(js, stream)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(500 * time.Millisecond) // on purpose: the count must hold still this long
+		n := streamMsgs(js, stream)
+		if n == last {
+			break
+		}
+		last = n
+	}
+	return last
+}
+
 // streamMsgs returns the number of messages stream holds (0 when it does not
 // exist or does not answer).
 func streamMsgs(js jetstream.JetStream, stream string) uint64 {
