@@ -11,3 +11,11 @@ func SetRestoreTimings(idle, reopen, stall time.Duration) (reset func()) {
 	restoreIdle, restoreReopen, restoreStall = idle, reopen, stall
 	return func() { restoreIdle, restoreReopen, restoreStall = i, r, s }
 }
+
+// SetStepBound sets how long one takeover step retries (StepBound); the
+// returned func puts the default back.
+func SetStepBound(d time.Duration) (reset func()) {
+	b := stepBound
+	stepBound = d
+	return func() { stepBound = b }
+}

@@ -208,8 +208,11 @@ type fenceBody struct {
 // internal/forward). When another writer moves the fence between the read
 // and the write (the server refuses with 10071), Take reads again and
 // tries again, at most 10 times; then it returns an error for which
-// retry.IsFenced is true. Transient failures are retried until ctx ends.
+// retry.IsFenced is true. Transient failures are retried for StepBound at
+// most, all attempts together.
 func Take(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, instance string) (uint64, error) {
+	ctx, cancel := boundStep(ctx)
+	defer cancel()
 	var st jetstream.Stream
 	err := retry.Do(ctx, "fence", func() error {
 		var err error
@@ -267,6 +270,44 @@ func Take(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, ins
 	return 0, fmt.Errorf("handover: take %s: the fence moved under each of %d attempts: %w", fenceSubject, takeAttempts, raced)
 }
 
+// StepBound is how long one step of a takeover retries transient
+// failures before it gives up with the last one: reading the output
+// stream (StreamState), writing a fence (Take, Refresh) and opening a
+// restore's reader. A step that gives up fails the takeover (or the
+// refresh) with a transient error; its batch stays unacked and comes
+// back, and the partition's next batch tries again. So no step holds a
+// partition's worker, and with it the messages the worker keeps in
+// progress, for longer than this, whatever the cluster does.
+const StepBound = 30 * time.Second
+
+// stepBound is StepBound (a variable for the package's tests).
+var stepBound = StepBound
+
+// boundStep returns ctx bounded by stepBound, for one step's retries.
+func boundStep(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, stepBound)
+}
+
+// StreamState reads stream's configuration and state, as a takeover does
+// before it takes a fence: transient failures are retried for StepBound
+// at most.
+func StreamState(ctx context.Context, js jetstream.JetStream, stream string) (*jetstream.StreamInfo, error) {
+	ctx, cancel := boundStep(ctx)
+	defer cancel()
+	var info *jetstream.StreamInfo
+	err := retry.Do(ctx, "fence", func() error {
+		st, err := js.Stream(ctx, stream)
+		if err == nil {
+			info = st.CachedInfo()
+		}
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("handover: read stream %s: %w", stream, err)
+	}
+	return info, nil
+}
+
 // restoreBuffer is how many messages Restore's reader asks for at once.
 const restoreBuffer = 4096
 
@@ -306,7 +347,7 @@ type RestoreStats struct {
 // on any replica: one that is behind answers an earlier sequence (the next
 // one it would store), from which the restore reads more, never less.
 func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, restoreStall)
+	ctx, cancel := boundStep(ctx)
 	defer cancel()
 	var from uint64
 	err := retry.Do(ctx, "restore", func() error {
@@ -489,10 +530,10 @@ func restoreReader(ctx context.Context, js jetstream.JetStream, stream, filter, 
 	}
 	var cons jetstream.Consumer
 	var pending uint64
-	// Opening it is retried for restoreStall at most, as a silent reader
-	// is waited for: a takeover that cannot open one gives up with the
-	// last failure, and is tried again with the partition's next batch.
-	octx, cancel := context.WithTimeout(ctx, restoreStall)
+	// Opening it is retried for StepBound at most: a takeover that cannot
+	// open one gives up with the last failure, and is tried again with the
+	// partition's next batch.
+	octx, cancel := boundStep(ctx)
 	defer cancel()
 	err := retry.Do(octx, "restore", func() error {
 		c, err := js.OrderedConsumer(octx, stream, cfg)

@@ -481,36 +481,62 @@ func TestRestoreReopensASilentReader(t *testing.T) {
 	}
 }
 
-// TestRestoreGivesUpOpeningItsReader: a reader that cannot be opened (here
-// every JetStream request goes unanswered, as after a takeover raced the
-// stream's leader away) ends Restore with the last failure once
-// restoreStall has passed, instead of retrying until the caller's context
-// ends: a takeover stuck so held its worker, and the worker's held
-// messages were kept alive (in progress) with no owner to judge them.
-func TestRestoreGivesUpOpeningItsReader(t *testing.T) {
-	defer handover.SetRestoreTimings(200*time.Millisecond, time.Second, time.Second)()
+// TestTakeoverStepsGiveUp: each step of a takeover that talks to the
+// cluster (reading the output stream, taking a fence, refreshing it,
+// opening a restore's reader by sequence and by time) ends with its last
+// failure once StepBound has passed, instead of retrying until the
+// caller's context ends. Here every JetStream request goes unanswered, as
+// after a takeover raced the stream's leader away. A takeover stuck so
+// held its worker, and the worker's held messages were kept alive (in
+// progress) with no owner to judge them.
+func TestTakeoverStepsGiveUp(t *testing.T) {
+	defer handover.SetStepBound(time.Second)()
 	s := natstest.RunServer(t, "")
 	nc, _ := natstest.Connect(t, s.ClientURL())
 	nowhere, err := jetstream.NewWithAPIPrefix(nc, "$NOWHERE.API")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, since := range []time.Time{{}, time.Now().Add(-time.Hour)} {
-		from := uint64(1)
-		if !since.IsZero() {
-			from = 0 // by time: firstSince opens a reader first
+	fence := handover.FenceSubject(prefix, 1)
+	restore := func(from uint64, since time.Time) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := handover.Restore(ctx, nowhere, "OUT", handover.PartitionFilter(prefix, 1), fence, from, since, 10,
+				func(handover.Record, uint64) error { return nil })
+			return err
 		}
+	}
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"read the output stream", func(ctx context.Context) error {
+			_, err := handover.StreamState(ctx, nowhere, "OUT")
+			return err
+		}},
+		{"take the fence", func(ctx context.Context) error {
+			_, err := handover.Take(ctx, nowhere, "OUT", fence, "i0")
+			return err
+		}},
+		{"refresh the fence", func(ctx context.Context) error {
+			_, err := handover.Refresh(ctx, nowhere, "OUT", fence, "i0", 7)
+			return err
+		}},
+		{"open a restore's reader by sequence", restore(1, time.Time{})},
+		{"open a restore's reader by time", restore(0, time.Now().Add(-time.Hour))},
+	}
+	for _, st := range steps {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		start := time.Now()
-		_, err := handover.Restore(ctx, nowhere, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), from, since, 10,
-			func(handover.Record, uint64) error { return nil })
-		if ctx.Err() != nil {
-			t.Fatalf("from %d since %v: Restore retried until its context ended (%v)", from, since, err)
+		err := st.run(ctx)
+		ended := ctx.Err()
+		cancel()
+		if ended != nil {
+			t.Errorf("%s: retried until its context ended (%v)", st.name, err)
+			continue
 		}
-		if err == nil || !errors.Is(err, context.DeadlineExceeded) || retry.IsPermanent(err) {
-			t.Errorf("from %d since %v: %v, want a transient error after the stall bound", from, since, err)
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || retry.IsPermanent(err) || retry.IsFenced(err) {
+			t.Errorf("%s: %v, want a transient error after the step bound", st.name, err)
 		}
-		t.Logf("from %d since %v: gave up after %v: %v", from, since, time.Since(start).Round(time.Millisecond), err)
+		t.Logf("%s: gave up after %v: %v", st.name, time.Since(start).Round(time.Millisecond), err)
 	}
 }

@@ -24,10 +24,15 @@ import (
 // stored anything between the two, or the write would be refused, so no
 // restore is needed). When another writer moved the fence, Refresh returns
 // an error for which retry.IsFenced is true: the owner's tenure is over.
-// Transient failures are retried until ctx ends; before a write that got
-// no answer is sent again, the fence subject's last message is read, and
-// if it is the one written, its sequence is returned.
+// Transient failures are retried for StepBound at most; before a write
+// that got no answer is sent again, the fence subject's last message is
+// read, and if it is the one written, its sequence is returned. When
+// Refresh gives up after a write that did land, the owner's next publish
+// expects the old sequence and is refused as fenced: its tenure ends, and
+// while it is still pinned it takes the fence again.
 func Refresh(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, instance string, seq uint64) (uint64, error) {
+	ctx, cancel := boundStep(ctx)
+	defer cancel()
 	body, err := json.Marshal(fenceBody{Instance: instance, Time: time.Now().UTC()})
 	if err != nil {
 		return 0, fmt.Errorf("handover: refresh %s: %w", fenceSubject, err)

@@ -1,7 +1,6 @@
 package scaleout
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
-	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
 
 // ErrChangelog means the output stream does not keep what a new owner
@@ -150,21 +148,4 @@ func (g *Group) checkReach(st jetstream.StreamState, p int, from uint64, now tim
 			"No stream edit brings them back; the partition is refused until %s, when they are past the retention %s = %v (check with nats stream info %s that first_seq stays put and no limit drops messages)",
 		ErrChangelog, g.outStream, first, firstTime.UTC().Format(time.RFC3339), p, start,
 		firstTime.Add(g.retention).UTC().Format(time.RFC3339), g.terms, g.retention, g.outStream)}
-}
-
-// outputState reads the output stream's configuration and state, retrying
-// a transient failure until ctx ends.
-func (g *Group) outputState(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
-	var info *jetstream.StreamInfo
-	err := retry.Do(ctx, "fence", func() error {
-		st, err := js.Stream(ctx, g.outStream)
-		if err == nil {
-			info = st.CachedInfo()
-		}
-		return err
-	}, retry.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("read the output stream's configuration: %w", err)
-	}
-	return info, nil
 }

@@ -236,9 +236,9 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	// changelog that no longer keeps what a restore reads would restore the
 	// partition short, so the partition is not taken (its batch comes back,
 	// and the check runs again).
-	out, err := g.outputState(ctx, g.js)
+	out, err := handover.StreamState(ctx, g.js, g.outStream)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read the output stream's configuration: %w", err)
 	}
 	cursor, err := o.p.Cursor()
 	if err != nil {
