@@ -50,6 +50,15 @@ type ScaleOut struct {
 	// RoutedSubject is the middle of the routed subjects,
 	// <p>.<routed_subject>.<input subject>. Default "dedupe.routed".
 	RoutedSubject string `yaml:"routed_subject"`
+	// RouteBundleMax is how many copies of one partition's inputs the
+	// route step puts in one routed message (a bundle) when one route
+	// batch has several: one replicated write, delivery and ack for all
+	// of them (docs/scale-out.md §3.2). Default 16; 0 or 1 routes every
+	// copy alone; at most MaxRouteBundle. A member holds up to
+	// input.max_ack_pending routed messages, so up to that many bundles.
+	// Every instance of a group must read bundles before any writes
+	// them: a version that does not dead-letters them (not_routed).
+	RouteBundleMax int `yaml:"route_bundle_max"`
 	// MaxEventTimeAhead bounds how far an event's time (totals.time) may
 	// be ahead of the clock when it is judged; an event further ahead is
 	// dead-lettered (future_time). A new owner restores a partition's
@@ -67,6 +76,9 @@ type ScaleOut struct {
 	// (ScaleOutSnapshots).
 	SnapshotInterval Duration `yaml:"snapshot_interval"`
 }
+
+// MaxRouteBundle is the largest scale_out.route_bundle_max.
+const MaxRouteBundle = 256
 
 // MaxSnapshotInterval is the longest scale_out.snapshot_interval.
 const MaxSnapshotInterval = Duration(24 * time.Hour)
@@ -87,7 +99,7 @@ const (
 // DefaultScaleOut returns the scale_out section's defaults (off).
 func DefaultScaleOut() ScaleOut {
 	return ScaleOut{Group: "dedupe", Replicas: 3, Route: RouteAuto, RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed",
-		MaxEventTimeAhead: Duration(time.Hour), SnapshotInterval: Duration(2 * time.Minute)}
+		RouteBundleMax: 16, MaxEventTimeAhead: Duration(time.Hour), SnapshotInterval: Duration(2 * time.Minute)}
 }
 
 // InstanceName returns Instance, or the host name when Instance is empty
@@ -296,6 +308,9 @@ func (c Config) validateScaleOut(v *validator) {
 	}
 	if c.Output.BatchMax < c.Pipeline.BatchSize {
 		v.add("output.batch_max", "%d, below pipeline.batch_size %d; with scale_out.enabled a partition's output batch is one atomic batch, so it must fit", c.Output.BatchMax, c.Pipeline.BatchSize)
+	}
+	if s.RouteBundleMax < 0 || s.RouteBundleMax > MaxRouteBundle {
+		v.add("scale_out.route_bundle_max", "%d, want 0 (every copy alone) to %d", s.RouteBundleMax, MaxRouteBundle)
 	}
 	if si := s.SnapshotInterval; si != 0 && (si < MinSnapshotInterval || si > MaxSnapshotInterval) {
 		v.add("scale_out.snapshot_interval", "%v, want 0 (off) or %v to %v", si, MinSnapshotInterval, MaxSnapshotInterval)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -78,5 +79,47 @@ func TestScaleOutRoutedDeadLetterNamesTheInput(t *testing.T) {
 	}
 	if string(raw.Data) != string(m.Data) {
 		t.Errorf("input at the dead letter's sequence holds %q, want %q", raw.Data, m.Data)
+	}
+}
+
+// TestScaleOutUnreadableRoutedMessagesAreDeadLettered: what the route step
+// did not write into the routed stream, and a bundle of a form this
+// version does not read (written by a newer instance of the group), are
+// each dead-lettered once, whole, as not_routed, and acked: the member
+// is not stuck on them, and nothing is forwarded from them.
+func TestScaleOutUnreadableRoutedMessagesAreDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.ScaleOut.Enabled = true
+	e.cfg.ScaleOut.Replicas = 1
+	e.as("a").start()
+	e.publish([]event{{key: "order-1", payload: []byte("first")}})
+	e.scaleOutDrained(60 * time.Second)
+	subject := route.Subject(0, e.cfg.ScaleOut.RoutedSubject, "events.orders")
+	foreign := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: []byte("not a copy")}
+	foreign.Header.Set(jetstream.MsgIDHeader, "someone-else-1")
+	newer := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: []byte{2, 1, 0}}
+	newer.Header.Set(jetstream.MsgIDHeader, "route-bundle:future-1")
+	newer.Header.Set(route.HeaderBundle, "2")
+	natstest.PublishAll(t, e.js, []*nats.Msg{foreign, newer})
+	e.scaleOutDrained(60 * time.Second)
+
+	var dls []natstest.Message
+	natstest.Until(30*time.Second, 50*time.Millisecond, func() bool {
+		dls = dls[:0]
+		for _, m := range e.deadLetters() {
+			if m.Header.Get(stage.HeaderReason) == stage.ReasonNotRouted {
+				dls = append(dls, m)
+			}
+		}
+		return len(dls) >= 2
+	})
+	if len(dls) != 2 {
+		t.Fatalf("%d not_routed dead letters, want the foreign message's and the newer bundle's", len(dls))
+	}
+	for _, dl := range dls {
+		t.Logf("dead letter: %s", dl.Header.Get(stage.HeaderDetail))
+	}
+	if n := len(e.routedOutput()); n != 1 {
+		t.Errorf("the output holds %d messages, want order-1's only", n)
 	}
 }

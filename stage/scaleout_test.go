@@ -296,6 +296,19 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	e.scaleOutDrained(60 * time.Second)
 
 	e.checkOnce(e.routedOutput(), unique)
+	// With bundles on (the default), copies of one partition from one
+	// route batch went as one routed message: the routed messages carried
+	// more inputs than there were messages.
+	msgs, inputs := 0.0, 0.0
+	for _, r := range []*running{a, b} {
+		if h := metrictest.Histogram(t, r.reg, "dedupe_route_copies_per_message"); h != nil {
+			msgs, inputs = msgs+float64(h.GetSampleCount()), inputs+h.GetSampleSum()
+		}
+	}
+	t.Logf("route_bundle_max %d: %v routed messages carried %v inputs", e.cfg.ScaleOut.RouteBundleMax, msgs, inputs)
+	if msgs == 0 || inputs <= msgs {
+		t.Errorf("%v routed messages carried %v inputs, want bundles (more inputs than messages)", msgs, inputs)
+	}
 	// Every instance reports the shared route consumer's backlog: nothing
 	// once the input is routed.
 	for _, r := range []*running{a, b} {

@@ -43,6 +43,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -431,6 +432,19 @@ func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadL
 // partition p (scale-out), or the partition of its key (or group) when p is
 // -1.
 func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<- deadLetter) {
+	if _, _, ok := s.routed(); ok && route.IsBundle(msg.Headers()) {
+		// Each input a bundle carries is dispatched as a copy of its own.
+		ms, err := route.Unbundle(msg)
+		if err != nil {
+			dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
+				detail: "in the routed stream, a bundle this version cannot read: " + err.Error()}
+			return
+		}
+		for _, m := range ms {
+			s.dispatch(m, p, parts, dlq)
+		}
+		return
+	}
 	data := msg.Data()
 	if s.maxDeliver > 0 {
 		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {

@@ -34,6 +34,9 @@ type Metrics struct {
 	// Pending is the route consumer's backlog, by kind (pending,
 	// ack_pending), read every few seconds.
 	Pending *prometheus.GaugeVec
+	// Copies is how many inputs each routed message carries: 1 for a
+	// copy alone, more for a bundle (Options.BundleMax).
+	Copies prometheus.Histogram
 }
 
 // NewMetrics creates the route step's metrics and registers them on reg.
@@ -52,7 +55,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dedupe_route_consumer_pending_messages",
 			Help: "The route consumer's backlog, shared by every instance of the group: kind=pending (not yet routed) or ack_pending (delivered to a route step, not yet acked). Every instance reports the same consumer.",
 		}, []string{"kind"}),
+		Copies: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_route_copies_per_message",
+			Help:    "Inputs each message the route step publishes carries: 1 for a copy alone, more for a bundle of one partition's copies (scale_out.route_bundle_max).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
 	}
-	reg.MustRegister(m.Messages, m.DeadLetters, m.Pending)
+	reg.MustRegister(m.Messages, m.DeadLetters, m.Pending, m.Copies)
 	return m
 }

@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,6 +163,11 @@ type Options struct {
 	// BatchSize is the most messages routed together (published with all
 	// in flight, then acked). Default DefaultBatchSize.
 	BatchSize int
+	// BundleMax, above 1, routes a batch's copies of one partition as
+	// bundles of up to BundleMax (Unbundle), one routed message each.
+	// Default 0: every copy a message of its own. A member of a version
+	// that does not read bundles dead-letters them (not_routed).
+	BundleMax int
 	// BatchLinger is how long a batch waits to fill; 0 takes what is
 	// already delivered. Default 0.
 	BatchLinger time.Duration
@@ -324,7 +330,7 @@ func Run(ctx context.Context, o Options) error {
 	in := make(chan jetstream.Msg, o.BatchSize)
 	var routers sync.WaitGroup
 	for range o.BatchesInFlight {
-		r := &router{o: o, js: js, metrics: metrics, logs: logs, atomic: atomic}
+		r := &router{o: o, js: js, metrics: metrics, logs: logs, atomic: atomic, maxMsgSize: st.CachedInfo().Config.MaxMsgSize}
 		routers.Go(func() {
 			batcher.Run(in, o.BatchSize, o.BatchLinger, func(batch []jetstream.Msg) { r.process(work, batch) })
 		})
@@ -371,10 +377,15 @@ type router struct {
 	metrics *Metrics
 	logs    *lograte.Limiter // per-batch and per-message lines
 	atomic  bool             // the routed stream allows atomic publish
+	// maxMsgSize is the routed stream's max_msg_size (0 or -1: none).
+	maxMsgSize int32
 
 	// per batch, reused
 	out  []*nats.Msg
-	idx  []int
+	idx  []int       // the batch index of out's input
+	part []int       // out's partition
+	pub  []*nats.Msg // what is published: out's copies, or bundles of them
+	grp  [][]int     // the batch indexes of the inputs pub[i] carries
 	res  []forward.Result
 	dls  []deadLetter
 	seen time.Time // when the batch last told the server it is being worked on
@@ -429,8 +440,9 @@ type deadLetter struct {
 func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	r.out, r.idx, r.dls, r.seen = r.out[:0], r.idx[:0], r.dls[:0], time.Now()
 	maxPayload := r.o.Conn.MaxPayload()
+	r.part = r.part[:0]
 	for i, msg := range batch {
-		m, dl := r.routed(msg)
+		m, p, dl := r.routed(msg)
 		if m == nil && dl == nil { // taken by Options.Local
 			r.metrics.Messages.WithLabelValues(OutcomeLocal).Inc()
 			continue
@@ -446,6 +458,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 		}
 		r.out = append(r.out, m)
 		r.idx = append(r.idx, i)
+		r.part = append(r.part, p)
 	}
 	// The batch's dead letters are stored beside its routed copies, in
 	// flight at the same time.
@@ -460,8 +473,29 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	if len(r.out) == 0 {
 		return
 	}
-	r.res = append(r.res[:0], make([]forward.Result, len(r.out))...)
-	err := forward.Batch(ctx, r.js, r.out, r.res, forward.Options{
+	r.group(batch, r.bundleBytes(maxPayload))
+	if alone := r.publish(ctx, batch, true); len(alone) > 0 {
+		// A bundle the routed stream refused for good: its inputs are
+		// routed again as copies alone, which it judges one by one.
+		r.pub, r.grp = r.pub[:0], r.grp[:0]
+		for _, k := range alone {
+			r.pub = append(r.pub, r.out[k])
+			r.grp = append(r.grp, []int{r.idx[k]})
+		}
+		r.publish(ctx, batch, false)
+	}
+	clear(r.out)
+	clear(r.pub)
+}
+
+// publish publishes pub, all in flight, and settles the inputs each
+// carries (grp): acked once stored, dead-lettered when the routed stream
+// refuses a copy alone for good, left unacked when not done. With
+// bundles, a bundle refused for good is not dead-lettered: publish
+// returns the indexes into out of its copies, to be routed alone.
+func (r *router) publish(ctx context.Context, batch []jetstream.Msg, bundles bool) (alone []int) {
+	r.res = append(r.res[:0], make([]forward.Result, len(r.pub))...)
+	err := forward.Batch(ctx, r.js, r.pub, r.res, forward.Options{
 		Component: CompRoute,
 		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(batch, &r.seen, r.o.AckWait) }},
 		OnRetry: func(attempt, failed int, err error) {
@@ -473,50 +507,149 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	if err != nil {
 		r.logs.Warn("route_batch_unfinished", "stopping with routed publishes unsettled; their inputs stay unacked and come back", "err", err)
 	}
-	for k, i := range r.idx {
-		res, msg := r.res[k], batch[i]
+	for k, g := range r.grp {
+		res := r.res[k]
 		switch {
 		case !res.Done:
 			continue
-		case res.Err != nil:
-			r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
-		default:
-			outcome := OutcomeRouted
-			if res.Duplicate {
-				outcome = OutcomeDuplicate
+		case res.Err != nil && bundles && len(g) > 1:
+			r.logs.Warn("route_bundle_refused", "the routed stream refused a bundle; its inputs are routed as copies alone", "copies", len(g), "err", res.Err)
+			alone = append(alone, r.outOf(g)...)
+			continue
+		case res.Err == nil && !res.Duplicate:
+			r.metrics.Copies.Observe(float64(len(g)))
+		}
+		for _, i := range g {
+			msg := batch[i]
+			switch {
+			case res.Err != nil:
+				r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
+			case res.Duplicate:
+				r.ack(msg, OutcomeDuplicate)
+			default:
+				r.ack(msg, OutcomeRouted)
 			}
-			r.ack(msg, outcome)
 		}
 	}
-	clear(r.out)
+	return alone
 }
 
-// routed builds the routed copy of msg, or says why it cannot be routed;
-// neither when Options.Local took msg.
-func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
+// outOf returns the indexes into out of the copies of the inputs at batch
+// indexes g.
+func (r *router) outOf(g []int) []int {
+	ks := make([]int, 0, len(g))
+	for k, i := range r.idx {
+		if slices.Contains(g, i) {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// bundleBytes is the most bytes a bundle may have: the server's
+// maxPayload, or the routed stream's max_msg_size when it is smaller.
+func (r *router) bundleBytes(maxPayload int64) int64 {
+	if m := int64(r.maxMsgSize); m > 0 && m < maxPayload {
+		return m
+	}
+	return maxPayload
+}
+
+// group sets what the batch publishes (pub, grp): with Options.BundleMax
+// above 1, one bundle per partition holding up to BundleMax of its copies
+// and at most maxPayload bytes; a partition with one copy, or without
+// bundles, publishes its copies as they are.
+func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
+	r.pub, r.grp = r.pub[:0], r.grp[:0]
+	if r.o.BundleMax <= 1 {
+		for k, m := range r.out {
+			r.pub = append(r.pub, m)
+			r.grp = append(r.grp, []int{r.idx[k]})
+		}
+		return
+	}
+	byPart := make(map[int][]int, r.o.Partitions) // partition -> indexes into out
+	order := make([]int, 0, r.o.Partitions)
+	for k, p := range r.part {
+		if _, ok := byPart[p]; !ok {
+			order = append(order, p)
+		}
+		byPart[p] = append(byPart[p], k)
+	}
+	for _, p := range order {
+		ks := byPart[p]
+		for len(ks) > 0 {
+			n, size := 0, bundleOverhead(r.o.InputStream)
+			for n < len(ks) && n < r.o.BundleMax {
+				m := r.out[ks[n]]
+				add := bundleSize(m, batch[r.idx[ks[n]]].Subject())
+				if n > 0 && int64(size+add) > maxPayload {
+					break
+				}
+				size += add
+				n++
+			}
+			r.bundle(batch, ks[:n])
+			ks = ks[n:]
+		}
+	}
+}
+
+// bundle appends to pub the bundle of the copies out[ks] (the copy itself
+// when there is one).
+func (r *router) bundle(batch []jetstream.Msg, ks []int) {
+	g := make([]int, len(ks))
+	for j, k := range ks {
+		g[j] = r.idx[k]
+	}
+	r.grp = append(r.grp, g)
+	if len(ks) == 1 {
+		r.pub = append(r.pub, r.out[ks[0]])
+		return
+	}
+	copies := make([]*nats.Msg, len(ks))
+	subjects := make([]string, len(ks))
+	seqs := make([]uint64, len(ks))
+	var stream string
+	for j, k := range ks {
+		copies[j] = r.out[k]
+		in := batch[r.idx[k]]
+		subjects[j] = in.Subject()
+		md, _ := in.Metadata() // routed checked it
+		stream, seqs[j] = md.Stream, md.Sequence.Stream
+	}
+	first := copies[0]
+	r.pub = append(r.pub, &nats.Msg{Subject: first.Subject,
+		Header: nats.Header{HeaderBundle: {BundleForm}, jetstream.MsgIDHeader: {BundleID(stream, seqs)}},
+		Data:   appendBundle(nil, copies, subjects)})
+}
+
+// routed builds the routed copy of msg, with its partition, or says why it
+// cannot be routed; neither when Options.Local took msg.
+func (r *router) routed(msg jetstream.Msg) (*nats.Msg, int, *deadLetter) {
 	data := msg.Data()
 	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
-		return nil, &deadLetter{msg: msg, reason: ReasonOversized,
+		return nil, 0, &deadLetter{msg: msg, reason: ReasonOversized,
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 	}
 	md, err := msg.Metadata()
 	if err != nil {
-		return nil, &deadLetter{msg: msg, reason: ReasonNoMetadata, detail: err.Error()}
+		return nil, 0, &deadLetter{msg: msg, reason: ReasonNoMetadata, detail: err.Error()}
 	}
 	subject, in := msg.Subject(), msg.Headers()
 	key, err := r.o.Key.Key(subject, in, data)
 	if err != nil {
-		return nil, keyDeadLetter(msg, err, keys.ReasonNoKey)
+		return nil, 0, keyDeadLetter(msg, err, keys.ReasonNoKey)
 	}
 	pkey := key
 	if r.o.PartitionKey != nil {
 		if pkey, err = r.o.PartitionKey(subject, in, data, key); err != nil {
-			return nil, keyDeadLetter(msg, err, ReasonNoPartitionKey)
+			return nil, 0, keyDeadLetter(msg, err, ReasonNoPartitionKey)
 		}
 	}
 	p := state.PartitionFNV(pkey, r.o.Partitions)
 	if r.o.Local != nil && r.o.Local(msg, p, key) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	h := make(nats.Header, len(in)+6)
 	for k, v := range in {
@@ -533,7 +666,7 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, *deadLetter) {
 	h.Set(HeaderInputTime, formatInputTime(md.Timestamp))
 	h.Set(HeaderInputStream, md.Stream)
 	h.Set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
-	return &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, nil
+	return &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, p, nil
 }
 
 // keyDeadLetter is the dead letter of a key or partition key that cannot

@@ -187,12 +187,36 @@ func publishEvents(t *testing.T, js jetstream.JetStream, n int) {
 	natstest.PublishAll(t, js, msgs)
 }
 
+// copies returns the routed copies msgs hold: a bundle's copies
+// (route.ReadBundle), each with the bundle's sequence and time, and every
+// other message as it is; and how many bundles there were, by their size.
+func copies(t *testing.T, msgs []stored) ([]stored, map[int]int) {
+	t.Helper()
+	var out []stored
+	sizes := map[int]int{}
+	for _, m := range msgs {
+		if !route.IsBundle(m.header) {
+			out = append(out, m)
+			continue
+		}
+		cs, err := route.ReadBundle(m.subject, m.header, m.data)
+		if err != nil {
+			t.Fatalf("routed message %d: %v", m.seq, err)
+		}
+		sizes[len(cs)]++
+		for _, c := range cs {
+			out = append(out, stored{seq: m.seq, subject: c.Subject, header: c.Header, data: c.Data, time: m.time})
+		}
+	}
+	return out, sizes
+}
+
 // checkRoutedOnce checks that the routed stream holds exactly one copy of
 // each of the n input messages, under its id, and returns them by input
 // sequence.
 func checkRoutedOnce(t *testing.T, js jetstream.JetStream, n int) map[uint64]stored {
 	t.Helper()
-	routed := readStream(t, js, routedStream)
+	routed, _ := copies(t, readStream(t, js, routedStream))
 	bySeq := make(map[uint64]stored, len(routed))
 	for _, m := range routed {
 		id := m.header.Get(jetstream.MsgIDHeader)
@@ -216,7 +240,17 @@ func checkRoutedOnce(t *testing.T, js jetstream.JetStream, n int) map[uint64]sto
 	return bySeq
 }
 
+// TestRoutesEveryInputOnceToTheServersPartition: with copies one by one
+// and in bundles of up to 8 (Options.BundleMax), every input is routed
+// once, to the partition nats-server would pick, with its headers and
+// payload, and reads back as the stage reads it.
 func TestRoutesEveryInputOnceToTheServersPartition(t *testing.T) {
+	for _, bundleMax := range []int{0, 8} {
+		t.Run("bundle_max="+strconv.Itoa(bundleMax), func(t *testing.T) { routesEveryInputOnce(t, bundleMax) })
+	}
+}
+
+func routesEveryInputOnce(t *testing.T, bundleMax int) {
 	const n, partitions = 300, 8
 	ackWait := 10 * time.Second
 	e := newEnv(t, partitions, ackWait)
@@ -225,11 +259,22 @@ func TestRoutesEveryInputOnceToTheServersPartition(t *testing.T) {
 		Scope: keys.FieldSpec{Source: keys.SourceHeader, Header: "Tenant"},
 	})
 	o, reg := e.options(t, kf, partitions, ackWait)
+	o.BundleMax = bundleMax
 	publishEvents(t, e.js, n)
 	start(t, o)
 	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
 
 	bySeq := checkRoutedOnce(t, e.js, n)
+	_, sizes := copies(t, readStream(t, e.js, routedStream))
+	t.Logf("bundles by size: %v", sizes)
+	for size := range sizes {
+		if size > bundleMax {
+			t.Errorf("a bundle of %d copies, BundleMax is %d", size, bundleMax)
+		}
+	}
+	if bundleMax > 1 && len(sizes) == 0 {
+		t.Errorf("no bundle among %d inputs in %d partitions with BundleMax %d", n, partitions, bundleMax)
+	}
 	inputs := readStream(t, e.js, input)
 	keyList := make([]string, 0, n)
 	for _, in := range inputs {

@@ -204,6 +204,7 @@ func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
 		DeadLetterSubject: cfg.DeadLetter.SubjectFor,
 		MaxMessageBytes:   int64(cfg.Pipeline.MaxMessageBytes),
 		BatchSize:         cfg.Pipeline.BatchSize,
+		BundleMax:         cfg.ScaleOut.RouteBundleMax,
 		BatchLinger:       cfg.Pipeline.BatchLinger.D(),
 		AckWait:           ackWait,
 		MaxAckPending:     cfg.Input.MaxAckPending,

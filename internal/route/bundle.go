@@ -1,0 +1,350 @@
+package route
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A bundle is one routed message that carries the routed copies of
+// several inputs of one partition, made in one route batch: the batch's
+// copies then cost one replicated write, one delivery and one ack per
+// partition instead of one per input (docs/scale-out.md §3.2).
+//
+// A bundle's subject is the routed subject of its first copy
+// (Subject(p, routed subject, first input subject)); HeaderBundle says
+// which form its payload has; its Nats-Msg-Id is BundleID of the inputs it
+// carries. The payload, form 1:
+//
+//	byte 1, uvarint count, then count entries of
+//	uvarint len, input subject; uvarint header keys, then per key:
+//	uvarint len, key, uvarint values, per value: uvarint len, value;
+//	uvarint len, payload.
+//
+// Each entry's headers are those of the routed copy the route step would
+// have published alone (its own Nats-Msg-Id, MsgID of the input, among
+// them), so a member reads an entry as it reads a single copy (OriginOf,
+// InputOf).
+const (
+	// HeaderBundle marks a routed message that is a bundle; its value is
+	// the payload's form, BundleForm.
+	HeaderBundle = "Dedupe-Bundle"
+	// BundleForm is the bundle form this version writes and reads.
+	BundleForm = "1"
+)
+
+// bundleFormByte is BundleForm as the payload's first byte.
+const bundleFormByte = 1
+
+// ErrNotABundle means a routed message marked as a bundle cannot be read:
+// an unknown form or a malformed payload. Reading it again gives the same
+// answer.
+var ErrNotABundle = errors.New("route: malformed bundle")
+
+// IsBundle reports whether a routed message with headers h is a bundle.
+func IsBundle(h nats.Header) bool { return h.Get(HeaderBundle) != "" }
+
+// BundleID returns the Nats-Msg-Id of a bundle carrying the inputs at
+// seqs of stream: route-bundle:<stream>:<first seq>:<n>:<digest>, the
+// digest a SHA-256 of every sequence. Two bundles get one id only when
+// they carry the same inputs, so the routed stream's duplicate window
+// drops a bundle routed again after a redelivery and keeps one whose
+// inputs differ (a redelivered input in a new bundle is judged a repeat).
+func BundleID(stream string, seqs []uint64) string {
+	h := sha256.New()
+	var b [8]byte
+	for _, s := range seqs {
+		binary.BigEndian.PutUint64(b[:], s)
+		h.Write(b[:])
+	}
+	sum := h.Sum(nil)
+	return "route-bundle:" + stream + ":" + strconv.FormatUint(seqs[0], 10) + ":" + strconv.Itoa(len(seqs)) + ":" + hex.EncodeToString(sum[:16])
+}
+
+// appendBundle appends the bundle payload of copies (routed copies whose
+// input subjects are inputs) to b.
+func appendBundle(b []byte, copies []*nats.Msg, inputs []string) []byte {
+	b = append(b, bundleFormByte)
+	b = binary.AppendUvarint(b, uint64(len(copies)))
+	str := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	for i, m := range copies {
+		str(inputs[i])
+		b = binary.AppendUvarint(b, uint64(len(m.Header)))
+		for k, vs := range m.Header {
+			str(k)
+			b = binary.AppendUvarint(b, uint64(len(vs)))
+			for _, v := range vs {
+				str(v)
+			}
+		}
+		b = binary.AppendUvarint(b, uint64(len(m.Data)))
+		b = append(b, m.Data...)
+	}
+	return b
+}
+
+// bundleOverhead bounds the bytes of a bundle of inputs of stream besides
+// its entries: its headers (HeaderBundle, its Nats-Msg-Id, the header
+// block's framing) and the payload's form and count.
+func bundleOverhead(stream string) int {
+	return 160 + len(stream)
+}
+
+// bundleSize is what appendBundle adds for m, a copy of an input on
+// subject, at most.
+func bundleSize(m *nats.Msg, subject string) int {
+	n := 2*binary.MaxVarintLen64 + len(subject) + len(m.Data)
+	for k, vs := range m.Header {
+		n += 2*binary.MaxVarintLen64 + len(k)
+		for _, v := range vs {
+			n += binary.MaxVarintLen64 + len(v)
+		}
+	}
+	return n
+}
+
+// entry is one input a bundle carries.
+type entry struct {
+	subject string // the input's subject
+	header  nats.Header
+	data    []byte
+}
+
+// decodeBundle reads a bundle's payload.
+func decodeBundle(b []byte) ([]entry, error) {
+	fail := func(what string) ([]entry, error) {
+		return nil, fmt.Errorf("%w: %s", ErrNotABundle, what)
+	}
+	if len(b) == 0 || b[0] != bundleFormByte {
+		return fail("unknown form")
+	}
+	b = b[1:]
+	num := func() (uint64, bool) {
+		v, n := binary.Uvarint(b)
+		if n <= 0 {
+			return 0, false
+		}
+		b = b[n:]
+		return v, true
+	}
+	bytesOf := func() ([]byte, bool) {
+		l, ok := num()
+		if !ok || l > uint64(len(b)) {
+			return nil, false
+		}
+		v := b[:l:l]
+		b = b[l:]
+		return v, true
+	}
+	count, ok := num()
+	if !ok || count == 0 || count > uint64(len(b)) {
+		return fail("bad count")
+	}
+	out := make([]entry, 0, count)
+	for range count {
+		subj, ok := bytesOf()
+		if !ok {
+			return fail("truncated subject")
+		}
+		keys, ok := num()
+		if !ok || keys > uint64(len(b)) {
+			return fail("bad header count")
+		}
+		h := make(nats.Header, keys)
+		for range keys {
+			k, ok := bytesOf()
+			nv, ok2 := num()
+			if !ok || !ok2 || nv > uint64(len(b)) {
+				return fail("truncated header")
+			}
+			vs := make([]string, 0, nv)
+			for range nv {
+				v, ok := bytesOf()
+				if !ok {
+					return fail("truncated header value")
+				}
+				vs = append(vs, string(v))
+			}
+			h[string(k)] = vs
+		}
+		data, ok := bytesOf()
+		if !ok {
+			return fail("truncated payload")
+		}
+		out = append(out, entry{subject: string(subj), header: h, data: data})
+	}
+	if len(b) != 0 {
+		return fail("trailing bytes")
+	}
+	return out, nil
+}
+
+// Copy is one input's routed copy, as a bundle carries it.
+type Copy struct {
+	// Subject is the subject the copy would have had alone.
+	Subject string
+	// Header is the copy's headers, its Nats-Msg-Id (MsgID of the input)
+	// among them.
+	Header nats.Header
+	// Data is the input's payload.
+	Data []byte
+}
+
+// ReadBundle reads the copies a bundle carries, given the bundle's
+// subject (with or without the partition token), headers and payload.
+// Each copy's subject has the partition token as subject has it. It fails,
+// permanently (ErrNotABundle), when the bundle cannot be read.
+func ReadBundle(subject string, h nats.Header, data []byte) ([]Copy, error) {
+	if f := h.Get(HeaderBundle); f != BundleForm {
+		return nil, fmt.Errorf("%w: form %q, this version reads %s", ErrNotABundle, f, BundleForm)
+	}
+	es, err := decodeBundle(data)
+	if err != nil {
+		return nil, err
+	}
+	prefix, ok := strings.CutSuffix(subject, es[0].subject)
+	if !ok {
+		return nil, fmt.Errorf("%w: subject %q does not end with its first input's %q", ErrNotABundle, subject, es[0].subject)
+	}
+	out := make([]Copy, len(es))
+	for i, e := range es {
+		out[i] = Copy{Subject: prefix + e.subject, Header: e.header, Data: e.data}
+	}
+	return out, nil
+}
+
+// Unbundle returns the inputs a bundle carries (ReadBundle), each as a
+// message of its own: its headers are its copy's with every header the
+// server added to the bundle on delivery (a pinned consumer's
+// Nats-Pin-Id), and its metadata is the bundle's. Settling them settles
+// the bundle: it is acked once every part is acked or terminated, and
+// nakked at the first nak (the parts acked before come back with it and
+// are judged repeats). InProgress goes to the bundle. A part left
+// unsettled (its partition lost) leaves the bundle unacked: it comes back
+// after ack_wait to the partition's next owner.
+func Unbundle(msg jetstream.Msg) ([]jetstream.Msg, error) {
+	cs, err := ReadBundle(msg.Subject(), msg.Headers(), msg.Data())
+	if err != nil {
+		return nil, err
+	}
+	b := &bundle{msg: msg, left: len(cs)}
+	out := make([]jetstream.Msg, len(cs))
+	for i, c := range cs {
+		for k, vs := range msg.Headers() {
+			if k != HeaderBundle && k != jetstream.MsgIDHeader {
+				c.Header[k] = vs
+			}
+		}
+		out[i] = &part{b: b, subject: c.Subject, header: c.Header, data: c.Data}
+	}
+	return out, nil
+}
+
+// bundle settles a bundle for its parts.
+type bundle struct {
+	msg jetstream.Msg
+
+	mu      sync.Mutex
+	left    int  // parts not yet acked or terminated
+	nakked  bool // the bundle was nakked: nothing settles it again
+	touched time.Time
+}
+
+// settled counts one part settled; the last acks the bundle.
+func (b *bundle) settled() error {
+	b.mu.Lock()
+	b.left--
+	last := b.left == 0 && !b.nakked
+	b.mu.Unlock()
+	if last {
+		return b.msg.Ack()
+	}
+	return nil
+}
+
+// nak naks the bundle once.
+func (b *bundle) nak(delay time.Duration) error {
+	b.mu.Lock()
+	first := !b.nakked
+	b.nakked = true
+	b.mu.Unlock()
+	if !first {
+		return nil
+	}
+	if delay > 0 {
+		return b.msg.NakWithDelay(delay)
+	}
+	return b.msg.Nak()
+}
+
+// inProgress tells the server the bundle is being worked on, at most once
+// a second however many parts ask.
+func (b *bundle) inProgress() error {
+	b.mu.Lock()
+	due := time.Since(b.touched) >= time.Second
+	if due {
+		b.touched = time.Now()
+	}
+	b.mu.Unlock()
+	if !due {
+		return nil
+	}
+	return b.msg.InProgress()
+}
+
+// part is one input of a bundle, as a jetstream.Msg.
+type part struct {
+	b       *bundle
+	subject string
+	header  nats.Header
+	data    []byte
+}
+
+// Metadata returns the bundle's.
+func (p *part) Metadata() (*jetstream.MsgMetadata, error) { return p.b.msg.Metadata() }
+
+// Data returns the input's payload.
+func (p *part) Data() []byte { return p.data }
+
+// Headers returns the input's routed copy's headers.
+func (p *part) Headers() nats.Header { return p.header }
+
+// Subject returns the subject the input's routed copy would have had.
+func (p *part) Subject() string { return p.subject }
+
+// Reply returns the bundle's.
+func (p *part) Reply() string { return p.b.msg.Reply() }
+
+// Ack settles the part; the last one acks the bundle.
+func (p *part) Ack() error { return p.b.settled() }
+
+// DoubleAck settles the part as Ack does.
+func (p *part) DoubleAck(context.Context) error { return p.b.settled() }
+
+// Nak naks the bundle.
+func (p *part) Nak() error { return p.b.nak(0) }
+
+// NakWithDelay naks the bundle with delay.
+func (p *part) NakWithDelay(delay time.Duration) error { return p.b.nak(delay) }
+
+// InProgress tells the server the bundle is being worked on.
+func (p *part) InProgress() error { return p.b.inProgress() }
+
+// Term settles the part: the caller gave the input up (dead-lettered it).
+func (p *part) Term() error { return p.b.settled() }
+
+// TermWithReason settles the part as Term does.
+func (p *part) TermWithReason(string) error { return p.b.settled() }

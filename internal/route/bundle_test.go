@@ -1,0 +1,202 @@
+package route_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/keys"
+)
+
+// routeOneBundle routes n inputs of one key's partition with BundleMax n
+// (one batch) and returns a consumer of the routed stream, with ackWait,
+// that has the bundle to deliver.
+func routeOneBundle(t *testing.T, n int, ackWait time.Duration) jetstream.Consumer {
+	t.Helper()
+	e := newEnv(t, 1, ackWait)
+	o, _ := e.options(t, keyFunc(t, keys.DefaultKeyConfig()), 1, ackWait)
+	o.BundleMax, o.BatchLinger, o.BatchesInFlight = n, 200*time.Millisecond, 1
+	publishEvents(t, e.js, n)
+	start(t, o)
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+	cons, err := e.js.CreateConsumer(context.Background(), routedStream, jetstream.ConsumerConfig{
+		Durable: "member", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons
+}
+
+// nextBundle fetches the next message of cons and unbundles it.
+func nextBundle(t *testing.T, cons jetstream.Consumer) (jetstream.Msg, []jetstream.Msg) {
+	t.Helper()
+	b, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatalf("fetch the bundle: %v", err)
+	}
+	parts, err := route.Unbundle(b)
+	if err != nil {
+		t.Fatalf("unbundle: %v", err)
+	}
+	return b, parts
+}
+
+// ackPending returns cons's delivered, unacked messages.
+func ackPending(t *testing.T, cons jetstream.Consumer) int {
+	t.Helper()
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.NumAckPending
+}
+
+// TestBundleSettlesWhenEveryPartDoes: a bundle is acked only once each of
+// its inputs is acked or given up (Term); until then it stays with the
+// member that holds it. Each part reads as its routed copy alone would,
+// with the pin header the server put on the bundle.
+func TestBundleSettlesWhenEveryPartDoes(t *testing.T) {
+	const n = 5
+	cons := routeOneBundle(t, n, 10*time.Second)
+	b, parts := nextBundle(t, cons)
+	if len(parts) != n {
+		t.Fatalf("the bundle carries %d inputs, want %d (the batch's, one partition)", len(parts), n)
+	}
+	for i, p := range parts {
+		o, err := route.OriginOf(routedSubject, p.Subject(), p.Headers())
+		if err != nil || o.Sequence != uint64(i+1) || string(o.Key) != "id-"+strconv.Itoa(i) || string(p.Data()) != "payload "+strconv.Itoa(i) {
+			t.Errorf("part %d: origin %+v, %v, payload %q; want input %d, key id-%d", i, o, err, p.Data(), i+1, i)
+		}
+		if md, err := p.Metadata(); err != nil || md.Stream != routedStream {
+			t.Errorf("part %d: metadata %+v, %v, want the bundle's", i, md, err)
+		}
+	}
+	if b.Headers().Get(route.HeaderBundle) != route.BundleForm {
+		t.Errorf("bundle header %q", b.Headers().Get(route.HeaderBundle))
+	}
+	for i, p := range parts[:n-1] {
+		settle := p.Ack
+		if i == 1 {
+			settle = p.Term // a dead-lettered input
+		}
+		if err := settle(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ackPending(t, cons); got != 1 {
+		t.Fatalf("with one part unsettled the member has %d unacked, want the bundle", got)
+	}
+	if err := parts[n-1].Ack(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 5*time.Second, "the bundle acked", func() bool { return ackPending(t, cons) == 0 })
+}
+
+// TestBundleNakBringsItBack: one part's nak brings the whole bundle back,
+// at once, with every input (those already acked are judged again as
+// repeats); the parts' later acks do not ack it.
+func TestBundleNakBringsItBack(t *testing.T) {
+	const n = 4
+	cons := routeOneBundle(t, n, 10*time.Second)
+	_, parts := nextBundle(t, cons)
+	_ = parts[0].Ack()
+	if err := parts[1].Nak(); err != nil {
+		t.Fatal(err)
+	}
+	_ = parts[1].Nak() // a second nak of the same bundle is not sent again
+	for _, p := range parts[2:] {
+		_ = p.Ack()
+	}
+	again, parts2 := nextBundle(t, cons)
+	md, err := again.Metadata()
+	if err != nil || md.NumDelivered != 2 || len(parts2) != n {
+		t.Fatalf("after a part's nak: delivery %+v, %v, %d parts; want the bundle's second delivery with %d", md, err, len(parts2), n)
+	}
+}
+
+// TestBundleLeftUnsettledComesBackAfterAckWait: a part neither acked nor
+// nakked (its partition lost to another instance) leaves the bundle
+// unacked, and the server delivers it again after ack_wait.
+func TestBundleLeftUnsettledComesBackAfterAckWait(t *testing.T) {
+	const n = 3
+	cons := routeOneBundle(t, n, time.Second)
+	_, parts := nextBundle(t, cons)
+	for _, p := range parts[:n-1] {
+		_ = p.Ack()
+	}
+	_ = parts[n-1].InProgress() // told once, then left
+	again, _ := nextBundle(t, cons)
+	if md, err := again.Metadata(); err != nil || md.NumDelivered != 2 {
+		t.Fatalf("delivery %+v, %v, want the bundle again", md, err)
+	}
+}
+
+// TestReadBundleRefusesWhatItCannotRead: a bundle of an unknown form, or
+// one cut short or padded, is refused with ErrNotABundle (the stage
+// dead-letters it whole as not_routed) rather than read in part.
+func TestReadBundleRefusesWhatItCannotRead(t *testing.T) {
+	cons := routeOneBundle(t, 3, 10*time.Second)
+	b, _ := nextBundle(t, cons)
+	subj, h, data := b.Subject(), b.Headers(), b.Data()
+	if _, err := route.ReadBundle(subj, h, data); err != nil {
+		t.Fatalf("the bundle as stored: %v", err)
+	}
+	other := nats.Header(http.Header(h).Clone())
+	other.Set(route.HeaderBundle, "2")
+	cases := map[string]error{}
+	_, cases["form 2"] = route.ReadBundle(subj, other, data)
+	_, cases["cut short"] = route.ReadBundle(subj, h, data[:len(data)-3])
+	_, cases["padded"] = route.ReadBundle(subj, h, append(append([]byte{}, data...), 0))
+	_, cases["empty"] = route.ReadBundle(subj, h, nil)
+	_, cases["another subject"] = route.ReadBundle("0.dedupe.routed.other", h, data)
+	for what, err := range cases {
+		if !errors.Is(err, route.ErrNotABundle) {
+			t.Errorf("%s: %v, want ErrNotABundle", what, err)
+		}
+	}
+}
+
+// TestRefusedBundleIsRoutedAsCopiesAlone: the routed stream's
+// max_msg_size lowered after the route step started (it sizes bundles by
+// what it read at start) refuses bundles for good; their inputs are then
+// routed as copies alone, each of which fits, and none is dead-lettered.
+func TestRefusedBundleIsRoutedAsCopiesAlone(t *testing.T) {
+	const n, partitions = 40, 2
+	ackWait := 10 * time.Second
+	e := newEnv(t, partitions, ackWait)
+	o, reg := e.options(t, keyFunc(t, keys.DefaultKeyConfig()), partitions, ackWait)
+	o.BundleMax, o.BatchLinger, o.BatchesInFlight = n, 200*time.Millisecond, 1
+	start(t, o)
+	ctx := context.Background()
+	natstest.WaitFor(t, time.Minute, "the route consumer", func() bool {
+		_, err := e.js.Consumer(ctx, input, route.ConsumerName(group))
+		return err == nil
+	})
+	st, err := e.js.Stream(ctx, routedStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxMsgSize = 512 // a copy alone is about 300 bytes; a bundle of two is more
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	publishEvents(t, e.js, n)
+	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
+	checkRoutedOnce(t, e.js, n)
+	if _, sizes := copies(t, readStream(t, e.js, routedStream)); len(sizes) != 0 {
+		t.Errorf("bundles stored %v, want none (each refused)", sizes)
+	}
+	if got := metrictest.Sum(t, reg, "dedupe_route_dead_letters_total", nil); got != 0 {
+		t.Errorf("%v inputs dead-lettered, want none", got)
+	}
+}
