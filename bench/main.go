@@ -82,6 +82,7 @@ type flags struct {
 	badRatio               float64
 	replicas               int
 	soAckWait, soWarmup    time.Duration
+	soBundleMax            int
 
 	// The hand-over mode (--handover).
 	handOver                 bool
@@ -211,6 +212,7 @@ func defineScaleOutFlags(fs *flag.FlagSet, f *flags) {
 	fs.Float64Var(&f.badRatio, "bad-ratio", 0.01, "scale-out: share of the backlog's events without a usable key (dead-lettered once each)")
 	fs.IntVar(&f.replicas, "replicas", 3, "scale-out: replicas of every stream (scale_out.replicas, and the reference's streams)")
 	fs.DurationVar(&f.soAckWait, "scaleout-ack-wait", config.Default().Input.AckWait.D(), "scale-out: input.ack_wait of the instances (the pin's TTL)")
+	fs.IntVar(&f.soBundleMax, "route-bundle-max", config.DefaultScaleOut().RouteBundleMax, "scale-out: scale_out.route_bundle_max of the instances (copies of one partition per routed message; 0: each alone)")
 	fs.DurationVar(&f.soWarmup, "scaleout-warmup", 2*time.Minute, "scale-out: bound on the warm-up that waits for the instances to share the partitions")
 }
 

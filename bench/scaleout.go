@@ -308,8 +308,8 @@ func runScaleOut(ctx context.Context, f *flags, w time.Duration, dir string) (*S
 	if f.syncAlways {
 		sync = "fsync per message (sync_interval: always)"
 	}
-	run.Cluster = fmt.Sprintf("3 nats-server processes (%s) on loopback, %s; R%d file streams; stage: %d partitions, state.sync_writes=%v, input.ack_wait %v",
-		nc.ConnectedServerVersion(), sync, f.replicas, f.partitions, f.syncWrites, f.soAckWait)
+	run.Cluster = fmt.Sprintf("3 nats-server processes (%s) on loopback, %s; R%d file streams; stage: %d partitions, state.sync_writes=%v, input.ack_wait %v, scale_out.route_bundle_max %d",
+		nc.ConnectedServerVersion(), sync, f.replicas, f.partitions, f.syncWrites, f.soAckWait, f.soBundleMax)
 
 	for i, row := range planRows(f.soModes, f.soInstances, f.cpuCaps) {
 		if err := ctx.Err(); err != nil {
@@ -441,9 +441,10 @@ scale_out:
   replicas: %d
   routed_stream: %s
   routed_subject: %s
+  route_bundle_max: %d
 `, e.cl.urls(), key, soMaxKeyLength, n.input, n.inSubjects, n.consumer, e.f.soAckWait, n.output, n.outPrefix, e.f.publish, n.dlq, n.dlqSubj,
 		window, dataDir, e.f.partitions, e.f.syncWrites, expected, addr,
-		row.mode != soOff, n.group, name, e.f.replicas, n.routed, n.routedSubj)
+		row.mode != soOff, n.group, name, e.f.replicas, n.routed, n.routedSubj, e.f.soBundleMax)
 }
 
 // msg returns the input message of key i of prefix (a workload key).

@@ -9,7 +9,9 @@ import "time"
 // pin's TTL (input.ack_wait) passes, and the server hands the partition
 // to another instance in the middle of the takeover. What hold keeps is
 // bounded by the server: a member's consumer has at most
-// input.max_ack_pending messages delivered and unacked. An item held for
+// input.max_ack_pending messages delivered and unacked (on the routed
+// stream, bundles of up to scale_out.route_bundle_max inputs each, all
+// held as items of their own). An item held for
 // every is told to the server as in progress, again every every, so that
 // it is not redelivered while it waits. When in is closed, hold hands out
 // what it keeps, then closes out.
