@@ -263,9 +263,15 @@ type bundle struct {
 	touched time.Time
 }
 
-// settled counts one part settled; the last acks the bundle.
-func (b *bundle) settled() error {
+// settled counts part p settled, once however often it is settled; the
+// last part acks the bundle.
+func (b *bundle) settled(p *part) error {
 	b.mu.Lock()
+	if p.done {
+		b.mu.Unlock()
+		return nil
+	}
+	p.done = true
 	b.left--
 	last := b.left == 0 && !b.nakked
 	b.mu.Unlock()
@@ -311,6 +317,7 @@ type part struct {
 	subject string
 	header  nats.Header
 	data    []byte
+	done    bool // settled (acked or terminated); guarded by b.mu
 }
 
 // Metadata returns the bundle's.
@@ -329,10 +336,10 @@ func (p *part) Subject() string { return p.subject }
 func (p *part) Reply() string { return p.b.msg.Reply() }
 
 // Ack settles the part; the last one acks the bundle.
-func (p *part) Ack() error { return p.b.settled() }
+func (p *part) Ack() error { return p.b.settled(p) }
 
 // DoubleAck settles the part as Ack does.
-func (p *part) DoubleAck(context.Context) error { return p.b.settled() }
+func (p *part) DoubleAck(context.Context) error { return p.b.settled(p) }
 
 // Nak naks the bundle.
 func (p *part) Nak() error { return p.b.nak(0) }
@@ -344,7 +351,7 @@ func (p *part) NakWithDelay(delay time.Duration) error { return p.b.nak(delay) }
 func (p *part) InProgress() error { return p.b.inProgress() }
 
 // Term settles the part: the caller gave the input up (dead-lettered it).
-func (p *part) Term() error { return p.b.settled() }
+func (p *part) Term() error { return p.b.settled(p) }
 
 // TermWithReason settles the part as Term does.
-func (p *part) TermWithReason(string) error { return p.b.settled() }
+func (p *part) TermWithReason(string) error { return p.b.settled(p) }

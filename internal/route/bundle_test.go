@@ -61,8 +61,8 @@ func ackPending(t *testing.T, cons jetstream.Consumer) int {
 }
 
 // TestBundleSettlesWhenEveryPartDoes: a bundle is acked only once each of
-// its inputs is acked or given up (Term); until then it stays with the
-// member that holds it. Each part reads as its routed copy alone would,
+// its inputs is acked or given up (Term), each counted once however often
+// it is settled; until then it stays with the member that holds it. Each part reads as its routed copy alone would,
 // with the pin header the server put on the bundle.
 func TestBundleSettlesWhenEveryPartDoes(t *testing.T) {
 	const n = 5
@@ -92,6 +92,8 @@ func TestBundleSettlesWhenEveryPartDoes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	_ = parts[0].Ack()                 // a part settled twice counts once
+	time.Sleep(500 * time.Millisecond) // an ack, had one gone out, has landed
 	if got := ackPending(t, cons); got != 1 {
 		t.Fatalf("with one part unsettled the member has %d unacked, want the bundle", got)
 	}
