@@ -56,8 +56,9 @@ type ScaleOut struct {
 	// of them (docs/scale-out.md §3.2). Default 16; 0 or 1 routes every
 	// copy alone; at most MaxRouteBundle. A member holds up to
 	// input.max_ack_pending routed messages, so up to that many bundles.
-	// Every instance of a group must read bundles before any writes
-	// them: a version that does not dead-letters them (not_routed).
+	// Bundles are written only while every live instance says, in the
+	// presence bucket, that it reads them; an instance that cannot read
+	// one dead-letters it whole (not_routed).
 	RouteBundleMax int `yaml:"route_bundle_max"`
 	// MaxEventTimeAhead bounds how far an event's time (totals.time) may
 	// be ahead of the clock when it is judged; an event further ahead is

@@ -349,6 +349,93 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	}
 }
 
+// TestScaleOutBundlesWaitForEveryInstance: while the presence bucket
+// holds a live instance of a version before bundles (its key's value is
+// the time alone), the route step routes every copy alone, which that
+// instance reads; once it is gone, the route step writes bundles. Every
+// key reaches the output once either way.
+func TestScaleOutBundlesWaitForEveryInstance(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Input.AckWait = config.Duration(2 * time.Second)
+	e.cfg.ScaleOut.Enabled = true
+	e.cfg.ScaleOut.Replicas = 1
+	ctx := context.Background()
+	bucket, every, ttl := e.cfg.ScaleOutPresence()
+	kv, err := e.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The older instance keeps its key alive, as it would, until it stops.
+	older, stopOlder := context.WithCancel(ctx)
+	put := func() {
+		if _, err := kv.Put(ctx, "older", []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+			t.Errorf("put the older instance's key: %v", err)
+		}
+	}
+	put()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(every / 2)
+		defer tk.Stop()
+		for {
+			select {
+			case <-older.Done():
+				return
+			case <-tk.C:
+				put()
+			}
+		}
+	}()
+	defer func() { stopOlder(); <-done }()
+	a := e.as("a").start()
+	evs, unique := workload(22, 1000, 0.25)
+	e.publish(evs)
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
+	h := metrictest.Histogram(t, a.reg, "dedupe_route_copies_per_message")
+	t.Logf("with the older instance live: %d routed messages carried %v inputs", h.GetSampleCount(), h.GetSampleSum())
+	if h.GetSampleCount() == 0 || h.GetSampleSum() != float64(h.GetSampleCount()) {
+		t.Errorf("%d routed messages carried %v inputs, want every copy alone while an instance that cannot read bundles is live",
+			h.GetSampleCount(), h.GetSampleSum())
+	}
+	if on := gauge(t, a.reg, "dedupe_route_bundles_on"); on != 0 {
+		t.Errorf("dedupe_route_bundles_on = %v with the older instance live, want 0", on)
+	}
+
+	// The older instance stops: its key goes, and bundles start.
+	stopOlder()
+	<-done
+	if err := kv.Delete(ctx, "older"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.WaitFor(t, 30*time.Second, "the route step to write bundles", func() bool {
+		return gauge(t, a.reg, "dedupe_route_bundles_on") == 1
+	})
+	// A second instance of this version: the copies between the two go
+	// in bundles. Copies of every key are all judged repeats.
+	b := e.as("b").start()
+	natstest.WaitFor(t, 30*time.Second, "instance b to say it reads bundles", func() bool {
+		return gauge(t, b.reg, "dedupe_route_bundles_on") == 1
+	})
+	var copies []event
+	for k, p := range unique {
+		copies = append(copies, event{key: k, payload: p})
+	}
+	e.publish(copies)
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
+	msgs, inputs := -float64(h.GetSampleCount()), -h.GetSampleSum()
+	for _, r := range []*running{a, b} {
+		h := metrictest.Histogram(t, r.reg, "dedupe_route_copies_per_message")
+		msgs, inputs = msgs+float64(h.GetSampleCount()), inputs+h.GetSampleSum()
+	}
+	t.Logf("with every instance reading bundles: %v routed messages carried %v inputs", msgs, inputs)
+	if inputs <= msgs {
+		t.Errorf("%v routed messages carried %v inputs, want bundles once every live instance reads them", msgs, inputs)
+	}
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(e.routedOutput(), unique)
+}
+
 // TestScaleOutJudgesOwnedPartitionsLocally runs one instance of a group
 // whose key is a header. Once it owns every partition, the route step
 // hands it each input to judge where it is: nothing more is copied into

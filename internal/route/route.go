@@ -168,6 +168,10 @@ type Options struct {
 	// Default 0: every copy a message of its own. A member of a version
 	// that does not read bundles dead-letters them (not_routed).
 	BundleMax int
+	// Bundles, if set, is asked before each batch whether every instance
+	// that reads the routed stream reads bundles now; false routes the
+	// batch's copies alone. Default: always.
+	Bundles func() bool
 	// BatchLinger is how long a batch waits to fill; 0 takes what is
 	// already delivered. Default 0.
 	BatchLinger time.Duration
@@ -561,7 +565,7 @@ func (r *router) bundleBytes(maxPayload int64) int64 {
 // bundles, publishes its copies as they are.
 func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 	r.pub, r.grp = r.pub[:0], r.grp[:0]
-	if r.o.BundleMax <= 1 {
+	if r.o.BundleMax <= 1 || (r.o.Bundles != nil && !r.o.Bundles()) {
 		for k, m := range r.out {
 			r.pub = append(r.pub, m)
 			r.grp = append(r.grp, []int{r.idx[k]})

@@ -2,6 +2,7 @@ package scaleout
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,6 +16,7 @@ import (
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 )
 
 // Balance (docs/scale-out.md §4.2). The server pins a partition to
@@ -86,8 +88,47 @@ type presence struct {
 
 	mu       sync.Mutex
 	watching bool                 // the watch runs: seen is the count
+	synced   bool                 // the watch has delivered every key the bucket held
 	seen     map[string]time.Time // instance -> when its key was last put
+	forms    map[string]string    // instance -> the bundle form its key says it reads
 	joined   chan struct{}        // signalled when another instance's key appears
+}
+
+// presenceValue is what an instance puts under its key: when, and the
+// bundle form it reads (route.BundleForm). An instance of a version
+// before bundles puts the time alone, as RFC 3339 text, which reads as
+// no form.
+type presenceValue struct {
+	At         time.Time `json:"at"`
+	BundleForm string    `json:"reads_bundle_form,omitempty"`
+}
+
+// readsForm returns the bundle form a presence value says its instance
+// reads; "" for none (a version before bundles).
+func readsForm(v []byte) string {
+	var pv presenceValue
+	if json.Unmarshal(v, &pv) != nil {
+		return ""
+	}
+	return pv.BundleForm
+}
+
+// allRead reports whether every live instance's key says it reads bundle
+// form: false until the watch has seen every key the bucket held, and
+// false without the watch (the keys alone do not say).
+func (pr *presence) allRead(form string) bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if !pr.watching || !pr.synced {
+		return false
+	}
+	now := time.Now()
+	for k, at := range pr.seen {
+		if now.Sub(at) < pr.ttl && pr.forms[k] != form {
+			return false
+		}
+	}
+	return len(pr.seen) > 0
 }
 
 // openPresence opens (creating it when missing) the presence bucket.
@@ -104,7 +145,8 @@ func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config
 	if err != nil {
 		return nil, fmt.Errorf("scale-out: presence bucket %s: %w", bucket, err)
 	}
-	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, joined: make(chan struct{}, 1)}, nil
+	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, forms: map[string]string{},
+		joined: make(chan struct{}, 1)}, nil
 }
 
 // watch follows the bucket's keys until ctx is done, so that the count
@@ -135,14 +177,19 @@ func (pr *presence) watch(ctx context.Context) error {
 					return
 				}
 				if e == nil { // the initial values are all in
+					pr.mu.Lock()
+					pr.synced = true
+					pr.mu.Unlock()
 					continue
 				}
 				pr.mu.Lock()
 				_, had := pr.seen[e.Key()]
 				if e.Operation() == jetstream.KeyValuePut {
 					pr.seen[e.Key()] = e.Created()
+					pr.forms[e.Key()] = readsForm(e.Value())
 				} else {
 					delete(pr.seen, e.Key())
+					delete(pr.forms, e.Key())
 				}
 				pr.mu.Unlock()
 				if !had && e.Operation() == jetstream.KeyValuePut && e.Key() != pr.self {
@@ -160,7 +207,11 @@ func (pr *presence) watch(ctx context.Context) error {
 // refresh puts this instance's key and returns the live instances (with
 // this one).
 func (pr *presence) refresh(ctx context.Context) ([]string, error) {
-	if _, err := pr.kv.Put(ctx, pr.self, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+	v, err := json.Marshal(presenceValue{At: time.Now().UTC(), BundleForm: route.BundleForm})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pr.kv.Put(ctx, pr.self, v); err != nil {
 		return nil, err
 	}
 	live, err := pr.live(ctx)
@@ -246,6 +297,7 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
 			}
 			continue
 		}
+		g.setBundles(pr.allRead(route.BundleForm), len(live))
 		owned := g.stillOwned(ctx)
 		for _, p := range toRelease(g.instance, owned, n, live) {
 			g.releaseForBalance(ctx, m, p, "balance")
@@ -356,4 +408,25 @@ func (g *Group) takeLost(p int) string {
 	pin := g.lost[p]
 	delete(g.lost, p)
 	return pin
+}
+
+// setBundles lets the route step write bundles, or stops it, as every live
+// instance's presence says it reads them or not (presence.allRead); a
+// change is logged once. A group with an instance of a version before
+// bundles, or without presence, routes every copy alone.
+func (g *Group) setBundles(on bool, live int) {
+	on = on && g.cfg.ScaleOut.RouteBundleMax > 1
+	if on {
+		g.metrics.bundlesOn.Set(1)
+	} else {
+		g.metrics.bundlesOn.Set(0)
+	}
+	if g.bundles.Swap(on) == on {
+		return
+	}
+	if on {
+		g.log.Info("scale-out: the route step writes bundles: every live instance reads them", "form", route.BundleForm, "live_instances", live)
+	} else {
+		g.log.Info("scale-out: the route step routes every copy alone: a live instance does not say it reads bundles", "form", route.BundleForm, "live_instances", live)
+	}
 }
