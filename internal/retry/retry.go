@@ -100,6 +100,16 @@ const (
 	// applied: Transient. A batch that writes a subject and then checks it
 	// gets it too. HTTP status 400.
 	CodeWrongLastSequenceConstant jetstream.ErrorCode = 10164
+	// CodeNoSuitablePeers: "no suitable peers for placement" (with "peer
+	// offline", JSClusterNoPeersErrF): a replicated stream, key-value or
+	// object store bucket cannot be placed now, as when servers of a
+	// cluster that is starting or restarting are not up yet. It clears
+	// when they are: Transient, although its HTTP status is 400. A
+	// placement no server can ever meet (tags nobody has) gives the same
+	// code: the stage's set-up retries it for streams.SetUpTimeout and
+	// then fails with it, and the presence bucket behind balance is asked
+	// again with a warning every 20 attempts.
+	CodeNoSuitablePeers jetstream.ErrorCode = 10005
 )
 
 // ErrFenced means a publish was refused because the partition's fence
@@ -201,7 +211,7 @@ func Classify(err error) Class {
 		switch api.ErrorCode {
 		case CodeWrongLastSequence:
 			return Fenced
-		case CodeWrongLastSequenceConstant:
+		case CodeWrongLastSequenceConstant, CodeNoSuitablePeers:
 			return Transient
 		case CodeMessageTooLarge, CodeHeaderTooLarge, CodeStreamSealed:
 			return Permanent

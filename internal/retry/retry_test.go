@@ -152,6 +152,7 @@ func TestClassifyOther(t *testing.T) {
 		{&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, retry.Transient},
 		{&jetstream.APIError{Code: 503, ErrorCode: 10023, Description: "insufficient resources"}, retry.Transient},
 		{&jetstream.APIError{Code: 500, ErrorCode: 10047, Description: "insufficient storage resources available"}, retry.Transient},
+		{&jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}, retry.Transient},
 		{fmt.Errorf("claim: %w", state.ErrDiskFull), retry.Transient},
 		{errors.New("write /data/p000/000001.vlog: no space left on device"), retry.Transient},
 		{nats.ErrBadSubject, retry.Permanent},
