@@ -289,6 +289,13 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	ea, eb := e.as("a"), e.as("b")
 	a := ea.start()
 	b := eb.start()
+	// Bundles start once each instance's presence watch has seen the
+	// other's key say it reads them.
+	for _, r := range []*running{a, b} {
+		natstest.WaitFor(t, 30*time.Second, "the route step to write bundles", func() bool {
+			return gauge(t, r.reg, "dedupe_route_bundles_on") == 1
+		})
+	}
 	evs, unique := workload(21, 2000, 0.25)
 	evs = append(evs, event{key: "", payload: []byte("no key 1")}, event{key: "", payload: []byte("no key 2")})
 	e.publish(evs)

@@ -91,7 +91,7 @@ type presence struct {
 	synced   bool                 // the watch has delivered every key the bucket held
 	seen     map[string]time.Time // instance -> when its key was last put
 	forms    map[string]string    // instance -> the bundle form its key says it reads
-	joined   chan struct{}        // signalled when another instance's key appears
+	joined   chan struct{}        // signalled when another instance's key appears, and once synced
 }
 
 // presenceValue is what an instance puts under its key: when, and the
@@ -180,6 +180,10 @@ func (pr *presence) watch(ctx context.Context) error {
 					pr.mu.Lock()
 					pr.synced = true
 					pr.mu.Unlock()
+					select { // balance counts again, and the bundle gate opens now if it may
+					case pr.joined <- struct{}{}:
+					default:
+					}
 					continue
 				}
 				pr.mu.Lock()
