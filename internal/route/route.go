@@ -39,7 +39,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,9 +167,9 @@ type Options struct {
 	// Default 0: every copy a message of its own. A member of a version
 	// that does not read bundles dead-letters them (not_routed).
 	BundleMax int
-	// Bundles, if set, is asked before each batch whether every instance
-	// that reads the routed stream reads bundles now; false routes the
-	// batch's copies alone. Default: always.
+	// Bundles is asked before each batch with copies whether every
+	// instance that reads the routed stream reads bundles now; false
+	// routes the batch's copies alone. Default: always true.
 	Bundles func() bool
 	// BatchLinger is how long a batch waits to fill; 0 takes what is
 	// already delivered. Default 0.
@@ -248,6 +247,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BatchesInFlight == 0 {
 		o.BatchesInFlight = DefaultBatchesInFlight
+	}
+	if o.Bundles == nil {
+		o.Bundles = func() bool { return true }
 	}
 	if o.AckWait == 0 {
 		o.AckWait = DefaultAckWait
@@ -385,11 +387,10 @@ type router struct {
 	maxMsgSize int32
 
 	// per batch, reused
-	out  []*nats.Msg
-	idx  []int       // the batch index of out's input
-	part []int       // out's partition
-	pub  []*nats.Msg // what is published: out's copies, or bundles of them
-	grp  [][]int     // the batch indexes of the inputs pub[i] carries
+	out  []routedCopy
+	pub  []*nats.Msg // what is published: copies alone, or bundles of them
+	held []int       // indexes into out, pub by pub (carried)
+	ends []int       // pub[k] carries out[held[ends[k-1]:ends[k]]]
 	res  []forward.Result
 	dls  []deadLetter
 	seen time.Time // when the batch last told the server it is being worked on
@@ -431,6 +432,14 @@ func consume(ctx context.Context, o Options, log *slog.Logger, cons jetstream.Co
 	}
 }
 
+// routedCopy is the routed copy of one input of a batch.
+type routedCopy struct {
+	msg *nats.Msg
+	i   int    // the input's index in the batch
+	p   int    // the input's partition
+	seq uint64 // the input's stream sequence
+}
+
 // deadLetter is an input the route step cannot route, with why.
 type deadLetter struct {
 	msg            jetstream.Msg
@@ -442,17 +451,16 @@ type deadLetter struct {
 // routed (beside the copies, in flight at the same time). If ctx ends while the routed stream keeps failing, the rest is
 // left unacked and comes back after AckWait.
 func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
-	r.out, r.idx, r.dls, r.seen = r.out[:0], r.idx[:0], r.dls[:0], time.Now()
+	r.out, r.dls, r.seen = r.out[:0], r.dls[:0], time.Now()
 	maxPayload := r.o.Conn.MaxPayload()
-	r.part = r.part[:0]
 	for i, msg := range batch {
-		m, p, dl := r.routed(msg)
-		if m == nil && dl == nil { // taken by Options.Local
+		c, dl := r.routed(msg)
+		if c.msg == nil && dl == nil { // taken by Options.Local
 			r.metrics.Messages.WithLabelValues(OutcomeLocal).Inc()
 			continue
 		}
 		if dl == nil {
-			if err := forward.CheckSize(m, maxPayload); err != nil {
+			if err := forward.CheckSize(c.msg, maxPayload); err != nil {
 				dl = &deadLetter{msg: msg, reason: ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
 			}
 		}
@@ -460,9 +468,8 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 			r.dls = append(r.dls, *dl)
 			continue
 		}
-		r.out = append(r.out, m)
-		r.idx = append(r.idx, i)
-		r.part = append(r.part, p)
+		c.i = i
+		r.out = append(r.out, c)
 	}
 	// The batch's dead letters are stored beside its routed copies, in
 	// flight at the same time.
@@ -481,10 +488,9 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	if alone := r.publish(ctx, batch, true); len(alone) > 0 {
 		// A bundle the routed stream refused for good: its inputs are
 		// routed again as copies alone, which it judges one by one.
-		r.pub, r.grp = r.pub[:0], r.grp[:0]
+		r.pub, r.held, r.ends = r.pub[:0], r.held[:0], r.ends[:0]
 		for _, k := range alone {
-			r.pub = append(r.pub, r.out[k])
-			r.grp = append(r.grp, []int{r.idx[k]})
+			r.add(r.out[k].msg, k)
 		}
 		r.publish(ctx, batch, false)
 	}
@@ -493,7 +499,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 }
 
 // publish publishes pub, all in flight, and settles the inputs each
-// carries (grp): acked once stored, dead-lettered when the routed stream
+// carries: acked once stored, dead-lettered when the routed stream
 // refuses a copy alone for good, left unacked when not done. With
 // bundles, a bundle refused for good is not dead-lettered: publish
 // returns the indexes into out of its copies, to be routed alone.
@@ -511,20 +517,20 @@ func (r *router) publish(ctx context.Context, batch []jetstream.Msg, bundles boo
 	if err != nil {
 		r.logs.Warn("route_batch_unfinished", "stopping with routed publishes unsettled; their inputs stay unacked and come back", "err", err)
 	}
-	for k, g := range r.grp {
-		res := r.res[k]
+	for k, res := range r.res {
+		ks := r.carried(k)
 		switch {
 		case !res.Done:
 			continue
-		case res.Err != nil && bundles && len(g) > 1:
-			r.logs.Warn("route_bundle_refused", "the routed stream refused a bundle; its inputs are routed as copies alone", "copies", len(g), "err", res.Err)
-			alone = append(alone, r.outOf(g)...)
+		case res.Err != nil && bundles && len(ks) > 1:
+			r.logs.Warn("route_bundle_refused", "the routed stream refused a bundle; its inputs are routed as copies alone", "copies", len(ks), "err", res.Err)
+			alone = append(alone, ks...)
 			continue
 		case res.Err == nil && !res.Duplicate:
-			r.metrics.Copies.Observe(float64(len(g)))
+			r.metrics.Copies.Observe(float64(len(ks)))
 		}
-		for _, i := range g {
-			msg := batch[i]
+		for _, o := range ks {
+			msg := batch[r.out[o].i]
 			switch {
 			case res.Err != nil:
 				r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
@@ -538,16 +544,20 @@ func (r *router) publish(ctx context.Context, batch []jetstream.Msg, bundles boo
 	return alone
 }
 
-// outOf returns the indexes into out of the copies of the inputs at batch
-// indexes g.
-func (r *router) outOf(g []int) []int {
-	ks := make([]int, 0, len(g))
-	for k, i := range r.idx {
-		if slices.Contains(g, i) {
-			ks = append(ks, k)
-		}
+// add appends m to what the batch publishes, carrying the copies out[ks].
+func (r *router) add(m *nats.Msg, ks ...int) {
+	r.pub = append(r.pub, m)
+	r.held = append(r.held, ks...)
+	r.ends = append(r.ends, len(r.held))
+}
+
+// carried returns the indexes into out of the copies pub[k] carries.
+func (r *router) carried(k int) []int {
+	from := 0
+	if k > 0 {
+		from = r.ends[k-1]
 	}
-	return ks
+	return r.held[from:r.ends[k]]
 }
 
 // bundleBytes is the most bytes a bundle may have: the server's
@@ -559,34 +569,33 @@ func (r *router) bundleBytes(maxPayload int64) int64 {
 	return maxPayload
 }
 
-// group sets what the batch publishes (pub, grp): with Options.BundleMax
-// above 1, one bundle per partition holding up to BundleMax of its copies
-// and at most maxPayload bytes; a partition with one copy, or without
-// bundles, publishes its copies as they are.
+// group sets what the batch publishes: with Options.BundleMax above 1
+// and Options.Bundles true, one bundle per partition holding up to
+// BundleMax of its copies and at most maxPayload bytes; a partition with
+// one copy, or without bundles, publishes its copies as they are.
 func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
-	r.pub, r.grp = r.pub[:0], r.grp[:0]
-	if r.o.BundleMax <= 1 || (r.o.Bundles != nil && !r.o.Bundles()) {
-		for k, m := range r.out {
-			r.pub = append(r.pub, m)
-			r.grp = append(r.grp, []int{r.idx[k]})
+	r.pub, r.held, r.ends = r.pub[:0], r.held[:0], r.ends[:0]
+	if r.o.BundleMax <= 1 || !r.o.Bundles() {
+		for k, c := range r.out {
+			r.add(c.msg, k)
 		}
 		return
 	}
 	byPart := make(map[int][]int, r.o.Partitions) // partition -> indexes into out
 	order := make([]int, 0, r.o.Partitions)
-	for k, p := range r.part {
-		if _, ok := byPart[p]; !ok {
-			order = append(order, p)
+	for k, c := range r.out {
+		if _, ok := byPart[c.p]; !ok {
+			order = append(order, c.p)
 		}
-		byPart[p] = append(byPart[p], k)
+		byPart[c.p] = append(byPart[c.p], k)
 	}
 	for _, p := range order {
 		ks := byPart[p]
 		for len(ks) > 0 {
 			n, size := 0, bundleOverhead(r.o.InputStream)
 			for n < len(ks) && n < r.o.BundleMax {
-				m := r.out[ks[n]]
-				add := bundleSize(m, batch[r.idx[ks[n]]].Subject())
+				c := r.out[ks[n]]
+				add := bundleSize(c.msg, batch[c.i].Subject())
 				if n > 0 && int64(size+add) > maxPayload {
 					break
 				}
@@ -599,61 +608,54 @@ func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 	}
 }
 
-// bundle appends to pub the bundle of the copies out[ks] (the copy itself
-// when there is one).
+// bundle adds the bundle of the copies out[ks] to what the batch
+// publishes (the copy itself when there is one). Its id names the inputs
+// by their sequences in the input stream, the stream the route consumer
+// reads (Options.InputStream), as MsgID does.
 func (r *router) bundle(batch []jetstream.Msg, ks []int) {
-	g := make([]int, len(ks))
-	for j, k := range ks {
-		g[j] = r.idx[k]
-	}
-	r.grp = append(r.grp, g)
 	if len(ks) == 1 {
-		r.pub = append(r.pub, r.out[ks[0]])
+		r.add(r.out[ks[0]].msg, ks[0])
 		return
 	}
 	copies := make([]*nats.Msg, len(ks))
 	subjects := make([]string, len(ks))
 	seqs := make([]uint64, len(ks))
-	var stream string
 	for j, k := range ks {
-		copies[j] = r.out[k]
-		in := batch[r.idx[k]]
-		subjects[j] = in.Subject()
-		md, _ := in.Metadata() // routed checked it
-		stream, seqs[j] = md.Stream, md.Sequence.Stream
+		c := r.out[k]
+		copies[j], subjects[j], seqs[j] = c.msg, batch[c.i].Subject(), c.seq
 	}
-	first := copies[0]
-	r.pub = append(r.pub, &nats.Msg{Subject: first.Subject,
-		Header: nats.Header{HeaderBundle: {BundleForm}, jetstream.MsgIDHeader: {BundleID(stream, seqs)}},
-		Data:   appendBundle(nil, copies, subjects)})
+	r.add(&nats.Msg{Subject: copies[0].Subject,
+		Header: nats.Header{HeaderBundle: {BundleForm}, jetstream.MsgIDHeader: {BundleID(r.o.InputStream, seqs)}},
+		Data:   appendBundle(nil, copies, subjects)}, ks...)
 }
 
-// routed builds the routed copy of msg, with its partition, or says why it
-// cannot be routed; neither when Options.Local took msg.
-func (r *router) routed(msg jetstream.Msg) (*nats.Msg, int, *deadLetter) {
+// routed builds the routed copy of msg, with its partition and sequence
+// (its batch index is the caller's to set), or says why it cannot be
+// routed; neither (no copy, no dead letter) when Options.Local took msg.
+func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 	data := msg.Data()
 	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
-		return nil, 0, &deadLetter{msg: msg, reason: ReasonOversized,
+		return routedCopy{}, &deadLetter{msg: msg, reason: ReasonOversized,
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 	}
 	md, err := msg.Metadata()
 	if err != nil {
-		return nil, 0, &deadLetter{msg: msg, reason: ReasonNoMetadata, detail: err.Error()}
+		return routedCopy{}, &deadLetter{msg: msg, reason: ReasonNoMetadata, detail: err.Error()}
 	}
 	subject, in := msg.Subject(), msg.Headers()
 	key, err := r.o.Key.Key(subject, in, data)
 	if err != nil {
-		return nil, 0, keyDeadLetter(msg, err, keys.ReasonNoKey)
+		return routedCopy{}, keyDeadLetter(msg, err, keys.ReasonNoKey)
 	}
 	pkey := key
 	if r.o.PartitionKey != nil {
 		if pkey, err = r.o.PartitionKey(subject, in, data, key); err != nil {
-			return nil, 0, keyDeadLetter(msg, err, ReasonNoPartitionKey)
+			return routedCopy{}, keyDeadLetter(msg, err, ReasonNoPartitionKey)
 		}
 	}
 	p := state.PartitionFNV(pkey, r.o.Partitions)
 	if r.o.Local != nil && r.o.Local(msg, p, key) {
-		return nil, 0, nil
+		return routedCopy{}, nil
 	}
 	h := make(nats.Header, len(in)+6)
 	for k, v := range in {
@@ -670,7 +672,7 @@ func (r *router) routed(msg jetstream.Msg) (*nats.Msg, int, *deadLetter) {
 	h.Set(HeaderInputTime, formatInputTime(md.Timestamp))
 	h.Set(HeaderInputStream, md.Stream)
 	h.Set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
-	return &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, p, nil
+	return routedCopy{msg: &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, p: p, seq: md.Sequence.Stream}, nil
 }
 
 // keyDeadLetter is the dead letter of a key or partition key that cannot
