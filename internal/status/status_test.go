@@ -250,11 +250,16 @@ func TestStatusOfASingleInstance(t *testing.T) {
 		msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("events.k%d", i), Data: []byte("x")})
 	}
 	natstest.PublishAll(t, js, msgs)
-	if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if !r.Single.Exists || r.Single.Pending != 5 || r.Single.AckPending != 0 {
-		t.Errorf("consumer %+v, want 5 pending", *r.Single)
+	// The server counts a consumer's pending messages after it has
+	// stored them, on a goroutine of its own: an acked publish can be
+	// read as pending a moment later.
+	natstest.Poll(t, 10*time.Second, 20*time.Millisecond, "the consumer to count 5 pending", func() (bool, error) {
+		var err error
+		r, err = status.Read(ctx, js, cfg, time.Now())
+		return err == nil && r.Single.Exists && r.Single.Pending == 5, err
+	})
+	if r.Single.AckPending != 0 {
+		t.Errorf("consumer %+v, want 0 ack pending", *r.Single)
 	}
 	var table bytes.Buffer
 	if err := r.WriteTable(&table); err != nil {
