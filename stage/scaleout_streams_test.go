@@ -3,6 +3,7 @@ package stage_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,13 +66,27 @@ func TestScaleOutStreamsOnACluster(t *testing.T) {
 	if len(got) != len(msgs) {
 		t.Fatalf("input holds %d messages, want %d", len(got), len(msgs))
 	}
-	parts := map[int]int{}
-	for i, m := range got {
-		key := fmt.Sprintf("o-%d", i)
+	// Async publishes to a cluster may be stored out of order (one
+	// retried while the stream's leader settles), so each stored message
+	// is matched by the key its subject carries.
+	parts, seen := map[int]int{}, map[string]bool{}
+	for _, m := range got {
+		tok := strings.Split(m.Subject, ".")
+		if len(tok) != 4 || tok[1] != "orders" || tok[3] != "created" || seen[tok[2]] {
+			t.Errorf("stored on %s, want <partition>.orders.<key>.created, each key once", m.Subject)
+			continue
+		}
+		key := tok[2]
+		seen[key] = true
 		p := state.PartitionFNV([]byte(key), 4)
 		parts[p]++
 		if want := fmt.Sprintf("%d.orders.%s.created", p, key); m.Subject != want {
 			t.Errorf("stored on %s, want %s", m.Subject, want)
+		}
+	}
+	for i := range 40 {
+		if key := fmt.Sprintf("o-%d", i); !seen[key] {
+			t.Errorf("key %s not stored", key)
 		}
 	}
 	if len(parts) != 4 {
