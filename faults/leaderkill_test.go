@@ -254,6 +254,11 @@ func logDoubled(t *testing.T, js jetstream.JetStream, stages []*stage) {
 	t.Helper()
 	byKey := map[string][]natstest.Message{}
 	for _, m := range natstest.ReadAll(t, js, outputStream) {
+		if strings.Contains(m.Subject, ".fence.") {
+			// Who held which partition from which sequence on.
+			t.Logf("fence: seq %d subject %s %s", m.Seq, m.Subject, m.Data)
+			continue
+		}
 		k := m.Header.Get(jetstream.MsgIDHeader)
 		byKey[k] = append(byKey[k], m)
 	}
@@ -268,7 +273,10 @@ func logDoubled(t *testing.T, js jetstream.JetStream, stages []*stage) {
 	for i, s := range stages {
 		n := 0
 		for _, l := range strings.Split(s.last().log(), "\n") {
-			if (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) && !strings.Contains(l, "routed publishes") && n < 150 {
+			// The warnings, and every step of a partition's hand-over.
+			story := strings.Contains(l, "partition taken") || strings.Contains(l, "restoring the partition") ||
+				strings.Contains(l, "released") || strings.Contains(l, "tenure")
+			if (story || strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) && !strings.Contains(l, "routed publishes") && n < 300 {
 				n++
 				t.Logf("i%d: %.400s", i, l)
 			}
