@@ -123,7 +123,11 @@ type entry struct {
 	data    []byte
 }
 
-// decodeBundle reads a bundle's payload.
+// decodeBundle reads a bundle's payload. Its allocations do not grow with
+// an entry's headers: an entry's subject, header keys and values are
+// substrings of one string, a copy of the entry's bytes before its
+// payload; the values of every header share one slice; and each payload
+// is a subslice of b.
 func decodeBundle(b []byte) ([]entry, error) {
 	fail := func(what string) ([]entry, error) {
 		return nil, fmt.Errorf("%w: %s", ErrNotABundle, what)
@@ -131,62 +135,79 @@ func decodeBundle(b []byte) ([]entry, error) {
 	if len(b) == 0 || b[0] != bundleFormByte {
 		return fail("unknown form")
 	}
-	b = b[1:]
+	at := 1
 	num := func() (uint64, bool) {
-		v, n := binary.Uvarint(b)
+		v, n := binary.Uvarint(b[at:])
 		if n <= 0 {
 			return 0, false
 		}
-		b = b[n:]
+		at += n
 		return v, true
 	}
-	bytesOf := func() ([]byte, bool) {
+	var spans [][2]int // an entry's strings: subject, then per header its key and values
+	span := func() bool {
 		l, ok := num()
-		if !ok || l > uint64(len(b)) {
-			return nil, false
+		if !ok || l > uint64(len(b)-at) {
+			return false
 		}
-		v := b[:l:l]
-		b = b[l:]
-		return v, true
+		spans = append(spans, [2]int{at, at + int(l)})
+		at += int(l)
+		return true
 	}
 	count, ok := num()
-	if !ok || count == 0 || count > uint64(len(b)) {
+	if !ok || count == 0 || count > uint64(len(b)-at) {
 		return fail("bad count")
 	}
 	out := make([]entry, 0, count)
-	for range count {
-		subj, ok := bytesOf()
-		if !ok {
+	var counts []int // per header: its values
+	var vals []string
+	for i := range count {
+		from := at
+		spans, counts = spans[:0], counts[:0]
+		if !span() {
 			return fail("truncated subject")
 		}
 		keys, ok := num()
-		if !ok || keys > uint64(len(b)) {
+		if !ok || keys > uint64(len(b)-at) {
 			return fail("bad header count")
 		}
-		h := make(nats.Header, keys)
 		for range keys {
-			k, ok := bytesOf()
+			ok := span()
 			nv, ok2 := num()
-			if !ok || !ok2 || nv > uint64(len(b)) {
+			if !ok || !ok2 || nv > uint64(len(b)-at) {
 				return fail("truncated header")
 			}
-			vs := make([]string, 0, nv)
+			counts = append(counts, int(nv))
 			for range nv {
-				v, ok := bytesOf()
-				if !ok {
+				if !span() {
 					return fail("truncated header value")
 				}
-				vs = append(vs, string(v))
 			}
-			h[string(k)] = vs
 		}
-		data, ok := bytesOf()
-		if !ok {
+		text := string(b[from:at])
+		str := func(i int) string { return text[spans[i][0]-from : spans[i][1]-from] }
+		if cap(vals)-len(vals) < len(spans) {
+			// Enough for the entries left if they are like this one.
+			vals = make([]string, 0, len(spans)*int(count-i))
+		}
+		h, next := make(nats.Header, keys), 1
+		for _, nv := range counts {
+			k := str(next)
+			first := len(vals)
+			for i := range nv {
+				vals = append(vals, str(next+1+i))
+			}
+			h[k] = vals[first:len(vals):len(vals)]
+			next += 1 + nv
+		}
+		subject := str(0)
+		if !span() {
 			return fail("truncated payload")
 		}
-		out = append(out, entry{subject: string(subj), header: h, data: data})
+		p := spans[len(spans)-1]
+		out = append(out, entry{subject: subject, header: h, data: b[p[0]:p[1]:p[1]]})
 	}
-	if len(b) != 0 {
+	if at != len(b) {
 		return fail("trailing bytes")
 	}
 	return out, nil

@@ -602,17 +602,17 @@ func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 				size += add
 				n++
 			}
-			r.bundle(batch, ks[:n])
+			r.bundle(batch, ks[:n], size)
 			ks = ks[n:]
 		}
 	}
 }
 
 // bundle adds the bundle of the copies out[ks] to what the batch
-// publishes (the copy itself when there is one). Its id names the inputs
-// by their sequences in the input stream, the stream the route consumer
-// reads (Options.InputStream), as MsgID does.
-func (r *router) bundle(batch []jetstream.Msg, ks []int) {
+// publishes (the copy itself when there is one); size bounds its bytes.
+// Its id names the inputs by their sequences in the input stream, the
+// stream the route consumer reads (Options.InputStream), as MsgID does.
+func (r *router) bundle(batch []jetstream.Msg, ks []int, size int) {
 	if len(ks) == 1 {
 		r.add(r.out[ks[0]].msg, ks[0])
 		return
@@ -626,7 +626,7 @@ func (r *router) bundle(batch []jetstream.Msg, ks []int) {
 	}
 	r.add(&nats.Msg{Subject: copies[0].Subject,
 		Header: nats.Header{HeaderBundle: {BundleForm}, jetstream.MsgIDHeader: {BundleID(r.o.InputStream, seqs)}},
-		Data:   appendBundle(nil, copies, subjects)}, ks...)
+		Data:   appendBundle(make([]byte, 0, size), copies, subjects)}, ks...)
 }
 
 // routed builds the routed copy of msg, with its partition and sequence
@@ -664,14 +664,20 @@ func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 		}
 		h[k] = v
 	}
-	if id := in.Get(jetstream.MsgIDHeader); id != "" {
-		h.Set(HeaderOriginalMsgID, id)
+	// The added headers' values share one array: one allocation, not six.
+	vs := make([]string, 0, 6)
+	set := func(k, v string) {
+		vs = append(vs, v)
+		h[k] = vs[len(vs)-1 : len(vs) : len(vs)]
 	}
-	h.Set(jetstream.MsgIDHeader, MsgID(md.Stream, md.Sequence.Stream))
-	h.Set(HeaderKey, string(key))
-	h.Set(HeaderInputTime, formatInputTime(md.Timestamp))
-	h.Set(HeaderInputStream, md.Stream)
-	h.Set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
+	if id := in.Get(jetstream.MsgIDHeader); id != "" {
+		set(HeaderOriginalMsgID, id)
+	}
+	set(jetstream.MsgIDHeader, MsgID(md.Stream, md.Sequence.Stream))
+	set(HeaderKey, string(key))
+	set(HeaderInputTime, formatInputTime(md.Timestamp))
+	set(HeaderInputStream, md.Stream)
+	set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
 	return routedCopy{msg: &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, p: p, seq: md.Sequence.Stream}, nil
 }
 
