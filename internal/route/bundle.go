@@ -129,88 +129,104 @@ type entry struct {
 // payload; the values of every header share one slice; and each payload
 // is a subslice of b.
 func decodeBundle(b []byte) ([]entry, error) {
-	fail := func(what string) ([]entry, error) {
-		return nil, fmt.Errorf("%w: %s", ErrNotABundle, what)
-	}
 	if len(b) == 0 || b[0] != bundleFormByte {
-		return fail("unknown form")
+		return nil, fmt.Errorf("%w: unknown form", ErrNotABundle)
 	}
-	at := 1
-	num := func() (uint64, bool) {
-		v, n := binary.Uvarint(b[at:])
-		if n <= 0 {
-			return 0, false
-		}
-		at += n
-		return v, true
-	}
-	var spans [][2]int // an entry's strings: subject, then per header its key and values
-	span := func() bool {
-		l, ok := num()
-		if !ok || l > uint64(len(b)-at) {
-			return false
-		}
-		spans = append(spans, [2]int{at, at + int(l)})
-		at += int(l)
-		return true
-	}
-	count, ok := num()
-	if !ok || count == 0 || count > uint64(len(b)-at) {
-		return fail("bad count")
+	r := &bundleReader{b: b, at: 1, spans: make([][2]int, 0, 32), counts: make([]int, 0, 16)}
+	count, ok := r.num()
+	if !ok || count == 0 || count > uint64(len(b)-r.at) {
+		return nil, fmt.Errorf("%w: bad count", ErrNotABundle)
 	}
 	out := make([]entry, 0, count)
-	var counts []int // per header: its values
-	var vals []string
 	for i := range count {
-		from := at
-		spans, counts = spans[:0], counts[:0]
-		if !span() {
-			return fail("truncated subject")
+		e, err := r.entry(int(count - i))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s", ErrNotABundle, err)
 		}
-		keys, ok := num()
-		if !ok || keys > uint64(len(b)-at) {
-			return fail("bad header count")
-		}
-		for range keys {
-			ok := span()
-			nv, ok2 := num()
-			if !ok || !ok2 || nv > uint64(len(b)-at) {
-				return fail("truncated header")
-			}
-			counts = append(counts, int(nv))
-			for range nv {
-				if !span() {
-					return fail("truncated header value")
-				}
-			}
-		}
-		text := string(b[from:at])
-		str := func(i int) string { return text[spans[i][0]-from : spans[i][1]-from] }
-		if cap(vals)-len(vals) < len(spans) {
-			// Enough for the entries left if they are like this one.
-			vals = make([]string, 0, len(spans)*int(count-i))
-		}
-		h, next := make(nats.Header, keys), 1
-		for _, nv := range counts {
-			k := str(next)
-			first := len(vals)
-			for i := range nv {
-				vals = append(vals, str(next+1+i))
-			}
-			h[k] = vals[first:len(vals):len(vals)]
-			next += 1 + nv
-		}
-		subject := str(0)
-		if !span() {
-			return fail("truncated payload")
-		}
-		p := spans[len(spans)-1]
-		out = append(out, entry{subject: subject, header: h, data: b[p[0]:p[1]:p[1]]})
+		out = append(out, e)
 	}
-	if at != len(b) {
-		return fail("trailing bytes")
+	if r.at != len(b) {
+		return nil, fmt.Errorf("%w: trailing bytes", ErrNotABundle)
 	}
 	return out, nil
+}
+
+// bundleReader reads a bundle's payload b from at.
+type bundleReader struct {
+	b      []byte
+	at     int
+	spans  [][2]int // the entry's strings: subject, then per header its key and values
+	counts []int    // the entry's values per header
+	vals   []string // the values of the headers read, shared
+}
+
+// num reads a uvarint.
+func (r *bundleReader) num() (uint64, bool) {
+	v, n := binary.Uvarint(r.b[r.at:])
+	if n <= 0 {
+		return 0, false
+	}
+	r.at += n
+	return v, true
+}
+
+// span reads a length-prefixed string's bounds into r.spans.
+func (r *bundleReader) span() bool {
+	l, ok := r.num()
+	if !ok || l > uint64(len(r.b)-r.at) {
+		return false
+	}
+	r.spans = append(r.spans, [2]int{r.at, r.at + int(l)})
+	r.at += int(l)
+	return true
+}
+
+// entry reads the next entry, left counting it: one of the entries still
+// to read, which sizes the values' slice.
+func (r *bundleReader) entry(left int) (entry, error) {
+	from := r.at
+	r.spans, r.counts = r.spans[:0], r.counts[:0]
+	if !r.span() {
+		return entry{}, errors.New("truncated subject")
+	}
+	keys, ok := r.num()
+	if !ok || keys > uint64(len(r.b)-r.at) {
+		return entry{}, errors.New("bad header count")
+	}
+	for range keys {
+		ok := r.span()
+		nv, ok2 := r.num()
+		if !ok || !ok2 || nv > uint64(len(r.b)-r.at) {
+			return entry{}, errors.New("truncated header")
+		}
+		r.counts = append(r.counts, int(nv))
+		for range nv {
+			if !r.span() {
+				return entry{}, errors.New("truncated header value")
+			}
+		}
+	}
+	text := string(r.b[from:r.at])
+	str := func(i int) string { return text[r.spans[i][0]-from : r.spans[i][1]-from] }
+	if cap(r.vals)-len(r.vals) < len(r.spans) {
+		// Enough for the entries left if they are like this one.
+		r.vals = make([]string, 0, len(r.spans)*left)
+	}
+	h, next := make(nats.Header, keys), 1
+	for _, nv := range r.counts {
+		k, first := str(next), len(r.vals)
+		for i := range nv {
+			r.vals = append(r.vals, str(next+1+i))
+		}
+		h[k] = r.vals[first:len(r.vals):len(r.vals)]
+		next += 1 + nv
+	}
+	subject := str(0)
+	if !r.span() {
+		return entry{}, errors.New("truncated payload")
+	}
+	p := r.spans[len(r.spans)-1]
+	return entry{subject: subject, header: h, data: r.b[p[0]:p[1]:p[1]]}, nil
 }
 
 // Copy is one input's routed copy, as a bundle carries it.
