@@ -172,7 +172,7 @@ func defineWorkloadFlags(fs *flag.FlagSet, f *flags) {
 // defineRunFlags defines the flags of the configurations run, the server, the stage and the measurements.
 func defineRunFlags(fs *flag.FlagSet, f *flags) {
 	fs.StringVar(&f.configs, "configs", "raw,raw-atomic,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order; empty with --scale runs only the scale mode")
-	fs.IntVar(&f.rounds, "rounds", 1, "run every configuration this many times, interleaved, the order rotated each round (round 2 starts with the second configuration), and report each one's median round by events/s")
+	fs.IntVar(&f.rounds, "rounds", 1, "run every configuration this many times, interleaved, the order rotated each round (round 2 starts with the second configuration), and report each one's median round by events/s; with --scaleout, every row that many times, in rounds of all rows, with each round's ratios and their medians (at most 20)")
 	fs.IntVar(&f.warmup, "warmup", 20_000, "events of an untimed warm-up run of the first configuration before the measured ones (0: none)")
 	fs.IntVar(&f.latencyEvents, "latency-events", 20_000, "events of the paced latency phase after each drain (0: none)")
 	fs.Float64Var(&f.latencyRate, "latency-rate", 0, "events/s of the latency phase; 0: --latency-load times the first configuration's drain rate")

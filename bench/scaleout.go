@@ -56,6 +56,7 @@ type soRow struct {
 	mode      string
 	instances int
 	cap       float64 // cores per instance; 0: uncapped
+	round     int     // 1.. with --rounds above 1; 0 otherwise
 }
 
 func (r soRow) String() string {
@@ -63,12 +64,27 @@ func (r soRow) String() string {
 	if r.cap > 0 {
 		s += fmt.Sprintf(" cap %g", r.cap)
 	}
+	if r.round > 0 {
+		s += fmt.Sprintf(" round %d", r.round)
+	}
 	return s
 }
 
 // planRows returns the rows to run: for each CPU cap, the reference (off,
-// one instance) then header and subject at each instance count.
-func planRows(modes []string, instances []int, caps []float64) []soRow {
+// one instance) then header and subject at each instance count; with
+// rounds above 1, all of them again in each round, so that a ratio's rows
+// run side by side in every round.
+func planRows(modes []string, instances []int, caps []float64, rounds int) []soRow {
+	if rounds > 1 {
+		var rows []soRow
+		for round := 1; round <= rounds; round++ {
+			for _, r := range planRows(modes, instances, caps, 1) {
+				r.round = round
+				rows = append(rows, r)
+			}
+		}
+		return rows
+	}
 	var rows []soRow
 	for _, c := range caps {
 		for _, m := range modes {
@@ -122,6 +138,8 @@ type ScaleOutRow struct {
 	Mode      string  `json:"mode"`
 	Instances int     `json:"instances"`
 	CPUCap    float64 `json:"cpu_cap_cores"`
+	// Round is the row's round with --rounds above 1 (1..), else 0.
+	Round int `json:"round,omitempty"`
 	// Capped is false when a cap was asked for and could not be applied.
 	Capped bool `json:"capped"`
 	// RouteStep tells whether the route step ran; Publish how the
@@ -222,6 +240,11 @@ type ScaleOutCorrect struct {
 // stated in (0 where a row did not run).
 type ScaleOutRatio struct {
 	CPUCap float64 `json:"cpu_cap_cores"`
+	// Round is the round the ratios are of (1..), with --rounds above 1;
+	// 0 for a single round, or for the medians of every round's ratios
+	// (MedianOf rounds).
+	Round    int `json:"round,omitempty"`
+	MedianOf int `json:"median_of_rounds,omitempty"`
 	// HeaderVsOff and SubjectVsOff: events/s of one instance with
 	// scale_out on over off (targets >= 0.5 and >= 0.8).
 	HeaderVsOff  float64 `json:"header_1_vs_off"`
@@ -311,7 +334,7 @@ func runScaleOut(ctx context.Context, f *flags, w time.Duration, dir string) (*S
 	run.Cluster = fmt.Sprintf("3 nats-server processes (%s) on loopback, %s; R%d file streams; stage: %d partitions, state.sync_writes=%v, input.ack_wait %v, scale_out.route_bundle_max %d",
 		nc.ConnectedServerVersion(), sync, f.replicas, f.partitions, f.syncWrites, f.soAckWait, f.soBundleMax)
 
-	for i, row := range planRows(f.soModes, f.soInstances, f.cpuCaps) {
+	for i, row := range planRows(f.soModes, f.soInstances, f.cpuCaps, f.rounds) {
 		if err := ctx.Err(); err != nil {
 			return run, err
 		}
@@ -326,7 +349,7 @@ func runScaleOut(ctx context.Context, f *flags, w time.Duration, dir string) (*S
 		fmt.Fprintf(logOut, "  %s: %.0f events/s; expected %d forwards, output %d (+%d fence messages), lost %d, duplicated %d; dead-lettered %d of %d bad inputs (+%d extra)\n",
 			row, r.EventsPerSec, c.Expected, c.Output, c.Fences, c.Lost, c.Duplicated, c.DeadLettered-c.DeadLetterExtra, c.DeadLetterWant, c.DeadLetterExtra)
 	}
-	run.Ratios = scaleOutRatios(run.Rows, f.cpuCaps)
+	run.Ratios = scaleOutRatios(run.Rows, f.cpuCaps, f.rounds)
 	return run, nil
 }
 
@@ -492,7 +515,7 @@ type soRowRun struct {
 func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, error) {
 	fmt.Fprintf(logOut, "== scale-out %s\n", row)
 	r := &soRowRun{soEnv: e, idx: idx, row: row, n: namesForRow(idx),
-		res: &ScaleOutRow{Row: row.String(), Mode: row.mode, Instances: row.instances, CPUCap: row.cap}}
+		res: &ScaleOutRow{Row: row.String(), Mode: row.mode, Instances: row.instances, CPUCap: row.cap, Round: row.round}}
 	if err := r.configure(); err != nil {
 		return nil, err
 	}

@@ -12,13 +12,71 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
-// scaleOutRatios computes, per cap, the ratios the targets are stated in.
-func scaleOutRatios(rows []*ScaleOutRow, caps []float64) []ScaleOutRatio {
+// scaleOutRatios computes, per cap, the ratios the targets are stated in:
+// with rounds above 1, each round's (of the rows run in that round) and
+// then, per cap, the median of each ratio over the rounds.
+func scaleOutRatios(rows []*ScaleOutRow, caps []float64, rounds int) []ScaleOutRatio {
+	if rounds <= 1 {
+		return roundRatios(rows, caps, 0)
+	}
+	var out, all []ScaleOutRatio
+	for round := 1; round <= rounds; round++ {
+		all = append(all, roundRatios(rows, caps, round)...)
+	}
+	out = append(out, all...)
+	for _, c := range caps {
+		var of []ScaleOutRatio
+		for _, r := range all {
+			if r.CPUCap == c {
+				of = append(of, r)
+			}
+		}
+		if len(of) == 0 {
+			continue
+		}
+		med := func(f func(ScaleOutRatio) float64) float64 {
+			var vs []float64
+			for _, r := range of {
+				if v := f(r); v > 0 {
+					vs = append(vs, v)
+				}
+			}
+			return median(vs)
+		}
+		out = append(out, ScaleOutRatio{CPUCap: c, MedianOf: len(of),
+			HeaderVsOff:     med(func(r ScaleOutRatio) float64 { return r.HeaderVsOff }),
+			SubjectVsOff:    med(func(r ScaleOutRatio) float64 { return r.SubjectVsOff }),
+			Header2v1:       med(func(r ScaleOutRatio) float64 { return r.Header2v1 }),
+			Header3v1:       med(func(r ScaleOutRatio) float64 { return r.Header3v1 }),
+			Subject2v1:      med(func(r ScaleOutRatio) float64 { return r.Subject2v1 }),
+			Subject3v1:      med(func(r ScaleOutRatio) float64 { return r.Subject3v1 }),
+			CPUHeaderVsOff:  med(func(r ScaleOutRatio) float64 { return r.CPUHeaderVsOff }),
+			CPUSubjectVsOff: med(func(r ScaleOutRatio) float64 { return r.CPUSubjectVsOff })})
+	}
+	return out
+}
+
+// median is the median of vs (the mean of the middle two for an even
+// count), 0 for none.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	vs = slices.Clone(vs)
+	slices.Sort(vs)
+	if n := len(vs); n%2 == 0 {
+		return (vs[n/2-1] + vs[n/2]) / 2
+	}
+	return vs[len(vs)/2]
+}
+
+// roundRatios computes, per cap, the ratios of the rows of round.
+func roundRatios(rows []*ScaleOutRow, caps []float64, round int) []ScaleOutRatio {
 	var out []ScaleOutRatio
 	for _, c := range caps {
 		find := func(mode string, n int) *ScaleOutRow {
 			for _, r := range rows {
-				if r.Mode == mode && r.Instances == n && r.CPUCap == c {
+				if r.Mode == mode && r.Instances == n && r.CPUCap == c && r.Round == round {
 					return r
 				}
 			}
@@ -33,12 +91,12 @@ func scaleOutRatios(rows []*ScaleOutRow, caps []float64) []ScaleOutRatio {
 		eps := func(r *ScaleOutRow) float64 { return r.EventsPerSec }
 		cpu := func(r *ScaleOutRow) float64 { return r.StageCPUMicrosPerEvent }
 		off, h1, s1 := find(soOff, 1), find(soHeader, 1), find(soSubject, 1)
-		r := ScaleOutRatio{CPUCap: c,
+		r := ScaleOutRatio{CPUCap: c, Round: round,
 			HeaderVsOff: div(h1, off, eps), SubjectVsOff: div(s1, off, eps),
 			Header2v1: div(find(soHeader, 2), h1, eps), Header3v1: div(find(soHeader, 3), h1, eps),
 			Subject2v1: div(find(soSubject, 2), s1, eps), Subject3v1: div(find(soSubject, 3), s1, eps),
 			CPUHeaderVsOff: div(h1, off, cpu), CPUSubjectVsOff: div(s1, off, cpu)}
-		if r != (ScaleOutRatio{CPUCap: c}) {
+		if r != (ScaleOutRatio{CPUCap: c, Round: round}) {
 			out = append(out, r)
 		}
 	}
@@ -61,8 +119,10 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 		return errors.New("--scaleout starts its own cluster: leave --nats-url out")
 	case f.scale != "":
 		return errors.New("--scaleout and --scale: run them separately")
-	case set["rounds"] || set["key"]:
-		return errors.New("--scaleout runs each row once, with the key where the row says: leave --rounds and --key out")
+	case set["key"]:
+		return errors.New("--scaleout runs each row with the key where the row says: leave --key out")
+	case f.rounds > 20:
+		return fmt.Errorf("--rounds %d: want 1..20 with --scaleout", f.rounds)
 	}
 	if !set["sync-always"] {
 		f.syncAlways = false
@@ -193,6 +253,12 @@ func printScaleOut(w io.Writer, so *ScaleOutRun) {
 		capS := "uncapped"
 		if r.CPUCap > 0 {
 			capS = fmt.Sprintf("cap %g core", r.CPUCap)
+		}
+		switch {
+		case r.Round > 0:
+			capS += fmt.Sprintf(", round %d", r.Round)
+		case r.MedianOf > 0:
+			capS += fmt.Sprintf(", MEDIANS of %d rounds", r.MedianOf)
 		}
 		fmt.Fprintf(w, "ratios (%s): on/off 1 instance: header %s (target >= 0.5), subject %s (>= 0.8); header 2/1 %s, 3/1 %s; subject 2/1 %s, 3/1 %s (capped targets >= 1.7, >= 2.5); CPU µs/event on/off: header %s, subject %s (<= 2)\n",
 			capS, ratio(r.HeaderVsOff), ratio(r.SubjectVsOff), ratio(r.Header2v1), ratio(r.Header3v1), ratio(r.Subject2v1), ratio(r.Subject3v1),

@@ -107,7 +107,7 @@ func TestScaleOutFlags(t *testing.T) {
 		t.Errorf("defaults: sync-always %v, repeat-ratio %v, mix %v, configs %v; want false, 0.3, no near or past copies, none",
 			f.syncAlways, f.repeatRatio, f.mix, f.kinds)
 	}
-	rows := planRows(f.soModes, f.soInstances, f.cpuCaps)
+	rows := planRows(f.soModes, f.soInstances, f.cpuCaps, f.rounds)
 	if len(rows) != 14 || rows[0] != (soRow{mode: soOff, instances: 1}) || rows[13] != (soRow{mode: soSubject, instances: 3, cap: 0.25}) {
 		t.Errorf("default rows: %v; want off, header x1..3, subject x1..3, uncapped then capped at 0.25", rows)
 	}
@@ -121,6 +121,8 @@ func TestScaleOutFlags(t *testing.T) {
 		{"--scaleout", "--cpu-cap", "-1"},
 		{"--scaleout", "--scaleout-rows", "on"},
 		{"--scaleout", "--scaleout-ack-wait", "1s"},
+		{"--scaleout", "--rounds", "21"},
+		{"--scaleout", "--key", "json"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v: accepted, want an error", args)
@@ -278,4 +280,43 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
+}
+
+// TestScaleOutRounds checks that --rounds runs every row in each round and
+// reports each round's ratios, from that round's rows alone, and their
+// medians.
+func TestScaleOutRounds(t *testing.T) {
+	f, err := parseFlags([]string{"--scaleout", "--scaleout-rows", "header", "--cpu-cap", "0.1", "--rounds", "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := planRows(f.soModes, f.soInstances, f.cpuCaps, f.rounds)
+	if len(rows) != 9 || rows[0] != (soRow{mode: soHeader, instances: 1, cap: 0.1, round: 1}) ||
+		rows[3] != (soRow{mode: soHeader, instances: 1, cap: 0.1, round: 2}) || rows[8].round != 3 || rows[8].String() != "header x3 cap 0.1 round 3" {
+		t.Fatalf("rows: %v; want header x1..3 in each of rounds 1..3", rows)
+	}
+	// events/s of x1, x2, x3 in each round: 2/1 ratios 1.5, 2.0, 1.6 and
+	// 3/1 ratios 2.0, 3.0, 2.5.
+	eps := [][3]float64{{100, 150, 200}, {50, 100, 150}, {200, 320, 500}}
+	var res []*ScaleOutRow
+	for _, r := range rows {
+		res = append(res, &ScaleOutRow{Mode: r.mode, Instances: r.instances, CPUCap: r.cap, Round: r.round, EventsPerSec: eps[r.round-1][r.instances-1]})
+	}
+	got := scaleOutRatios(res, f.cpuCaps, f.rounds)
+	if len(got) != 4 {
+		t.Fatalf("%d ratios, want one per round and the medians: %+v", len(got), got)
+	}
+	for i, want := range [][2]float64{{1.5, 2}, {2, 3}, {1.6, 2.5}} {
+		if r := got[i]; r.Round != i+1 || math.Abs(r.Header2v1-want[0]) > 1e-9 || math.Abs(r.Header3v1-want[1]) > 1e-9 {
+			t.Errorf("round %d: %+v, want 2/1 %v and 3/1 %v", i+1, r, want[0], want[1])
+		}
+	}
+	if m := got[3]; m.MedianOf != 3 || m.Round != 0 || math.Abs(m.Header2v1-1.6) > 1e-9 || math.Abs(m.Header3v1-2.5) > 1e-9 || m.HeaderVsOff != 0 {
+		t.Errorf("medians: %+v, want of 3 rounds, 2/1 1.6, 3/1 2.5, no off row", m)
+	}
+	var out strings.Builder
+	printScaleOut(&out, &ScaleOutRun{Rows: res, Ratios: got})
+	if !strings.Contains(out.String(), "ratios (cap 0.1 core, MEDIANS of 3 rounds): on/off 1 instance: header - (target >= 0.5), subject - (>= 0.8); header 2/1 1.60, 3/1 2.50") {
+		t.Errorf("the report does not give the medians:\n%s", out.String())
+	}
 }
