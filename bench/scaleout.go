@@ -73,12 +73,16 @@ func (r soRow) String() string {
 // planRows returns the rows to run: for each CPU cap, the reference (off,
 // one instance) then header and subject at each instance count; with
 // rounds above 1, all of them again in each round, so that a ratio's rows
-// run side by side in every round.
+// run side by side in every round, the order rotated each round (round 2
+// starts with the second row), so that no row always runs first or
+// right after the largest.
 func planRows(modes []string, instances []int, caps []float64, rounds int) []soRow {
 	if rounds > 1 {
+		one := planRows(modes, instances, caps, 1)
 		var rows []soRow
 		for round := 1; round <= rounds; round++ {
-			for _, r := range planRows(modes, instances, caps, 1) {
+			for i := range one {
+				r := one[(i+round-1)%len(one)]
 				r.round = round
 				rows = append(rows, r)
 			}

@@ -282,8 +282,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestScaleOutRounds checks that --rounds runs every row in each round and
-// reports each round's ratios, from that round's rows alone, and their
+// TestScaleOutRounds checks that --rounds runs every row in each round,
+// the order rotated, and reports each round's ratios, from that round's rows alone, and their
 // medians.
 func TestScaleOutRounds(t *testing.T) {
 	f, err := parseFlags([]string{"--scaleout", "--scaleout-rows", "header", "--cpu-cap", "0.1", "--rounds", "3"})
@@ -292,8 +292,9 @@ func TestScaleOutRounds(t *testing.T) {
 	}
 	rows := planRows(f.soModes, f.soInstances, f.cpuCaps, f.rounds)
 	if len(rows) != 9 || rows[0] != (soRow{mode: soHeader, instances: 1, cap: 0.1, round: 1}) ||
-		rows[3] != (soRow{mode: soHeader, instances: 1, cap: 0.1, round: 2}) || rows[8].round != 3 || rows[8].String() != "header x3 cap 0.1 round 3" {
-		t.Fatalf("rows: %v; want header x1..3 in each of rounds 1..3", rows)
+		rows[3] != (soRow{mode: soHeader, instances: 2, cap: 0.1, round: 2}) || rows[5].instances != 1 ||
+		rows[6].instances != 3 || rows[8].round != 3 || rows[8].String() != "header x2 cap 0.1 round 3" {
+		t.Fatalf("rows: %v; want header x1..3 in each of rounds 1..3, round k starting with the k-th", rows)
 	}
 	// events/s of x1, x2, x3 in each round: 2/1 ratios 1.5, 2.0, 1.6 and
 	// 3/1 ratios 2.0, 3.0, 2.5.
