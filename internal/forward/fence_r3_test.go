@@ -71,3 +71,44 @@ func TestFencedBatchesOnR3(t *testing.T) {
 		t.Errorf("a fence refusal was retried: %v", codes)
 	}
 }
+
+// TestZombieDuplicatesPassAMovedFenceOnR3 documents what an owner's cursor
+// must not trust (scaleout's Owner.Claim). On an R3 stream, a zombie (A,
+// whose fence B has moved) sends an atomic batch of messages whose ids B
+// has stored meanwhile. The stream's leader refuses it for its ids (10201),
+// not for the fence (on one server the fence refuses it), so the batch goes
+// one message at a time under A's old fence, and each is answered as a
+// duplicate at the sequence where B stored it, past B's fence: a duplicate
+// says nothing of the fence. Nothing is stored twice.
+func TestZombieDuplicatesPassAMovedFenceOnR3(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	_, js := c.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c.CreateStream(js, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}, Duplicates: time.Minute, AllowAtomicPublish: true, Replicas: 3})
+
+	fa := takeFence(t, js, "A")
+	fb := takeFence(t, js, "B")
+	ours := keyed(0, 6)
+	bres := make([]forward.Result, len(ours))
+	if err := forward.Batch(ctx, js, ours, bres, forward.Options{Atomic: true, BatchMax: 8, Fence: &forward.Fence{Subject: fenceSubject, Seq: fb}}); err != nil {
+		t.Fatalf("B's batch under its fence: %v", err)
+	}
+
+	var fbk fallbacks
+	zombie := keyed(3, 6)
+	ares := make([]forward.Result, len(zombie))
+	err := forward.Batch(ctx, js, zombie, ares, forward.Options{Atomic: true, BatchMax: 8, Fence: &forward.Fence{Subject: fenceSubject, Seq: fa}, OnFallback: fbk.record})
+	// nats-server 2.15 refuses it for its ids; should a later version
+	// refuse it for the fence, this test fails, and Owner.Claim's guard is
+	// then belt and braces.
+	if err != nil || len(fbk.codes) != 1 || fbk.codes[0] != retry.CodeBatchDuplicateMsgID {
+		t.Fatalf("the zombie's batch: err %v, fell back with codes %v; want no error after one fallback for %d", err, fbk.codes, retry.CodeBatchDuplicateMsgID)
+	}
+	for i, r := range ares {
+		if want := bres[3+i].Seq; !r.Done || r.Err != nil || !r.Duplicate || r.Seq != want || r.Seq <= fb {
+			t.Errorf("the zombie's message %d: %+v, want a duplicate at B's sequence %d, past B's fence %d", i, r, want, fb)
+		}
+	}
+	checkOnce(t, dataIDs(t, js), 0, 6)
+}

@@ -100,9 +100,19 @@ func (o *Owner) Lost(ctx context.Context, err error) bool {
 
 // Claim commits claims, the batch's forwarded keys, in p: each claim's first-seen time is now, as the
 // forwarded record says, and the claims commit with the partition's
-// cursor: the highest output sequence of the batch, up to which the
+// cursor: the highest output sequence the batch stored, up to which the
 // partition's changelog is in the store (this instance alone has written
 // it since its fence, batch after batch).
+//
+// A duplicate's sequence does not count: it is where the stream already
+// held the key's record, and the server answers a duplicate before it
+// checks the fence, so that record may be another owner's, written after
+// this one's fence moved. Counting it moved the cursor past records this
+// store never held, and a later restore from that cursor skipped them
+// (TestScaleOutLeaderKills: a zombie's batch, refused whole for ids the
+// new owner had stored, 10201, and then published one by one, came back
+// all duplicates, at the new owner's sequences). A batch of duplicates
+// alone leaves the cursor where it was.
 func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error) {
 	for i := range claims {
 		claims[i].FirstSeen = now
@@ -110,11 +120,20 @@ func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Re
 	if o.tenure == nil {
 		return p.Claim(claims)
 	}
+	return p.ClaimWithCursor(claims, storedUpTo(res))
+}
+
+// storedUpTo is the highest sequence at which res says this batch stored a
+// message itself (not a duplicate), 0 for none: ClaimWithCursor then
+// leaves the cursor as it was.
+func storedUpTo(res []forward.Result) uint64 {
 	var cursor uint64
 	for _, r := range res {
-		cursor = max(cursor, r.Seq)
+		if r.Done && r.Err == nil && !r.Duplicate {
+			cursor = max(cursor, r.Seq)
+		}
 	}
-	return p.ClaimWithCursor(claims, cursor)
+	return cursor
 }
 
 // DeadLetterFence returns the fence a dead letter decided now expects,
