@@ -105,14 +105,13 @@ func (o *Owner) Lost(ctx context.Context, err error) bool {
 // it since its fence, batch after batch).
 //
 // A duplicate's sequence does not count: it is where the stream already
-// held the key's record, and the server answers a duplicate before it
-// checks the fence, so that record may be another owner's, written after
-// this one's fence moved. Counting it moved the cursor past records this
-// store never held, and a later restore from that cursor skipped them
-// (TestScaleOutLeaderKills: a zombie's batch, refused whole for ids the
-// new owner had stored, 10201, and then published one by one, came back
-// all duplicates, at the new owner's sequences). A batch of duplicates
-// alone leaves the cursor where it was.
+// held the key's record, and a clustered stream answers a duplicate
+// before it checks the fence, so that record may be another owner's,
+// written after this one's fence moved
+// (forward's TestZombieDuplicatesPassAMovedFenceOnR3). Counted, it would
+// move the cursor past records this store never held, and a restore from
+// that cursor would skip them. A batch of duplicates alone leaves the
+// cursor where it was.
 func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error) {
 	for i := range claims {
 		claims[i].FirstSeen = now
