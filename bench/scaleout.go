@@ -214,6 +214,9 @@ type ScaleOutInternal struct {
 	// RoutedPerSec is dedupe_route_messages_total{outcome="routed"} over
 	// the drain time.
 	RoutedPerSec float64 `json:"routed_per_sec"`
+	// CopiesPerRouted is dedupe_route_copies_per_message's mean: the
+	// inputs one routed message (a bundle or a copy alone) carries.
+	CopiesPerRouted float64 `json:"copies_per_routed_message"`
 	// Takeovers is partitions taken over during the drain (a partition
 	// that moves pauses).
 	Takeovers   float64 `json:"takeovers"`
@@ -1140,6 +1143,9 @@ func internals(s series, drain time.Duration) ScaleOutInternal {
 		si.CommitMeanMs, si.CommitP99Ms = 1000*sum/c, 1000*p99
 	}
 	si.RoutedPerSec = s.sum("dedupe_route_messages_total", `outcome="routed"`) / drain.Seconds()
+	if c, sum, _ := s.histogram("dedupe_route_copies_per_message", 0); c > 0 {
+		si.CopiesPerRouted = sum / c
+	}
 	si.Takeovers = s.sum("dedupe_partition_takeovers_total")
 	si.FenceRefuse = s.sum("dedupe_fence_refusals_total")
 	return si

@@ -218,7 +218,7 @@ func printScaleOut(w io.Writer, so *ScaleOutRun) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tinst\tcap\tforwards as\tevents/s\tdrain s\tstage CPU µs/ev\tmax inst cores\tserver CPU µs/ev\tother cores\tbatch\tnew/batch\tpublish ms (p99)\tcommit ms (p99)\trouted/s\tmoves\toutput\tfences\tlost\tdup\tDLQ/bad\t")
+	fmt.Fprintln(tw, "row\tinst\tcap\tforwards as\tevents/s\tdrain s\tstage CPU µs/ev\tmax inst cores\tserver CPU µs/ev\tother cores\tbatch\tnew/batch\tpublish ms (p99)\tcommit ms (p99)\trouted/s\tcopies/msg\tmoves\toutput\tfences\tlost\tdup\tDLQ/bad\t")
 	for _, r := range so.Rows {
 		capS := "-"
 		if r.CPUCap > 0 {
@@ -232,9 +232,9 @@ func printScaleOut(w io.Writer, so *ScaleOutRun) {
 			most = max(most, pi.Cores)
 		}
 		s, c := r.Stage, r.Correct
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.0f\t%.1f\t%.1f\t%.2f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f (%.0f)\t%.1f (%.0f)\t%.0f\t%.0f\t%d\t%d\t%d\t%d\t%d/%d\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.0f\t%.1f\t%.1f\t%.2f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f (%.0f)\t%.1f (%.0f)\t%.0f\t%.1f\t%.0f\t%d\t%d\t%d\t%d\t%d/%d\t\n",
 			r.Mode, r.Instances, capS, r.Publish, r.EventsPerSec, r.DrainSeconds, r.StageCPUMicrosPerEvent, most, r.ServerCPUMicrosPerEvent, r.OtherCores,
-			s.MeanBatchSize, s.NewPerBatch, s.PublishMeanMs, s.PublishP99Ms, s.CommitMeanMs, s.CommitP99Ms, s.RoutedPerSec, s.Takeovers,
+			s.MeanBatchSize, s.NewPerBatch, s.PublishMeanMs, s.PublishP99Ms, s.CommitMeanMs, s.CommitP99Ms, s.RoutedPerSec, s.CopiesPerRouted, s.Takeovers,
 			c.Output, c.Fences, c.Lost, c.Duplicated, c.DeadLettered, c.DeadLetterWant)
 	}
 	tw.Flush()
