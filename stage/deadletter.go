@@ -249,7 +249,7 @@ func (s *Stage) markDeadLetter(h nats.Header, dl deadLetter, detail string) {
 
 // sourceOf returns where the input of dead letter dl is. For a message of
 // the routed stream (scale-out with the route step) that is the input
-// message the route step copied (route.InputOf), not the routed copy,
+// message the route step copied (route.InputOfMsg), not the routed copy,
 // which the work-queue stream deletes once it is acked; for any other, and
 // for a message in the routed stream that the route step did not write,
 // the message's own subject, stream and sequence. ok is false when the
@@ -260,7 +260,7 @@ func (s *Stage) sourceOf(dl deadLetter) (subject, stream string, seq uint64, ok 
 		return dl.msg.Subject(), "", 0, false
 	}
 	if routed, routedSubject, ok := s.routed(); ok && md.Stream == routed && dl.reason != ReasonNotRouted {
-		if subject, stream, seq, ok := route.InputOf(routedSubject, dl.msg.Subject(), dl.msg.Headers()); ok {
+		if subject, stream, seq, ok := route.InputOfMsg(routedSubject, dl.msg); ok {
 			return subject, stream, seq, true
 		}
 	}

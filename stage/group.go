@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,9 +72,9 @@ func (s *Stage) routed() (stream, subject string, ok bool) {
 
 // dispatchRouted is dispatch for a message of the routed stream, which the
 // route step already checked: its key and input subject come from what the
-// route step wrote (route.OriginOf), not derived again.
+// route step wrote (route.OriginOfMsg), not derived again.
 func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, parts []chan item, dlq chan<- deadLetter) {
-	o, err := route.OriginOf(routedSubject, msg.Subject(), msg.Headers())
+	o, err := route.OriginOfMsg(routedSubject, msg)
 	if err != nil {
 		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
 			detail: "in the routed stream, but not written by the route step: " + err.Error()}
@@ -82,7 +83,7 @@ func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, p
 	it := item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(scaleout.HeaderPinID), subject: o.Subject}
 	if s.totals != nil {
 		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data(), true); dl != nil {
+		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data(), o.Time); dl != nil {
 			dlq <- *dl
 			return
 		}
@@ -101,7 +102,7 @@ func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan
 	it := item{msg: msg, key: bytes.Clone(key), fp: fingerprint(msg.Data()), pin: scaleout.LocalPin}
 	if s.totals != nil {
 		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), false); dl != nil {
+		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), time.Time{}); dl != nil {
 			return false
 		}
 	}

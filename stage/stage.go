@@ -477,7 +477,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	if s.totals != nil {
 		// The group routes: every copy of a key carries the same group.
 		var dl *deadLetter
-		if tot, dl = s.totals.extract(msg, msg.Subject(), data, false); dl != nil {
+		if tot, dl = s.totals.extract(msg, msg.Subject(), data, time.Time{}); dl != nil {
 			dlq <- *dl
 			return
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -138,10 +137,11 @@ func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.H
 
 // extract reads a message's group, time and value; subject is the input
 // subject the message arrived on (for a routed message, the one the route
-// step recorded, not the routed stream's), and routedCopy says whether msg
-// is a copy the route step wrote (its input's time is in a header). A
-// message that has no usable one returns a dead letter with its reason.
-func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, routedCopy bool) (state.Contribution, *deadLetter) {
+// step recorded, not the routed stream's), and inputTime is, for a copy
+// the route step wrote, its input's stream timestamp (route.Origin's
+// Time; zero for any other message). A message that has no usable one
+// returns a dead letter with its reason.
+func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTime time.Time) (state.Contribution, *deadLetter) {
 	hdr := msg.Headers()
 	dl := func(reason, format string, args ...any) (state.Contribution, *deadLetter) {
 		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, partition: "none", detail: fmt.Sprintf(format, args...)}
@@ -154,12 +154,10 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, routedC
 	}
 	var at time.Time
 	switch {
-	case t.time == nil && routedCopy:
+	case t.time == nil && !inputTime.IsZero():
 		// The routed copy's own timestamp is the route step's; the input's
-		// travels in a header.
-		if at, err = route.InputTime(hdr); err != nil {
-			return dl(ReasonBadTime, "the routed message's input stream timestamp: %v", err)
-		}
+		// travels with it.
+		at = inputTime
 	case t.time == nil:
 		md, err := msg.Metadata()
 		if err != nil {

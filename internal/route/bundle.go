@@ -27,24 +27,32 @@ import (
 // carries. The payload, form 1:
 //
 //	byte 1, uvarint count, then count entries of
-//	uvarint len, input subject; uvarint header keys, then per key:
-//	uvarint len, key, uvarint values, per value: uvarint len, value;
-//	uvarint len, payload.
+//	uvarint len, input subject; headers; uvarint len, payload.
 //
-// Each entry's headers are those of the routed copy the route step would
-// have published alone (its own Nats-Msg-Id, MsgID of the input, among
-// them), so a member reads an entry as it reads a single copy (OriginOf,
-// InputOf).
+// where headers are: uvarint header keys, then per key: uvarint len, key,
+// uvarint values, per value: uvarint len, value. Each entry's headers are
+// those of the routed copy the route step would have published alone
+// (its own Nats-Msg-Id, MsgID of the input, among them).
+//
+// Form 2 carries each input's own headers (its publish directives left
+// out, its Nats-Msg-Id kept) and what the route step adds as fields, not
+// headers, so that neither side builds or parses them per input:
+//
+//	byte 2, uvarint len, input stream, uvarint count, then count entries of
+//	uvarint len, input subject; uvarint input sequence; varint input
+//	time (Unix nanoseconds); uvarint len, key; headers; uvarint len, payload.
+//
+// A member reads either form (Unbundle, OriginOfMsg); ReadBundle gives the
+// copies of either as the route step would have published them alone.
 const (
 	// HeaderBundle marks a routed message that is a bundle; its value is
-	// the payload's form, BundleForm.
+	// the payload's form, "1" or "2".
 	HeaderBundle = "Dedupe-Bundle"
-	// BundleForm is the bundle form this version writes and reads.
-	BundleForm = "1"
+	// BundleForm1 and BundleForm2 are the bundle forms this version writes
+	// and reads.
+	BundleForm1 = 1
+	BundleForm2 = 2
 )
-
-// bundleFormByte is BundleForm as the payload's first byte.
-const bundleFormByte = 1
 
 // ErrNotABundle means a routed message marked as a bundle cannot be read:
 // an unknown form or a malformed payload. Reading it again gives the same
@@ -60,6 +68,8 @@ func IsBundle(h nats.Header) bool { return h.Get(HeaderBundle) != "" }
 // they carry the same inputs, so the routed stream's duplicate window
 // drops a bundle routed again after a redelivery and keeps one whose
 // inputs differ (a redelivered input in a new bundle is judged a repeat).
+// The id does not depend on the form: a bundle routed again in another
+// form (the group's forms changed) carries the same inputs.
 func BundleID(stream string, seqs []uint64) string {
 	h := sha256.New()
 	var b [8]byte
@@ -71,43 +81,91 @@ func BundleID(stream string, seqs []uint64) string {
 	return "route-bundle:" + stream + ":" + strconv.FormatUint(seqs[0], 10) + ":" + strconv.Itoa(len(seqs)) + ":" + hex.EncodeToString(sum[:16])
 }
 
-// appendBundle appends the bundle payload of copies (routed copies whose
-// input subjects are inputs) to b.
-func appendBundle(b []byte, copies []*nats.Msg, inputs []string) []byte {
-	b = append(b, bundleFormByte)
-	b = binary.AppendUvarint(b, uint64(len(copies)))
-	str := func(s string) {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
-	for i, m := range copies {
-		str(inputs[i])
-		b = binary.AppendUvarint(b, uint64(len(m.Header)))
-		for k, vs := range m.Header {
-			str(k)
-			b = binary.AppendUvarint(b, uint64(len(vs)))
-			for _, v := range vs {
-				str(v)
+// entry is one input a bundle carries. seq, at and key are form 2's
+// fields.
+type entry struct {
+	subject string // the input's subject
+	header  nats.Header
+	data    []byte
+	seq     uint64
+	at      int64 // the input's time, Unix nanoseconds
+	key     string
+}
+
+// appendString appends s, length first.
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// appendHeader appends h's keys and values, leaving out the keys drop
+// reports (nil: none).
+func appendHeader(b []byte, h nats.Header, drop func(string) bool) []byte {
+	n := len(h)
+	if drop != nil {
+		for k := range h {
+			if drop(k) {
+				n--
 			}
 		}
+	}
+	b = binary.AppendUvarint(b, uint64(n))
+	for k, vs := range h {
+		if drop != nil && drop(k) {
+			continue
+		}
+		b = appendString(b, k)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendString(b, v)
+		}
+	}
+	return b
+}
+
+// appendBundle appends the form-1 bundle payload of copies (routed copies
+// whose input subjects are inputs) to b.
+func appendBundle(b []byte, copies []*nats.Msg, inputs []string) []byte {
+	b = append(b, BundleForm1)
+	b = binary.AppendUvarint(b, uint64(len(copies)))
+	for i, m := range copies {
+		b = appendString(b, inputs[i])
+		b = appendHeader(b, m.Header, nil)
 		b = binary.AppendUvarint(b, uint64(len(m.Data)))
 		b = append(b, m.Data...)
 	}
 	return b
 }
 
-// bundleOverhead bounds the bytes of a bundle of inputs of stream besides
-// its entries: its headers (HeaderBundle, its Nats-Msg-Id, the header
-// block's framing) and the payload's form and count.
-func bundleOverhead(stream string) int {
-	return 160 + len(stream)
+// appendBundle2 appends the form-2 bundle payload of es, inputs of stream,
+// to b; the keys drop reports are left out of their headers.
+func appendBundle2(b []byte, stream string, es []entry, drop func(string) bool) []byte {
+	b = append(b, BundleForm2)
+	b = appendString(b, stream)
+	b = binary.AppendUvarint(b, uint64(len(es)))
+	for _, e := range es {
+		b = appendString(b, e.subject)
+		b = binary.AppendUvarint(b, e.seq)
+		b = binary.AppendVarint(b, e.at)
+		b = appendString(b, e.key)
+		b = appendHeader(b, e.header, drop)
+		b = binary.AppendUvarint(b, uint64(len(e.data)))
+		b = append(b, e.data...)
+	}
+	return b
 }
 
-// bundleSize is what appendBundle adds for m, a copy of an input on
-// subject, at most.
-func bundleSize(m *nats.Msg, subject string) int {
-	n := 2*binary.MaxVarintLen64 + len(subject) + len(m.Data)
-	for k, vs := range m.Header {
+// bundleOverhead bounds the bytes of a bundle of inputs of stream besides
+// its entries: its headers (HeaderBundle, its Nats-Msg-Id, the header
+// block's framing) and the payload's form, stream and count.
+func bundleOverhead(stream string) int {
+	return 160 + 2*len(stream)
+}
+
+// headerBound bounds what appendHeader adds for h.
+func headerBound(h nats.Header) int {
+	n := binary.MaxVarintLen64
+	for k, vs := range h {
 		n += 2*binary.MaxVarintLen64 + len(k)
 		for _, v := range vs {
 			n += binary.MaxVarintLen64 + len(v)
@@ -116,46 +174,59 @@ func bundleSize(m *nats.Msg, subject string) int {
 	return n
 }
 
-// entry is one input a bundle carries.
-type entry struct {
-	subject string // the input's subject
-	header  nats.Header
-	data    []byte
+// bundleSize is what appendBundle adds for m, a copy of an input on
+// subject, at most.
+func bundleSize(m *nats.Msg, subject string) int {
+	return 2*binary.MaxVarintLen64 + len(subject) + len(m.Data) + headerBound(m.Header)
 }
 
-// decodeBundle reads a bundle's payload. Its allocations do not grow with
-// an entry's headers: an entry's subject, header keys and values are
-// substrings of one string, a copy of the entry's bytes before its
-// payload; the values of every header share one slice; and each payload
-// is a subslice of b.
-func decodeBundle(b []byte) ([]entry, error) {
-	if len(b) == 0 || b[0] != bundleFormByte {
-		return nil, fmt.Errorf("%w: unknown form", ErrNotABundle)
+// bundleSize2 is what appendBundle2 adds for e at most.
+func bundleSize2(e entry) int {
+	return 5*binary.MaxVarintLen64 + len(e.subject) + len(e.key) + len(e.data) + headerBound(e.header)
+}
+
+// decodeBundle reads a bundle's payload, either form; stream is form 2's
+// input stream ("" for form 1). Each entry's header has room for room
+// more keys. Its allocations do not grow with an entry's headers: an
+// entry's subject, key, header keys and values are substrings of one
+// string, a copy of the entry's bytes before its payload; the values of
+// every header share one slice; and each payload is a subslice of b.
+func decodeBundle(b []byte, room int) (es []entry, stream string, err error) {
+	if len(b) == 0 || (b[0] != BundleForm1 && b[0] != BundleForm2) {
+		return nil, "", fmt.Errorf("%w: unknown form", ErrNotABundle)
 	}
-	r := &bundleReader{b: b, at: 1, spans: make([][2]int, 0, 32), counts: make([]int, 0, 16)}
+	r := &bundleReader{b: b, at: 1, form: b[0], room: room, spans: make([][2]int, 0, 32), counts: make([]int, 0, 16)}
+	if r.form == BundleForm2 {
+		if !r.span() {
+			return nil, "", fmt.Errorf("%w: truncated stream", ErrNotABundle)
+		}
+		stream = string(b[r.spans[0][0]:r.spans[0][1]])
+	}
 	count, ok := r.num()
 	if !ok || count == 0 || count > uint64(len(b)-r.at) {
-		return nil, fmt.Errorf("%w: bad count", ErrNotABundle)
+		return nil, "", fmt.Errorf("%w: bad count", ErrNotABundle)
 	}
 	out := make([]entry, 0, count)
 	for i := range count {
 		e, err := r.entry(int(count - i))
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s", ErrNotABundle, err)
+			return nil, "", fmt.Errorf("%w: %s", ErrNotABundle, err)
 		}
 		out = append(out, e)
 	}
 	if r.at != len(b) {
-		return nil, fmt.Errorf("%w: trailing bytes", ErrNotABundle)
+		return nil, "", fmt.Errorf("%w: trailing bytes", ErrNotABundle)
 	}
-	return out, nil
+	return out, stream, nil
 }
 
 // bundleReader reads a bundle's payload b from at.
 type bundleReader struct {
 	b      []byte
 	at     int
-	spans  [][2]int // the entry's strings: subject, then per header its key and values
+	form   byte
+	room   int      // more keys each entry's header has room for
+	spans  [][2]int // the entry's strings: subject, form 2's key, then per header its key and values
 	counts []int    // the entry's values per header
 	vals   []string // the values of the headers read, shared
 }
@@ -181,30 +252,65 @@ func (r *bundleReader) span() bool {
 	return true
 }
 
-// entry reads the next entry, left counting it: one of the entries still
-// to read, which sizes the values' slice.
-func (r *bundleReader) entry(left int) (entry, error) {
-	from := r.at
-	r.spans, r.counts = r.spans[:0], r.counts[:0]
-	if !r.span() {
-		return entry{}, errors.New("truncated subject")
+// fields reads form 2's sequence, time and key (into r.spans) into e.
+func (r *bundleReader) fields(e *entry) error {
+	var ok bool
+	if e.seq, ok = r.num(); !ok {
+		return errors.New("truncated sequence")
 	}
+	at, n := binary.Varint(r.b[r.at:])
+	if n <= 0 {
+		return errors.New("truncated time")
+	}
+	r.at, e.at = r.at+n, at
+	if !r.span() {
+		return errors.New("truncated key")
+	}
+	return nil
+}
+
+// headers reads an entry's header keys and values into r.spans and
+// r.counts, and returns how many keys.
+func (r *bundleReader) headers() (uint64, error) {
 	keys, ok := r.num()
 	if !ok || keys > uint64(len(r.b)-r.at) {
-		return entry{}, errors.New("bad header count")
+		return 0, errors.New("bad header count")
 	}
 	for range keys {
 		ok := r.span()
 		nv, ok2 := r.num()
 		if !ok || !ok2 || nv > uint64(len(r.b)-r.at) {
-			return entry{}, errors.New("truncated header")
+			return 0, errors.New("truncated header")
 		}
 		r.counts = append(r.counts, int(nv))
 		for range nv {
 			if !r.span() {
-				return entry{}, errors.New("truncated header value")
+				return 0, errors.New("truncated header value")
 			}
 		}
+	}
+	return keys, nil
+}
+
+// entry reads the next entry, left counting it: one of the entries still
+// to read, which sizes the values' slice.
+func (r *bundleReader) entry(left int) (entry, error) {
+	var e entry
+	from := r.at
+	r.spans, r.counts = r.spans[:0], r.counts[:0]
+	if !r.span() {
+		return entry{}, errors.New("truncated subject")
+	}
+	first := 1 // the span of the first header key
+	if r.form == BundleForm2 {
+		if err := r.fields(&e); err != nil {
+			return entry{}, err
+		}
+		first = 2
+	}
+	keys, err := r.headers()
+	if err != nil {
+		return entry{}, err
 	}
 	text := string(r.b[from:r.at])
 	str := func(i int) string { return text[r.spans[i][0]-from : r.spans[i][1]-from] }
@@ -212,7 +318,7 @@ func (r *bundleReader) entry(left int) (entry, error) {
 		// Enough for the entries left if they are like this one.
 		r.vals = make([]string, 0, len(r.spans)*left)
 	}
-	h, next := make(nats.Header, keys), 1
+	h, next := make(nats.Header, int(keys)+r.room), first
 	for _, nv := range r.counts {
 		k, first := str(next), len(r.vals)
 		for i := range nv {
@@ -221,12 +327,16 @@ func (r *bundleReader) entry(left int) (entry, error) {
 		h[k] = r.vals[first:len(r.vals):len(r.vals)]
 		next += 1 + nv
 	}
-	subject := str(0)
+	e.subject, e.header = str(0), h
+	if r.form == BundleForm2 {
+		e.key = str(1)
+	}
 	if !r.span() {
 		return entry{}, errors.New("truncated payload")
 	}
 	p := r.spans[len(r.spans)-1]
-	return entry{subject: subject, header: h, data: r.b[p[0]:p[1]:p[1]]}, nil
+	e.data = r.b[p[0]:p[1]:p[1]]
+	return e, nil
 }
 
 // Copy is one input's routed copy, as a bundle carries it.
@@ -240,52 +350,97 @@ type Copy struct {
 	Data []byte
 }
 
-// ReadBundle reads the copies a bundle carries, given the bundle's
-// subject (with or without the partition token), headers and payload.
-// Each copy's subject has the partition token as subject has it. It fails,
-// permanently (ErrNotABundle), when the bundle cannot be read.
-func ReadBundle(subject string, h nats.Header, data []byte) ([]Copy, error) {
-	if f := h.Get(HeaderBundle); f != BundleForm {
-		return nil, fmt.Errorf("%w: form %q, this version reads %s", ErrNotABundle, f, BundleForm)
+// formOf returns the bundle form h says, or an error wrapping
+// ErrNotABundle.
+func formOf(h nats.Header) (byte, error) {
+	switch f := h.Get(HeaderBundle); f {
+	case "1":
+		return BundleForm1, nil
+	case "2":
+		return BundleForm2, nil
+	default:
+		return 0, fmt.Errorf("%w: form %q, this version reads 1 and 2", ErrNotABundle, f)
 	}
-	es, err := decodeBundle(data)
-	if err != nil {
-		return nil, err
+}
+
+// readBundle reads a bundle: its entries, form 2's input stream, and the
+// prefix its copies' subjects take (the bundle's subject without its
+// first input's).
+func readBundle(subject string, h nats.Header, data []byte, room int) (es []entry, stream, prefix string, form byte, err error) {
+	if form, err = formOf(h); err != nil {
+		return nil, "", "", 0, err
+	}
+	if len(data) == 0 || data[0] != form {
+		return nil, "", "", 0, fmt.Errorf("%w: the payload is not of form %d", ErrNotABundle, form)
+	}
+	if es, stream, err = decodeBundle(data, room); err != nil {
+		return nil, "", "", 0, err
 	}
 	prefix, ok := strings.CutSuffix(subject, es[0].subject)
 	if !ok {
-		return nil, fmt.Errorf("%w: subject %q does not end with its first input's %q", ErrNotABundle, subject, es[0].subject)
+		return nil, "", "", 0, fmt.Errorf("%w: subject %q does not end with its first input's %q", ErrNotABundle, subject, es[0].subject)
+	}
+	return es, stream, prefix, form, nil
+}
+
+// ReadBundle reads the copies a bundle of either form carries, as the
+// route step would have published each alone, given the bundle's subject
+// (with or without the partition token), headers and payload. Each copy's
+// subject has the partition token as subject has it. It fails,
+// permanently (ErrNotABundle), when the bundle cannot be read.
+func ReadBundle(subject string, h nats.Header, data []byte) ([]Copy, error) {
+	es, stream, prefix, form, err := readBundle(subject, h, data, 0)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]Copy, len(es))
 	for i, e := range es {
-		out[i] = Copy{Subject: prefix + e.subject, Header: e.header, Data: e.data}
+		ch := e.header
+		if form == BundleForm2 {
+			ch = copyHeader(e.header, e.key, stream, e.seq, time.Unix(0, e.at))
+		}
+		out[i] = Copy{Subject: prefix + e.subject, Header: ch, Data: e.data}
 	}
 	return out, nil
 }
 
-// Unbundle returns the inputs a bundle carries (ReadBundle), each as a
-// message of its own: its headers are its copy's with every header the
-// server added to the bundle on delivery (a pinned consumer's
-// Nats-Pin-Id), and its metadata is the bundle's. Settling them settles
-// the bundle: it is acked once every part is acked or terminated, and
-// nakked at the first nak (the parts acked before come back with it and
-// are judged repeats). InProgress goes to the bundle. A part left
-// unsettled (its partition lost) leaves the bundle unacked: it comes back
-// after ack_wait to the partition's next owner.
+// partRoom is the room a part's headers keep for what the stage adds to
+// its forwarded copy (Nats-Msg-Id and the hand-over's annotations), so
+// that adding them does not grow the map.
+const partRoom = 3
+
+// Unbundle returns the inputs a bundle carries, each as a message of its
+// own: its headers are its entry's (form 1: the routed copy's; form 2:
+// the input's own, and OriginOfMsg reads what the route step adds) with
+// every header the server added to the bundle on delivery (a pinned
+// consumer's Nats-Pin-Id), and its metadata is the bundle's. Settling
+// them settles the bundle: it is acked once every part is acked or
+// terminated, and nakked at the first nak (the parts acked before come
+// back with it and are judged repeats). InProgress goes to the bundle. A
+// part left unsettled (its partition lost) leaves the bundle unacked: it
+// comes back after ack_wait to the partition's next owner. It fails,
+// permanently (ErrNotABundle), when the bundle cannot be read.
 func Unbundle(msg jetstream.Msg) ([]jetstream.Msg, error) {
-	cs, err := ReadBundle(msg.Subject(), msg.Headers(), msg.Data())
+	bh := msg.Headers()
+	es, stream, prefix, form, err := readBundle(msg.Subject(), bh, msg.Data(), len(bh)+partRoom)
 	if err != nil {
 		return nil, err
 	}
-	b := &bundle{msg: msg, left: len(cs)}
-	out := make([]jetstream.Msg, len(cs))
-	for i, c := range cs {
-		for k, vs := range msg.Headers() {
+	b := &bundle{msg: msg, left: len(es)}
+	parts := make([]part, len(es))
+	out := make([]jetstream.Msg, len(es))
+	for i, e := range es {
+		for k, vs := range bh {
 			if k != HeaderBundle && k != jetstream.MsgIDHeader {
-				c.Header[k] = vs
+				e.header[k] = vs
 			}
 		}
-		out[i] = &part{b: b, subject: c.Subject, header: c.Header, data: c.Data}
+		p := &parts[i]
+		*p = part{b: b, subject: prefix + e.subject, header: e.header, data: e.data}
+		if form == BundleForm2 {
+			p.origin, p.stream, p.seq, p.key, p.at = true, stream, e.seq, e.key, e.at
+		}
+		out[i] = p
 	}
 	return out, nil
 }
@@ -355,6 +510,14 @@ type part struct {
 	header  nats.Header
 	data    []byte
 	done    bool // settled (acked or terminated); guarded by b.mu
+
+	// A form-2 part's origin (origin true): what the route step adds,
+	// carried as fields (OriginOfMsg, InputOfMsg).
+	origin bool
+	stream string
+	seq    uint64
+	key    string
+	at     int64
 }
 
 // Metadata returns the bundle's.
@@ -363,7 +526,8 @@ func (p *part) Metadata() (*jetstream.MsgMetadata, error) { return p.b.msg.Metad
 // Data returns the input's payload.
 func (p *part) Data() []byte { return p.data }
 
-// Headers returns the input's routed copy's headers.
+// Headers returns the entry's headers: form 1, the input's routed copy's;
+// form 2, the input's own.
 func (p *part) Headers() nats.Header { return p.header }
 
 // Subject returns the subject the input's routed copy would have had.

@@ -18,13 +18,20 @@ import (
 )
 
 // routeOneBundle routes n inputs of one key's partition with BundleMax n
-// (one batch) and returns a consumer of the routed stream, with ackWait,
-// that has the bundle to deliver.
+// (one batch), in bundles of the newest form, and returns a consumer of
+// the routed stream, with ackWait, that has the bundle to deliver.
 func routeOneBundle(t *testing.T, n int, ackWait time.Duration) jetstream.Consumer {
+	t.Helper()
+	return routeOneBundleOf(t, n, ackWait, route.BundleForm2)
+}
+
+// routeOneBundleOf is routeOneBundle in bundles of form.
+func routeOneBundleOf(t *testing.T, n int, ackWait time.Duration, form int) jetstream.Consumer {
 	t.Helper()
 	e := newEnv(t, 1, ackWait)
 	o, _ := e.options(t, keyFunc(t, keys.DefaultKeyConfig()), 1, ackWait)
 	o.BundleMax, o.BatchLinger, o.BatchesInFlight = n, 200*time.Millisecond, 1
+	o.BundleForm = func() int { return form }
 	publishEvents(t, e.js, n)
 	start(t, o)
 	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
@@ -62,8 +69,10 @@ func ackPending(t *testing.T, cons jetstream.Consumer) int {
 
 // TestBundleSettlesWhenEveryPartDoes: a bundle is acked only once each of
 // its inputs is acked or given up (Term), each counted once however often
-// it is settled; until then it stays with the member that holds it. Each part reads as its routed copy alone would,
-// with the pin header the server put on the bundle.
+// it is settled; until then it stays with the member that holds it. Each
+// part of a form-2 bundle has its input's origin (OriginOfMsg,
+// InputOfMsg) and its input's own headers, publish directives left out,
+// with nothing of the route step's.
 func TestBundleSettlesWhenEveryPartDoes(t *testing.T) {
 	const n = 5
 	cons := routeOneBundle(t, n, 10*time.Second)
@@ -72,16 +81,15 @@ func TestBundleSettlesWhenEveryPartDoes(t *testing.T) {
 		t.Fatalf("the bundle carries %d inputs, want %d (the batch's, one partition)", len(parts), n)
 	}
 	for i, p := range parts {
-		o, err := route.OriginOf(routedSubject, p.Subject(), p.Headers())
-		if err != nil || o.Sequence != uint64(i+1) || string(o.Key) != "id-"+strconv.Itoa(i) || string(p.Data()) != "payload "+strconv.Itoa(i) {
-			t.Errorf("part %d: origin %+v, %v, payload %q; want input %d, key id-%d", i, o, err, p.Data(), i+1, i)
-		}
-		if md, err := p.Metadata(); err != nil || md.Stream != routedStream {
-			t.Errorf("part %d: metadata %+v, %v, want the bundle's", i, md, err)
+		checkPart(t, i, p)
+		h := p.Headers()
+		if h.Get(jetstream.MsgIDHeader) != "id-"+strconv.Itoa(i) || h.Get("Tenant") != "t"+strconv.Itoa(i%3) ||
+			h.Get(route.HeaderKey) != "" || h.Get(route.HeaderInputTime) != "" || h.Get(jetstream.ExpectedStreamHeader) != "" {
+			t.Errorf("part %d: headers %v, want the input's own (Nats-Msg-Id id-%d), no directive, nothing of the route step's", i, h, i)
 		}
 	}
-	if b.Headers().Get(route.HeaderBundle) != route.BundleForm {
-		t.Errorf("bundle header %q", b.Headers().Get(route.HeaderBundle))
+	if b.Headers().Get(route.HeaderBundle) != "2" {
+		t.Errorf("bundle header %q, want form 2", b.Headers().Get(route.HeaderBundle))
 	}
 	for i, p := range parts[:n-1] {
 		settle := p.Ack
@@ -101,6 +109,43 @@ func TestBundleSettlesWhenEveryPartDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.WaitFor(t, 5*time.Second, "the bundle acked", func() bool { return ackPending(t, cons) == 0 })
+}
+
+// checkPart checks part i of a bundle of inputs 1..n of publishEvents:
+// its origin and input, its payload, and the bundle's metadata.
+func checkPart(t *testing.T, i int, p jetstream.Msg) {
+	t.Helper()
+	o, err := route.OriginOfMsg(routedSubject, p)
+	if err != nil || o.Sequence != uint64(i+1) || o.Stream != input || string(o.Key) != "id-"+strconv.Itoa(i) ||
+		o.Time.IsZero() || time.Since(o.Time) > time.Minute || string(p.Data()) != "payload "+strconv.Itoa(i) {
+		t.Errorf("part %d: origin %+v, %v, payload %q; want input %d, key id-%d", i, o, err, p.Data(), i+1, i)
+	}
+	if subj, stream, seq, ok := route.InputOfMsg(routedSubject, p); !ok || subj != o.Subject || stream != input || seq != uint64(i+1) {
+		t.Errorf("part %d: input %q %q %d %v, want %q %q %d", i, subj, stream, seq, ok, o.Subject, input, i+1)
+	}
+	if md, err := p.Metadata(); err != nil || md.Stream != routedStream {
+		t.Errorf("part %d: metadata %+v, %v, want the bundle's", i, md, err)
+	}
+}
+
+// TestBundleOfForm1IsStillRead: a form-1 bundle, as a version that reads
+// no other writes it, is read as before: each part has the headers of
+// its routed copy alone, and the same origin a form-2 part has.
+func TestBundleOfForm1IsStillRead(t *testing.T) {
+	const n = 3
+	cons := routeOneBundleOf(t, n, 10*time.Second, route.BundleForm1)
+	b, parts := nextBundle(t, cons)
+	if b.Headers().Get(route.HeaderBundle) != "1" || len(parts) != n {
+		t.Fatalf("bundle header %q with %d parts, want form 1 with %d", b.Headers().Get(route.HeaderBundle), len(parts), n)
+	}
+	for i, p := range parts {
+		checkPart(t, i, p)
+		h := p.Headers()
+		if h.Get(route.HeaderKey) != "id-"+strconv.Itoa(i) || h.Get(route.HeaderOriginalMsgID) != "id-"+strconv.Itoa(i) ||
+			h.Get(jetstream.MsgIDHeader) != route.MsgID(input, uint64(i+1)) {
+			t.Errorf("part %d: headers %v, want its routed copy's", i, h)
+		}
+	}
 }
 
 // TestBundleNakBringsItBack: one part's nak brings the whole bundle back,
@@ -153,9 +198,11 @@ func TestReadBundleRefusesWhatItCannotRead(t *testing.T) {
 		t.Fatalf("the bundle as stored: %v", err)
 	}
 	other := nats.Header(http.Header(h).Clone())
-	other.Set(route.HeaderBundle, "2")
+	other.Set(route.HeaderBundle, "3")
 	cases := map[string]error{}
-	_, cases["form 2"] = route.ReadBundle(subj, other, data)
+	_, cases["form 3"] = route.ReadBundle(subj, other, data)
+	other.Set(route.HeaderBundle, "1")
+	_, cases["form 2 marked 1"] = route.ReadBundle(subj, other, data)
 	_, cases["cut short"] = route.ReadBundle(subj, h, data[:len(data)-3])
 	_, cases["padded"] = route.ReadBundle(subj, h, append(append([]byte{}, data...), 0))
 	_, cases["empty"] = route.ReadBundle(subj, h, nil)

@@ -118,7 +118,7 @@ func BenchmarkCopyRead(b *testing.B) {
 						}
 					}
 					for _, p := range parts {
-						if _, err := OriginOf(r.o.RoutedSubject, p.Subject(), p.Headers()); err != nil {
+						if _, err := OriginOfMsg(r.o.RoutedSubject, p); err != nil {
 							b.Fatal(err)
 						}
 						_ = p.Ack()

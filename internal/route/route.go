@@ -165,12 +165,13 @@ type Options struct {
 	// BundleMax, above 1, routes a batch's copies of one partition as
 	// bundles of up to BundleMax (Unbundle), one routed message each.
 	// Default 0: every copy a message of its own. A member of a version
-	// that does not read bundles dead-letters them (not_routed).
+	// that does not read a bundle's form dead-letters it (not_routed).
 	BundleMax int
-	// Bundles is asked before each batch with copies whether every
-	// instance that reads the routed stream reads bundles now; false
-	// routes the batch's copies alone. Default: always true.
-	Bundles func() bool
+	// BundleForm is asked before each batch with copies which bundle form
+	// every instance that reads the routed stream reads now: BundleForm2
+	// or BundleForm1, or 0 to route the batch's copies alone. Default:
+	// always BundleForm2.
+	BundleForm func() int
 	// BatchLinger is how long a batch waits to fill; 0 takes what is
 	// already delivered. Default 0.
 	BatchLinger time.Duration
@@ -248,8 +249,8 @@ func (o Options) withDefaults() Options {
 	if o.BatchesInFlight == 0 {
 		o.BatchesInFlight = DefaultBatchesInFlight
 	}
-	if o.Bundles == nil {
-		o.Bundles = func() bool { return true }
+	if o.BundleForm == nil {
+		o.BundleForm = func() int { return BundleForm2 }
 	}
 	if o.AckWait == 0 {
 		o.AckWait = DefaultAckWait
@@ -432,12 +433,16 @@ func consume(ctx context.Context, o Options, log *slog.Logger, cons jetstream.Co
 	}
 }
 
-// routedCopy is the routed copy of one input of a batch.
+// routedCopy is the routed copy of one input of a batch: what the route
+// step adds to the input, and the copy alone once built (copyOf).
 type routedCopy struct {
-	msg *nats.Msg
-	i   int    // the input's index in the batch
-	p   int    // the input's partition
-	seq uint64 // the input's stream sequence
+	msg    *nats.Msg // the copy alone; nil until copyOf builds it
+	i      int       // the input's index in the batch
+	p      int       // the input's partition
+	seq    uint64    // the input's stream sequence
+	stream string    // the input's stream
+	key    string
+	at     time.Time // the input's stream timestamp
 }
 
 // deadLetter is an input the route step cannot route, with why.
@@ -455,12 +460,12 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	maxPayload := r.o.Conn.MaxPayload()
 	for i, msg := range batch {
 		c, dl := r.routed(msg)
-		if c.msg == nil && dl == nil { // taken by Options.Local
+		if c.stream == "" && dl == nil { // taken by Options.Local (a copy has its input's stream)
 			r.metrics.Messages.WithLabelValues(OutcomeLocal).Inc()
 			continue
 		}
 		if dl == nil {
-			if err := forward.CheckSize(c.msg, maxPayload); err != nil {
+			if err := r.checkAlone(msg, &c, maxPayload); err != nil {
 				dl = &deadLetter{msg: msg, reason: ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
 			}
 		}
@@ -490,7 +495,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 		// routed again as copies alone, which it judges one by one.
 		r.pub, r.held, r.ends = r.pub[:0], r.held[:0], r.ends[:0]
 		for _, k := range alone {
-			r.add(r.out[k].msg, k)
+			r.add(r.copyOf(batch, k), k)
 		}
 		r.publish(ctx, batch, false)
 	}
@@ -575,9 +580,13 @@ func (r *router) bundleBytes(maxPayload int64) int64 {
 // one copy, or without bundles, publishes its copies as they are.
 func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 	r.pub, r.held, r.ends = r.pub[:0], r.held[:0], r.ends[:0]
-	if r.o.BundleMax <= 1 || !r.o.Bundles() {
-		for k, c := range r.out {
-			r.add(c.msg, k)
+	form := 0
+	if r.o.BundleMax > 1 {
+		form = r.o.BundleForm()
+	}
+	if form != BundleForm1 && form != BundleForm2 {
+		for k := range r.out {
+			r.add(r.copyOf(batch, k), k)
 		}
 		return
 	}
@@ -594,44 +603,105 @@ func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 		for len(ks) > 0 {
 			n, size := 0, bundleOverhead(r.o.InputStream)
 			for n < len(ks) && n < r.o.BundleMax {
-				c := r.out[ks[n]]
-				add := bundleSize(c.msg, batch[c.i].Subject())
+				var add int
+				if form == BundleForm2 {
+					add = bundleSize2(r.entry(batch, ks[n]))
+				} else {
+					add = bundleSize(r.copyOf(batch, ks[n]), batch[r.out[ks[n]].i].Subject())
+				}
 				if n > 0 && int64(size+add) > maxPayload {
 					break
 				}
 				size += add
 				n++
 			}
-			r.bundle(batch, ks[:n], size)
+			r.bundle(batch, ks[:n], size, form)
 			ks = ks[n:]
 		}
 	}
 }
 
-// bundle adds the bundle of the copies out[ks] to what the batch
-// publishes (the copy itself when there is one); size bounds its bytes.
-// Its id names the inputs by their sequences in the input stream, the
-// stream the route consumer reads (Options.InputStream), as MsgID does.
-func (r *router) bundle(batch []jetstream.Msg, ks []int, size int) {
+// bundle adds the bundle, of form, of the copies out[ks] to what the
+// batch publishes (the copy itself when there is one); size bounds its
+// bytes. Its id names the inputs by their sequences in the input stream,
+// the stream the route consumer reads (Options.InputStream), as MsgID
+// does.
+func (r *router) bundle(batch []jetstream.Msg, ks []int, size, form int) {
 	if len(ks) == 1 {
-		r.add(r.out[ks[0]].msg, ks[0])
+		r.add(r.copyOf(batch, ks[0]), ks[0])
 		return
 	}
-	copies := make([]*nats.Msg, len(ks))
-	subjects := make([]string, len(ks))
 	seqs := make([]uint64, len(ks))
 	for j, k := range ks {
-		c := r.out[k]
-		copies[j], subjects[j], seqs[j] = c.msg, batch[c.i].Subject(), c.seq
+		seqs[j] = r.out[k].seq
 	}
-	r.add(&nats.Msg{Subject: copies[0].Subject,
-		Header: nats.Header{HeaderBundle: {BundleForm}, jetstream.MsgIDHeader: {BundleID(r.o.InputStream, seqs)}},
-		Data:   appendBundle(make([]byte, 0, size), copies, subjects)}, ks...)
+	first := r.out[ks[0]]
+	m := &nats.Msg{Subject: Subject(first.p, r.o.RoutedSubject, batch[first.i].Subject()),
+		Header: nats.Header{HeaderBundle: {strconv.Itoa(form)}, jetstream.MsgIDHeader: {BundleID(r.o.InputStream, seqs)}}}
+	if form == BundleForm2 {
+		es := make([]entry, len(ks))
+		for j, k := range ks {
+			es[j] = r.entry(batch, k)
+		}
+		m.Data = appendBundle2(make([]byte, 0, size), r.o.InputStream, es, forward.IsDirective)
+	} else {
+		copies := make([]*nats.Msg, len(ks))
+		subjects := make([]string, len(ks))
+		for j, k := range ks {
+			copies[j], subjects[j] = r.copyOf(batch, k), batch[r.out[k].i].Subject()
+		}
+		m.Data = appendBundle(make([]byte, 0, size), copies, subjects)
+	}
+	r.add(m, ks...)
 }
 
-// routed builds the routed copy of msg, with its partition and sequence
-// (its batch index is the caller's to set), or says why it cannot be
-// routed; neither (no copy, no dead letter) when Options.Local took msg.
+// entry is the form-2 bundle entry of the input of out[k].
+func (r *router) entry(batch []jetstream.Msg, k int) entry {
+	c, in := r.out[k], batch[r.out[k].i]
+	return entry{subject: in.Subject(), header: in.Headers(), data: in.Data(), seq: c.seq, at: c.at.UnixNano(), key: c.key}
+}
+
+// copyOf returns the routed copy alone of out[k], building it the first
+// time.
+func (r *router) copyOf(batch []jetstream.Msg, k int) *nats.Msg {
+	c := &r.out[k]
+	if c.msg == nil {
+		in := batch[c.i]
+		c.msg = &nats.Msg{Subject: Subject(c.p, r.o.RoutedSubject, in.Subject()),
+			Header: copyHeader(in.Headers(), c.key, c.stream, c.seq, c.at), Data: in.Data()}
+	}
+	return c.msg
+}
+
+// copyHeaderBound bounds what copyHeader adds to an input's headers
+// besides the key and the stream's name (twice): the six names, their
+// framing, a sequence twice, a time, and the status line of an input
+// without headers.
+const copyHeaderBound = 256
+
+// checkAlone returns nil when c, the routed copy of in, alone fits the
+// server's maxPayload and JetStream's header limit (forward.CheckSize);
+// it builds the copy to check it only when a bound of its size does not
+// fit.
+func (r *router) checkAlone(in jetstream.Msg, c *routedCopy, maxPayload int64) error {
+	hdr := forward.HeaderSize(in.Headers()) + copyHeaderBound + len(c.key) + 2*len(c.stream)
+	if hdr <= retry.MaxHeaderBytes && (maxPayload <= 0 || int64(hdr+len(in.Data())) <= maxPayload) {
+		return nil
+	}
+	m := &nats.Msg{Subject: Subject(c.p, r.o.RoutedSubject, in.Subject()),
+		Header: copyHeader(in.Headers(), c.key, c.stream, c.seq, c.at), Data: in.Data()}
+	if err := forward.CheckSize(m, maxPayload); err != nil {
+		return err
+	}
+	c.msg = m
+	return nil
+}
+
+// routed returns what the routed copy of msg adds to it (its partition,
+// sequence, stream, key and time; its batch index is the caller's to
+// set; copyOf builds the copy alone), or says why it cannot be routed;
+// neither (the zero routedCopy, no dead letter) when Options.Local took
+// msg.
 func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 	data := msg.Data()
 	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
@@ -657,28 +727,7 @@ func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 	if r.o.Local != nil && r.o.Local(msg, p, key) {
 		return routedCopy{}, nil
 	}
-	h := make(nats.Header, len(in)+6)
-	for k, v := range in {
-		if forward.IsDirective(k) || k == jetstream.MsgIDHeader {
-			continue
-		}
-		h[k] = v
-	}
-	// The added headers' values share one array: one allocation, not six.
-	vs := make([]string, 0, 6)
-	set := func(k, v string) {
-		vs = append(vs, v)
-		h[k] = vs[len(vs)-1 : len(vs) : len(vs)]
-	}
-	if id := in.Get(jetstream.MsgIDHeader); id != "" {
-		set(HeaderOriginalMsgID, id)
-	}
-	set(jetstream.MsgIDHeader, MsgID(md.Stream, md.Sequence.Stream))
-	set(HeaderKey, string(key))
-	set(HeaderInputTime, formatInputTime(md.Timestamp))
-	set(HeaderInputStream, md.Stream)
-	set(HeaderInputSequence, strconv.FormatUint(md.Sequence.Stream, 10))
-	return routedCopy{msg: &nats.Msg{Subject: Subject(p, r.o.RoutedSubject, subject), Header: h, Data: data}, p: p, seq: md.Sequence.Stream}, nil
+	return routedCopy{p: p, seq: md.Sequence.Stream, stream: md.Stream, key: string(key), at: md.Timestamp}, nil
 }
 
 // keyDeadLetter is the dead letter of a key or partition key that cannot

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
@@ -226,4 +227,66 @@ func OriginOf(routedSubject, subject string, h nats.Header) (Origin, error) {
 		return Origin{}, err
 	}
 	return o, nil
+}
+
+// OriginOfMsg returns the origin of msg, a message of the routed stream:
+// a part of a form-2 bundle (Unbundle) carries it as fields; any other
+// message's is read from its subject and headers (OriginOf). It fails
+// when the message was not written by the route step under routedSubject.
+func OriginOfMsg(routedSubject string, msg jetstream.Msg) (Origin, error) {
+	p, ok := msg.(*part)
+	if !ok || !p.origin {
+		return OriginOf(routedSubject, msg.Subject(), msg.Headers())
+	}
+	o := Origin{Stream: p.stream, Sequence: p.seq, Key: []byte(p.key), Time: time.Unix(0, p.at).UTC()}
+	if o.Partition, o.Subject, ok = splitRouted(routedSubject, p.subject); !ok {
+		return Origin{}, fmt.Errorf("route: subject %q is not [<p>.]%s.<input subject>", p.subject, routedSubject)
+	}
+	if len(o.Key) == 0 {
+		return Origin{}, errors.New("route: a bundle's entry without a key")
+	}
+	return o, nil
+}
+
+// InputOfMsg is InputOf for msg, a message of the routed stream, a part of
+// a form-2 bundle included (its input stream and sequence are fields).
+func InputOfMsg(routedSubject string, msg jetstream.Msg) (inputSubject, stream string, seq uint64, ok bool) {
+	p, isPart := msg.(*part)
+	if !isPart || !p.origin {
+		return InputOf(routedSubject, msg.Subject(), msg.Headers())
+	}
+	if _, inputSubject, ok = splitRouted(routedSubject, p.subject); !ok {
+		return "", "", 0, false
+	}
+	return inputSubject, p.stream, p.seq, true
+}
+
+// copyHeader returns the headers of the routed copy of an input of stream
+// at seq, with headers in, key and time at: in's, its publish directives
+// and Nats-Msg-Id left out, and HeaderOriginalMsgID (when in has an id),
+// the copy's Nats-Msg-Id (MsgID), HeaderKey, HeaderInputTime,
+// HeaderInputStream and HeaderInputSequence.
+func copyHeader(in nats.Header, key, stream string, seq uint64, at time.Time) nats.Header {
+	h := make(nats.Header, len(in)+6)
+	for k, v := range in {
+		if forward.IsDirective(k) || k == jetstream.MsgIDHeader {
+			continue
+		}
+		h[k] = v
+	}
+	// The added headers' values share one array: one allocation, not six.
+	vs := make([]string, 0, 6)
+	set := func(k, v string) {
+		vs = append(vs, v)
+		h[k] = vs[len(vs)-1 : len(vs) : len(vs)]
+	}
+	if id := in.Get(jetstream.MsgIDHeader); id != "" {
+		set(HeaderOriginalMsgID, id)
+	}
+	set(jetstream.MsgIDHeader, MsgID(stream, seq))
+	set(HeaderKey, key)
+	set(HeaderInputTime, formatInputTime(at))
+	set(HeaderInputStream, stream)
+	set(HeaderInputSequence, strconv.FormatUint(seq, 10))
+	return h
 }

@@ -90,33 +90,59 @@ type presence struct {
 	watching bool                 // the watch runs: seen is the count
 	synced   bool                 // the watch has delivered every key the bucket held
 	seen     map[string]time.Time // instance -> when its key was last put
-	forms    map[string]string    // instance -> the bundle form its key says it reads
+	forms    map[string][]int     // instance -> the bundle forms its key says it reads
 	joined   chan struct{}        // signalled when another instance's key appears, and once synced
 }
 
 // presenceValue is what an instance puts under its key: when, and the
-// bundle form it reads (route.BundleForm). An instance of a version
-// before bundles puts the time alone, as RFC 3339 text, which reads as
-// no form.
+// bundle forms it reads. BundleForms lists them (route.BundleForm1 and
+// route.BundleForm2); BundleForm says "1", which is what a version that
+// reads form 1 alone puts and looks for, so that such a version keeps
+// writing form-1 bundles to this one. An instance of a version before
+// bundles puts the time alone, as RFC 3339 text, which reads as no form.
 type presenceValue struct {
-	At         time.Time `json:"at"`
-	BundleForm string    `json:"reads_bundle_form,omitempty"`
+	At          time.Time `json:"at"`
+	BundleForm  string    `json:"reads_bundle_form,omitempty"`
+	BundleForms []int     `json:"reads_bundle_forms,omitempty"`
 }
 
-// readsForm returns the bundle form a presence value says its instance
-// reads; "" for none (a version before bundles).
-func readsForm(v []byte) string {
+// ownPresence is this version's presence value at at.
+func ownPresence(at time.Time) presenceValue {
+	return presenceValue{At: at, BundleForm: "1", BundleForms: []int{route.BundleForm1, route.BundleForm2}}
+}
+
+// readsForms returns the bundle forms a presence value says its instance
+// reads; none for a version before bundles.
+func readsForms(v []byte) []int {
 	var pv presenceValue
 	if json.Unmarshal(v, &pv) != nil {
-		return ""
+		return nil
 	}
-	return pv.BundleForm
+	if len(pv.BundleForms) > 0 {
+		return pv.BundleForms
+	}
+	if pv.BundleForm == "1" {
+		return []int{route.BundleForm1}
+	}
+	return nil
+}
+
+// commonForm returns the newest bundle form every live instance's key
+// says it reads, 0 for none: 0 until the watch has seen every key the
+// bucket held, and 0 without the watch (the keys alone do not say).
+func (pr *presence) commonForm() int {
+	for _, form := range []int{route.BundleForm2, route.BundleForm1} {
+		if pr.allRead(form) {
+			return form
+		}
+	}
+	return 0
 }
 
 // allRead reports whether every live instance's key says it reads bundle
 // form: false until the watch has seen every key the bucket held, and
-// false without the watch (the keys alone do not say).
-func (pr *presence) allRead(form string) bool {
+// false without the watch.
+func (pr *presence) allRead(form int) bool {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	if !pr.watching || !pr.synced {
@@ -124,7 +150,7 @@ func (pr *presence) allRead(form string) bool {
 	}
 	now := time.Now()
 	for k, at := range pr.seen {
-		if now.Sub(at) < pr.ttl && pr.forms[k] != form {
+		if now.Sub(at) < pr.ttl && !slices.Contains(pr.forms[k], form) {
 			return false
 		}
 	}
@@ -145,7 +171,7 @@ func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config
 	if err != nil {
 		return nil, fmt.Errorf("scale-out: presence bucket %s: %w", bucket, err)
 	}
-	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, forms: map[string]string{},
+	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, forms: map[string][]int{},
 		joined: make(chan struct{}, 1)}, nil
 }
 
@@ -190,7 +216,7 @@ func (pr *presence) watch(ctx context.Context) error {
 				_, had := pr.seen[e.Key()]
 				if e.Operation() == jetstream.KeyValuePut {
 					pr.seen[e.Key()] = e.Created()
-					pr.forms[e.Key()] = readsForm(e.Value())
+					pr.forms[e.Key()] = readsForms(e.Value())
 				} else {
 					delete(pr.seen, e.Key())
 					delete(pr.forms, e.Key())
@@ -211,7 +237,7 @@ func (pr *presence) watch(ctx context.Context) error {
 // refresh puts this instance's key and returns the live instances (with
 // this one).
 func (pr *presence) refresh(ctx context.Context) ([]string, error) {
-	v, err := json.Marshal(presenceValue{At: time.Now().UTC(), BundleForm: route.BundleForm})
+	v, err := json.Marshal(ownPresence(time.Now().UTC()))
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +327,7 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
 			}
 			continue
 		}
-		g.setBundles(pr.allRead(route.BundleForm), len(live))
+		g.setBundles(pr.commonForm(), len(live))
 		owned := g.stillOwned(ctx)
 		for _, p := range toRelease(g.instance, owned, n, live) {
 			g.releaseForBalance(ctx, m, p, "balance")
@@ -414,23 +440,27 @@ func (g *Group) takeLost(p int) string {
 	return pin
 }
 
-// setBundles lets the route step write bundles, or stops it, as every live
-// instance's presence says it reads them or not (presence.allRead); a
-// change is logged once. A group with an instance of a version before
-// bundles, or without presence, routes every copy alone.
-func (g *Group) setBundles(on bool, live int) {
-	on = on && g.cfg.ScaleOut.RouteBundleMax > 1
-	if on {
+// setBundles sets the bundle form the route step writes: the newest that
+// every live instance's presence says it reads (presence.commonForm), or
+// 0 to route every copy alone; a change is logged once. A group with an
+// instance of a version before bundles, or without presence, routes
+// every copy alone.
+func (g *Group) setBundles(form, live int) {
+	if g.cfg.ScaleOut.RouteBundleMax <= 1 {
+		form = 0
+	}
+	g.metrics.bundleForm.Set(float64(form))
+	if form > 0 {
 		g.metrics.bundlesOn.Set(1)
 	} else {
 		g.metrics.bundlesOn.Set(0)
 	}
-	if g.bundles.Swap(on) == on {
+	if g.bundles.Swap(int32(form)) == int32(form) {
 		return
 	}
-	if on {
-		g.log.Info("scale-out: the route step writes bundles: every live instance reads them", "form", route.BundleForm, "live_instances", live)
+	if form > 0 {
+		g.log.Info("scale-out: the route step writes bundles: every live instance reads their form", "form", form, "live_instances", live)
 	} else {
-		g.log.Info("scale-out: the route step routes every copy alone: a live instance does not say it reads bundles", "form", route.BundleForm, "live_instances", live)
+		g.log.Info("scale-out: the route step routes every copy alone: a live instance does not say it reads bundles", "live_instances", live)
 	}
 }

@@ -1,9 +1,13 @@
 package scaleout
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 )
 
 // TestQuotaAddsUp checks that the quotas of the live instances add up to
@@ -88,6 +92,57 @@ func TestRankSpreads(t *testing.T) {
 			if count[n] > 11 {
 				t.Errorf("set %d: %s preferred for %d of 16 partitions: %v", set, n, count[n], count)
 			}
+		}
+	}
+}
+
+// TestBundleFormOfAMixedGroup: the route step writes the newest bundle
+// form every live instance's presence says it reads. A version that reads
+// form 1 alone puts reads_bundle_form "1", one before bundles the time
+// alone; this version lists both forms and still says "1", so that a
+// form-1 version keeps writing bundles it can read. An instance whose key
+// expired does not count, and nothing is written before the watch synced.
+func TestBundleFormOfAMixedGroup(t *testing.T) {
+	own, err := json.Marshal(ownPresence(time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asOld struct {
+		Form string `json:"reads_bundle_form"`
+	}
+	if err := json.Unmarshal(own, &asOld); err != nil || asOld.Form != "1" {
+		t.Errorf("this version's presence %s reads, to a form-1 version, as form %q, %v; want \"1\"", own, asOld.Form, err)
+	}
+	values := map[string][]byte{
+		"this":   own,
+		"form1":  []byte(`{"at":"2026-12-04T10:00:00Z","reads_bundle_form":"1"}`),
+		"before": []byte(`"2026-12-04T10:00:00Z"`),
+	}
+	now := time.Now()
+	cases := []struct {
+		live []string
+		want int
+	}{
+		{[]string{"this"}, route.BundleForm2},
+		{[]string{"this", "form1"}, route.BundleForm1},
+		{[]string{"this", "form1", "before"}, 0},
+		{[]string{"this", "before"}, 0},
+	}
+	for _, c := range cases {
+		pr := &presence{ttl: time.Minute, watching: true, synced: true, seen: map[string]time.Time{}, forms: map[string][]int{}}
+		for _, k := range c.live {
+			pr.seen[k], pr.forms[k] = now, readsForms(values[k])
+		}
+		if got := pr.commonForm(); got != c.want {
+			t.Errorf("live %v: form %d, want %d", c.live, got, c.want)
+		}
+		pr.seen["expired"], pr.forms["expired"] = now.Add(-2*time.Minute), nil
+		if got := pr.commonForm(); got != c.want {
+			t.Errorf("live %v and an expired key: form %d, want %d", c.live, got, c.want)
+		}
+		pr.synced = false
+		if got := pr.commonForm(); got != 0 {
+			t.Errorf("live %v, watch not synced: form %d, want 0", c.live, got)
 		}
 	}
 }

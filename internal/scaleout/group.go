@@ -104,8 +104,9 @@ type Group struct {
 	window    time.Duration // W
 	restoring func(p, records int, on bool)
 	reporter  retry.Reporter // nil: the route step's failures are logged only
-	// bundles: every live instance says it reads bundles (setBundles)
-	bundles   atomic.Bool
+	// bundles: the bundle form every live instance says it reads, 0 for
+	// none (setBundles)
+	bundles   atomic.Int32
 	name      string
 	instance  string
 	prefix    string             // output subject prefix
@@ -150,6 +151,7 @@ type scaleOutMetrics struct {
 	stale      *prometheus.CounterVec
 	restored   *prometheus.CounterVec
 	bundlesOn  prometheus.Gauge
+	bundleForm prometheus.Gauge
 	reopens    *prometheus.CounterVec
 	restoring  *prometheus.GaugeVec
 	restoreDur *prometheus.GaugeVec
@@ -189,6 +191,10 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_route_bundles_on",
 			Help: "1 while the route step writes bundles: scale_out.route_bundle_max is above 1 and every live instance of the group says (in the presence bucket) that it reads them; 0 while it routes every copy alone.",
 		}),
+		bundleForm: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_route_bundle_form",
+			Help: "The bundle form the route step writes: the newest every live instance of the group says it reads (1 or 2); 0 while it routes every copy alone.",
+		}),
 		reopens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_restore_reader_reopens_total",
 			Help: fmt.Sprintf("Times a restore replaced its changelog reader because it delivered nothing for %v (a consumer alive but silent), by partition.", handover.RestoreReopenAfter),
@@ -214,7 +220,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		Name: "dedupe_group_partitions",
 		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner.",
 	}, []string{"group"})
-	reg.MustRegister(m.bundlesOn, m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
+	reg.MustRegister(m.bundlesOn, m.bundleForm, m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
 	return m
 }
 

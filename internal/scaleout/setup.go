@@ -205,7 +205,7 @@ func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
 		MaxMessageBytes:   int64(cfg.Pipeline.MaxMessageBytes),
 		BatchSize:         cfg.Pipeline.BatchSize,
 		BundleMax:         cfg.ScaleOut.RouteBundleMax,
-		Bundles:           g.bundles.Load,
+		BundleForm:        func() int { return int(g.bundles.Load()) },
 		BatchLinger:       cfg.Pipeline.BatchLinger.D(),
 		AckWait:           ackWait,
 		MaxAckPending:     cfg.Input.MaxAckPending,
