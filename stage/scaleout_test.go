@@ -18,6 +18,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -266,6 +267,11 @@ func (e *env) routedOutput() map[string]int {
 		}
 		if m.Header.Get("Trace") != "t-"+string(key) {
 			t.Errorf("key %s: the input's headers were not carried: %v", key, m.Header)
+		}
+		for k := range m.Header {
+			if route.IsCopyHeader(k) {
+				t.Errorf("key %s: the output carries the route step's %s: %v", key, k, m.Header)
+			}
 		}
 		out[string(key)]++
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -460,12 +461,15 @@ type outCopy struct {
 
 // outputMsg builds in c the forwarded copy of it: the input's subject under
 // the output prefix, its headers and payload, and id (the key) carried as
-// Nats-Msg-Id. It returns &c.msg.
+// Nats-Msg-Id. It returns &c.msg. A routed message's copy is the same as
+// its input's would be: the headers the route step adds to a copy alone
+// (route.IsCopyHeader) are left out.
 //
 // The copy takes over the input's header map instead of copying it: the
 // input's publish directives (forward.IsDirective: Nats-Expected-*, the
 // batch headers of an input published in an atomic batch, the pin, ...)
-// are deleted and Nats-Msg-Id is set in place. Nothing reads the input's headers as the input's after this except
+// and the route step's headers are deleted and Nats-Msg-Id is set in
+// place. Nothing reads the input's headers as the input's after this except
 // its dead letter (deadLetterMsg, shrink), and that leaves out every Nats-
 // header, so it is the same either way.
 func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
@@ -473,8 +477,9 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	if h == nil {
 		h = make(nats.Header, 1)
 	}
+	routed := it.subject != ""
 	for k := range h {
-		if forward.IsDirective(k) {
+		if forward.IsDirective(k) || (routed && route.IsCopyHeader(k)) {
 			delete(h, k)
 		}
 	}

@@ -261,6 +261,19 @@ func InputOfMsg(routedSubject string, msg jetstream.Msg) (inputSubject, stream s
 	return inputSubject, p.stream, p.seq, true
 }
 
+// IsCopyHeader reports whether k is a header the route step adds to a
+// routed copy alone (copyHeader): HeaderKey, HeaderInputTime,
+// HeaderOriginalMsgID, HeaderInputStream or HeaderInputSequence. The stage
+// leaves them out of its forwarded copy, as a form-2 bundle's parts and
+// inputs judged where they arrive never have them.
+func IsCopyHeader(k string) bool {
+	switch k {
+	case HeaderKey, HeaderInputTime, HeaderOriginalMsgID, HeaderInputStream, HeaderInputSequence:
+		return true
+	}
+	return false
+}
+
 // copyHeader returns the headers of the routed copy of an input of stream
 // at seq, with headers in, key and time at: in's, its publish directives
 // and Nats-Msg-Id left out, and HeaderOriginalMsgID (when in has an id),
