@@ -301,12 +301,12 @@ func (r *bundleReader) entry(left int) (entry, error) {
 	if !r.span() {
 		return entry{}, errors.New("truncated subject")
 	}
-	first := 1 // the span of the first header key
+	keysFrom := 1 // r.spans index of the first header key
 	if r.form == BundleForm2 {
 		if err := r.fields(&e); err != nil {
 			return entry{}, err
 		}
-		first = 2
+		keysFrom = 2
 	}
 	keys, err := r.headers()
 	if err != nil {
@@ -318,7 +318,7 @@ func (r *bundleReader) entry(left int) (entry, error) {
 		// Enough for the entries left if they are like this one.
 		r.vals = make([]string, 0, len(r.spans)*left)
 	}
-	h, next := make(nats.Header, int(keys)+r.room), first
+	h, next := make(nats.Header, int(keys)+r.room), keysFrom
 	for _, nv := range r.counts {
 		k, first := str(next), len(r.vals)
 		for i := range nv {
