@@ -98,20 +98,21 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
+// keepAll leaves out no header (appendHeader).
+func keepAll(string) bool { return false }
+
 // appendHeader appends h's keys and values, leaving out the keys drop
-// reports (nil: none).
+// reports.
 func appendHeader(b []byte, h nats.Header, drop func(string) bool) []byte {
 	n := len(h)
-	if drop != nil {
-		for k := range h {
-			if drop(k) {
-				n--
-			}
+	for k := range h {
+		if drop(k) {
+			n--
 		}
 	}
 	b = binary.AppendUvarint(b, uint64(n))
 	for k, vs := range h {
-		if drop != nil && drop(k) {
+		if drop(k) {
 			continue
 		}
 		b = appendString(b, k)
@@ -130,7 +131,7 @@ func appendBundle(b []byte, copies []*nats.Msg, inputs []string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(copies)))
 	for i, m := range copies {
 		b = appendString(b, inputs[i])
-		b = appendHeader(b, m.Header, nil)
+		b = appendHeader(b, m.Header, keepAll)
 		b = binary.AppendUvarint(b, uint64(len(m.Data)))
 		b = append(b, m.Data...)
 	}

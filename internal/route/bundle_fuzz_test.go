@@ -20,7 +20,7 @@ func FuzzDecodeBundle(f *testing.F) {
 	f.Add(appendBundle2(nil, "EVENTS", []entry{
 		{subject: "in.a", header: copies[0].Header, data: copies[0].Data, seq: 7, at: 1_700_000_000_123_456_789, key: "order-1"},
 		{subject: "in.b", header: nats.Header{}, seq: 1 << 40, at: -5, key: ""},
-	}, nil))
+	}, keepAll))
 	f.Add([]byte{BundleForm1, 1, 0, 0, 0})
 	f.Add([]byte{BundleForm1, 2, 1, 'x', 1, 1, 'k', 2, 1, 'v', 0, 2, 'p', 'q'})
 	f.Add([]byte{BundleForm2, 1, 'S', 1, 1, 'x', 9, 3, 1, 'k', 0, 0})
@@ -32,7 +32,7 @@ func FuzzDecodeBundle(f *testing.F) {
 		}
 		var written []byte
 		if b[0] == BundleForm2 {
-			written = appendBundle2(nil, stream, es, nil)
+			written = appendBundle2(nil, stream, es, keepAll)
 		} else {
 			msgs := make([]*nats.Msg, len(es))
 			subjects := make([]string, len(es))

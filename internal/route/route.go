@@ -390,6 +390,7 @@ type router struct {
 	// per batch, reused
 	out  []routedCopy
 	pub  []*nats.Msg // what is published: copies alone, or bundles of them
+	es   []entry     // the form-2 entries of the bundle group is making
 	held []int       // indexes into out, pub by pub (carried)
 	ends []int       // pub[k] carries out[held[ends[k-1]:ends[k]]]
 	res  []forward.Result
@@ -501,6 +502,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	}
 	clear(r.out)
 	clear(r.pub)
+	clear(r.es)
 }
 
 // publish publishes pub, all in flight, and settles the inputs each
@@ -602,15 +604,21 @@ func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 		ks := byPart[p]
 		for len(ks) > 0 {
 			n, size := 0, bundleOverhead(r.o.InputStream)
+			r.es = r.es[:0]
 			for n < len(ks) && n < r.o.BundleMax {
+				var e entry
 				var add int
 				if form == BundleForm2 {
-					add = bundleSize2(r.entry(batch, ks[n]))
+					e = r.entry(batch, ks[n])
+					add = bundleSize2(e)
 				} else {
 					add = bundleSize(r.copyOf(batch, ks[n]), batch[r.out[ks[n]].i].Subject())
 				}
 				if n > 0 && int64(size+add) > maxPayload {
 					break
+				}
+				if form == BundleForm2 {
+					r.es = append(r.es, e)
 				}
 				size += add
 				n++
@@ -623,7 +631,7 @@ func (r *router) group(batch []jetstream.Msg, maxPayload int64) {
 
 // bundle adds the bundle, of form, of the copies out[ks] to what the
 // batch publishes (the copy itself when there is one); size bounds its
-// bytes. Its id names the inputs by their sequences in the input stream,
+// bytes, and with form 2 r.es holds their entries. Its id names the inputs by their sequences in the input stream,
 // the stream the route consumer reads (Options.InputStream), as MsgID
 // does.
 func (r *router) bundle(batch []jetstream.Msg, ks []int, size, form int) {
@@ -639,11 +647,7 @@ func (r *router) bundle(batch []jetstream.Msg, ks []int, size, form int) {
 	m := &nats.Msg{Subject: Subject(first.p, r.o.RoutedSubject, batch[first.i].Subject()),
 		Header: nats.Header{HeaderBundle: {strconv.Itoa(form)}, jetstream.MsgIDHeader: {BundleID(r.o.InputStream, seqs)}}}
 	if form == BundleForm2 {
-		es := make([]entry, len(ks))
-		for j, k := range ks {
-			es[j] = r.entry(batch, k)
-		}
-		m.Data = appendBundle2(make([]byte, 0, size), r.o.InputStream, es, forward.IsDirective)
+		m.Data = appendBundle2(make([]byte, 0, size), r.o.InputStream, r.es, forward.IsDirective)
 	} else {
 		copies := make([]*nats.Msg, len(ks))
 		subjects := make([]string, len(ks))
