@@ -73,9 +73,12 @@ const (
 	StateStalled = "stalled"
 )
 
-// Health values of a Report.
+// Health values of a Report (Report.Health).
 const (
-	HealthOK       = "ok"
+	// HealthOK: no input has waited without an owner for longer than
+	// the hand-over time.
+	HealthOK = "ok"
+	// HealthCritical: some has (Check returns ErrStalled).
 	HealthCritical = "critical"
 )
 
