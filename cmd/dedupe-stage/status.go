@@ -28,7 +28,7 @@ const (
 	// the hand-over time (status.ErrStalled).
 	statusCritical = 2
 	// statusUnknown: the cluster could not be read, or the flags or the
-	// configuration are wrong.
+	// configuration are wrong (status.ErrGroupMismatch among them).
 	statusUnknown = 3
 )
 

@@ -56,6 +56,12 @@ import (
 // any more; start one, or find why the live ones refuse it.
 var ErrStalled = errors.New("input waits without an owner for longer than the hand-over time")
 
+// ErrGroupMismatch is returned by Report.Check when the group's consumer
+// group has another partition count than the configuration: the report
+// reads partitions the group does not have, or misses some, so it cannot
+// tell the group's health. Read status with the group's configuration.
+var ErrGroupMismatch = errors.New("the configuration does not describe the group")
+
 // States of a partition (Partition.State) and of the route step
 // (Report.RouteState).
 const (
@@ -80,6 +86,9 @@ const (
 	HealthOK = "ok"
 	// HealthCritical: some has (Check returns ErrStalled).
 	HealthCritical = "critical"
+	// HealthUnknown: the configuration's partition count is not the
+	// group's (Check returns ErrGroupMismatch).
+	HealthUnknown = "unknown"
 )
 
 // HandOverTime is how long a partition's input may wait without an owner
@@ -192,6 +201,9 @@ type Report struct {
 	// the configuration; otherwise what is wrong with it (not created yet,
 	// or another partition count).
 	GroupProblem string `json:"group_problem,omitempty"`
+	// GroupMismatch is true when the record has another partition count
+	// than the configuration.
+	GroupMismatch bool `json:"group_mismatch,omitempty"`
 	// Instances are the live instances in the group's presence bucket.
 	Instances []string `json:"instances,omitempty"`
 	// Partitions are the group's partitions, in order.
@@ -242,7 +254,7 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 		memberStream = cfg.ScaleOut.RoutedStream
 	}
 	var err error
-	if r.GroupProblem, err = groupProblem(ctx, js, memberStream, group, cfg.State.Partitions); err != nil {
+	if r.GroupProblem, r.GroupMismatch, err = groupProblem(ctx, js, memberStream, group, cfg.State.Partitions); err != nil {
 		return r, err
 	}
 	if r.Instances, err = liveInstances(ctx, js, cfg); err != nil {
@@ -273,8 +285,11 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 		}
 		r.Partitions = append(r.Partitions, part)
 	}
-	if len(r.Stalled) > 0 || r.RouteState == StateStalled {
+	switch {
+	case len(r.Stalled) > 0 || r.RouteState == StateStalled:
 		r.Health = HealthCritical
+	case r.GroupMismatch:
+		r.Health = HealthUnknown
 	}
 	return r, nil
 }
@@ -507,8 +522,10 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 
 // Check returns an error wrapping ErrStalled that names the stalled
 // partitions (and the route step when it is stalled) and how long their
-// input has waited, nil when none is: every partition is owned, idle, or
-// waiting within its hand-over time (always nil for a single instance).
+// input has waited; else one wrapping ErrGroupMismatch when the group has
+// another partition count than the configuration; nil when every
+// partition is owned, idle, or waiting within its hand-over time (always
+// nil for a single instance).
 func (r Report) Check() error {
 	var parts []string
 	for _, p := range r.Partitions {
@@ -523,10 +540,13 @@ func (r Report) Check() error {
 	if r.RouteState == StateStalled {
 		msg = append(msg, fmt.Sprintf("the route step, with no live instance (%s)", r.RouteWaiting.describe()))
 	}
-	if len(msg) == 0 {
-		return nil
+	switch {
+	case len(msg) > 0:
+		return fmt.Errorf("%w: %s", ErrStalled, strings.Join(msg, "; "))
+	case r.GroupMismatch:
+		return fmt.Errorf("%w: %s", ErrGroupMismatch, r.GroupProblem)
 	}
-	return fmt.Errorf("%w: %s", ErrStalled, strings.Join(msg, "; "))
+	return nil
 }
 
 // describe says how long w has waited against its hand-over time.
@@ -550,20 +570,20 @@ func round(d Duration) string {
 
 // groupProblem reads the static consumer group's record (pcgroups) and
 // says what is wrong with it for a group of partitions partitions: "" when
-// nothing is.
-func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group string, partitions int) (string, error) {
+// nothing is; mismatch when it has another partition count.
+func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group string, partitions int) (problem string, mismatch bool, err error) {
 	rec, err := pcgroups.GetStaticConsumerGroupConfig(ctx, js, stream, group)
 	switch {
 	// pcgroups does not wrap its "not found" for a missing record.
 	case errors.Is(err, jetstream.ErrBucketNotFound) || (err != nil && strings.HasSuffix(err.Error(), "not found")):
-		return fmt.Sprintf("consumer group %s on %s not created yet (no instance has started)", group, stream), nil
+		return fmt.Sprintf("consumer group %s on %s not created yet (no instance has started)", group, stream), false, nil
 	case err != nil:
-		return "", fmt.Errorf("status: consumer group %s on %s: %w", group, stream, err)
+		return "", false, fmt.Errorf("status: consumer group %s on %s: %w", group, stream, err)
 	case int(rec.MaxMembers) != partitions:
 		return fmt.Sprintf("consumer group %s on %s has %d partitions, the configuration %d (state.partitions): instances of this configuration refuse to join it",
-			group, stream, rec.MaxMembers, partitions), nil
+			group, stream, rec.MaxMembers, partitions), true, nil
 	}
-	return "", nil
+	return "", false, nil
 }
 
 // liveInstances lists the keys of the group's presence bucket, nil when

@@ -160,6 +160,8 @@ func TestStatusOfAGroup(t *testing.T) {
 	other.State.Partitions = 8
 	if mis, err := status.Read(ctx, js, other, time.Now()); err != nil || !strings.Contains(mis.GroupProblem, "has 4 partitions, the configuration 8") {
 		t.Errorf("Read with 8 partitions configured: %q, %v", mis.GroupProblem, err)
+	} else if err := mis.Check(); !errors.Is(err, status.ErrGroupMismatch) || mis.Health != status.HealthUnknown {
+		t.Errorf("Check with 8 partitions configured: %v (health %s), want ErrGroupMismatch", err, mis.Health)
 	}
 	if len(r.Instances) != 1 || r.Instances[0] != "a" {
 		t.Errorf("live instances %v, want [a]", r.Instances)
