@@ -154,7 +154,8 @@ func TestStatusWithEveryInstanceDown(t *testing.T) {
 // every partition is idle and it still exits 0; input published then
 // waits for the route step, and once the dead instance has left the
 // presence bucket and the input has waited longer than the hand-over
-// time it exits 2.
+// time it exits 2. With another partition count than the group's it
+// exits 3: it cannot tell.
 func TestStatusOwnersThenPinsExpired(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	httpAddr := freeAddr(t)
@@ -191,6 +192,9 @@ func TestStatusOwnersThenPinsExpired(t *testing.T) {
 	t.Logf("status:\n%s", out)
 	if !strings.Contains(out, "route step consumer dedupe-route on EVENTS: 0 pending") {
 		t.Errorf("status does not show the route step's consumer drained:\n%s", out)
+	}
+	if out, code := statusExit(t, "--config", path, "--partitions", "8"); code != 3 || !strings.Contains(out, "UNKNOWN: the configuration does not describe the group") {
+		t.Errorf("status with another partition count than the group's exited %d, want 3:\n%s", code, out)
 	}
 
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
