@@ -2,6 +2,7 @@ package status
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,35 @@ func TestCheck(t *testing.T) {
 	sick.RouteState, sick.RouteWaiting = StateStalled, wait(10*time.Second)
 	if err := sick.Check(); !strings.Contains(err.Error(), "the route step, with no live instance (waiting 10s, hand-over time 3s)") {
 		t.Errorf("Check with the route step stalled: %v", err)
+	}
+}
+
+// TestTableStates: the table counts the states in its first line and
+// shows each partition's, with the wait of those whose input waits.
+func TestTableStates(t *testing.T) {
+	now := time.Now()
+	wait := func(d time.Duration) *Waiting {
+		return &Waiting{Since: now.Add(-d), For: Duration(d), HandOverTime: Duration(3 * time.Second)}
+	}
+	r := Report{At: now, Mode: "scale-out", Group: "dedupe", Partitions: []Partition{
+		{Partition: 0, State: StateOwned, PinID: "x", Owner: "a", OwnerConfirmed: true, LastOwner: "a"},
+		{Partition: 1, State: StateIdle, LastOwner: "b"},
+		{Partition: 2, State: StateWaiting, Waiting: wait(2 * time.Second)},
+		{Partition: 3, State: StateStalled, Waiting: wait(75 * time.Second), LastOwner: "a"},
+	}}
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`(?m)^group dedupe: 4 partitions: 1 owned, 1 idle, 1 waiting, 1 stalled; live instances: none$`,
+		`(?m)^0 +owned +a +-`,
+		`(?m)^1 +idle +none \(last b\) +-`,
+		`(?m)^2 +waiting 2s \(within hand-over time 3s\) +none +-`,
+		`(?m)^3 +STALLED: waiting 1m15s, hand-over time 3s +none \(last a\) +-`,
+	} {
+		if !regexp.MustCompile(want).MatchString(b.String()) {
+			t.Errorf("table has no line %s:\n%s", want, b.String())
+		}
 	}
 }
