@@ -47,7 +47,9 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
 // ErrStalled is returned by Report.Check when input of a group has waited
@@ -372,7 +374,9 @@ func unacked(ctx context.Context, stream jetstream.Stream, ci *jetstream.Consume
 	}
 	var first *jetstream.RawStreamMsg
 	for _, f := range filters {
-		m, err := stream.GetMsg(ctx, floor+1, jetstream.WithGetMsgSubject(f))
+		m, err := ask(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+			return stream.GetMsg(ctx, floor+1, jetstream.WithGetMsgSubject(f))
+		}, jetstream.ErrMsgNotFound)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
@@ -404,7 +408,7 @@ func lastActive(ci *jetstream.ConsumerInfo) *time.Time {
 
 // openStream returns the stream name, nil when it does not exist.
 func openStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
-	s, err := js.Stream(ctx, name)
+	s, err := ask(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) }, jetstream.ErrStreamNotFound)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil
 	}
@@ -434,14 +438,18 @@ func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 	if src.out, err = openStream(ctx, js, cfg.Output.Stream); err != nil {
 		return src, err
 	}
-	snaps, err := js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+	snaps, err := ask(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		snaps = nil
 	case err != nil:
 		return src, fmt.Errorf("status: snapshot bucket %s: %w", cfg.ScaleOutSnapshotBucket(), err)
 	}
-	handOvers, err := js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
+	handOvers, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
+	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		handOvers = nil
@@ -459,7 +467,8 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	member := config.ScaleOutMember(p)
 	part := Partition{Partition: p}
 	if src.handOvers != nil {
-		e, err := src.handOvers.Get(ctx, member)
+		e, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return src.handOvers.Get(ctx, member) },
+			jetstream.ErrKeyNotFound)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
@@ -507,7 +516,9 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	}
 	part.State, part.Waiting = classify(part.PinID != "", oldest, active, HandOverTime(cfg, part.LastHandOver), now)
 	if src.snaps != nil {
-		info, err := src.snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
+		info, err := ask(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) {
+			return src.snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
+		}, jetstream.ErrObjectNotFound)
 		switch {
 		case errors.Is(err, jetstream.ErrObjectNotFound):
 		case err != nil:
@@ -572,10 +583,16 @@ func round(d Duration) string {
 // says what is wrong with it for a group of partitions partitions: "" when
 // nothing is; mismatch when it has another partition count.
 func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group string, partitions int) (problem string, mismatch bool, err error) {
-	rec, err := pcgroups.GetStaticConsumerGroupConfig(ctx, js, stream, group)
+	rec, err := ask(ctx, func(ctx context.Context) (*pcgroups.StaticConsumerGroupConfig, error) {
+		rec, err := pcgroups.GetStaticConsumerGroupConfig(ctx, js, stream, group)
+		// pcgroups does not wrap its "not found" for a missing record.
+		if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) && strings.HasSuffix(err.Error(), "not found") {
+			err = fmt.Errorf("%w: %w", errNoGroup, err)
+		}
+		return rec, err
+	}, jetstream.ErrBucketNotFound, errNoGroup)
 	switch {
-	// pcgroups does not wrap its "not found" for a missing record.
-	case errors.Is(err, jetstream.ErrBucketNotFound) || (err != nil && strings.HasSuffix(err.Error(), "not found")):
+	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, errNoGroup):
 		return fmt.Sprintf("consumer group %s on %s not created yet (no instance has started)", group, stream), false, nil
 	case err != nil:
 		return "", false, fmt.Errorf("status: consumer group %s on %s: %w", group, stream, err)
@@ -590,14 +607,15 @@ func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group str
 // the bucket does not exist.
 func liveInstances(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]string, error) {
 	bucket, _, _ := cfg.ScaleOutPresence()
-	kv, err := js.KeyValue(ctx, bucket)
+	kv, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, bucket) },
+		jetstream.ErrBucketNotFound)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("status: presence bucket %s: %w", bucket, err)
 	}
-	names, err := kv.Keys(ctx)
+	names, err := ask(ctx, func(ctx context.Context) ([]string, error) { return kv.Keys(ctx) }, jetstream.ErrNoKeysFound)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, nil
 	}
@@ -609,7 +627,9 @@ func liveInstances(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 
 // readFence fills p's fence fields from the last message on subject.
 func readFence(ctx context.Context, out jetstream.Stream, subject string, p *Partition) error {
-	m, err := out.GetLastMsgForSubject(ctx, subject)
+	m, err := ask(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return out.GetLastMsgForSubject(ctx, subject)
+	}, jetstream.ErrMsgNotFound)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
 	}
@@ -630,7 +650,8 @@ func readFence(ctx context.Context, out jetstream.Stream, subject string, p *Par
 // consumerInfo returns a consumer's info, nil when the stream or the
 // consumer does not exist.
 func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {
-	c, err := js.Consumer(ctx, stream, name)
+	c, err := ask(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.Consumer(ctx, stream, name) },
+		jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil
 	}
@@ -654,4 +675,38 @@ func readConsumer(ctx context.Context, js jetstream.JetStream, stream, name stri
 		return Consumer{}, err
 	}
 	return consumerOf(stream, name, ci), nil
+}
+
+// errNoGroup marks pcgroups' error for a consumer group it has no record of.
+var errNoGroup = errors.New("no consumer group record")
+
+// ask runs op, one request to the cluster, for at most
+// streams.RequestTimeout, and asks again with backoff while it fails
+// transiently (retry.Do) and ctx lasts: a cluster can leave a request
+// unanswered while it elects a leader, as when a group starts, and the
+// request asked again is answered. An error that is one of answers (not
+// found) is the cluster's answer, returned at once.
+func ask[T any](ctx context.Context, op func(ctx context.Context) (T, error), answers ...error) (T, error) {
+	var (
+		v      T
+		answer error
+	)
+	err := retry.Do(ctx, "request", func() error {
+		rctx, cancel := context.WithTimeout(ctx, streams.RequestTimeout)
+		defer cancel()
+		var err error
+		v, err = op(rctx)
+		for _, a := range answers {
+			if errors.Is(err, a) {
+				answer = err
+				return nil
+			}
+		}
+		answer = nil
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return v, err
+	}
+	return v, answer
 }
