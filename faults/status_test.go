@@ -35,6 +35,9 @@ type statusReport struct {
 			For          string `json:"for"`
 			HandOverTime string `json:"hand_over_time"`
 		} `json:"waiting"`
+		LastHandOver *struct {
+			RestoreSeconds float64 `json:"restore_seconds"`
+		} `json:"last_handover"`
 	} `json:"partitions"`
 	Stalled []int  `json:"stalled"`
 	Health  string `json:"health"`
@@ -96,7 +99,8 @@ func statusJSON(tb testing.TB, path string) (statusReport, int) {
 // partitions released for balance have no owner and nothing pending), it
 // exits 0: every partition is owned or idle. With every instance stopped
 // and input published, it exits 2 once the input has waited longer than
-// the hand-over time (input.ack_wait 2s + output.restart_margin 1s),
+// the hand-over time (input.ack_wait 2s + output.restart_margin 1s, or
+// the partition's last takeover when that took longer),
 // naming the partitions and how long, in the table and in --json.
 func TestStatusAsACheck(t *testing.T) {
 	cl := natstest.StartCluster(t, 3)
@@ -177,18 +181,24 @@ func TestStatusAsACheck(t *testing.T) {
 			}
 			continue
 		}
-		if p.State != "waiting" && p.State != "stalled" || p.Waiting == nil || p.Waiting.HandOverTime != "3s" {
-			t.Errorf("partition %d with input waiting: %s, %+v; want waiting or stalled, hand-over time 3s", p.Partition, p.State, p.Waiting)
+		// input.ack_wait + the longer of output.restart_margin and the
+		// partition's last takeover.
+		want := scaleOutAckWait + time.Second
+		if h := p.LastHandOver; h != nil {
+			want = scaleOutAckWait + max(time.Second, time.Duration(h.RestoreSeconds*float64(time.Second)))
+		}
+		if p.State != "waiting" && p.State != "stalled" || p.Waiting == nil || p.Waiting.HandOverTime != want.String() {
+			t.Errorf("partition %d with input waiting: %s, %+v; want waiting or stalled, hand-over time %v", p.Partition, p.State, p.Waiting, want)
 			continue
 		}
 		// Stalled in --json a moment ago, stalled now: the text names it
 		// with its wait.
-		if p.State == "stalled" && !regexp.MustCompile(fmt.Sprintf(`\b%d \(waiting [\d.]+s, hand-over time 3s\)`, p.Partition)).MatchString(stderr) {
+		if p.State == "stalled" && !regexp.MustCompile(fmt.Sprintf(`\b%d \(waiting [\d.]+s, hand-over time [\d.]+s\)`, p.Partition)).MatchString(stderr) {
 			t.Errorf("status's message does not name stalled partition %d with its wait:\n%s", p.Partition, stderr)
 		}
 	}
 	if !strings.Contains(stderr, "CRITICAL: input waits without an owner for longer than the hand-over time: partitions ") ||
-		!regexp.MustCompile(`(?m)^\d +STALLED: waiting [\d.]+s, hand-over time 3s +none \(last i[01]\) `).MatchString(table) {
+		!regexp.MustCompile(`(?m)^\d +STALLED: waiting [\d.]+s, hand-over time [\d.]+s +none \(last i[01]\) `).MatchString(table) {
 		t.Errorf("status does not show the stalled partitions:\n%s%s", table, stderr)
 	}
 }
