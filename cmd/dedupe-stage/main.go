@@ -45,7 +45,7 @@ Usage:
   dedupe-stage healthcheck [--config FILE]        exit 0 when the running stage is healthy (for container health checks)
   dedupe-stage status [--config FILE] [--json] [flags]
                                                   read from the cluster (no instance needs to run): each partition's
-                                                  owner, backlog, fence and snapshot age; exit 1 when one has no owner
+                                                  state, owner, backlog and fence; exit 0 OK, 2 input stalled, 3 unknown
   dedupe-stage version
 
 The config file is --config FILE, else $DEDUPE_CONFIG; DEDUPE_* variables override it and flags
@@ -72,7 +72,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "healthcheck":
 		err = healthcheckCmd(args[1:], stdout, stderr)
 	case "status":
-		err = statusCmd(args[1:], stdout, stderr)
+		return statusMain(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		ver, rev := binaryVersion()
 		fmt.Fprintf(stdout, "dedupe-stage %s (revision %s)\n", ver, rev)

@@ -17,11 +17,21 @@
 // fence, when the fence was written after the pin (an owner takes the
 // fence on its first batch): otherwise the owner is shown as unconfirmed.
 //
+// A partition without an owner is idle when nothing of its input is
+// pending or in flight: that is a healthy group with no input for it (a
+// partition released for balance gets its next owner with its next
+// message). When input waits, it has waited since the later of when its
+// oldest unacknowledged message was stored and the consumer's last
+// delivery or acknowledgement (the last owner's last work); the partition
+// is stalled once that is longer than its hand-over time (HandOverTime),
+// and only a stalled partition, or a route step whose input waits as long
+// with no live instance, makes the report critical.
+//
 // Use:
 //
 //	r, err := status.Read(ctx, js, cfg, time.Now())
 //	r.WriteTable(os.Stdout)
-//	if err := r.Check(); err != nil { ... } // ErrNoOwner: a partition has no owner
+//	if err := r.Check(); err != nil { ... } // ErrStalled: input waits without an owner
 package status
 
 import (
@@ -29,7 +39,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -38,12 +47,81 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
-// ErrNoOwner is returned by Report.Check when a partition of a group has no
-// pinned client: its input waits until an instance takes it.
-var ErrNoOwner = errors.New("partitions without an owner")
+// ErrStalled is returned by Report.Check when input of a group has waited
+// without an owner for longer than the hand-over time: a partition's, or
+// the route step's with no live instance. No instance takes it on its own
+// any more; start one, or find why the live ones refuse it.
+var ErrStalled = errors.New("input waits without an owner for longer than the hand-over time")
+
+// ErrGroupMismatch is returned by Report.Check when the group's consumer
+// group has another partition count than the configuration: the report
+// reads partitions the group does not have, or misses some, so it cannot
+// tell the group's health. Read status with the group's configuration.
+var ErrGroupMismatch = errors.New("the configuration does not describe the group")
+
+// States of a partition (Partition.State) and of the route step
+// (Report.RouteState).
+const (
+	// StateOwned: a client is pinned to the partition (for the route
+	// step: an instance is live to run it).
+	StateOwned = "owned"
+	// StateIdle: no owner, and none of its input is pending or in
+	// flight; nothing waits for one.
+	StateIdle = "idle"
+	// StateWaiting: no owner, and input has waited for one for no longer
+	// than the hand-over time, as during a hand-over after a crash.
+	StateWaiting = "waiting"
+	// StateStalled: no owner, and input has waited for one for longer
+	// than the hand-over time.
+	StateStalled = "stalled"
+)
+
+// Health values of a Report (Report.Health).
+const (
+	// HealthOK: no input has waited without an owner for longer than
+	// the hand-over time.
+	HealthOK = "ok"
+	// HealthCritical: some has (Check returns ErrStalled).
+	HealthCritical = "critical"
+	// HealthUnknown: the configuration's partition count is not the
+	// group's (Check returns ErrGroupMismatch).
+	HealthUnknown = "unknown"
+)
+
+// HandOverTime is how long a partition's input may wait without an owner
+// during a hand-over after a crash: input.ack_wait (the pin's TTL) plus
+// the restore, taken as the longer of output.restart_margin (how long a
+// crash and restart may take) and the partition's last recorded takeover
+// (fence and restore; last may be nil). This is the one place it is
+// computed.
+func HandOverTime(cfg config.Config, last *handover.HandOver) time.Duration {
+	restore := cfg.Output.RestartMargin.D()
+	if last != nil {
+		restore = max(restore, time.Duration(last.RestoreSeconds*float64(time.Second)))
+	}
+	return cfg.Input.AckWait.D() + restore
+}
+
+// Waiting is input that waits for an owner.
+type Waiting struct {
+	// Since is when it began to wait: the later of when its oldest
+	// unacknowledged message was stored and the consumer's last delivery
+	// or acknowledgement.
+	Since time.Time `json:"since"`
+	// For is how long it has waited, until Report.At.
+	For Duration `json:"for"`
+	// HandOverTime is how long it may wait before the report is critical
+	// (status.HandOverTime).
+	HandOverTime Duration `json:"hand_over_time"`
+}
+
+// Stalled reports whether w has waited longer than its hand-over time.
+func (w *Waiting) Stalled() bool { return w != nil && w.For > w.HandOverTime }
 
 // pinGroup is the priority group pcgroups gives every member consumer
 // (orbit.go pcgroups' priorityGroupName).
@@ -78,6 +156,14 @@ type Partition struct {
 	// Owner is the instance behind the pin: the fence's writer. "" without
 	// a pin.
 	Owner string `json:"owner"`
+	// State is StateOwned, StateIdle, StateWaiting or StateStalled.
+	State string `json:"state"`
+	// LastOwner is the instance that held the partition last, the fence's
+	// writer, whether or not it still does; "" when it has no fence.
+	LastOwner string `json:"last_owner,omitempty"`
+	// Waiting is the input waiting for an owner, nil unless State is
+	// StateWaiting or StateStalled.
+	Waiting *Waiting `json:"waiting,omitempty"`
 	// OwnerConfirmed is true when the fence was stored after the pin, so
 	// the pinned client took it; false when the pinned client has not taken
 	// the fence yet (no batch since it was pinned) and Owner is the last
@@ -117,6 +203,9 @@ type Report struct {
 	// the configuration; otherwise what is wrong with it (not created yet,
 	// or another partition count).
 	GroupProblem string `json:"group_problem,omitempty"`
+	// GroupMismatch is true when the record has another partition count
+	// than the configuration.
+	GroupMismatch bool `json:"group_mismatch,omitempty"`
 	// Instances are the live instances in the group's presence bucket.
 	Instances []string `json:"instances,omitempty"`
 	// Partitions are the group's partitions, in order.
@@ -129,8 +218,20 @@ type Report struct {
 	// Snapshots is the Object Store bucket read for snapshot ages, "" when
 	// it does not exist.
 	Snapshots string `json:"snapshots_bucket,omitempty"`
-	// Ownerless lists the partitions without an owner.
+	// Ownerless lists the partitions without an owner, idle or not.
 	Ownerless []int `json:"ownerless"`
+	// Stalled lists the partitions in StateStalled.
+	Stalled []int `json:"stalled"`
+	// RouteState is the route step's state, "" when the group is not
+	// routed: StateOwned while an instance is live to run it, else as a
+	// partition's, by the input its consumer has not acknowledged.
+	RouteState string `json:"route_state,omitempty"`
+	// RouteWaiting is the input waiting for the route step with no live
+	// instance, nil unless RouteState is StateWaiting or StateStalled.
+	RouteWaiting *Waiting `json:"route_waiting,omitempty"`
+	// Health is HealthCritical when a partition is stalled or RouteState
+	// is, HealthOK otherwise (Check).
+	Health string `json:"health"`
 }
 
 // Read reads how the stage or group cfg describes stands, from the
@@ -138,7 +239,7 @@ type Report struct {
 // that is missing is reported as such, not as an error; an error is a
 // request the cluster did not answer.
 func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now time.Time) (Report, error) {
-	r := Report{At: now, Mode: "single", Ownerless: []int{}}
+	r := Report{At: now, Mode: "single", Ownerless: []int{}, Stalled: []int{}, Health: HealthOK}
 	if !cfg.ScaleOut.Enabled {
 		c, err := readConsumer(ctx, js, cfg.Input.Stream, cfg.Input.Consumer)
 		if err != nil {
@@ -150,22 +251,23 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 	r.Mode, r.Group = "scale-out", cfg.ScaleOut.Group
 	group := cfg.ScaleOut.Group
 	memberStream := cfg.Input.Stream
-	if routed, _ := cfg.ScaleOutRouted(); routed {
+	routed, _ := cfg.ScaleOutRouted()
+	if routed {
 		memberStream = cfg.ScaleOut.RoutedStream
-		c, err := readConsumer(ctx, js, cfg.Input.Stream, route.ConsumerName(group))
-		if err != nil {
-			return r, err
-		}
-		r.Route = &c
 	}
 	var err error
-	if r.GroupProblem, err = groupProblem(ctx, js, memberStream, group, cfg.State.Partitions); err != nil {
+	if r.GroupProblem, r.GroupMismatch, err = groupProblem(ctx, js, memberStream, group, cfg.State.Partitions); err != nil {
 		return r, err
 	}
 	if r.Instances, err = liveInstances(ctx, js, cfg); err != nil {
 		return r, err
 	}
-	src, err := openSources(ctx, js, cfg)
+	if routed {
+		if err := readRoute(ctx, js, cfg, &r); err != nil {
+			return r, err
+		}
+	}
+	src, err := openSources(ctx, js, cfg, memberStream)
 	if err != nil {
 		return r, err
 	}
@@ -180,36 +282,174 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 		if part.PinID == "" {
 			r.Ownerless = append(r.Ownerless, p)
 		}
+		if part.State == StateStalled {
+			r.Stalled = append(r.Stalled, p)
+		}
 		r.Partitions = append(r.Partitions, part)
 	}
+	switch {
+	case len(r.Stalled) > 0 || r.RouteState == StateStalled:
+		r.Health = HealthCritical
+	case r.GroupMismatch:
+		r.Health = HealthUnknown
+	}
 	return r, nil
+}
+
+// readRoute reads the route step's consumer into r and, with no live
+// instance to run it, how long its input has waited.
+func readRoute(ctx context.Context, js jetstream.JetStream, cfg config.Config, r *Report) error {
+	name := route.ConsumerName(cfg.ScaleOut.Group)
+	ci, err := consumerInfo(ctx, js, cfg.Input.Stream, name)
+	if err != nil {
+		return err
+	}
+	c := consumerOf(cfg.Input.Stream, name, ci)
+	r.Route = &c
+	if len(r.Instances) > 0 {
+		r.RouteState = StateOwned
+		return nil
+	}
+	in, err := openStream(ctx, js, cfg.Input.Stream)
+	if err != nil {
+		return err
+	}
+	oldest, active, err := unacked(ctx, in, ci, []string{">"})
+	if err != nil {
+		return fmt.Errorf("status: route step's input: %w", err)
+	}
+	r.RouteState, r.RouteWaiting = classify(false, oldest, active, HandOverTime(cfg, nil), r.At)
+	return nil
+}
+
+// classify says how a partition (or the route step) stands: owned when
+// pinned; without an owner, idle when no input is unacknowledged (oldest
+// nil), else waiting since the later of oldest and active (the last
+// delivery or acknowledgement), stalled once that is longer than
+// handOver before now.
+func classify(pinned bool, oldest, active *time.Time, handOver time.Duration, now time.Time) (string, *Waiting) {
+	switch {
+	case pinned:
+		return StateOwned, nil
+	case oldest == nil:
+		return StateIdle, nil
+	}
+	since := *oldest
+	if active != nil && active.After(since) {
+		since = *active
+	}
+	w := &Waiting{Since: since, For: Duration(max(now.Sub(since), 0)), HandOverTime: Duration(handOver)}
+	if w.Stalled() {
+		return StateStalled, w
+	}
+	return StateWaiting, w
+}
+
+// unacked returns when the oldest message of stream that the consumer ci
+// has not acknowledged was stored (nil when there is none, or when stream
+// is nil) and the consumer's last delivery or acknowledgement (nil when
+// it had none). Without the consumer (ci nil) every message on filters
+// counts; with it, its own filters replace filters. The first message
+// after the ack floor on the consumer's filters is unacknowledged by
+// definition of the floor, and no later one is older.
+func unacked(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo, filters []string) (oldest, active *time.Time, err error) {
+	var floor uint64
+	if ci != nil {
+		if ci.NumPending == 0 && ci.NumAckPending == 0 {
+			return nil, lastActive(ci), nil
+		}
+		floor = ci.AckFloor.Stream
+		switch {
+		case len(ci.Config.FilterSubjects) > 0:
+			filters = ci.Config.FilterSubjects
+		case ci.Config.FilterSubject != "":
+			filters = []string{ci.Config.FilterSubject}
+		default:
+			filters = []string{">"}
+		}
+		active = lastActive(ci)
+	}
+	if stream == nil {
+		return nil, active, nil
+	}
+	var first *jetstream.RawStreamMsg
+	for _, f := range filters {
+		m, err := ask(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+			return stream.GetMsg(ctx, floor+1, jetstream.WithGetMsgSubject(f))
+		}, jetstream.ErrMsgNotFound)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("first message on %s after %d: %w", f, floor, err)
+		}
+		if first == nil || m.Sequence < first.Sequence {
+			first = m
+		}
+	}
+	if first == nil {
+		return nil, active, nil
+	}
+	at := first.Time
+	return &at, active, nil
+}
+
+// lastActive is the later of ci's last delivery and last acknowledgement,
+// nil when it had neither.
+func lastActive(ci *jetstream.ConsumerInfo) *time.Time {
+	var t *time.Time
+	for _, at := range []*time.Time{ci.Delivered.Last, ci.AckFloor.Last} {
+		if at != nil && (t == nil || at.After(*t)) {
+			t = at
+		}
+	}
+	return t
+}
+
+// openStream returns the stream name, nil when it does not exist.
+func openStream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	s, err := ask(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) }, jetstream.ErrStreamNotFound)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("status: stream %s: %w", name, err)
+	}
+	return s, nil
 }
 
 // sources are what status reads besides the consumers; each is nil when
 // the cluster does not hold it (yet).
 type sources struct {
+	members   jetstream.Stream
 	out       jetstream.Stream
 	snaps     jetstream.ObjectStore
 	handOvers jetstream.KeyValue
 }
 
-// openSources opens the output stream, the snapshot bucket and the
-// hand-over bucket of cfg's group.
-func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config) (sources, error) {
+// openSources opens the members' stream, the output stream, the snapshot
+// bucket and the hand-over bucket of cfg's group.
+func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config, memberStream string) (sources, error) {
 	var src sources
-	out, err := js.Stream(ctx, cfg.Output.Stream)
-	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return src, fmt.Errorf("status: output stream %s: %w", cfg.Output.Stream, err)
+	var err error
+	if src.members, err = openStream(ctx, js, memberStream); err != nil {
+		return src, err
 	}
-	src.out = out
-	snaps, err := js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+	if src.out, err = openStream(ctx, js, cfg.Output.Stream); err != nil {
+		return src, err
+	}
+	snaps, err := ask(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		snaps = nil
 	case err != nil:
 		return src, fmt.Errorf("status: snapshot bucket %s: %w", cfg.ScaleOutSnapshotBucket(), err)
 	}
-	handOvers, err := js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
+	handOvers, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
+	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		handOvers = nil
@@ -227,7 +467,8 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	member := config.ScaleOutMember(p)
 	part := Partition{Partition: p}
 	if src.handOvers != nil {
-		e, err := src.handOvers.Get(ctx, member)
+		e, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return src.handOvers.Get(ctx, member) },
+			jetstream.ErrKeyNotFound)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
@@ -260,12 +501,24 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 			return part, err
 		}
 	}
+	part.LastOwner = part.FenceInstance
 	if part.PinID != "" {
 		part.Owner = part.FenceInstance
 		part.OwnerConfirmed = part.FenceAt != nil && !part.FenceAt.Before(*part.PinnedAt)
 	}
+	var oldest, active *time.Time
+	if part.PinID == "" {
+		// Without the consumer (no instance has created it yet), the
+		// partition's input is every message of its subjects.
+		if oldest, active, err = unacked(ctx, src.members, ci, []string{fmt.Sprintf("%d.>", p)}); err != nil {
+			return part, fmt.Errorf("status: input of partition %d: %w", p, err)
+		}
+	}
+	part.State, part.Waiting = classify(part.PinID != "", oldest, active, HandOverTime(cfg, part.LastHandOver), now)
 	if src.snaps != nil {
-		info, err := src.snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
+		info, err := ask(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) {
+			return src.snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
+		}, jetstream.ErrObjectNotFound)
 		switch {
 		case errors.Is(err, jetstream.ErrObjectNotFound):
 		case err != nil:
@@ -278,53 +531,91 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	return part, nil
 }
 
-// Check returns an error wrapping ErrNoOwner that names the partitions
-// without an owner, nil when every partition has one (always for a
-// single instance).
+// Check returns an error wrapping ErrStalled that names the stalled
+// partitions (and the route step when it is stalled) and how long their
+// input has waited; else one wrapping ErrGroupMismatch when the group has
+// another partition count than the configuration; nil when every
+// partition is owned, idle, or waiting within its hand-over time (always
+// nil for a single instance).
 func (r Report) Check() error {
-	if len(r.Ownerless) == 0 {
-		return nil
-	}
-	names := ""
-	for i, p := range r.Ownerless {
-		if i > 0 {
-			names += ", "
+	var parts []string
+	for _, p := range r.Partitions {
+		if p.State == StateStalled {
+			parts = append(parts, fmt.Sprintf("%d (%s)", p.Partition, p.Waiting.describe()))
 		}
-		names += strconv.Itoa(p)
 	}
-	return fmt.Errorf("%w: %s of %d (no instance is pinned to them; their input waits)", ErrNoOwner, names, len(r.Partitions))
+	var msg []string
+	if len(parts) > 0 {
+		msg = append(msg, fmt.Sprintf("partitions %s of %d", strings.Join(parts, ", "), len(r.Partitions)))
+	}
+	if r.RouteState == StateStalled {
+		msg = append(msg, fmt.Sprintf("the route step, with no live instance (%s)", r.RouteWaiting.describe()))
+	}
+	switch {
+	case len(msg) > 0:
+		return fmt.Errorf("%w: %s", ErrStalled, strings.Join(msg, "; "))
+	case r.GroupMismatch:
+		return fmt.Errorf("%w: %s", ErrGroupMismatch, r.GroupProblem)
+	}
+	return nil
+}
+
+// describe says how long w has waited against its hand-over time.
+func (w *Waiting) describe() string {
+	return fmt.Sprintf("waiting %s, hand-over time %s", round(w.For), round(w.HandOverTime))
+}
+
+// round is d to the millisecond under a second, to a tenth of a second
+// under a minute (so that a wait just past a hand-over time of a few
+// seconds reads longer than it), else to the second.
+func round(d Duration) string {
+	switch t := time.Duration(d); {
+	case t < time.Second:
+		return t.Round(time.Millisecond).String()
+	case t < time.Minute:
+		return t.Round(100 * time.Millisecond).String()
+	default:
+		return t.Round(time.Second).String()
+	}
 }
 
 // groupProblem reads the static consumer group's record (pcgroups) and
 // says what is wrong with it for a group of partitions partitions: "" when
-// nothing is.
-func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group string, partitions int) (string, error) {
-	rec, err := pcgroups.GetStaticConsumerGroupConfig(ctx, js, stream, group)
+// nothing is; mismatch when it has another partition count.
+func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group string, partitions int) (problem string, mismatch bool, err error) {
+	rec, err := ask(ctx, func(ctx context.Context) (*pcgroups.StaticConsumerGroupConfig, error) {
+		rec, err := pcgroups.GetStaticConsumerGroupConfig(ctx, js, stream, group)
+		// pcgroups does not wrap its "not found" for a missing record.
+		if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) && strings.HasSuffix(err.Error(), "not found") {
+			err = fmt.Errorf("%w: %w", errNoGroup, err)
+		}
+		return rec, err
+	}, jetstream.ErrBucketNotFound, errNoGroup)
 	switch {
-	// pcgroups does not wrap its "not found" for a missing record.
-	case errors.Is(err, jetstream.ErrBucketNotFound) || (err != nil && strings.HasSuffix(err.Error(), "not found")):
-		return fmt.Sprintf("consumer group %s on %s not created yet (no instance has started)", group, stream), nil
+	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, errNoGroup):
+		return fmt.Sprintf("consumer group %s on %s not created yet (no instance has started)", group, stream), false, nil
 	case err != nil:
-		return "", fmt.Errorf("status: consumer group %s on %s: %w", group, stream, err)
+		return "", false, fmt.Errorf("status: consumer group %s on %s: %w", group, stream, err)
 	case int(rec.MaxMembers) != partitions:
 		return fmt.Sprintf("consumer group %s on %s has %d partitions, the configuration %d (state.partitions): instances of this configuration refuse to join it",
-			group, stream, rec.MaxMembers, partitions), nil
+			group, stream, rec.MaxMembers, partitions), true, nil
 	}
-	return "", nil
+	return "", false, nil
 }
 
 // liveInstances lists the keys of the group's presence bucket, nil when
 // the bucket does not exist.
 func liveInstances(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]string, error) {
 	bucket, _, _ := cfg.ScaleOutPresence()
-	kv, err := js.KeyValue(ctx, bucket)
+	kv, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, bucket) },
+		jetstream.ErrBucketNotFound)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("status: presence bucket %s: %w", bucket, err)
 	}
-	names, err := kv.Keys(ctx)
+	names, err := ask(ctx, func(ctx context.Context) ([]string, error) { return kv.Keys(ctx) }, jetstream.ErrNoKeysFound)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return nil, nil
 	}
@@ -336,7 +627,9 @@ func liveInstances(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 
 // readFence fills p's fence fields from the last message on subject.
 func readFence(ctx context.Context, out jetstream.Stream, subject string, p *Partition) error {
-	m, err := out.GetLastMsgForSubject(ctx, subject)
+	m, err := ask(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+		return out.GetLastMsgForSubject(ctx, subject)
+	}, jetstream.ErrMsgNotFound)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
 	}
@@ -357,7 +650,8 @@ func readFence(ctx context.Context, out jetstream.Stream, subject string, p *Par
 // consumerInfo returns a consumer's info, nil when the stream or the
 // consumer does not exist.
 func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {
-	c, err := js.Consumer(ctx, stream, name)
+	c, err := ask(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.Consumer(ctx, stream, name) },
+		jetstream.ErrConsumerNotFound, jetstream.ErrStreamNotFound)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil
 	}
@@ -381,4 +675,38 @@ func readConsumer(ctx context.Context, js jetstream.JetStream, stream, name stri
 		return Consumer{}, err
 	}
 	return consumerOf(stream, name, ci), nil
+}
+
+// errNoGroup marks pcgroups' error for a consumer group it has no record of.
+var errNoGroup = errors.New("no consumer group record")
+
+// ask runs op, one request to the cluster, for at most
+// streams.RequestTimeout, and asks again with backoff while it fails
+// transiently (retry.Do) and ctx lasts: a cluster can leave a request
+// unanswered while it elects a leader, as when a group starts, and the
+// request asked again is answered. An error that is one of answers (not
+// found) is the cluster's answer, returned at once.
+func ask[T any](ctx context.Context, op func(ctx context.Context) (T, error), answers ...error) (T, error) {
+	var (
+		v      T
+		answer error
+	)
+	err := retry.Do(ctx, "request", func() error {
+		rctx, cancel := context.WithTimeout(ctx, streams.RequestTimeout)
+		defer cancel()
+		var err error
+		v, err = op(rctx)
+		for _, a := range answers {
+			if errors.Is(err, a) {
+				answer = err
+				return nil
+			}
+		}
+		answer = nil
+		return err
+	}, retry.Options{})
+	if err != nil {
+		return v, err
+	}
+	return v, answer
 }

@@ -40,6 +40,9 @@ func scaleOutConfig(t *testing.T, srvURL, instance string) config.Config {
 	cfg.Input.Subjects = []string{"orders.*"}
 	cfg.Key = keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 2}, MaxLength: 256}
 	cfg.Input.AckWait = config.Duration(2 * time.Second)
+	// A hand-over time of about 3s (ack_wait + restart_margin), so that
+	// input waiting without an owner is stalled soon.
+	cfg.Output.RestartMargin = config.Duration(time.Second)
 	cfg.ScaleOut.Enabled = true
 	cfg.ScaleOut.Replicas = 1
 	cfg.ScaleOut.Instance = instance
@@ -86,8 +89,10 @@ func runStage(t *testing.T, nc *nats.Conn, cfg config.Config) (stop func()) {
 // TestStatusOfAGroup runs instance a of a group, which takes every
 // partition once input flows: status lists every partition with a as its
 // owner, its fence, an empty backlog, and the snapshot age where the
-// snapshot bucket holds one. After a clean stop (which unpins) no
-// partition has an owner, and Check names them all.
+// snapshot bucket holds one. Before any instance ran and after a clean
+// stop (which unpins) no partition has an owner, and with nothing waiting
+// each is idle and Check passes. Input published then waits, and once it
+// has waited longer than the hand-over time Check names every partition.
 func TestStatusOfAGroup(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	nc, js := natstest.Connect(t, srv.ClientURL())
@@ -98,8 +103,13 @@ func TestStatusOfAGroup(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Read before any instance ran: %v", err)
 	}
-	if err := before.Check(); !errors.Is(err, status.ErrNoOwner) {
-		t.Fatalf("Check before any instance ran: %v, want ErrNoOwner", err)
+	if err := before.Check(); err != nil || before.Health != status.HealthOK {
+		t.Fatalf("Check before any instance ran, with no input: %v (health %s), want nil", err, before.Health)
+	}
+	for _, p := range before.Partitions {
+		if p.State != status.StateIdle {
+			t.Errorf("partition %d before any instance ran, with no input: %s, want idle", p.Partition, p.State)
+		}
 	}
 	if !strings.Contains(before.GroupProblem, "not created yet") {
 		t.Errorf("group problem before any instance ran: %q, want not created yet", before.GroupProblem)
@@ -134,7 +144,7 @@ func TestStatusOfAGroup(t *testing.T) {
 			return false, err
 		}
 		for _, p := range r.Partitions {
-			if p.Owner != "a" || !p.OwnerConfirmed || p.FenceSeq == 0 || p.Consumer.Pending != 0 || p.Consumer.AckPending != 0 {
+			if p.State != status.StateOwned || p.Owner != "a" || !p.OwnerConfirmed || p.FenceSeq == 0 || p.Consumer.Pending != 0 || p.Consumer.AckPending != 0 {
 				return false, nil
 			}
 		}
@@ -150,6 +160,8 @@ func TestStatusOfAGroup(t *testing.T) {
 	other.State.Partitions = 8
 	if mis, err := status.Read(ctx, js, other, time.Now()); err != nil || !strings.Contains(mis.GroupProblem, "has 4 partitions, the configuration 8") {
 		t.Errorf("Read with 8 partitions configured: %q, %v", mis.GroupProblem, err)
+	} else if err := mis.Check(); !errors.Is(err, status.ErrGroupMismatch) || mis.Health != status.HealthUnknown {
+		t.Errorf("Check with 8 partitions configured: %v (health %s), want ErrGroupMismatch", err, mis.Health)
 	}
 	if len(r.Instances) != 1 || r.Instances[0] != "a" {
 		t.Errorf("live instances %v, want [a]", r.Instances)
@@ -169,8 +181,8 @@ func TestStatusOfAGroup(t *testing.T) {
 	}
 	t.Logf("status:\n%s", table.String())
 	for p := range 4 {
-		// partition, owner a, pinned ..., pending 0, ack pending 0, a fence sequence.
-		line := regexp.MustCompile(fmt.Sprintf(`(?m)^%d +a +\S+ ago +0 +0 +[1-9]\d* .* a \S+ ago: \d+ records \(\w+\) in `, p))
+		// partition, owned by a, pinned ..., pending 0, ack pending 0, a fence sequence.
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^%d +owned +a +\S+ ago +0 +0 +[1-9]\d* .* a \S+ ago: \d+ records \(\w+\) in `, p))
 		if !line.MatchString(table.String()) {
 			t.Errorf("no line for partition %d owned by a in the table", p)
 		}
@@ -188,12 +200,14 @@ func TestStatusOfAGroup(t *testing.T) {
 			FenceSeq    uint64 `json:"fence_seq"`
 			SnapshotAge string `json:"snapshot_age"`
 		} `json:"partitions"`
-		Ownerless []int `json:"ownerless"`
+		Ownerless []int  `json:"ownerless"`
+		Stalled   []int  `json:"stalled"`
+		Health    string `json:"health"`
 	}
 	if err := json.Unmarshal(js1.Bytes(), &decoded); err != nil {
 		t.Fatalf("JSON: %v\n%s", err, js1.String())
 	}
-	if decoded.Mode != "scale-out" || len(decoded.Partitions) != 4 || len(decoded.Ownerless) != 0 {
+	if decoded.Mode != "scale-out" || len(decoded.Partitions) != 4 || len(decoded.Ownerless) != 0 || decoded.Stalled == nil || len(decoded.Stalled) != 0 || decoded.Health != "ok" {
 		t.Fatalf("JSON: %s", js1.String())
 	}
 	for i, p := range decoded.Partitions {
@@ -211,14 +225,71 @@ func TestStatusOfAGroup(t *testing.T) {
 		r, err = status.Read(ctx, js, cfg, time.Now())
 		return err == nil && len(r.Ownerless) == 4, err
 	})
-	err = r.Check()
-	if !errors.Is(err, status.ErrNoOwner) || !strings.Contains(err.Error(), "0, 1, 2, 3 of 4") {
-		t.Errorf("Check with a stopped: %v, want ErrNoOwner naming 0, 1, 2, 3", err)
+	for _, p := range r.Partitions {
+		if p.State != status.StateIdle || p.LastOwner != "a" || p.Waiting != nil {
+			t.Errorf("partition %d with a stopped and nothing pending: %s, last owner %q, waiting %+v; want idle, last owner a", p.Partition, p.State, p.LastOwner, p.Waiting)
+		}
+	}
+	if err := r.Check(); err != nil {
+		t.Errorf("Check with a stopped and nothing pending: %v, want nil", err)
 	}
 	table.Reset()
 	_ = r.WriteTable(&table)
-	if n := strings.Count(table.String(), "NONE"); n != 4 {
-		t.Errorf("%d partitions shown without an owner, want 4:\n%s", n, table.String())
+	if n := strings.Count(table.String(), " idle  "); n != 4 || !strings.Contains(table.String(), "0 owned, 4 idle, 0 waiting, 0 stalled") {
+		t.Errorf("%d partitions shown idle, want 4:\n%s", n, table.String())
+	}
+
+	// Input with no instance running: it waits, within the hand-over
+	// time at first, then longer.
+	msgs = msgs[:0]
+	for i := range 40 {
+		msgs = append(msgs, &nats.Msg{Subject: fmt.Sprintf("orders.late%d", i), Data: []byte("x")})
+	}
+	published := time.Now()
+	natstest.PublishAll(t, js, msgs)
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "every partition's input waiting", func() (bool, error) {
+		var err error
+		if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
+			return false, err
+		}
+		for _, p := range r.Partitions {
+			if p.Waiting == nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	for _, p := range r.Partitions {
+		w := p.Waiting
+		if w.Since.Before(published.Add(-time.Second)) || time.Duration(w.HandOverTime) != status.HandOverTime(cfg, p.LastHandOver) {
+			t.Errorf("partition %d: waiting %+v, want since the publish at %v with hand-over time %v", p.Partition, *w, published, status.HandOverTime(cfg, p.LastHandOver))
+		}
+		if (p.State == status.StateStalled) != (w.For > w.HandOverTime) {
+			t.Errorf("partition %d: %s after waiting %v of %v", p.Partition, p.State, w.For, w.HandOverTime)
+		}
+	}
+	if err := r.Check(); (err != nil) != (len(r.Stalled) > 0) {
+		t.Errorf("Check with %v stalled: %v", r.Stalled, err)
+	}
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "every partition stalled", func() (bool, error) {
+		var err error
+		r, err = status.Read(ctx, js, cfg, time.Now())
+		return err == nil && len(r.Stalled) == 4, err
+	})
+	err = r.Check()
+	if !errors.Is(err, status.ErrStalled) || r.Health != status.HealthCritical {
+		t.Fatalf("Check with input waiting and a stopped: %v (health %s), want ErrStalled", err, r.Health)
+	}
+	for p := range 4 {
+		if !regexp.MustCompile(fmt.Sprintf(`\b%d \(waiting [\d.]+s, hand-over time [\d.]+s\)`, p)).MatchString(err.Error()) {
+			t.Errorf("Check does not name partition %d with its wait: %v", p, err)
+		}
+	}
+	table.Reset()
+	_ = r.WriteTable(&table)
+	t.Logf("status with input stalled:\n%s", table.String())
+	if n := strings.Count(table.String(), "STALLED: waiting "); n != 4 {
+		t.Errorf("%d partitions shown stalled, want 4:\n%s", n, table.String())
 	}
 }
 

@@ -20,7 +20,7 @@ func (r Report) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable writes r as a table for people: a line per partition with
-// its owner, backlog, fence and snapshot age, ages against r.At.
+// its state, owner, backlog, fence and snapshot age, ages against r.At.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if r.Single != nil {
@@ -31,19 +31,33 @@ func (r Report) WriteTable(w io.Writer) error {
 	if len(r.Instances) > 0 {
 		live = strings.Join(r.Instances, " ")
 	}
-	fmt.Fprintf(tw, "group %s: %d partitions, %d without an owner; live instances: %s\n", r.Group, len(r.Partitions), len(r.Ownerless), live)
+	count := map[string]int{}
+	for _, p := range r.Partitions {
+		count[p.State]++
+	}
+	fmt.Fprintf(tw, "group %s: %d partitions: %d owned, %d idle, %d waiting, %d stalled; live instances: %s\n", r.Group, len(r.Partitions),
+		count[StateOwned], count[StateIdle], count[StateWaiting], count[StateStalled], live)
 	if r.GroupProblem != "" {
 		fmt.Fprintf(tw, "%s\n", r.GroupProblem)
 	}
 	if r.Route != nil {
-		fmt.Fprintf(tw, "route step consumer %s\n", describe(*r.Route))
+		line := describe(*r.Route)
+		switch r.RouteState {
+		case StateIdle:
+			line += "; no live instance runs it, nothing waits"
+		case StateWaiting, StateStalled:
+			line += "; no live instance runs it: " + state(r.RouteState, r.RouteWaiting)
+		}
+		fmt.Fprintf(tw, "route step consumer %s\n", line)
 	}
-	fmt.Fprintln(tw, "PARTITION\tOWNER\tPINNED\tPENDING\tACK PENDING\tFENCE SEQ\tFENCE AGE\tSNAPSHOT AGE\tLAST HAND-OVER")
+	fmt.Fprintln(tw, "PARTITION\tSTATE\tOWNER\tPINNED\tPENDING\tACK PENDING\tFENCE SEQ\tFENCE AGE\tSNAPSHOT AGE\tLAST HAND-OVER")
 	for _, p := range r.Partitions {
 		owner, pinned := "-", "-"
 		switch {
+		case p.PinID == "" && p.LastOwner != "":
+			owner = "none (last " + p.LastOwner + ")"
 		case p.PinID == "":
-			owner = "NONE"
+			owner = "none"
 		case p.Owner == "":
 			owner = "? (no fence yet)"
 		case !p.OwnerConfirmed:
@@ -71,9 +85,22 @@ func (r Report) WriteTable(w io.Writer) error {
 			last = fmt.Sprintf("%s %s ago: %d records (%s) in %s", h.Instance, age(r.At, h.At), h.Records, h.Path,
 				time.Duration(h.RestoreSeconds*float64(time.Second)).Round(time.Millisecond))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Partition, owner, pinned, pending, ack, seq, fenceAge, snap, last)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Partition, state(p.State, p.Waiting), owner, pinned, pending, ack, seq, fenceAge, snap, last)
 	}
 	return tw.Flush()
+}
+
+// state says a partition's or the route step's state in a few words:
+// "owned", "idle", "waiting 2s (within hand-over time 1m10s)" or
+// "STALLED: waiting 5m, hand-over time 1m10s".
+func state(s string, w *Waiting) string {
+	switch s {
+	case StateWaiting:
+		return fmt.Sprintf("waiting %s (within hand-over time %s)", round(w.For), round(w.HandOverTime))
+	case StateStalled:
+		return "STALLED: " + w.describe()
+	}
+	return s
 }
 
 // describe says a consumer's backlog in one line.
