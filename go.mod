@@ -14,6 +14,7 @@ require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
 	github.com/synadia-io/orbit.go/jetstreamext v0.3.2
+	github.com/synadia-io/orbit.go/natscontext v0.1.3
 	github.com/synadia-io/orbit.go/pcgroups v0.2.2
 	go.yaml.in/yaml/v3 v3.0.6
 	k8s.io/api v0.37.2
