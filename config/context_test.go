@@ -219,8 +219,8 @@ func TestContextByAbsolutePathAndHome(t *testing.T) {
 func TestJetStreamDomainValidation(t *testing.T) {
 	for yml, field := range map[string]string{
 		"nats: {url: 'nats://x:4222', jetstream_domain: a, jetstream_api_prefix: '$JS.a.API'}": "nats.jetstream_api_prefix",
-		"nats: {url: 'nats://x:4222', jetstream_domain: 'a.b'}":                               "nats.jetstream_domain",
-		"nats: {url: 'nats://x:4222', jetstream_api_prefix: '$JS.*.API'}":                     "nats.jetstream_api_prefix",
+		"nats: {url: 'nats://x:4222', jetstream_domain: 'a.b'}":                                "nats.jetstream_domain",
+		"nats: {url: 'nats://x:4222', jetstream_api_prefix: '$JS.*.API'}":                      "nats.jetstream_api_prefix",
 	} {
 		c := mustParse(t, yml)
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), field) {
