@@ -175,7 +175,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 }
 
 // RegisterFlags defines flags on fs that write straight into c: the
-// connection's (ConnFlags), and
+// connection's (see registerConnFlags), and
 //
 //	--data-dir, --http-addr, --partitions, --log-level,
 //	--log-format, --input-stream, --output-stream, --create-streams,
@@ -217,14 +217,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	}
 }
 
-// ConnFlags are the names of the flags that say how to connect to NATS,
-// named as the nats CLI names them (-s and --nats-url are --server).
-var ConnFlags = []string{
-	"server", "s", "nats-url", "context", "user", "password", "token", "creds", "nkey",
-	"tlscert", "tlskey", "tlsca", "tlsfirst", "tls-first", "js-domain", "js-api-prefix",
-}
-
-// registerConnFlags defines the flags of ConnFlags on fs.
+// registerConnFlags defines the flags that say how to connect to NATS,
+// named as the nats CLI names them: --server (-s, --nats-url), --context,
+// --user, --password, --token, --creds, --nkey, --tlscert, --tlskey,
+// --tlsca, --tlsfirst (--tls-first), --js-domain, --js-api-prefix.
 func (c *Config) registerConnFlags(fs *flag.FlagSet) {
 	n := &c.NATS
 	const urlUsage = "NATS server URLs, comma-separated; empty runs an embedded server unless --context is given (nats.url, $NATS_URL, $DEDUPE_NATS_URL)"

@@ -115,10 +115,6 @@ func newFlagSet(name string, cfg *config.Config, path *string, only flagSet, out
 	return fs
 }
 
-// connFlags are the flags that say how to connect to NATS, for the
-// commands that take only a few flags.
-var connFlags = flagSet(config.ConnFlags)
-
 // parseAll parses flags placed before, between and after other arguments
 // and returns the other arguments in order.
 func parseAll(fs *flag.FlagSet, args []string) ([]string, error) {

@@ -291,7 +291,7 @@ func describeStream(st stage.StreamToCreate) string {
 }
 
 func inspectCmd(args []string, stdout, stderr io.Writer) error {
-	l, err := loadConfig("inspect", args, append(flagSet{"http-addr"}, connFlags...), false, stderr)
+	l, err := loadConfig("inspect", args, flagSet{"http-addr"}, false, stderr)
 	if err != nil {
 		return err
 	}
