@@ -3,13 +3,16 @@
 // window), how it remembers (state, filter) and how it runs (pipeline, HTTP,
 // logs).
 //
-// A configuration is built in layers, later layers winning:
+// A configuration is built in layers, later layers winning, except the
+// nats CLI context, which only fills the connection fields the others left
+// empty (flag > environment > file > context):
 //
 //	cfg, err := config.Load(path)        // Default(), then the YAML file
-//	err = cfg.ApplyEnv(os.Getenv)        // DEDUPE_* environment variables
+//	err = cfg.ApplyEnv(os.Getenv)        // NATS_* and DEDUPE_* environment variables
 //	fs := flag.NewFlagSet("dedupe-stage", flag.ExitOnError)
 //	cfg.RegisterFlags(fs)                // flags write straight into cfg
 //	err = fs.Parse(os.Args[1:])
+//	_, err = cfg.ApplyContext(os.Getenv) // a nats CLI context fills what none set
 //	err = cfg.Validate()                 // every problem, each naming its field
 //	fmt.Println(cfg.Summary())           // what `check-config` prints
 //
