@@ -23,7 +23,8 @@ import (
 // server: a nats CLI context gives the URL, the CA, the client
 // certificate, TLS first and the domain. run forwards each key once,
 // status reads the consumer, check-config names the context; a flag beats
-// the context's domain, and without the context there is no server.
+// the context's domain (for status and run alike), and without the context
+// there is no server.
 func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	pki := boottest.NewPKI(t)
 	srv := natstest.RunServerWith(t, func(o *server.Options) {
@@ -98,6 +99,17 @@ func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	code, out = output(t, env, "status", "--config", cfgPath)
 	if code == 0 || !strings.Contains(out, "no server is configured") {
 		t.Errorf("status without a server: exit %d:\n%s", code, out)
+	}
+	// run too makes its JetStream API in the domain given: in domain
+	// elsewhere, nothing answers its stream set-up (which it retries, as
+	// for a JetStream still starting).
+	other := spawn(t, env, "run", "--config", cfgPath, "--context", "secure", "--js-domain", "elsewhere",
+		"--data-dir", t.TempDir(), "--http-addr", "")
+	natstest.WaitFor(t, 60*time.Second, "run in domain elsewhere to find no JetStream", func() bool {
+		return strings.Contains(other.logText(), "stream set-up failed") && strings.Contains(other.logText(), "no responders")
+	})
+	if err := other.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
 	}
 	resp, err := http.Get("http://" + addr + "/readyz")
 	if err != nil || resp.StatusCode != http.StatusOK {
