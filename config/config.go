@@ -3,13 +3,16 @@
 // window), how it remembers (state, filter) and how it runs (pipeline, HTTP,
 // logs).
 //
-// A configuration is built in layers, later layers winning:
+// A configuration is built in layers, later layers winning, except the
+// nats CLI context, which only fills the connection fields the others left
+// empty (flag > environment > file > context):
 //
 //	cfg, err := config.Load(path)        // Default(), then the YAML file
-//	err = cfg.ApplyEnv(os.Getenv)        // DEDUPE_* environment variables
+//	err = cfg.ApplyEnv(os.Getenv)        // NATS_* and DEDUPE_* environment variables
 //	fs := flag.NewFlagSet("dedupe-stage", flag.ExitOnError)
 //	cfg.RegisterFlags(fs)                // flags write straight into cfg
 //	err = fs.Parse(os.Args[1:])
+//	_, err = cfg.ApplyContext(os.Getenv) // a nats CLI context fills what none set
 //	err = cfg.Validate()                 // every problem, each naming its field
 //	fmt.Println(cfg.Summary())           // what `check-config` prints
 //
@@ -75,12 +78,18 @@ type Config struct {
 // NATS says which NATS server to use and how to authenticate.
 type NATS struct {
 	// URL of an existing server (or a comma-separated list of URLs of one
-	// cluster). Empty (default) runs an embedded nats-server in the process.
+	// cluster). Empty (default) runs an embedded nats-server in the process,
+	// unless Context names a context.
 	URL string `yaml:"url"`
 	// CreateStreams: create the input, output and dead-letter streams and
 	// the consumer when missing. Unset (null, the default) means true with
 	// the embedded server and false with URL; see ShouldCreateStreams.
 	CreateStreams *bool `yaml:"create_streams"`
+	// Context names a context of the nats CLI (a file under
+	// ~/.config/nats/context, or an absolute path to one) whose settings
+	// fill the connection fields nothing else set; see Config.ApplyContext.
+	// Default "": none (the CLI's selected context is not used).
+	Context string `yaml:"context"`
 	// User and Password authenticate with a user name and password.
 	User     string `yaml:"user"`
 	Password string `yaml:"password"`
@@ -92,6 +101,13 @@ type NATS struct {
 	CredsFile string `yaml:"creds_file"`
 	// TLS configures TLS to the server.
 	TLS TLS `yaml:"tls"`
+	// JetStreamDomain is the JetStream domain to use (a leaf node's, for
+	// one). Default "": the server's own. At most one of it and
+	// JetStreamAPIPrefix.
+	JetStreamDomain string `yaml:"jetstream_domain"`
+	// JetStreamAPIPrefix is the subject prefix of the JetStream API, for an
+	// account that imports it under another prefix. Default "": $JS.API.
+	JetStreamAPIPrefix string `yaml:"jetstream_api_prefix"`
 	// ConnectTimeout bounds each connection attempt. Default 5s.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	// Embedded configures the embedded server (used when URL is empty).
@@ -107,6 +123,10 @@ type TLS struct {
 	// mutual TLS; set both or neither.
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
+	// HandshakeFirst performs the TLS handshake before the server's first
+	// message, for servers that require it (handshake_first in their tls
+	// block). Default false.
+	HandshakeFirst bool `yaml:"handshake_first"`
 }
 
 // Embedded configures the nats-server run inside the process when NATS.URL
@@ -609,16 +629,17 @@ func (c Config) StateSyncWrites() bool {
 
 // ShouldCreateStreams reports whether missing streams and the consumer are
 // created: CreateStreams when set, else true exactly when the embedded
-// server is used (URL empty).
+// server is used.
 func (n NATS) ShouldCreateStreams() bool {
 	if n.CreateStreams != nil {
 		return *n.CreateStreams
 	}
-	return n.URL == ""
+	return n.IsEmbedded()
 }
 
-// IsEmbedded reports whether the embedded nats-server is used (URL empty).
-func (n NATS) IsEmbedded() bool { return n.URL == "" }
+// IsEmbedded reports whether the embedded nats-server is used: URL and
+// Context both empty.
+func (n NATS) IsEmbedded() bool { return n.URL == "" && n.Context == "" }
 
 // EmbeddedStoreDir returns the embedded server's JetStream directory:
 // nats.embedded.store_dir, or <state.data_dir>/nats when that is empty.

@@ -409,21 +409,42 @@ func TestSubjectsOverlap(t *testing.T) {
 func TestEnvOverridesFile(t *testing.T) {
 	c := mustParse(t, "nats: {url: 'nats://file:4222'}\nstate: {partitions: 4, data_dir: /file}\nlog: {level: warn}\n")
 	env := map[string]string{
-		"DEDUPE_NATS_URL":       "nats://env:4222",
-		"DEDUPE_DATA_DIR":       "/env",
-		"DEDUPE_HTTP_ADDR":      ":9999",
-		"DEDUPE_PARTITIONS":     "16",
-		"DEDUPE_LOG_LEVEL":      "debug",
-		"DEDUPE_LOG_FORMAT":     "json",
-		"DEDUPE_NATS_USER":      "u",
-		"DEDUPE_NATS_PASSWORD":  "p",
-		"DEDUPE_NATS_TOKEN":     "t",
-		"DEDUPE_NATS_CREDS":     "/c.creds",
-		"DEDUPE_NATS_NKEY":      "/s.nk",
-		"DEDUPE_INPUT_STREAM":   "IN",
-		"DEDUPE_OUTPUT_STREAM":  "OUT",
-		"DEDUPE_CREATE_STREAMS": "true",
-		"DEDUPE_SYNC_WRITES":    "false",
+		"DEDUPE_NATS_URL":      "nats://env:4222",
+		"DEDUPE_DATA_DIR":      "/env",
+		"DEDUPE_HTTP_ADDR":     ":9999",
+		"DEDUPE_PARTITIONS":    "16",
+		"DEDUPE_LOG_LEVEL":     "debug",
+		"DEDUPE_LOG_FORMAT":    "json",
+		"DEDUPE_NATS_USER":     "u",
+		"DEDUPE_NATS_PASSWORD": "p",
+		"DEDUPE_NATS_TOKEN":    "t",
+		"DEDUPE_NATS_CREDS":    "/c.creds",
+		"DEDUPE_NATS_NKEY":     "/s.nk",
+
+		// The nats CLI's names, each overridden by the stage's own.
+		"NATS_URL":      "nats://natsenv:4222",
+		"NATS_CONTEXT":  "cli",
+		"NATS_USER":     "nu",
+		"NATS_PASSWORD": "np",
+		"NATS_TOKEN":    "nt",
+		"NATS_CREDS":    "/n.creds",
+		"NATS_NKEY":     "/n.nk",
+		"NATS_CERT":     "/n.crt",
+		"NATS_KEY":      "/n.key",
+		"NATS_CA":       "/n-ca.pem",
+		"NATS_TIMEOUT":  "9s",
+
+		"DEDUPE_NATS_CONTEXT":       "prod",
+		"DEDUPE_NATS_CERT":          "/c.crt",
+		"DEDUPE_NATS_KEY":           "/c.key",
+		"DEDUPE_NATS_CA":            "/ca.pem",
+		"DEDUPE_NATS_TLS_FIRST":     "true",
+		"DEDUPE_NATS_JS_DOMAIN":     "hub",
+		"DEDUPE_NATS_JS_API_PREFIX": "$JS.x.API",
+		"DEDUPE_INPUT_STREAM":       "IN",
+		"DEDUPE_OUTPUT_STREAM":      "OUT",
+		"DEDUPE_CREATE_STREAMS":     "true",
+		"DEDUPE_SYNC_WRITES":        "false",
 
 		"DEDUPE_EMBEDDED_HOST":            "0.0.0.0",
 		"DEDUPE_EMBEDDED_PORT":            "14222",
@@ -445,7 +466,8 @@ func TestEnvOverridesFile(t *testing.T) {
 	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	want := mustParse(t, "nats: {url: 'nats://env:4222', user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true,\n"+
+	want := mustParse(t, "nats: {url: 'nats://env:4222', context: prod, user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true,\n"+
+		"  tls: {cert_file: /c.crt, key_file: /c.key, ca_file: /ca.pem, handshake_first: true}, jetstream_domain: hub, jetstream_api_prefix: '$JS.x.API', connect_timeout: 9s,\n"+
 		"  embedded: {host: 0.0.0.0, port: 14222, monitor_port: 18222, user: eu, password: ep, token: et, system_account: true, system_password: esp}}\n"+
 		"key: {source: header, header: Order-Id}\n"+
 		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999', inspect: false, inspect_addr: '127.0.0.1:9465'}\nlog: {level: debug, format: json}\n"+

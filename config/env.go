@@ -55,19 +55,70 @@ func setOptBool(p func(c *Config) **bool) func(*Config, string) error {
 	}
 }
 
+// setDuration sets a Duration from a Go duration or the file's units ("5s").
+func setDuration(p func(c *Config) *Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("%q, want a duration such as 5s", v)
+		}
+		*p(c) = d
+		return nil
+	}
+}
+
 // keyHeader is the key spec "the header named name".
 func keyHeader(name string) keys.FieldSpec {
 	return keys.FieldSpec{Source: keys.SourceHeader, Header: name}
 }
 
-// envVars lists every variable ApplyEnv reads, in the order applied.
+// Setters of the connection fields, each read from the nats CLI's variable
+// and from the stage's own.
+var (
+	setURL       = setString(func(c *Config) *string { return &c.NATS.URL })
+	setContext   = setString(func(c *Config) *string { return &c.NATS.Context })
+	setUser      = setString(func(c *Config) *string { return &c.NATS.User })
+	setPassword  = setString(func(c *Config) *string { return &c.NATS.Password })
+	setToken     = setString(func(c *Config) *string { return &c.NATS.Token })
+	setCreds     = setString(func(c *Config) *string { return &c.NATS.CredsFile })
+	setNKey      = setString(func(c *Config) *string { return &c.NATS.NKeySeedFile })
+	setCert      = setString(func(c *Config) *string { return &c.NATS.TLS.CertFile })
+	setKey       = setString(func(c *Config) *string { return &c.NATS.TLS.KeyFile })
+	setCA        = setString(func(c *Config) *string { return &c.NATS.TLS.CAFile })
+	setTimeout   = setDuration(func(c *Config) *Duration { return &c.NATS.ConnectTimeout })
+	setTLSFirst  = setBool(func(c *Config) *bool { return &c.NATS.TLS.HandshakeFirst })
+	setJSDomain  = setString(func(c *Config) *string { return &c.NATS.JetStreamDomain })
+	setAPIPrefix = setString(func(c *Config) *string { return &c.NATS.JetStreamAPIPrefix })
+)
+
+// envVars lists every variable ApplyEnv reads, in the order applied: the
+// nats CLI's NATS_* first, so that the stage's own DEDUPE_* win when both
+// are set.
 var envVars = []envVar{
-	{"DEDUPE_NATS_URL", "nats.url", setString(func(c *Config) *string { return &c.NATS.URL })},
-	{"DEDUPE_NATS_USER", "nats.user", setString(func(c *Config) *string { return &c.NATS.User })},
-	{"DEDUPE_NATS_PASSWORD", "nats.password", setString(func(c *Config) *string { return &c.NATS.Password })},
-	{"DEDUPE_NATS_TOKEN", "nats.token", setString(func(c *Config) *string { return &c.NATS.Token })},
-	{"DEDUPE_NATS_CREDS", "nats.creds_file", setString(func(c *Config) *string { return &c.NATS.CredsFile })},
-	{"DEDUPE_NATS_NKEY", "nats.nkey_seed_file", setString(func(c *Config) *string { return &c.NATS.NKeySeedFile })},
+	{"NATS_URL", "nats.url", setURL},
+	{"NATS_CONTEXT", "nats.context", setContext},
+	{"NATS_USER", "nats.user", setUser},
+	{"NATS_PASSWORD", "nats.password", setPassword},
+	{"NATS_TOKEN", "nats.token", setToken},
+	{"NATS_CREDS", "nats.creds_file", setCreds},
+	{"NATS_NKEY", "nats.nkey_seed_file", setNKey},
+	{"NATS_CERT", "nats.tls.cert_file", setCert},
+	{"NATS_KEY", "nats.tls.key_file", setKey},
+	{"NATS_CA", "nats.tls.ca_file", setCA},
+	{"NATS_TIMEOUT", "nats.connect_timeout", setTimeout},
+	{"DEDUPE_NATS_URL", "nats.url", setURL},
+	{"DEDUPE_NATS_CONTEXT", "nats.context", setContext},
+	{"DEDUPE_NATS_USER", "nats.user", setUser},
+	{"DEDUPE_NATS_PASSWORD", "nats.password", setPassword},
+	{"DEDUPE_NATS_TOKEN", "nats.token", setToken},
+	{"DEDUPE_NATS_CREDS", "nats.creds_file", setCreds},
+	{"DEDUPE_NATS_NKEY", "nats.nkey_seed_file", setNKey},
+	{"DEDUPE_NATS_CERT", "nats.tls.cert_file", setCert},
+	{"DEDUPE_NATS_KEY", "nats.tls.key_file", setKey},
+	{"DEDUPE_NATS_CA", "nats.tls.ca_file", setCA},
+	{"DEDUPE_NATS_TLS_FIRST", "nats.tls.handshake_first", setTLSFirst},
+	{"DEDUPE_NATS_JS_DOMAIN", "nats.jetstream_domain", setJSDomain},
+	{"DEDUPE_NATS_JS_API_PREFIX", "nats.jetstream_api_prefix", setAPIPrefix},
 	{"DEDUPE_CREATE_STREAMS", "nats.create_streams", setOptBool(func(c *Config) **bool { return &c.NATS.CreateStreams })},
 	{"DEDUPE_EMBEDDED_HOST", "nats.embedded.host", setString(func(c *Config) *string { return &c.NATS.Embedded.Host })},
 	{"DEDUPE_EMBEDDED_PORT", "nats.embedded.port", setInt(func(c *Config) *int { return &c.NATS.Embedded.Port })},
@@ -123,9 +174,10 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 	return errors.Join(errs...)
 }
 
-// RegisterFlags defines flags on fs that write straight into c:
+// RegisterFlags defines flags on fs that write straight into c: the
+// connection's (see registerConnFlags), and
 //
-//	--nats-url, --data-dir, --http-addr, --partitions, --log-level,
+//	--data-dir, --http-addr, --partitions, --log-level,
 //	--log-format, --input-stream, --output-stream, --create-streams,
 //	--sync-writes, --key-header, --scale-out, --scale-out-group,
 //	--instance, and the embedded server's
@@ -137,9 +189,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 // ApplyEnv and then fs.Parse: flags given on the command line win. c must
 // stay alive (and not be copied) until fs.Parse returns.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URL; empty runs an embedded server (nats.url, $DEDUPE_NATS_URL)")
-	// The usage text shows defaults: never a credential.
-	fs.Lookup("nats-url").DefValue = redact.NATSURL(c.NATS.URL)
+	c.registerConnFlags(fs)
 	fs.StringVar(&c.State.DataDir, "data-dir", c.State.DataDir, "data directory for state and the embedded server (state.data_dir, $DEDUPE_DATA_DIR)")
 	fs.StringVar(&c.HTTP.Addr, "http-addr", c.HTTP.Addr, "listen address for /metrics, /healthz, /readyz, /inspect; empty disables (http.addr, $DEDUPE_HTTP_ADDR)")
 	fs.IntVar(&c.State.Partitions, "partitions", c.State.Partitions, "number of state partitions, 1..1024 (state.partitions, $DEDUPE_PARTITIONS)")
@@ -164,6 +214,38 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&e.SystemPassword, "embedded-system-password", e.SystemPassword, "password of the system account's user; prefer $DEDUPE_EMBEDDED_SYSTEM_PASSWORD (nats.embedded.system_password)")
 	for _, name := range []string{"embedded-password", "embedded-token", "embedded-system-password"} {
 		fs.Lookup(name).DefValue = "" // the usage text never shows a credential
+	}
+}
+
+// registerConnFlags defines the flags that say how to connect to NATS,
+// named as the nats CLI names them: --server (-s, --nats-url), --context,
+// --user, --password, --token, --creds, --nkey, --tlscert, --tlskey,
+// --tlsca, --tlsfirst (--tls-first), --js-domain, --js-api-prefix.
+func (c *Config) registerConnFlags(fs *flag.FlagSet) {
+	n := &c.NATS
+	const urlUsage = "NATS server URLs, comma-separated; empty runs an embedded server unless --context is given (nats.url, $NATS_URL, $DEDUPE_NATS_URL)"
+	fs.StringVar(&n.URL, "server", n.URL, urlUsage)
+	fs.StringVar(&n.URL, "s", n.URL, "the same as --server")
+	fs.StringVar(&n.URL, "nats-url", n.URL, "the same as --server")
+	fs.StringVar(&n.Context, "context", n.Context, "nats CLI context whose settings fill what nothing else sets (nats.context, $NATS_CONTEXT)")
+	fs.StringVar(&n.User, "user", n.User, "user name (nats.user, $NATS_USER)")
+	fs.StringVar(&n.Password, "password", n.Password, "password; prefer $NATS_PASSWORD, flags show in ps (nats.password)")
+	fs.StringVar(&n.Token, "token", n.Token, "token; prefer $NATS_TOKEN, flags show in ps (nats.token)")
+	fs.StringVar(&n.CredsFile, "creds", n.CredsFile, "user credentials file (nats.creds_file, $NATS_CREDS)")
+	fs.StringVar(&n.NKeySeedFile, "nkey", n.NKeySeedFile, "file holding a user NKey seed (nats.nkey_seed_file, $NATS_NKEY)")
+	fs.StringVar(&n.TLS.CertFile, "tlscert", n.TLS.CertFile, "TLS client certificate (nats.tls.cert_file, $NATS_CERT)")
+	fs.StringVar(&n.TLS.KeyFile, "tlskey", n.TLS.KeyFile, "TLS client key (nats.tls.key_file, $NATS_KEY)")
+	fs.StringVar(&n.TLS.CAFile, "tlsca", n.TLS.CAFile, "CAs that verify the server (nats.tls.ca_file, $NATS_CA)")
+	fs.BoolVar(&n.TLS.HandshakeFirst, "tlsfirst", n.TLS.HandshakeFirst, "TLS handshake before the server's greeting (nats.tls.handshake_first, $DEDUPE_NATS_TLS_FIRST)")
+	fs.BoolVar(&n.TLS.HandshakeFirst, "tls-first", n.TLS.HandshakeFirst, "the same as --tlsfirst")
+	fs.StringVar(&n.JetStreamDomain, "js-domain", n.JetStreamDomain, "JetStream domain (nats.jetstream_domain, $DEDUPE_NATS_JS_DOMAIN)")
+	fs.StringVar(&n.JetStreamAPIPrefix, "js-api-prefix", n.JetStreamAPIPrefix, "JetStream API subject prefix (nats.jetstream_api_prefix, $DEDUPE_NATS_JS_API_PREFIX)")
+	// The usage text shows defaults: never a credential.
+	for _, name := range []string{"server", "s", "nats-url"} {
+		fs.Lookup(name).DefValue = redact.NATSURL(n.URL)
+	}
+	for _, name := range []string{"password", "token"} {
+		fs.Lookup(name).DefValue = ""
 	}
 }
 

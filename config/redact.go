@@ -13,6 +13,9 @@ import (
 // NKey seed written where nats.nkey_seed_file's path belongs, the embedded
 // server's password, token and system password, and the PostgreSQL sink's
 // DSN (the whole string, replaced by its display form, and its password).
+// Each is taken wherever it came from: the file, a variable (NATS_PASSWORD
+// as DEDUPE_NATS_PASSWORD), a flag or a nats CLI context, so call it after
+// ApplyContext.
 func (c Config) Secrets() redact.Secrets {
 	n := c.NATS
 	var out redact.Secrets

@@ -109,7 +109,14 @@ func (c Config) natsSummary(line func(label, format string, args ...any)) {
 		}
 		line("nats", "embedded nats-server on %s, JetStream store %s", net.JoinHostPort(e.Host, port), c.EmbeddedStoreDir())
 	} else {
-		line("nats", "server %s (%s)", redact.NATSURL(c.NATS.URL), c.authSummary())
+		js := ""
+		switch n := c.NATS; {
+		case n.JetStreamDomain != "":
+			js = ", JetStream domain " + n.JetStreamDomain
+		case n.JetStreamAPIPrefix != "":
+			js = ", JetStream API prefix " + n.JetStreamAPIPrefix
+		}
+		line("nats", "server %s (%s)%s", redact.NATSURL(c.NATS.URL), c.authSummary(), js)
 	}
 }
 
@@ -202,7 +209,10 @@ func (c Config) authSummary() string {
 	default:
 		parts = append(parts, "no authentication")
 	}
-	if n.TLS.CAFile != "" || n.TLS.CertFile != "" {
+	switch t := n.TLS; {
+	case t.HandshakeFirst:
+		parts = append(parts, "TLS, handshake first")
+	case t.CAFile != "" || t.CertFile != "":
 		parts = append(parts, "TLS")
 	}
 	return strings.Join(parts, ", ")

@@ -164,6 +164,15 @@ func (c Config) validateNATS(v *validator) {
 	if n.TLS.KeyFile != "" && n.TLS.CertFile == "" {
 		v.add("nats.tls.cert_file", "empty while nats.tls.key_file is %q; set both or neither", n.TLS.KeyFile)
 	}
+	if n.JetStreamDomain != "" && n.JetStreamAPIPrefix != "" {
+		v.add("nats.jetstream_api_prefix", "%q set together with nats.jetstream_domain %q; a domain is an API prefix ($JS.<domain>.API), so set one", n.JetStreamAPIPrefix, n.JetStreamDomain)
+	}
+	if d := n.JetStreamDomain; d != "" && strings.ContainsAny(d, " \t\r\n.*>") {
+		v.add("nats.jetstream_domain", "%q, want one subject token (no dots, spaces or wildcards)", d)
+	}
+	if p := n.JetStreamAPIPrefix; p != "" && strings.ContainsAny(p, " \t\r\n*>") {
+		v.add("nats.jetstream_api_prefix", "%q, want a subject prefix without spaces or wildcards", p)
+	}
 	if n.IsEmbedded() {
 		c.validateEmbedded(v)
 	}

@@ -140,7 +140,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if s.keyFn, err = keys.NewKeyFunc(cfg.Key); err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
-	s.js, err = jetstream.New(s.nc,
+	s.js, err = cfg.NATS.NewJetStream(s.nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.Pipeline.MaxPublishInFlight),
 		jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {

@@ -28,12 +28,16 @@ type loaded struct {
 	env  []string // names of the DEDUPE_* variables that were applied
 	set  []string // names of the flags given
 	args []string // arguments that are not flags
+	ctx  config.ContextUse
 }
 
 // loadConfig builds the configuration a command uses, exactly as `run` does:
 // the config file (--config FILE, -config FILE, $DEDUPE_CONFIG, or a bare
 // FILE where the command takes one), then the environment, then the flags,
-// which win. Flags and other arguments may come in any order. only limits
+// which win; last, the nats CLI context named by any of them fills the
+// connection fields none of them set (config.ApplyContext). So the
+// precedence is flag > environment > file > context. Flags and other
+// arguments may come in any order. only limits
 // the flags the command accepts (and lists in -h). The result is validated.
 func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr io.Writer) (loaded, error) {
 	// First pass, on a scratch config: find --config and the bare
@@ -78,6 +82,9 @@ func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr 
 	if bare {
 		l.args = l.args[1:]
 	}
+	if l.ctx, err = cfg.ApplyContext(os.Getenv); err != nil {
+		return l, err
+	}
 	if err := cfg.Validate(); err != nil {
 		if l.path != "" {
 			return l, fmt.Errorf("%s is invalid:\n%w", l.path, err)
@@ -103,6 +110,7 @@ func newFlagSet(name string, cfg *config.Config, path *string, only flagSet, out
 	for _, n := range only {
 		f := all.Lookup(n)
 		fs.Var(f.Value, f.Name, f.Usage)
+		fs.Lookup(n).DefValue = f.DefValue // never a credential
 	}
 	return fs
 }
@@ -146,7 +154,15 @@ func (l loaded) sources() string {
 	if len(l.set) > 0 {
 		parts = append(parts, "flags "+strings.Join(l.set, " "))
 	}
-	return strings.Join(parts, ", then ")
+	s := strings.Join(parts, ", then ")
+	if c := l.ctx; c.Name != "" {
+		filled := "nothing left to fill"
+		if len(c.Fields) > 0 {
+			filled = strings.Join(c.Fields, " ")
+		}
+		s += "; nats context " + c.Name + " (" + c.Path + ") for " + filled
+	}
+	return s
 }
 
 // dialAddr turns a listen address into one to connect to: an unspecified

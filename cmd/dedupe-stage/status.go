@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/status"
 )
@@ -77,7 +75,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
 	if cfg.NATS.IsEmbedded() {
-		return errors.New("status reads the cluster, and nats.url is empty (the embedded server lives inside run); give --nats-url or $DEDUPE_NATS_URL")
+		return errors.New("status reads the cluster, and no server is configured (the embedded server lives inside run); give --server, $NATS_URL or --context")
 	}
 	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
 	nc, err := boot.Connect(cfg.NATS, nil, log)
@@ -85,7 +83,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := cfg.NATS.NewJetStream(nc)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}

@@ -12,8 +12,11 @@ import (
 )
 
 // Connect opens the stage's NATS connection: in process to embedded when it
-// is not nil, otherwise to cfg.URL with the configured credentials and TLS.
-// The connection reconnects forever; disconnects and reconnects are logged.
+// is not nil, otherwise to cfg.URL with the configured credentials and TLS
+// (cfg as config.Config.ApplyContext left it, so that a nats CLI context
+// has filled what nothing else set). The connection reconnects forever;
+// disconnects and reconnects are logged. run, status and check-config
+// --connect all connect here.
 func Connect(cfg config.NATS, embedded *server.Server, log *slog.Logger) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("dedupe-stage"),
@@ -73,6 +76,9 @@ func Connect(cfg config.NATS, embedded *server.Server, log *slog.Logger) (*nats.
 		}
 		if cfg.TLS.CertFile != "" {
 			opts = append(opts, nats.ClientCert(cfg.TLS.CertFile, cfg.TLS.KeyFile))
+		}
+		if cfg.TLS.HandshakeFirst {
+			opts = append(opts, nats.TLSHandshakeFirst())
 		}
 	}
 	nc, err := nats.Connect(url, opts...)

@@ -127,6 +127,10 @@ const (
 type Options struct {
 	// Conn is the NATS connection. Required; the caller closes it.
 	Conn *nats.Conn
+	// NewJetStream makes the JetStream API on Conn (the stage passes
+	// config.NATS.NewJetStream, which applies the JetStream domain).
+	// Default jetstream.New.
+	NewJetStream func(*nats.Conn, ...jetstream.JetStreamOpt) (jetstream.JetStream, error)
 	// InputStream is the stream read. Required.
 	InputStream string
 	// Group names the route consumer, ConsumerName(Group). Required.
@@ -264,6 +268,9 @@ func (o Options) withDefaults() Options {
 	if o.ShutdownTimeout == 0 {
 		o.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if o.NewJetStream == nil {
+		o.NewJetStream = jetstream.New
+	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
@@ -282,7 +289,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o = o.withDefaults()
-	js, err := jetstream.New(o.Conn, jetstream.WithPublishAsyncMaxPending(max(o.BatchSize, 256)))
+	js, err := o.NewJetStream(o.Conn, jetstream.WithPublishAsyncMaxPending(max(o.BatchSize, 256)))
 	if err != nil {
 		return fmt.Errorf("route: jetstream: %w", err)
 	}

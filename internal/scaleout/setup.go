@@ -195,6 +195,7 @@ func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
 	g.inStream = name
 	g.routed = &route.Options{
 		Conn:              o.Conn,
+		NewJetStream:      cfg.NATS.NewJetStream,
 		InputStream:       cfg.Input.Stream,
 		Group:             g.name,
 		Partitions:        cfg.State.Partitions,
