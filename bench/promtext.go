@@ -14,7 +14,7 @@ import (
 )
 
 // series are the samples of a Prometheus text exposition, keyed by the
-// series as printed (name and labels, e.g. `dedupe_batch_size_bucket{le="8"}`).
+// series as printed (name and labels, e.g. `dedupe_batch_messages_bucket{le="8"}`).
 type series map[string]float64
 
 // scrape reads http://addr/metrics.

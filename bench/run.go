@@ -836,7 +836,7 @@ type StageInternals struct {
 
 func stageInternals(g prometheus.Gatherer) *StageInternals {
 	si := &StageInternals{}
-	if c, sum, _ := histogram(g, "dedupe_batch_size", 0); c > 0 {
+	if c, sum, _ := histogram(g, "dedupe_batch_messages", 0); c > 0 {
 		si.Batches, si.MeanBatchSize = c, sum/float64(c)
 	}
 	if c, sum, p99 := histogram(g, "dedupe_publish_seconds", 0.99); c > 0 {

@@ -198,7 +198,7 @@ type ScaleOutInst struct {
 // ScaleOutInternal is read from the instances' /metrics, the difference
 // over the drain, summed over the instances.
 type ScaleOutInternal struct {
-	// Batches and MeanBatchSize: dedupe_batch_size, messages per
+	// Batches and MeanBatchSize: dedupe_batch_messages, messages per
 	// partition batch; NewPerBatch: messages forwarded per batch (the
 	// output batch).
 	Batches       float64 `json:"batches"`
@@ -1132,7 +1132,7 @@ func (e *soEnv) spread(ctx context.Context, insts []*instance, cfg config.Config
 // internals summarises the instances' metrics over a drain.
 func internals(s series, drain time.Duration) ScaleOutInternal {
 	var si ScaleOutInternal
-	if c, sum, _ := s.histogram("dedupe_batch_size", 0); c > 0 {
+	if c, sum, _ := s.histogram("dedupe_batch_messages", 0); c > 0 {
 		si.Batches, si.MeanBatchSize = c, sum/c
 		si.NewPerBatch = s.sum("dedupe_messages_total", `outcome="new"`) / c
 	}

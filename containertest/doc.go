@@ -20,7 +20,8 @@
 // (`promtool check rules` and the unit tests in testdata/alerts_test.yml),
 // the Prometheus config, the compose file, the Dockerfiles, and that the
 // Grafana dashboard and the alerts name only metrics the code exports while
-// the dashboard shows every metric of the stage. Tests that need promtool
+// the dashboard shows every metric of the stage, and that docs/metrics.md
+// describes every metric and no other. Tests that need promtool
 // (Debian package prometheus) are skipped, saying why, without it.
 //
 // The package holds tests only.

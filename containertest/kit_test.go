@@ -315,6 +315,34 @@ func TestDashboard(t *testing.T) {
 	})
 }
 
+// TestMetricsDoc checks docs/metrics.md against the code: above its
+// "Renamed" table it describes every metric the stage registers and names
+// no other.
+func TestMetricsDoc(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "docs", "metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, _, ok := strings.Cut(string(b), "\n## Renamed\n")
+	if !ok {
+		t.Fatal("docs/metrics.md has no \"## Renamed\" section")
+	}
+	defined := definedMetrics(t, "stage/*.go", "sink/*.go", "internal/route/*.go", "internal/lograte/*.go",
+		"internal/scaleout/*.go", "cmd/dedupe-stage/*.go")
+	if bad := undefinedRefs([]string{doc}, defined); len(bad) > 0 {
+		t.Errorf("docs/metrics.md names metrics no Go file declares: %v", bad)
+	}
+	described := map[string]bool{}
+	for _, n := range metricRefRe.FindAllString(doc, -1) {
+		described[baseName(n, defined)] = true
+	}
+	for n, f := range defined {
+		if !described[n] {
+			t.Errorf("%s (%s) is not in docs/metrics.md", n, f)
+		}
+	}
+}
+
 func TestDockerfiles(t *testing.T) {
 	// The images must build without pulling: every stage FROM scratch.
 	for _, f := range []string{"Dockerfile", "deploy/nats-server.Dockerfile"} {

@@ -172,7 +172,8 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		waitDrained(t, js, 90*time.Second)
 		deliveries := consumerInfo(t, js).Delivered.Consumer - ci0.Delivered.Consumer
 		newCount := s.metric("dedupe_messages_total", "outcome", "new")
-		judged := newCount + s.metric("dedupe_messages_total", "outcome", "repeat") + s.metric("dedupe_messages_total", "outcome", "dead_letter")
+		judged := newCount + s.metric("dedupe_messages_total", "outcome", "repeat") + s.metric("dedupe_messages_total", "outcome", "dead_letter") +
+			s.metric("dedupe_unpartitioned_dead_letters_total")
 		dup := s.metric("dedupe_republish_duplicates_total")
 		checkRepublished(dup)
 		flowKillsSinceDrain = 0

@@ -12,6 +12,7 @@ import (
 // told apart by the "sink" label (Sink.Name). It is safe for concurrent use.
 type Metrics struct {
 	writes  *prometheus.CounterVec
+	retries *prometheus.CounterVec
 	errors  *prometheus.CounterVec
 	seconds *prometheus.HistogramVec
 }
@@ -20,8 +21,9 @@ type Metrics struct {
 // is registered when reg is nil):
 //
 //   - dedupe_sink_writes_total{sink, result}: totals written, by result
-//     "applied" or "stale", and compare-and-set retries as result "retried"
-//     (Result's fields);
+//     "applied" or "stale" (Result's fields);
+//   - dedupe_sink_write_retries_total{sink}: extra attempts caused by
+//     concurrent writers (Result.Retried);
 //   - dedupe_sink_write_errors_total{sink}: Write calls that returned an
 //     error;
 //   - dedupe_sink_write_seconds{sink}: duration of Write calls.
@@ -32,8 +34,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_sink_writes_total",
-			Help: "Totals given to a sink, by result: applied (raised the stored value), stale (already held the same or more); retried counts concurrent-update retries.",
+			Help: "Totals given to a sink, by result: applied (raised the stored value), stale (already held the same or more).",
 		}, []string{"sink", "result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_sink_write_retries_total",
+			Help: "Extra write attempts a sink made because another writer changed the same totals at the same time (compare-and-set conflicts, deadlocks, serialization failures); not a count of totals.",
+		}, []string{"sink"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_sink_write_errors_total",
 			Help: "Sink Write calls that returned an error.",
@@ -45,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"sink"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.writes, m.errors, m.seconds)
+		reg.MustRegister(m.writes, m.retries, m.errors, m.seconds)
 	}
 	return m
 }
@@ -62,7 +68,7 @@ func Instrument(s Sink, m *Metrics) Sink {
 		Sink:    s,
 		applied: m.writes.WithLabelValues(name, "applied"),
 		stale:   m.writes.WithLabelValues(name, "stale"),
-		retried: m.writes.WithLabelValues(name, "retried"),
+		retried: m.retries.WithLabelValues(name),
 		errors:  m.errors.WithLabelValues(name),
 		seconds: m.seconds.WithLabelValues(name),
 	}

@@ -32,7 +32,7 @@ func TestInstrument(t *testing.T) {
 	}{
 		{"dedupe_sink_writes_total", map[string]string{"sink": "kv", "result": "applied"}, 3},
 		{"dedupe_sink_writes_total", map[string]string{"sink": "kv", "result": "stale"}, 2},
-		{"dedupe_sink_writes_total", map[string]string{"sink": "kv", "result": "retried"}, 0},
+		{"dedupe_sink_write_retries_total", map[string]string{"sink": "kv"}, 0},
 		{"dedupe_sink_write_errors_total", map[string]string{"sink": "kv"}, 1},
 		{"dedupe_sink_write_seconds", map[string]string{"sink": "kv"}, 3}, // sample count
 	} {

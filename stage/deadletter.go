@@ -182,7 +182,11 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", subject, "err", err)
 	}
 	s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
-	s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
+	if dl.partition == "" {
+		s.metrics.UnpartitionedDeadLetters.Inc()
+	} else {
+		s.metrics.Messages.WithLabelValues(dl.partition, outcomeDeadLetter).Inc()
+	}
 	_ = dl.msg.Ack()
 }
 

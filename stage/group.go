@@ -76,7 +76,7 @@ func (s *Stage) routed() (stream, subject string, ok bool) {
 func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, parts []chan item, dlq chan<- deadLetter) {
 	o, err := route.OriginOfMsg(routedSubject, msg)
 	if err != nil {
-		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
+		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted,
 			detail: "in the routed stream, but not written by the route step: " + err.Error()}
 		return
 	}

@@ -18,19 +18,22 @@ const (
 // Metrics are the stage's Prometheus metrics, all prefixed dedupe_. Build
 // them with NewMetrics on the registry the caller serves.
 type Metrics struct {
-	Messages            *prometheus.CounterVec
-	DeadLetters         *prometheus.CounterVec
-	RepeatAge           prometheus.Histogram
-	NearWindowEnd       prometheus.Counter
-	FingerprintMismatch prometheus.Counter
-	RepublishDuplicates prometheus.Counter
-	PublishSeconds      prometheus.Histogram
-	CommitSeconds       prometheus.Histogram
-	BatchSize           prometheus.Histogram
-	PublishRetries      prometheus.Counter
-	CommitRetries       prometheus.Counter
-	ConsumerPending     *prometheus.GaugeVec
-	WindowSeconds       prometheus.Gauge
+	Messages    *prometheus.CounterVec
+	DeadLetters *prometheus.CounterVec
+	// UnpartitionedDeadLetters counts inputs dead-lettered before they
+	// reached a partition; Messages counts the rest.
+	UnpartitionedDeadLetters prometheus.Counter
+	RepeatAge                prometheus.Histogram
+	NearWindowEnd            prometheus.Counter
+	FingerprintMismatch      prometheus.Counter
+	RepublishDuplicates      prometheus.Counter
+	PublishSeconds           prometheus.Histogram
+	CommitSeconds            prometheus.Histogram
+	BatchMessages            prometheus.Histogram
+	PublishRetries           prometheus.Counter
+	CommitRetries            prometheus.Counter
+	ConsumerPending          *prometheus.GaugeVec
+	WindowSeconds            prometheus.Gauge
 	// DeadLettersUnstorable counts dead letters the dead-letter stream
 	// refused even shrunk: the input was acked and stays in its stream.
 	DeadLettersUnstorable *prometheus.CounterVec
@@ -45,8 +48,12 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_messages_total",
-			Help: "Input messages judged, by partition and outcome (new: forwarded; repeat: recognised and acked; dead_letter: sent to the dead-letter subject). Dead letters that never reach a partition have partition=\"none\".",
+			Help: "Input messages judged in a partition, by partition and outcome (new: forwarded; repeat: recognised and acked; dead_letter: sent to the dead-letter subject; dropped: a late event dropped by the totals). Inputs dead-lettered before they reach a partition are counted in dedupe_unpartitioned_dead_letters_total.",
 		}, []string{"partition", "outcome"}),
+		UnpartitionedDeadLetters: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_unpartitioned_dead_letters_total",
+			Help: "Input messages dead-lettered before they reached a partition (no usable key or group, oversized, max_deliver, not_routed); dedupe_dead_letters_total has their reasons.",
+		}),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_dead_letters_total",
 			Help: "Messages dead-lettered, by reason.",
@@ -78,8 +85,8 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 			Help:    "Time to commit a batch's claims to the state store.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
 		}),
-		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dedupe_batch_size",
+		BatchMessages: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_batch_messages",
 			Help:    "Messages per partition batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 		}),
@@ -112,8 +119,8 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 		Name: "dedupe_healthy",
 		Help: "1 while no component keeps failing (what /healthz answers 200 to); 0 while one is failing and being retried.",
 	}, func() float64 { return gaugeOf(st.Healthy() == nil) })
-	reg.MustRegister(m.Messages, m.DeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
-		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchSize, m.PublishRetries,
+	reg.MustRegister(m.Messages, m.DeadLetters, m.UnpartitionedDeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
+		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
 		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable,
 		ready, healthy, componentCollector{st: st})
 	m.WindowSeconds.Set(windowSeconds)
@@ -151,7 +158,7 @@ type storeCollector struct {
 	store *state.Store
 
 	lookups, filterAnswers, storeReads, falsePositives, claims *prometheus.Desc
-	filterBytes, filterKeys, estFP, observedFP                 *prometheus.Desc
+	filterBytes, filterKeys, estFP                             *prometheus.Desc
 }
 
 // NewStoreCollector returns a collector for the store's filter and read
@@ -167,14 +174,13 @@ func NewStoreCollector(s *state.Store) prometheus.Collector {
 		claims:         prometheus.NewDesc("dedupe_claims_total", "Keys claimed in the store, by result (new or existing).", []string{"partition", "result"}, nil),
 		filterBytes:    prometheus.NewDesc("dedupe_filter_bytes", "Memory held by the partition's Bloom filter generations.", p, nil),
 		filterKeys:     prometheus.NewDesc("dedupe_filter_keys", "Keys in the partition filter's live generations.", p, nil),
-		estFP:          prometheus.NewDesc("dedupe_filter_estimated_false_positive_rate", "False-positive rate estimated from the filter's fill.", p, nil),
-		observedFP:     prometheus.NewDesc("dedupe_filter_observed_false_positive_rate", "Observed false positives over lookups of keys not in the window, since start.", p, nil),
+		estFP:          prometheus.NewDesc("dedupe_filter_estimated_false_positive_ratio", "False-positive ratio of the partition's filter now, estimated from its fill; the observed ratio is computed from dedupe_filter_false_positives_total and dedupe_filter_answers_total (docs/metrics.md).", p, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lookups, c.filterAnswers, c.storeReads, c.falsePositives, c.claims, c.filterBytes, c.filterKeys, c.estFP, c.observedFP} {
+	for _, d := range []*prometheus.Desc{c.lookups, c.filterAnswers, c.storeReads, c.falsePositives, c.claims, c.filterBytes, c.filterKeys, c.estFP} {
 		ch <- d
 	}
 }
@@ -194,10 +200,5 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.filterBytes, prometheus.GaugeValue, float64(st.FilterBytes), p)
 		ch <- prometheus.MustNewConstMetric(c.filterKeys, prometheus.GaugeValue, float64(st.FilterKeys), p)
 		ch <- prometheus.MustNewConstMetric(c.estFP, prometheus.GaugeValue, st.FilterEstimatedFP, p)
-		observed := 0.0
-		if absent := st.FalsePositives + st.FilterNegatives; absent > 0 {
-			observed = float64(st.FalsePositives) / float64(absent)
-		}
-		ch <- prometheus.MustNewConstMetric(c.observedFP, prometheus.GaugeValue, observed, p)
 	}
 }

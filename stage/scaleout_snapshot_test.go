@@ -132,6 +132,14 @@ func TestScaleOutSnapshotHandOver(t *testing.T) {
 	if got := counter(t, b.reg, "dedupe_restore_path_total", map[string]string{"path": "full"}); got != 0 {
 		t.Errorf("%v takeovers read the whole changelog, want none", got)
 	}
+	// Each takeover's duration is observed once, under its restore's path.
+	if got := counter(t, b.reg, "dedupe_partition_restore_seconds", map[string]string{"path": "snapshot"}); got < 4 {
+		t.Errorf("dedupe_partition_restore_seconds{path=snapshot} holds %v takeovers, want every one of the 4 partitions", got)
+	}
+	// Read first: a takeover counts before it observes its duration.
+	if got, takeovers := counter(t, b.reg, "dedupe_partition_restore_seconds", nil), counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got > takeovers {
+		t.Errorf("dedupe_partition_restore_seconds holds %v takeovers, more than the %v of dedupe_partition_takeovers_total", got, takeovers)
+	}
 	if got := counter(t, b.reg, "dedupe_snapshot_restore_records_total", nil); got < float64(round1) {
 		t.Errorf("b loaded %v records from snapshots, want the %d they hold", got, round1)
 	}
@@ -206,6 +214,11 @@ func TestScaleOutSnapshotEveryInterval(t *testing.T) {
 	}
 	if got := counter(t, a.reg, "dedupe_snapshot_writes_total", map[string]string{"result": "failed"}); got != 0 {
 		t.Errorf("%v snapshot writes failed, want none", got)
+	}
+	// Read first: a write counts before it observes its duration, and
+	// writes go on in the background.
+	if got, written := counter(t, a.reg, "dedupe_snapshot_write_seconds", nil), counter(t, a.reg, "dedupe_snapshot_writes_total", map[string]string{"result": "ok"}); got < 8 || got > written {
+		t.Errorf("dedupe_snapshot_write_seconds holds %v writes, want at least 4 per round and at most the %v written", got, written)
 	}
 	// Rounds with nothing new keep each partition's snapshot current:
 	// its last-success time moves on without a write.

@@ -308,9 +308,11 @@ func (it *item) inputSubject() string {
 
 // deadLetter is a message on its way to the dead-letter subject.
 type deadLetter struct {
-	msg       jetstream.Msg
-	reason    string
-	detail    string
+	msg    jetstream.Msg
+	reason string
+	detail string
+	// partition is the label of the partition that judged it, or ""
+	// for an input dead-lettered before it reached one.
 	partition string
 	// fence is the dead-letter fence of the tenure that decided it, with
 	// scale-out (nil: not fenced); p and pin are that tenure's partition
@@ -436,7 +438,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 		// Each input a bundle carries is dispatched as a copy of its own.
 		ms, err := route.Unbundle(msg)
 		if err != nil {
-			dlq <- deadLetter{msg: msg, reason: ReasonNotRouted, partition: "none",
+			dlq <- deadLetter{msg: msg, reason: ReasonNotRouted,
 				detail: "in the routed stream, a bundle this version cannot read: " + err.Error()}
 			return
 		}
@@ -448,13 +450,13 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	data := msg.Data()
 	if s.maxDeliver > 0 {
 		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {
-			dlq <- deadLetter{msg: msg, reason: "max_deliver", partition: "none",
+			dlq <- deadLetter{msg: msg, reason: "max_deliver",
 				detail: fmt.Sprintf("delivery %d of at most %d: dead-lettered so the server cannot drop it", md.NumDelivered, s.maxDeliver)}
 			return
 		}
 	}
 	if limit := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > limit {
-		dlq <- deadLetter{msg: msg, reason: ReasonOversized, partition: "none",
+		dlq <- deadLetter{msg: msg, reason: ReasonOversized,
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 		return
 	}
@@ -469,7 +471,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 		if errors.As(err, &ke) {
 			reason, detail = ke.Reason, ke.Detail
 		}
-		dlq <- deadLetter{msg: msg, reason: reason, detail: detail, partition: "none"}
+		dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
 		return
 	}
 	route := key

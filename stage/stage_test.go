@@ -338,6 +338,17 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 			t.Errorf("dedupe_dead_letters_total{reason=%s} = %v, want 1", reason, v)
 		}
 	}
+	// The fingerprint mismatch was judged in its key's partition; the
+	// other three never reached one.
+	if v := counter(t, r.reg, "dedupe_messages_total", map[string]string{"outcome": "dead_letter"}); v != 1 {
+		t.Errorf("dedupe_messages_total{outcome=dead_letter} = %v, want 1 (the fingerprint mismatch)", v)
+	}
+	if v := counter(t, r.reg, "dedupe_unpartitioned_dead_letters_total", nil); v != 3 {
+		t.Errorf("dedupe_unpartitioned_dead_letters_total = %v, want 3 (no_key, oversized, key_too_long)", v)
+	}
+	if _, ok := metrictest.Lookup(t, r.reg, "dedupe_messages_total", map[string]string{"partition": "none"}); ok {
+		t.Errorf("dedupe_messages_total has a series with partition=\"none\"; inputs that reach no partition have a metric of their own")
+	}
 }
 
 func TestJSONKeyWithScope(t *testing.T) {

@@ -144,7 +144,7 @@ func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.H
 func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTime time.Time) (state.Contribution, *deadLetter) {
 	hdr := msg.Headers()
 	dl := func(reason, format string, args ...any) (state.Contribution, *deadLetter) {
-		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, partition: "none", detail: fmt.Sprintf(format, args...)}
+		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, detail: fmt.Sprintf(format, args...)}
 	}
 	g, err := groupOf(t.group, t.cfg.Group, subject, hdr, data)
 	if err != nil {

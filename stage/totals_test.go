@@ -731,6 +731,6 @@ func TestTotalsTwoInstancesOverlap(t *testing.T) {
 		t.Errorf("no stale writes: the two instances never overlapped on a key")
 	}
 	t.Logf("stale writes %v, retried %v", stale,
-		counter(t, r1.reg, "dedupe_sink_writes_total", map[string]string{"result": "retried"})+
-			counter(t, r2.reg, "dedupe_sink_writes_total", map[string]string{"result": "retried"}))
+		counter(t, r1.reg, "dedupe_sink_write_retries_total", nil)+
+			counter(t, r2.reg, "dedupe_sink_write_retries_total", nil))
 }

@@ -98,7 +98,7 @@ type worker struct {
 // unacked: the server redelivers it after AckWait and it is judged again.
 func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
-	s.metrics.BatchSize.Observe(float64(len(batch)))
+	s.metrics.BatchMessages.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
 	release, v := w.owner.Own(ctx, batch[len(batch)-1].pin, len(batch), func() { w.keepAlive(batch) })
 	defer release()

@@ -232,7 +232,8 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 	deliveries := consumerInfo(t, js).Delivered.Consumer - ci.Delivered.Consumer
 	newCount := scrape(t, addr, "dedupe_messages_total", `outcome="new"`)
 	repeats := scrape(t, addr, "dedupe_messages_total", `outcome="repeat"`)
-	judged := newCount + repeats + scrape(t, addr, "dedupe_messages_total", `outcome="dead_letter"`)
+	judged := newCount + repeats + scrape(t, addr, "dedupe_messages_total", `outcome="dead_letter"`) +
+		scrape(t, addr, "dedupe_unpartitioned_dead_letters_total")
 	republished := scrape(t, addr, "dedupe_republish_duplicates_total")
 	if judged != float64(deliveries) || deliveries < uint64(unjudged) {
 		t.Errorf("the restart judged %v messages (new %v, repeat %v) of %d deliveries; %d were unacknowledged at the kill", judged, newCount, repeats, deliveries, unjudged)

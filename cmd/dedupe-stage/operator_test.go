@@ -166,7 +166,7 @@ func TestQuickstart(t *testing.T) {
 		`"inside_window": true`,
 		`dedupe_messages_total{outcome="new",partition="5"} 1`,
 		`dedupe_messages_total{outcome="repeat",partition="5"} 1`,
-		`dedupe_messages_total{outcome="dead_letter",partition="none"} 1`,
+		`dedupe_unpartitioned_dead_letters_total 1`,
 		`dedupe_dead_letters_total{reason="no_key"} 1`,
 	} {
 		if !strings.Contains(readme, want) {
@@ -228,14 +228,15 @@ func TestQuickstart(t *testing.T) {
 	if code != 0 || !strings.Contains(body, `"found": true`) || !strings.Contains(body, `"inside_window": true`) {
 		t.Errorf("inspect order-1: exit %d:\n%s", code, body)
 	}
-	// curl .../metrics | grep -E '^dedupe_(messages|dead_letters)_total'
+	// curl .../metrics | grep -E '^dedupe_(messages|dead_letters|unpartitioned_dead_letters)_total'
 	got := metricLines(t, httpAddr, "dedupe_messages_total")
 	got = append(got, metricLines(t, httpAddr, "dedupe_dead_letters_total")...)
+	got = append(got, metricLines(t, httpAddr, "dedupe_unpartitioned_dead_letters_total")...)
 	joined := strings.Join(got, "\n")
 	for _, want := range []string{
 		`dedupe_messages_total{outcome="new",partition="5"} 1`,
 		`dedupe_messages_total{outcome="repeat",partition="5"} 1`,
-		`dedupe_messages_total{outcome="dead_letter",partition="none"} 1`,
+		`dedupe_unpartitioned_dead_letters_total 1`,
 		`dedupe_dead_letters_total{reason="no_key"} 1`,
 	} {
 		if !strings.Contains(joined, want) {

@@ -449,7 +449,6 @@ func (g *Group) setBundles(form, live int) {
 	if g.cfg.ScaleOut.RouteBundleMax <= 1 {
 		form = 0
 	}
-	g.metrics.bundleForm.Set(float64(form))
 	if form > 0 {
 		g.metrics.bundlesOn.Set(1)
 	} else {

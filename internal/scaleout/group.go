@@ -151,10 +151,9 @@ type scaleOutMetrics struct {
 	stale      *prometheus.CounterVec
 	restored   *prometheus.CounterVec
 	bundlesOn  prometheus.Gauge
-	bundleForm prometheus.Gauge
 	reopens    *prometheus.CounterVec
 	restoring  *prometheus.GaugeVec
-	restoreDur *prometheus.GaugeVec
+	restoreDur *prometheus.HistogramVec
 	released   *prometheus.CounterVec
 	refused    *prometheus.CounterVec
 	dlRefusals *prometheus.CounterVec
@@ -191,10 +190,6 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_route_bundles_on",
 			Help: "1 while the route step writes bundles: scale_out.route_bundle_max is above 1 and every live instance of the group says (in the presence bucket) that it reads them; 0 while it routes every copy alone.",
 		}),
-		bundleForm: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "dedupe_route_bundle_form",
-			Help: "The bundle form the route step writes: the newest every live instance of the group says it reads (1 or 2); 0 while it routes every copy alone.",
-		}),
 		reopens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_restore_reader_reopens_total",
 			Help: fmt.Sprintf("Times a restore replaced its changelog reader because it delivered nothing for %v (a consumer alive but silent), by partition.", handover.RestoreReopenAfter),
@@ -203,10 +198,11 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_partition_restoring",
 			Help: "1 while this instance restores the partition from the output stream, else 0.",
 		}, []string{"partition"}),
-		restoreDur: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dedupe_partition_restore_seconds",
-			Help: "How long the last takeover of the partition took: the fence and the restore.",
-		}, []string{"partition"}),
+		restoreDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dedupe_partition_restore_seconds",
+			Help:    "Time this instance took to take a partition, the fence and the restore, by the restore's path (snapshot, local, full).",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 17),
+		}, []string{"path"}),
 		released: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_partition_releases_total",
 			Help: "Partitions this instance released to balance the group (it owned more than its fair share), by partition.",
@@ -220,7 +216,10 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		Name: "dedupe_group_partitions",
 		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner.",
 	}, []string{"group"})
-	reg.MustRegister(m.bundlesOn, m.bundleForm, m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
+	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull} {
+		m.restoreDur.WithLabelValues(p)
+	}
+	reg.MustRegister(m.bundlesOn, m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
 	return m
 }
 

@@ -293,7 +293,7 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	}
 	took := time.Since(start)
 	g.metrics.takeovers.WithLabelValues(o.label).Inc()
-	g.metrics.restoreDur.WithLabelValues(o.label).Set(took.Seconds())
+	g.metrics.restoreDur.WithLabelValues(r.path).Observe(took.Seconds())
 	g.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
 		"from_snapshot", r.loaded, "restored", r.total, "readers_replaced", r.reopens, "took", took.Round(time.Millisecond))
 	g.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,

@@ -69,7 +69,7 @@ type snapshotMetrics struct {
 	writes  *prometheus.CounterVec
 	records *prometheus.GaugeVec
 	bytes   *prometheus.GaugeVec
-	seconds *prometheus.GaugeVec
+	seconds prometheus.Histogram
 	loaded  *prometheus.CounterVec
 	current *prometheus.GaugeVec
 }
@@ -92,10 +92,11 @@ func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
 			Name: "dedupe_snapshot_bytes",
 			Help: "Size of the partition's last snapshot this instance wrote.",
 		}, []string{"partition"}),
-		seconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dedupe_snapshot_write_seconds",
-			Help: "How long writing the partition's last snapshot took.",
-		}, []string{"partition"}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dedupe_snapshot_write_seconds",
+			Help:    "Time to write a partition snapshot into the snapshot bucket, of the snapshots written.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}),
 		loaded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_snapshot_restore_records_total",
 			Help: "Records loaded from snapshots into the state store when taking a partition, by partition.",
@@ -203,7 +204,7 @@ func (sn *snapshots) forgetOthers(owned []int) {
 	}
 	for p := range sn.parts {
 		if label := strconv.Itoa(p); !keep[label] {
-			for _, g := range []*prometheus.GaugeVec{sn.metrics.records, sn.metrics.bytes, sn.metrics.seconds, sn.metrics.current} {
+			for _, g := range []*prometheus.GaugeVec{sn.metrics.records, sn.metrics.bytes, sn.metrics.current} {
 				g.DeleteLabelValues(label)
 			}
 		}
@@ -289,7 +290,7 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 	sn.metrics.writes.WithLabelValues("ok").Inc()
 	sn.metrics.records.WithLabelValues(label).Set(float64(n))
 	sn.metrics.bytes.WithLabelValues(label).Set(float64(info.Size))
-	sn.metrics.seconds.WithLabelValues(label).Set(took.Seconds())
+	sn.metrics.seconds.Observe(took.Seconds())
 	sn.markCurrent(p.Index(), start)
 	sn.mu.Lock()
 	sn.written[p.Index()] = cursor
