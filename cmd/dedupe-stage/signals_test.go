@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 )
 
@@ -190,5 +191,22 @@ func TestSecondSIGTERMExitsAtOnce(t *testing.T) {
 				t.Errorf("the log does not show an exit at once:\n%s", tail(log, 3000))
 			}
 		})
+	}
+}
+
+// TestChangedFieldsNamesYAMLPaths: a reload names each changed field by
+// its path in the file, inline sections included, and never a value.
+func TestChangedFieldsNamesYAMLPaths(t *testing.T) {
+	a := config.Default()
+	b := a
+	b.Input.Limits.MaxAge = config.Duration(time.Hour) // an inline section
+	b.NATS.Password = "s3cret"
+	b.Log.Level = "debug"
+	got := strings.Join(changedFields(a, b), " ")
+	if want := "nats.password input.max_age log.level"; got != want {
+		t.Errorf("changed fields %q, want %q", got, want)
+	}
+	if len(changedFields(a, a)) != 0 {
+		t.Errorf("a config differs from itself: %v", changedFields(a, a))
 	}
 }
