@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -42,24 +43,32 @@ func (e *env) inventory() string {
 // same message and a fix, and changes nothing on the server; on the
 // streams as the stage made them it finds nothing that stops a start.
 func TestCheckFindsWhatNewRefuses(t *testing.T) {
+	routed := func(e *env) { e.cfg.ScaleOut.Route = config.RouteAlways }
 	for _, tc := range []struct {
 		name   string
-		stream func(e *env) string // the stream to edit, "" for none
+		setup  func(e *env)        // changes the configuration, nil for none
+		stream func(e *env) string // the stream to edit, nil for none
 		edit   func(c *jetstream.StreamConfig)
 		check  string // the finding's check; "" when New must start
 	}{
-		{"as made", nil, nil, ""},
-		{"duplicate window", func(e *env) string { return e.cfg.Output.Stream },
+		{"as made", nil, nil, nil, ""},
+		{"routed, as made", routed, nil, nil, ""},
+		{"routed duplicate window", routed, func(e *env) string { return e.cfg.ScaleOut.RoutedStream },
+			func(c *jetstream.StreamConfig) { c.Duplicates = time.Second }, "routed_stream"},
+		{"duplicate window", nil, func(e *env) string { return e.cfg.Output.Stream },
 			func(c *jetstream.StreamConfig) { c.Duplicates = time.Second }, "duplicate_window"},
-		{"changelog limit", func(e *env) string { return e.cfg.Output.Stream },
+		{"changelog limit", nil, func(e *env) string { return e.cfg.Output.Stream },
 			func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 1 }, "changelog"},
-		{"control subjects", func(e *env) string { return e.cfg.Output.Stream },
+		{"control subjects", nil, func(e *env) string { return e.cfg.Output.Stream },
 			func(c *jetstream.StreamConfig) { c.Subjects = c.Subjects[:1] }, "control_subjects"},
-		{"partition transform", func(e *env) string { return e.cfg.Input.Stream },
+		{"partition transform", nil, func(e *env) string { return e.cfg.Input.Stream },
 			func(c *jetstream.StreamConfig) { c.SubjectTransform = nil }, "partition_transform"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newScaleOutEnv(t)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
 			e.as("a").start().stop(t) // creates the streams and the group
 			ctx := context.Background()
 			if tc.stream != nil {
@@ -108,4 +117,24 @@ func TestCheckFindsWhatNewRefuses(t *testing.T) {
 			t.Errorf("New refused with %q (fix %q); Check found no %s error saying so with that fix: %+v", err, finding.Fix(err), tc.check, fs)
 		})
 	}
+}
+
+// TestCheckFindsAnotherGroupRecord: a group made with 4 partitions, checked
+// with 8, is refused with the command that removes its record.
+func TestCheckFindsAnotherGroupRecord(t *testing.T) {
+	e := newScaleOutEnv(t)
+	e.as("a").start().stop(t)
+	cfg := e.as("b").cfg
+	cfg.State.Partitions = 8
+	fs, err := stage.Check(context.Background(), e.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "nats kv del static-consumer-groups " + cfg.Input.Stream + "." + cfg.ScaleOut.Group
+	for _, f := range fs {
+		if f.Check == "consumer_group" && f.Severity == finding.Error && f.Fix == want {
+			return
+		}
+	}
+	t.Errorf("no consumer_group error fixed by %q: %+v", want, fs)
 }
