@@ -271,7 +271,9 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 		log.Info("output duplicate window covers a crash between publish and commit", "stream", cfg.Output.Stream, "duplicate_window", have, "required", need)
 		return nil
 	}
-	fix := fmt.Sprintf("nats stream edit %s --dupe-window %v --force", cfg.Output.Stream, need)
+	// The fix asks for the window the stage creates the stream with, which
+	// leaves a margin over the bare requirement.
+	fix := fmt.Sprintf("nats stream edit %s --dupe-window %v --force", cfg.Output.Stream, max(need, cfg.OutputDuplicateWindow()))
 	err = finding.WithFix(fmt.Errorf("%w: stream %s drops re-published ids for %v, but a message can come back %v after a crash (consumer ack_wait %v and backoff %v, plus output.restart_margin %v); raise the stream's duplicate window (%s), or lower input.ack_wait, or set output.allow_short_duplicate_window to run anyway",
 		ErrDuplicateWindow, cfg.Output.Stream, have, need, consumerCfg.AckWait, consumerCfg.BackOff, cfg.Output.RestartMargin.D(), fix), fix)
 	if cfg.Output.AllowShortDuplicateWindow {
