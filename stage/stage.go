@@ -219,7 +219,7 @@ func (s *Stage) checkServers(ctx context.Context) error {
 	if cfg.ScaleOut.Enabled {
 		// The group's member consumers are made when Run joins the group,
 		// with input's settings.
-		consumerCfg = jetstream.ConsumerConfig{AckWait: cfg.Input.AckWait.D(), MaxDeliver: cfg.Input.MaxDeliver}
+		consumerCfg = memberConsumer(cfg.Input)
 	} else {
 		if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
@@ -234,7 +235,19 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Inpu
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("look up consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	consumerCfg := jetstream.ConsumerConfig{
+	consumerCfg := consumerToCreate(cfg)
+	c, err = st.CreateConsumer(ctx, consumerCfg)
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	log.Info("consumer created", "stream", cfg.Stream, "consumer", cfg.Consumer, "ack_wait", consumerCfg.AckWait, "max_ack_pending", consumerCfg.MaxAckPending)
+	return c, nil
+}
+
+// consumerToCreate is the durable pull consumer ensureConsumer creates
+// when it is missing.
+func consumerToCreate(cfg config.Input) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
 		Durable:       cfg.Consumer,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cfg.AckWait.D(),
@@ -243,12 +256,6 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Inpu
 		FilterSubject: cfg.FilterSubject,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
-	c, err = st.CreateConsumer(ctx, consumerCfg)
-	if err != nil {
-		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
-	}
-	log.Info("consumer created", "stream", cfg.Stream, "consumer", cfg.Consumer, "ack_wait", consumerCfg.AckWait, "max_ack_pending", consumerCfg.MaxAckPending)
-	return c, nil
 }
 
 // checkDuplicateWindow compares the output stream's duplicate window with
@@ -264,8 +271,11 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 		log.Info("output duplicate window covers a crash between publish and commit", "stream", cfg.Output.Stream, "duplicate_window", have, "required", need)
 		return nil
 	}
-	err = fmt.Errorf("%w: stream %s drops re-published ids for %v, but a message can come back %v after a crash (consumer ack_wait %v and backoff %v, plus output.restart_margin %v); raise the stream's duplicate window (nats stream edit %s --dupe-window %v), or lower input.ack_wait, or set output.allow_short_duplicate_window to run anyway",
-		ErrDuplicateWindow, cfg.Output.Stream, have, need, consumerCfg.AckWait, consumerCfg.BackOff, cfg.Output.RestartMargin.D(), cfg.Output.Stream, need)
+	// The fix asks for the window the stage creates the stream with, which
+	// leaves a margin over the bare requirement.
+	fix := fmt.Sprintf("nats stream edit %s --dupe-window %v --force", cfg.Output.Stream, max(need, cfg.OutputDuplicateWindow()))
+	err = finding.WithFix(fmt.Errorf("%w: stream %s drops re-published ids for %v, but a message can come back %v after a crash (consumer ack_wait %v and backoff %v, plus output.restart_margin %v); raise the stream's duplicate window (%s), or lower input.ack_wait, or set output.allow_short_duplicate_window to run anyway",
+		ErrDuplicateWindow, cfg.Output.Stream, have, need, consumerCfg.AckWait, consumerCfg.BackOff, cfg.Output.RestartMargin.D(), fix), fix)
 	if cfg.Output.AllowShortDuplicateWindow {
 		log.Warn("RUNNING WITH A SHORT DUPLICATE WINDOW: a crash between publish and commit can forward a message twice", "err", err)
 		return nil
@@ -300,8 +310,9 @@ func outputPublish(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	allowed := st.CachedInfo().Config.AllowAtomicPublish
 	atomic, err := cfg.PublishAtomic(allowed)
 	if err != nil {
-		return false, fmt.Errorf("%w: stream %s has AllowAtomicPublish off; allow it (nats stream edit %s --allow-batch) or set output.publish to async or auto",
-			err, cfg.Output.Stream, cfg.Output.Stream)
+		fix := "nats stream edit " + cfg.Output.Stream + " --allow-batch --force"
+		return false, finding.WithFix(fmt.Errorf("%w: stream %s has AllowAtomicPublish off; allow it (%s) or set output.publish to async or auto",
+			err, cfg.Output.Stream, fix), fix)
 	}
 	if atomic {
 		log.Info("output published as atomic batches", "stream", cfg.Output.Stream, "publish", cfg.Output.Publish,

@@ -3,6 +3,7 @@
 //
 //	dedupe-stage run [--config FILE] [flags]            run the stage (embedded nats-server unless a URL is given)
 //	dedupe-stage check-config [FILE] [run's flags]      validate what run would use, print it with the derived window and sizing
+//	dedupe-stage check-config --connect [--json] ...    also run run's start-up checks against the server, read only
 //	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the running stage
 //	dedupe-stage healthcheck [--config FILE]            exit 0 when the running stage reports healthy
 //	dedupe-stage status [--config FILE] [--json] [flags] who owns each partition and how far behind it is, read from the cluster
@@ -10,7 +11,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,9 +19,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -41,6 +39,11 @@ Usage:
   dedupe-stage run [--config FILE] [flags]        run the stage (embedded nats-server and ./data unless --nats-url is given)
   dedupe-stage check-config [FILE] [flags]        validate the configuration run would use with the same file,
                                                   environment and flags; print it, the derived window and sizing
+  dedupe-stage check-config --connect [--json] [FILE] [flags]
+                                                  also run every start-up check of run against the server at
+                                                  nats.url, read only; print each finding with the nats command
+                                                  that fixes it; exit 0 ok, 1 a finding stops run, 2 usage,
+                                                  3 no server
   dedupe-stage inspect [--config FILE] KEY        tell whether KEY is inside the window (asks the running stage)
   dedupe-stage healthcheck [--config FILE]        exit 0 when the running stage is healthy (for container health checks)
   dedupe-stage status [--config FILE] [--json] [flags]
@@ -50,6 +53,8 @@ Usage:
 
 The config file is --config FILE, else $DEDUPE_CONFIG; DEDUPE_* variables override it and flags
 override both. Run "dedupe-stage run -h" for the flags. Configuration: configs/README.md.
+Signals to run: SIGHUP reloads the configuration (log.level applies at once; the log says which
+changed fields need a restart); SIGINT or SIGTERM stops cleanly, a second one exits at once.
 `
 
 func main() {
@@ -86,8 +91,13 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		code := 1
+		var ee *exitError
+		if errors.As(err, &ee) {
+			code = ee.code
+		}
 		fmt.Fprintln(stderr, "dedupe-stage:", err)
-		return 1
+		return code
 	}
 	return 0
 }
@@ -95,13 +105,20 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 // newLogger returns the logger cfg asks for. Durations print as Go
 // duration strings ("1h10m0s") in both formats, not as nanoseconds.
 func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
-	var level slog.Level
+	log, _ := newLevelLogger(cfg, w)
+	return log
+}
+
+// newLevelLogger is newLogger with its level, which can be changed while
+// the logger is in use (a reload on SIGHUP).
+func newLevelLogger(cfg config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
 	_ = level.UnmarshalText([]byte(cfg.Level))
 	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsStrings}
 	if cfg.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, opts)), level
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, opts)), level
 }
 
 // durationsAsStrings is a slog ReplaceAttr that writes time.Duration values
@@ -125,8 +142,13 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	// No log line and no error may show a credential from the config.
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
-	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
+	base, level := newLevelLogger(cfg.Log, stderr)
+	log := slog.New(red.Handler(base.Handler()))
 	slog.SetDefault(log)
+	// Signals as nats-server: SIGINT or SIGTERM stops cleanly, a second
+	// one exits at once, SIGHUP reloads the configuration.
+	ctx, endSignals := runContext(args, cfg, level, log)
+	defer endSignals()
 	ver, rev := binaryVersion()
 	log.Info("dedupe-stage starting", "version", ver, "revision", rev, "config", l.sources())
 
@@ -142,10 +164,6 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 		return err
 	}
 	defer lock.Release()
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	go exitOnSecondSignal(ctx, log)
 
 	reg := newRegistry(ver, rev)
 	status := &stage.Status{}
@@ -193,17 +211,6 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	return nil
 }
 
-// exitOnSecondSignal exits the process at once on a signal that comes
-// after ctx ended (the first one): what was not acked comes back.
-func exitOnSecondSignal(ctx context.Context, log *slog.Logger) {
-	<-ctx.Done()
-	again := make(chan os.Signal, 1)
-	signal.Notify(again, syscall.SIGINT, syscall.SIGTERM)
-	<-again
-	log.Warn("second signal: exiting at once")
-	os.Exit(130)
-}
-
 // newRegistry is the process's metrics registry: the Go runtime, the
 // process and the build's information, to which the stage adds its own.
 func newRegistry(ver, rev string) *prometheus.Registry {
@@ -242,12 +249,27 @@ func firstSubject(subjects []string) string {
 }
 
 func checkConfigCmd(args []string, stdout, stderr io.Writer) error {
+	own, args := splitCheckFlags(args)
+	if err := usageErrors("check-config", args); err != nil {
+		loadConfig("check-config", args, nil, true, stderr) // prints the usage
+		return err
+	}
 	l, err := loadConfig("check-config", args, nil, true, stderr)
 	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, "  -connect\n    \tcheck against the server at nats.url, read only (exit 1: findings that stop run, 3: no server)\n"+
+				"  -json\n    \twith --connect, print the findings as a JSON list for scripts\n")
+		}
 		return err
 	}
 	if err := noArgs("check-config", l.args); err != nil {
-		return err
+		return &exitError{exitUsage, err}
+	}
+	if own.json && !own.connect {
+		return &exitError{exitUsage, errors.New("check-config --json prints the findings of --connect; give both")}
+	}
+	if own.connect {
+		return checkConnect(l, own.json, stdout, stderr)
 	}
 	fmt.Fprintf(stdout, "The configuration is valid. run would use it with these settings.\n%-12s %s\n%s", "from:", l.sources(), l.cfg.Summary())
 	streams, err := stage.StreamsToCreate(l.cfg)

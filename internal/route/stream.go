@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
@@ -185,8 +186,9 @@ func CheckStream(sc jetstream.StreamConfig, routedSubject string, partitions int
 		errs = append(errs, fmt.Errorf("%w: stream %s has subjects %v, and lacks %q of the %d partitions", ErrRoutedStream, sc.Name, sc.Subjects, missing, partitions))
 	}
 	if need := streams.RequiredDuplicateWindow(ackWait, nil, restartMargin); sc.Duplicates < need {
-		errs = append(errs, fmt.Errorf("%w: stream %s has a duplicate window of %v, but an input message can be routed again %v after its first routing (route ack_wait %v plus restart margin %v); raise it (nats stream edit %s --dupe-window %v)",
-			ErrRoutedStream, sc.Name, sc.Duplicates, need, ackWait, restartMargin, sc.Name, streams.DuplicateWindow(ackWait, restartMargin)))
+		fix := fmt.Sprintf("nats stream edit %s --dupe-window %v --force", sc.Name, streams.DuplicateWindow(ackWait, restartMargin))
+		errs = append(errs, finding.WithFix(fmt.Errorf("%w: stream %s has a duplicate window of %v, but an input message can be routed again %v after its first routing (route ack_wait %v plus restart margin %v); raise it (%s)",
+			ErrRoutedStream, sc.Name, sc.Duplicates, need, ackWait, restartMargin, fix), fix))
 	}
 	return errors.Join(errs...)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 )
 
@@ -59,10 +60,11 @@ func refusedReason(err error) string {
 // none). It is checked at start and again at every takeover, since the
 // stream can be edited while the group runs.
 func (g *Group) checkChangelog(oc jetstream.StreamConfig) error {
-	fail := func(field, now, fix string) error {
-		return &changelogError{reason: refusedLimits, msg: fmt.Sprintf(
-			"scale-out: %v: output stream %s has %s %s; it is the changelog new owners restore partitions from, and that drops records a restore needs (fix: nats stream edit %s %s)",
-			ErrChangelog, g.outStream, field, now, g.outStream, fix)}
+	fail := func(field, now, flags string) error {
+		fix := "nats stream edit " + g.outStream + " " + flags + " --force"
+		return finding.WithFix(&changelogError{reason: refusedLimits, msg: fmt.Sprintf(
+			"scale-out: %v: output stream %s has %s %s; it is the changelog new owners restore partitions from, and that drops records a restore needs (fix: %s)",
+			ErrChangelog, g.outStream, field, now, fix)}, fix)
 	}
 	switch {
 	case oc.Retention != jetstream.LimitsPolicy:
@@ -97,10 +99,11 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 		fence := handover.FenceSubject(prefix, p)
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
 			subjects := append(slices.Clone(oc.Subjects), control)
-			return fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
+			fix := fmt.Sprintf("nats stream edit %s --subjects '%s' --force", oc.Name, strings.Join(subjects, ","))
+			return finding.WithFix(fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
 				"the group keeps its fences on %s, apart from the messages under %s.>, so that their consumers see data only "+
-				"(fix: nats stream edit %s --subjects '%s')",
-				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, oc.Name, strings.Join(subjects, ","))
+				"(fix: %s)",
+				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, fix), fix)
 		}
 	}
 	return nil

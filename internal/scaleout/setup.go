@@ -11,6 +11,7 @@ import (
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
@@ -125,10 +126,7 @@ func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, e
 // partition, or checks that the one there is the same.
 func (g *Group) createGroup(ctx context.Context) error {
 	n := g.cfg.State.Partitions
-	mappings := make([]pcgroups.MemberMapping, n)
-	for i := range mappings {
-		mappings[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
-	}
+	mappings := groupMappings(n)
 	// A cluster can leave a request unanswered (no responders while a
 	// leader is elected, a time-out): asked again, for as long as the
 	// streams' set-up is, each request for streams.RequestTimeout of it.
@@ -170,10 +168,11 @@ func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		if tr != nil {
 			have = fmt.Sprintf("%q -> %q", tr.Source, tr.Destination)
 		}
-		return fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
+		return finding.WithFix(fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
 			"(of state.partitions = %d) first in the stored subject; edit the stream, create it with the stage (nats.create_streams), "+
 			"or have the route step partition it (scale_out.route always)",
-			name, have, src, dest, cfg.State.Partitions)
+			name, have, src, dest, cfg.State.Partitions),
+			fmt.Sprintf("nats stream edit %s --transform-source '%s' --transform-destination '%s' --force", name, src, dest))
 	}
 	return nil
 }
@@ -224,4 +223,14 @@ func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
 	g.log.Info("scale-out: the route step partitions the input", "why", why, "routed_stream", name,
 		"routed_subjects", route.Subject(0, cfg.ScaleOut.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(g.name))
 	return nil
+}
+
+// groupMappings is the static consumer group's membership: member p<i>
+// consumes partition i.
+func groupMappings(n int) []pcgroups.MemberMapping {
+	mappings := make([]pcgroups.MemberMapping, n)
+	for i := range mappings {
+		mappings[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
+	}
+	return mappings
 }

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
+	"github.com/dedupe-stage/dedupe-stage/internal/finding"
+	"github.com/dedupe-stage/dedupe-stage/stage"
+)
+
+// Exit codes of check-config (configs/README.md, "Checking against the
+// server"). Every other command exits 0 or 1.
+const (
+	exitFindings = 1 // the configuration is invalid, or the server has what stops run
+	exitUsage    = 2 // unknown flag, argument, or --connect without a server URL
+	exitConnect  = 3 // the server, or its JetStream, cannot be reached
+)
+
+// checkTimeout bounds check-config --connect: every request to the server.
+const checkTimeout = 30 * time.Second
+
+// exitError is an error with the exit status the command ends with.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// checkConfigFlags are check-config's own flags, taken out of the
+// arguments before the configuration's flags are parsed.
+type checkConfigFlags struct {
+	connect bool // check against the server at nats.url
+	json    bool // print the findings as JSON
+}
+
+// splitCheckFlags takes --connect and --json out of args.
+func splitCheckFlags(args []string) (checkConfigFlags, []string) {
+	var f checkConfigFlags
+	var rest []string
+	for _, a := range args {
+		switch a {
+		case "--connect", "-connect":
+			f.connect = true
+		case "--json", "-json":
+			f.json = true
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return f, rest
+}
+
+// usageErrors returns the error parsing args gives (an unknown flag, a bad
+// value), as a usage error, or nil.
+func usageErrors(name string, args []string) error {
+	scratch := config.Default()
+	path := ""
+	if _, err := parseAll(newFlagSet(name, &scratch, &path, nil, io.Discard), args); err != nil && !errors.Is(err, flag.ErrHelp) {
+		return &exitError{exitUsage, err}
+	}
+	return nil
+}
+
+// checkConnect runs stage.Check against the server cfg names and prints
+// its findings, as text or as a JSON list of {check, severity, message,
+// fix}. It fails with exitFindings when one of them stops run, and with
+// exitConnect when the server or its JetStream does not answer.
+func checkConnect(l loaded, asJSON bool, stdout, stderr io.Writer) (err error) {
+	cfg := l.cfg
+	red := cfg.Redactor()
+	defer func() { err = red.Error(err) }()
+	if cfg.NATS.IsEmbedded() {
+		return &exitError{exitUsage, errors.New("check-config --connect checks the server at nats.url, and it is empty (the embedded server lives inside run); give --nats-url or $DEDUPE_NATS_URL")}
+	}
+	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
+	nc, err := boot.Connect(cfg.NATS, nil, log)
+	if err != nil {
+		return &exitError{exitConnect, err}
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return &exitError{exitConnect, fmt.Errorf("jetstream: %w", err)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return &exitError{exitConnect, fmt.Errorf("JetStream at %s does not answer: %w", nc.ConnectedUrlRedacted(), err)}
+	}
+	fs, err := stage.Check(ctx, js, cfg)
+	if err != nil {
+		return err
+	}
+	if fs == nil {
+		fs = []finding.Finding{}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(fs); err != nil {
+			return err
+		}
+	} else {
+		printFindings(stdout, l, nc.ConnectedUrlRedacted(), fs)
+	}
+	if finding.Stops(fs) {
+		n := 0
+		for _, f := range fs {
+			if f.Severity == finding.Error {
+				n++
+			}
+		}
+		return &exitError{exitFindings, fmt.Errorf("%d of the findings would stop run", n)}
+	}
+	return nil
+}
+
+// printFindings prints the configuration and the findings for a reader.
+func printFindings(w io.Writer, l loaded, url string, fs []finding.Finding) {
+	fmt.Fprintf(w, "The configuration is valid. run would use it with these settings.\n%-12s %s\n%s", "from:", l.sources(), l.cfg.Summary())
+	count := map[finding.Severity]int{}
+	for _, f := range fs {
+		count[f.Severity]++
+	}
+	fmt.Fprintf(w, "%-12s %s, read only (nothing was created or changed)\n", "server:", url)
+	fmt.Fprintf(w, "%-12s %d would stop run, %d warnings, %d to know\n", "findings:",
+		count[finding.Error], count[finding.Warning], count[finding.Info])
+	for _, f := range fs {
+		fmt.Fprintf(w, "  %-8s %s: %s\n", f.Severity, f.Check, f.Message)
+		if f.Fix != "" {
+			fmt.Fprintf(w, "  %-8s fix: %s\n", "", f.Fix)
+		}
+	}
+}
