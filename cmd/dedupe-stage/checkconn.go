@@ -10,8 +10,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
@@ -82,7 +80,7 @@ func checkConnect(l loaded, asJSON bool, stdout, stderr io.Writer) (err error) {
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
 	if cfg.NATS.IsEmbedded() {
-		return &exitError{exitUsage, errors.New("check-config --connect checks the server at nats.url, and it is empty (the embedded server lives inside run); give --nats-url or $DEDUPE_NATS_URL")}
+		return &exitError{exitUsage, errors.New("check-config --connect checks a server, and none is given (the embedded server lives inside run); give -s/--server, $NATS_URL or --context")}
 	}
 	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
 	nc, err := boot.Connect(cfg.NATS, nil, log)
@@ -90,7 +88,7 @@ func checkConnect(l loaded, asJSON bool, stdout, stderr io.Writer) (err error) {
 		return &exitError{exitConnect, err}
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := cfg.NATS.NewJetStream(nc)
 	if err != nil {
 		return &exitError{exitConnect, fmt.Errorf("jetstream: %w", err)}
 	}
