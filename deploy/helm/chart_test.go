@@ -781,13 +781,16 @@ func TestRenderRefuses(t *testing.T) {
 		{"no NATS", "nats: {url: ''}", "nats.url"},
 		{"two logins", "nats: {auth: {token: a, user: b, password: c}}", "nats.auth: give a token, or a user and password, not both"},
 		{"TLS without files", "nats: {tls: {enabled: true}}", "nats.tls.enabled: give nats.tls.existingSecret"},
-		{"too many partitions", "partitions: 2048", "partitions: 2048, want 1..1024"},
+		{"too many partitions", "partitions: 2048", "partitions"},
+		{"a misspelt value", "group: {enable: true}", "enable"},
+		{"a misspelt section", "serviceMonitors: {enabled: true}", "serviceMonitors"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, "dedupe-stage", parseValues(t, tc.values))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("render: %v, want an error with %q", err, tc.want)
+				t.Fatalf("render: %v, want an error with %q", err, tc.want)
 			}
+			t.Log(err)
 		})
 	}
 	// Uneven, when asked for.
