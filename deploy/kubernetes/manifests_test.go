@@ -2,9 +2,11 @@
 // directory without a cluster: every document decodes strictly into its
 // Kubernetes API type (an unknown or misspelt field fails), the
 // StatefulSet references the ConfigMap, Secret and Service defined beside
-// it, its probes ask paths the stage serves on the port it listens on, and
-// the configuration it mounts passes what `dedupe-stage check-config`
-// checks, with the environment the pod sets.
+// it, its pods pass what Pod Security "restricted" asks of their security
+// contexts, its probes ask paths the stage serves on the port it listens
+// on, and the configuration it mounts passes what `dedupe-stage
+// check-config` checks, with the environment the pod sets, over a
+// partition count its replicas divide.
 package kubernetes_test
 
 import (
@@ -149,10 +151,22 @@ func TestManifests(t *testing.T) {
 		}
 	}
 
+	// Pod Security "restricted" requires a non-root user and the runtime's
+	// default (or a local) seccomp profile; the container drops every
+	// capability.
+	if sc := pod.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault ||
+		sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("the pod may run as root or its seccompProfile is not RuntimeDefault: %+v", sc)
+	}
+
 	if len(pod.Containers) != 1 {
 		t.Fatalf("%d containers, want 1", len(pod.Containers))
 	}
 	c := pod.Containers[0]
+	if sc := c.SecurityContext; sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("the container may escalate privileges or keeps capabilities: %+v", sc)
+	}
 	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		if _, ok := c.Resources.Requests[r]; !ok {
 			t.Errorf("no %s request", r)
@@ -262,6 +276,11 @@ func TestManifests(t *testing.T) {
 	if !strings.HasPrefix(cfg.NATS.URL, "nats://nats:4222") {
 		t.Errorf("nats.url %q, want the NATS Helm chart's service nats://nats:4222", cfg.NATS.URL)
 	}
+	// Instances balance whole partitions: a replica count that does not
+	// divide them leaves the busiest pod bounding the group.
+	if sts.Spec.Replicas == nil || cfg.State.Partitions%int(*sts.Spec.Replicas) != 0 {
+		t.Errorf("state.partitions %d is not a multiple of the StatefulSet's replicas %v", cfg.State.Partitions, sts.Spec.Replicas)
+	}
 	if name, ok := mounts[cfg.State.DataDir]; !ok || !claims[name] {
 		t.Errorf("state.data_dir %s is not on the pod's own volume (a volume claim template)", cfg.State.DataDir)
 	}
@@ -280,7 +299,7 @@ func TestManifests(t *testing.T) {
 	}
 	srv := httptest.NewServer(stage.NewHealthHandler(prometheus.NewRegistry(), &stage.Status{}))
 	defer srv.Close()
-	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
 		if probe == nil || probe.HTTPGet == nil {
 			t.Errorf("no %s HTTP probe", name)
 			continue
@@ -307,6 +326,11 @@ func TestManifests(t *testing.T) {
 	}
 	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("readiness probe on %s, want /readyz", c.ReadinessProbe.HTTPGet.Path)
+	}
+	// Liveness and readiness wait for the startup probe: the first ready,
+	// once the filters are built.
+	if c.StartupProbe != nil && c.StartupProbe.HTTPGet != nil && c.StartupProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("startup probe on %s, want /readyz", c.StartupProbe.HTTPGet.Path)
 	}
 }
 
