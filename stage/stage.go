@@ -1,29 +1,3 @@
-// Package stage wires dedupe-stage together: a durable pull consumer on the
-// input stream, key extraction, partitioned workers that consult the windowed
-// Bloom pre-check and the Badger state, a publish to the output stream that
-// carries the key as Nats-Msg-Id, the commit, and the ack.
-//
-// For every message the order is publish -> commit -> ack:
-//
-//   - a crash before the publish redelivers the message and it is judged again;
-//   - a crash after the publish and before the commit redelivers it, it is
-//     published again with the same Nats-Msg-Id, and the output stream's
-//     duplicate window drops the copy (New refuses to start when that window
-//     is shorter than the redelivery wait);
-//   - a crash after the commit and before the ack redelivers it, and the
-//     store recognises it as a repeat.
-//
-// One goroutine owns each partition, so the check and the claim of a key are
-// serial without locks across partitions. Work is batched: a partition's
-// batch publishes its new messages concurrently, commits its claims in one
-// transaction and then acks.
-//
-// Use:
-//
-//	st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: reg})
-//	...
-//	err = st.Run(ctx) // returns after ctx is done and the batch in flight is finished
-//	st.Close()
 package stage
 
 import (

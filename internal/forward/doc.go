@@ -1,6 +1,34 @@
 // Package forward publishes a batch of messages to JetStream with many in
-// flight. Below are the notes on its fenced mode and on what it leaves out
-// of a copy; the model follows them.
+// flight, waits for every PubAck, and retries what failed transiently: the
+// forward loop of the stage's partition workers, shared with the
+// benchmark's raw loop so that both forward with the same code.
+//
+// A message the server (or the client) refuses permanently (retry.Classify)
+// is not retried: its Result carries the error and the rest of the batch
+// proceeds. Use CheckSize before publishing to turn away a message that
+// cannot fit the server's limits without sending it.
+//
+// With Options.Atomic, the batch is published as atomic batches of at most
+// Options.BatchMax messages (github.com/synadia-io/orbit.go/jetstreamext):
+// the server stores each whole or not at all, and syncs it to disk once
+// instead of once per message, which is what makes a server that fsyncs
+// every write fast. An atomic batch that fails transiently
+// (retry.ClassifyBatch: a timeout, too many batches open on the stream) is
+// published again whole; one the server refuses as a whole (an id already
+// in the duplicate window, after a crash between publish and commit; a
+// batch over the server's size limit; a stream that does not allow atomic
+// publish) is published again one message at a time, as without Atomic,
+// so that the duplicate window drops the copies it holds and the rest are
+// stored. Options.OnFallback hears about each such batch. A Limiter shared
+// by every caller that publishes to one stream bounds the batches open on
+// it at once.
+//
+// Use:
+//
+//	res := make([]forward.Result, len(msgs))
+//	err := forward.Batch(ctx, js, msgs, res, forward.Options{})
+//	// err != nil: ctx ended with publishes still failing; res[i].Done says which landed.
+//	// res[i].Err != nil: message i was refused permanently.
 //
 // # Fenced batches
 //

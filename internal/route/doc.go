@@ -1,6 +1,37 @@
-// Package route is the route step of scale-out. Below are the notes on how
-// it publishes, reads and bundles; the model follows them, and the design
-// is docs/scale-out.md §3.2.
+// Package route is the route step of scale-out: a stateless router that
+// puts a message's partition in its subject when the key is not a subject
+// token (a header, such as the default Nats-Msg-Id, or a JSON field), so
+// that a static consumer group can hand partitions to instances.
+//
+// Every instance runs Run on one shared durable pull consumer on the input
+// stream (ConsumerName, competing consumers, explicit ack). For each
+// message it extracts the key with the stage's own keys.KeyFunc (and the
+// partition key, when it is not the key), computes
+// p = state.PartitionFNV(partition key, N), the partition nats-server's
+// {{partition(N,k)}} would pick for that token, and publishes a copy to
+// the routed stream at Subject(p, routed subject, input subject) with
+// Nats-Msg-Id MsgID(input stream, input sequence). Only once the routed
+// stream has stored the copy is the input acked. The id is the same on
+// every delivery and in every instance, so the routed stream's duplicate
+// window drops a copy routed again after a redelivery or by another
+// instance. With Options.Local, an input of a partition the caller owns
+// is handed to it instead, with no copy: the caller judges and acks it.
+//
+// The copy keeps the input's headers and payload, except the input's
+// publish directives (forward.IsDirective: checks against the input
+// stream, its atomic batch, a rollup, ...) and its Nats-Msg-Id (replaced; kept in HeaderOriginalMsgID), and adds
+// HeaderKey, HeaderInputTime, HeaderInputStream and HeaderInputSequence. A message the route step cannot route (no
+// key, a bad payload, a key too long, a message too large, a copy the
+// routed stream refuses for good) is dead-lettered with its reason, as the
+// stage dead-letters it, and then acked: nothing is dropped silently.
+//
+// Use:
+//
+//	err := route.Run(ctx, route.Options{
+//		Conn: nc, InputStream: "EVENTS", Group: "dedupe", Partitions: 16,
+//		RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed",
+//		Key: kf, DeadLetterSubject: cfg.DeadLetter.SubjectFor,
+//	})
 //
 // # Publishing
 //
