@@ -7,6 +7,7 @@
 #   1. CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(git describe --tags --always --dirty) -X main.revision=$(git rev-parse HEAD)" \
 #          -o deploy/build/dedupe-stage ./cmd/dedupe-stage
 #      mkdir -p deploy/build/rootfs/data          # empty; becomes the /data volume, owned by 65532
+#      mkdir -p deploy/build/rootfs/licenses && cp LICENSE NOTICE deploy/build/rootfs/licenses/
 #   2. docker build -f Dockerfile -t dedupe-stage:local deploy/build
 #
 # The build context is deploy/build (git-ignored), not the repository root, so

@@ -37,8 +37,10 @@ fi
 export GOARCH
 export CGO_ENABLED=0
 
-mkdir -p "$build_dir/rootfs/data"
-chmod 0755 "$build_dir/rootfs" "$build_dir/rootfs/data"
+mkdir -p "$build_dir/rootfs/data" "$build_dir/rootfs/licenses"
+chmod 0755 "$build_dir/rootfs" "$build_dir/rootfs/data" "$build_dir/rootfs/licenses"
+# The licence and the notices of the libraries built in travel with the binary.
+cp "$root/LICENSE" "$root/NOTICE" "$build_dir/rootfs/licenses/"
 
 if [ "$only" != "nats" ]; then
   echo "--- go build dedupe-stage $version ($GOOS/$GOARCH)"
