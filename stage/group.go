@@ -58,6 +58,7 @@ func (s *Stage) setUpGroup(ctx context.Context, reg prometheus.Registerer) error
 		return err
 	}
 	s.group = g
+	s.health = newGroupHealth(reg, cfg, s.js, s.logs)
 	return nil
 }
 

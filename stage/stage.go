@@ -73,6 +73,7 @@ type Stage struct {
 	status  *Status
 	totals  *totals         // nil when totals are off
 	group   *scaleout.Group // nil when scale-out is off
+	health  *groupHealth    // the group's health gauges; nil when scale-out is off
 
 	maxDeliver         int
 	ackWait            time.Duration
@@ -345,6 +346,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	s.status.setReady(true)
 	if s.group != nil {
 		go s.pollPending(ctx, s.group.Backlog)
+		go s.health.run(ctx)
 		s.group.Run(ctx, s.store, func(msg jetstream.Msg, p int) { s.dispatch(msg, p, parts, dlq) },
 			func(msg jetstream.Msg, p int, key []byte) bool { return s.dispatchLocal(msg, p, key, parts) })
 	} else {
