@@ -111,6 +111,17 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 			Help: "The dedupe window W derived from the configured slow paths.",
 		}),
 	}
+	reg.MustRegister(m.Messages, m.DeadLetters, m.UnpartitionedDeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
+		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
+		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable)
+	registerStatus(reg, st)
+	m.WindowSeconds.Set(windowSeconds)
+	return m
+}
+
+// registerStatus registers the gauges and collector that read st: ready,
+// healthy and each component's health.
+func registerStatus(reg prometheus.Registerer, st *Status) {
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dedupe_ready",
 		Help: "1 when every partition's filter is ready and the stage is judging messages.",
@@ -119,12 +130,7 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 		Name: "dedupe_healthy",
 		Help: "1 while no component keeps failing (what /healthz answers 200 to); 0 while one is failing and being retried.",
 	}, func() float64 { return gaugeOf(st.Healthy() == nil) })
-	reg.MustRegister(m.Messages, m.DeadLetters, m.UnpartitionedDeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
-		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
-		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable,
-		ready, healthy, componentCollector{st: st})
-	m.WindowSeconds.Set(windowSeconds)
-	return m
+	reg.MustRegister(ready, healthy, componentCollector{st: st})
 }
 
 // gaugeOf is a gauge's value for b: 1 when true, 0 when false.
