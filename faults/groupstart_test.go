@@ -26,6 +26,11 @@ const groupStartRounds = 10
 // every partition with waiting input must have an owner.
 const groupStartBound = 2 * time.Second
 
+// groupStartWatch is how long after the last instance of a group is
+// ready TestScaleOutGroupStart watches the group at most: past the bound,
+// and past the releases for balance a start of three instances makes.
+const groupStartWatch = 4 * time.Second
+
 // groupStartReady is how long after their start the instances of a group
 // started together must be ready.
 const groupStartReady = 4 * time.Second
@@ -70,7 +75,7 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		t.Fatalf("input stream: %v", err)
 	}
 	w := newWorkload(uint64(700+round), "start"+strconv.Itoa(round), 4096)
-	mustPublish(t, js, w.mix(400, 0.3, 0, 0), "in")
+	mustPublish(t, js, w.mix(200, 0.3, 0, 0), "in")
 
 	stages := make([]*stage, 3)
 	for i := range stages {
@@ -84,6 +89,34 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 	for _, s := range stages {
 		s.start()
 	}
+	// Input keeps arriving, a copy of a forwarded key (which changes
+	// nothing of the output) every 50 ms, so that a partition released
+	// for balance has input waiting for its next owner.
+	stop := make(chan struct{})
+	var trickle sync.WaitGroup
+	var trickleErr error
+	trickle.Go(func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			if _, err := publish(context.Background(), js, []event{w.repeat()}, "trickle", 0, 10*time.Second); err != nil {
+				trickleErr = err
+				return
+			}
+		}
+	})
+	defer func() {
+		close(stop)
+		trickle.Wait()
+		if trickleErr != nil {
+			t.Errorf("input trickle: %v", trickleErr)
+		}
+	}()
 	ready := make([]time.Time, len(stages))
 	var wg sync.WaitGroup
 	for i, s := range stages {
@@ -105,15 +138,23 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		}
 	}
 	last := slices.MaxFunc(ready, func(a, b time.Time) int { return a.Compare(b) })
-	// Every partition has waiting input: wait for each to be taken,
-	// then a little longer than the bound, to say how late the late ones
-	// were.
+	// Every partition has waiting input: each must be taken within the
+	// bound, and a partition released for balance within the bound of
+	// its release. The group is watched until its balance has settled,
+	// or groupStartWatch after the last ready.
 	partitions := cl0.Partitions
-	var taken map[int]time.Time
-	natstest.Until(groupStartBound+3*time.Second, 20*time.Millisecond, func() bool {
-		taken = takenAt(stages)
-		return len(taken) == partitions && time.Now().After(last)
+	var events []takeEvent
+	natstest.Until(time.Until(last.Add(groupStartWatch)), 20*time.Millisecond, func() bool {
+		events = takeEvents(stages)
+		return settled(events, partitions, len(stages))
 	})
+	end := time.Now()
+	taken := map[int]time.Time{}
+	for _, e := range events {
+		if _, ok := taken[e.partition]; !ok && e.taken {
+			taken[e.partition] = e.at
+		}
+	}
 	var late []string
 	for i := range ready {
 		// One instance alone is ready in about a second; a start that
@@ -127,9 +168,34 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		at, ok := taken[p]
 		switch {
 		case !ok:
-			late = append(late, fmt.Sprintf("partition %d not taken %v after the last instance was ready", p, time.Since(last).Round(time.Millisecond)))
+			late = append(late, fmt.Sprintf("partition %d not taken %v after the last instance was ready", p, end.Sub(last).Round(time.Millisecond)))
 		case at.Sub(last) > groupStartBound:
 			late = append(late, fmt.Sprintf("partition %d taken %v after the last instance was ready", p, at.Sub(last).Round(time.Millisecond)))
+		}
+	}
+	var moves []string
+	for i, e := range events {
+		if e.taken {
+			continue
+		}
+		// The next owner: the first other instance to take the partition
+		// after the releaser took it (its take can be logged before the
+		// release is, which is logged once the release has finished).
+		from := slices.IndexFunc(events[:i], func(n takeEvent) bool {
+			return n.taken && n.partition == e.partition && n.instance == e.instance
+		})
+		next := slices.IndexFunc(events[from+1:], func(n takeEvent) bool {
+			return n.taken && n.partition == e.partition && n.instance != e.instance
+		})
+		switch {
+		case next >= 0:
+			d := max(events[from+1+next].at.Sub(e.at), 0)
+			moves = append(moves, fmt.Sprintf("p%d %v", e.partition, d.Round(time.Millisecond)))
+			if d > groupStartBound {
+				late = append(late, fmt.Sprintf("partition %d taken %v after %s released it for balance, want within %v", e.partition, d.Round(time.Millisecond), e.instance, groupStartBound))
+			}
+		case end.Sub(e.at) > groupStartBound:
+			late = append(late, fmt.Sprintf("partition %d not taken %v after %s released it for balance", e.partition, end.Sub(e.at).Round(time.Millisecond), e.instance))
 		}
 	}
 	var first time.Duration
@@ -162,8 +228,8 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 			takenAfter = append(takenAfter, "never")
 		}
 	}
-	t.Logf("round %d: ready %v after the start; partitions taken %v after the last ready; first forward %v after the start",
-		round, readyAfter, takenAfter, first.Round(time.Millisecond))
+	t.Logf("round %d: ready %v after the start; partitions first taken %v after the last ready; taken again after a release for balance: %v; first forward %v after the start",
+		round, readyAfter, takenAfter, moves, first.Round(time.Millisecond))
 	for _, l := range late {
 		t.Error(l)
 	}
@@ -172,19 +238,64 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 			t.Errorf("instance i%d exited: %v\n%s", i, s.last().err, crashReport(s.last().log()))
 		}
 	}
+	var stopped sync.WaitGroup
 	for _, s := range stages {
-		s.last().signal(t, syscall.SIGTERM, 30*time.Second)
+		stopped.Go(func() { _ = s.last().cmd.Process.Signal(syscall.SIGTERM); <-s.last().exited })
 	}
+	stopped.Wait()
 	return first
 }
 
-// takenAt returns when each partition was first taken by any of stages,
-// from their logs ("scale-out: partition taken").
-func takenAt(stages []*stage) map[int]time.Time {
-	taken := map[int]time.Time{}
-	for _, s := range stages {
+// settled reports whether events say that every one of n partitions is
+// owned and that instances (named i0, i1, ... in the order of their
+// names) own their quota each: docs/scale-out.md §4.2, the first n mod k
+// ⌊n/k⌋+1, the others ⌊n/k⌋. Balance releases nothing more then.
+func settled(events []takeEvent, n, instances int) bool {
+	owner := map[int]string{}
+	for _, e := range events {
+		if e.taken {
+			owner[e.partition] = e.instance
+		} else if owner[e.partition] == e.instance {
+			delete(owner, e.partition)
+		}
+	}
+	if len(owner) != n {
+		return false
+	}
+	count := map[string]int{}
+	for _, i := range owner {
+		count[i]++
+	}
+	for i := range instances {
+		want := n / instances
+		if i < n%instances {
+			want++
+		}
+		if count["i"+strconv.Itoa(i)] != want {
+			return false
+		}
+	}
+	return true
+}
+
+// takeEvent is a partition taken by an instance, or released by it for
+// balance, as its log says.
+type takeEvent struct {
+	at        time.Time
+	partition int
+	instance  string
+	taken     bool // taken; false: released for balance
+}
+
+// takeEvents returns what the logs of stages say of partitions taken
+// ("scale-out: partition taken") and released for balance ("scale-out:
+// partition released for balance"), in order of time.
+func takeEvents(stages []*stage) []takeEvent {
+	var events []takeEvent
+	for i, s := range stages {
 		for line := range strings.Lines(s.last().log()) {
-			if !strings.Contains(line, `"scale-out: partition taken"`) {
+			taken := strings.Contains(line, `"scale-out: partition taken"`)
+			if !taken && !strings.Contains(line, `"scale-out: partition released for balance"`) {
 				continue
 			}
 			var r struct {
@@ -194,10 +305,9 @@ func takenAt(stages []*stage) map[int]time.Time {
 			if json.Unmarshal([]byte(line), &r) != nil {
 				continue
 			}
-			if at, ok := taken[r.Partition]; !ok || r.Time.Before(at) {
-				taken[r.Partition] = r.Time
-			}
+			events = append(events, takeEvent{at: r.Time, partition: r.Partition, instance: "i" + strconv.Itoa(i), taken: taken})
 		}
 	}
-	return taken
+	slices.SortFunc(events, func(a, b takeEvent) int { return a.at.Compare(b.at) })
+	return events
 }
