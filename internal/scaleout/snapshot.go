@@ -131,14 +131,14 @@ func (sn *snapshots) open(ctx context.Context) (jetstream.ObjectStore, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, snapshotRequestTimeout)
 	defer cancel()
-	obs, _, err := ensure.Open(ctx, "scale-out: snapshot bucket "+sn.bucket, func(ctx context.Context) (jetstream.ObjectStore, error) {
+	obs, _, err := ensure.Open(ctx, "snapshot bucket "+sn.bucket, func(ctx context.Context) (jetstream.ObjectStore, error) {
 		return sn.js.ObjectStore(ctx, sn.bucket)
 	}, func(ctx context.Context) (jetstream.ObjectStore, error) {
 		return sn.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: sn.bucket, TTL: sn.keep, Replicas: sn.replicas,
 			Storage: jetstream.FileStorage, Description: "dedupe-stage: snapshots of group " + sn.group + "'s partitions, object p<i> each"})
 	}, ensure.Options{Logger: sn.log})
 	if err != nil {
-		return nil, fmt.Errorf("snapshot bucket %s: %w", sn.bucket, err)
+		return nil, err
 	}
 	sn.obs = obs
 	return obs, nil
