@@ -110,13 +110,17 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 			}
 		}
 	})
-	defer func() {
-		close(stop)
-		trickle.Wait()
-		if trickleErr != nil {
-			t.Errorf("input trickle: %v", trickleErr)
-		}
-	}()
+	var trickleStopped sync.Once
+	stopTrickle := func() {
+		trickleStopped.Do(func() {
+			close(stop)
+			trickle.Wait()
+			if trickleErr != nil {
+				t.Errorf("input trickle: %v", trickleErr)
+			}
+		})
+	}
+	defer stopTrickle()
 	ready := make([]time.Time, len(stages))
 	var wg sync.WaitGroup
 	for i, s := range stages {
@@ -238,9 +242,15 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 			t.Errorf("instance i%d exited: %v\n%s", i, s.last().err, crashReport(s.last().log()))
 		}
 	}
+	stopTrickle()
+	// The instances, then the nodes, stop together: the round's wall time.
 	var stopped sync.WaitGroup
 	for _, s := range stages {
 		stopped.Go(func() { _ = s.last().cmd.Process.Signal(syscall.SIGTERM); <-s.last().exited })
+	}
+	stopped.Wait()
+	for _, n := range cl.nodes {
+		stopped.Go(func() { n.stop(syscall.SIGTERM) })
 	}
 	stopped.Wait()
 	return first

@@ -47,6 +47,11 @@ const (
 	// CreateTimeout bounds one create: the first create of a replicated
 	// stream is answered once its leader is elected.
 	CreateTimeout = 10 * time.Second
+	// MissingGrace is how long Open without a create asks again a lookup
+	// that says the stream is missing: a stream one instance has just
+	// created was reported missing to another right after its create was
+	// answered, and that instance exited.
+	MissingGrace = 3 * time.Second
 	// pollInterval is how often a lookup is asked while a create is in
 	// flight.
 	pollInterval = 200 * time.Millisecond
@@ -63,8 +68,8 @@ type Options struct {
 
 // Open returns what lookup finds, creating it with create when lookup
 // says it is missing (jetstream.ErrStreamNotFound, ErrBucketNotFound) or
-// does not answer, until ctx is done; with create nil, a missing one is an
-// error and an unanswered lookup is asked again; what names it in logs and errors.
+// does not answer, until ctx is done; with create nil, one still missing
+// after MissingGrace is an error and an unanswered lookup is asked again; what names it in logs and errors.
 // created is true when this call's create made it (or found an equal one
 // being made). A permanent failure (retry.Classify, and JetStream not
 // enabled) is returned at once; a create refused because the name is in
@@ -102,7 +107,7 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 		if lerr == nil {
 			return found, false, nil
 		}
-		if permanent(lerr) || (create == nil && missing(lerr)) {
+		if permanent(lerr) || (create == nil && missing(lerr) && time.Since(start) >= MissingGrace) {
 			return v, false, fmt.Errorf("%s: %w", what, lerr)
 		}
 		if !missing(lerr) && !unanswered(lerr) {
@@ -117,6 +122,8 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 		}
 		if unanswered(lerr) {
 			wait(fmt.Errorf("lookup not answered in %v (a stream being created has no leader yet): %w", LookupTimeout, lerr))
+		} else if create == nil {
+			wait(fmt.Errorf("lookup: %w (a stream just created can be reported missing for a moment)", lerr))
 		}
 		if create == nil {
 			if !sleep(ctx, pollInterval) {

@@ -127,3 +127,35 @@ func TestOpenStoppedSaysWhy(t *testing.T) {
 		t.Errorf("err = %v, want it to name stream S, the lookup not answered, and wrap the deadline", err)
 	}
 }
+
+// TestLookupOutlivesAMomentaryNotFound: right after a stream's create was
+// answered, a lookup was once told it does not exist, and the instance
+// exited; a lookup without a create asks again for ensure.MissingGrace,
+// and fails with the server's answer after that.
+func TestLookupOutlivesAMomentaryNotFound(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	lookups := 0
+	lookup := func(name string) func(context.Context) (jetstream.Stream, error) {
+		return func(ctx context.Context) (jetstream.Stream, error) {
+			lookups++
+			if lookups == 1 { // as a server that has not applied the create yet
+				return nil, jetstream.ErrStreamNotFound
+			}
+			return js.Stream(ctx, name)
+		}
+	}
+	if _, _, err := ensure.Open(ctx, "stream S", lookup("S"), nil, ensure.Options{}); err != nil {
+		t.Errorf("stream S after one not-found answer: %v", err)
+	}
+	lookups = 0
+	start := time.Now()
+	_, _, err := ensure.Open(ctx, "stream T", lookup("T"), nil, ensure.Options{})
+	if !errors.Is(err, jetstream.ErrStreamNotFound) || time.Since(start) < ensure.MissingGrace {
+		t.Errorf("stream T, missing: %v after %v, want not found after %v", err, time.Since(start), ensure.MissingGrace)
+	}
+}
