@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
-	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -147,40 +147,19 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	if err != nil {
 		return err
 	}
-	// A cluster can leave a request unanswered (a meta leader that steps
-	// down before it replies): a time-out is transient and asked again,
-	// for up to streams.SetUpTimeout; a refusal is final. Each request has
-	// streams.RequestTimeout of it, so that one lost reply does not spend it all.
+	// The instances of a group starting together all ask at once, and a
+	// cluster can leave a request unanswered (a stream another instance
+	// has just created has no leader yet, a meta leader steps down before
+	// it replies): ensure.Open asks again, for up to
+	// streams.SetUpTimeout; a refusal is final.
 	ctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
 	for _, w := range wanted {
 		sc := w.Config
-		var st jetstream.Stream
-		created := false
-		err := retry.Do(ctx, "streams", func() error {
-			ctx, cancel := context.WithTimeout(ctx, streams.RequestTimeout)
-			defer cancel()
-			if _, err := js.Stream(ctx, sc.Name); err == nil {
-				return nil
-			} else if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-				// The server says so: asking again changes nothing.
-				return retry.MarkPermanent(fmt.Errorf("look up stream %s: %w", sc.Name, err))
-			} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("look up stream %s: %w", sc.Name, err)
-			}
-			var err error
-			st, err = js.CreateStream(ctx, sc)
-			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-				return nil // another instance created it meanwhile
-			}
-			if err != nil {
-				return fmt.Errorf("create stream %s (%s.stream) on %v: %w", sc.Name, w.Field, sc.Subjects, err)
-			}
-			created = true
-			return nil
-		}, retry.Options{OnRetry: func(attempt int, err error) {
-			log.Warn("stream set-up failed, retrying", "stream", sc.Name, "attempt", attempt, "err", err)
-		}})
+		st, created, err := ensure.Open(ctx, fmt.Sprintf("stream %s (%s.stream) on %v", sc.Name, w.Field, sc.Subjects),
+			func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, sc.Name) },
+			func(ctx context.Context) (jetstream.Stream, error) { return js.CreateStream(ctx, sc) },
+			ensure.Options{Logger: log})
 		if err != nil {
 			return err
 		}

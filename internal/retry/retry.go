@@ -293,7 +293,8 @@ type Options struct {
 // done. Between transient failures it backs off (NewBackoff). It returns
 // nil; op's permanent or fenced error as is (IsPermanent or IsFenced is
 // true); or, when ctx ends first, an error wrapping ctx.Err() that names
-// the last failure. A permanent or fenced failure is not reported as a
+// the component, the failed attempts, how long they took and the last
+// failure. A permanent or fenced failure is not reported as a
 // failure of the component: the component works, the input is at fault or
 // belongs to another owner.
 func Do(ctx context.Context, component string, op func() error, o Options) error {
@@ -321,7 +322,7 @@ func Do(ctx context.Context, component string, op func() error, o Options) error
 			b = *NewBackoff()
 		}
 		if werr := b.Wait(ctx); werr != nil {
-			return fmt.Errorf("%s: gave up after %d attempts: %w (last error: %v)", component, attempt, werr, err)
+			return fmt.Errorf("%s: %w after %d failed attempts in %v; the last: %v", component, werr, attempt, b.Since().Round(time.Millisecond), err)
 		}
 		if o.Pause != nil {
 			o.Pause()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 )
 
@@ -157,19 +159,19 @@ func (pr *presence) allRead(form int) bool {
 	return len(pr.seen) > 0
 }
 
-// openPresence opens (creating it when missing) the presence bucket.
-func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config, self string) (*presence, error) {
+// openPresence opens (creating it when missing) the presence bucket; the
+// instances of a group starting together all open it at once
+// (ensure.Open).
+func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config, self string, log *slog.Logger) (*presence, error) {
 	bucket, every, ttl := cfg.ScaleOutPresence()
-	kv, err := js.KeyValue(ctx, bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Replicas: cfg.ScaleOut.Replicas,
+	kv, _, err := ensure.Open(ctx, "scale-out: presence bucket "+bucket, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.KeyValue(ctx, bucket)
+	}, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Replicas: cfg.ScaleOut.Replicas,
 			Description: "dedupe-stage: the live instances of group " + cfg.ScaleOut.Group + ", for balance only"})
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = js.KeyValue(ctx, bucket)
-		}
-	}
+	}, ensure.Options{Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("scale-out: presence bucket %s: %w", bucket, err)
+		return nil, err
 	}
 	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, forms: map[string][]int{},
 		joined: make(chan struct{}, 1)}, nil

@@ -98,6 +98,7 @@ type Options struct {
 type Group struct {
 	cfg       config.Config
 	js        jetstream.JetStream
+	joinJS    jetstream.JetStream // js with groupRequestTimeout for requests without a deadline: the members' joins
 	log       *slog.Logger
 	logs      *lograte.Limiter // log: the lines of per-batch events, rate-limited
 	clock     window.Clock
@@ -301,9 +302,13 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 			deliver(msg, p)
 		}
 	}}
+	// Joined all at once: a member whose join waits on the server holds up
+	// no other partition.
+	var joins sync.WaitGroup
 	for p := range g.cfg.State.Partitions {
-		m.join(ctx, p)
+		joins.Go(func() { m.join(ctx, p) })
 	}
+	joins.Wait()
 	var pr *presence
 	side.Go(func() {
 		var err error
@@ -331,7 +336,7 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 func (g *Group) joinPresence(ctx context.Context) (*presence, error) {
 	var pr *presence
 	err := retry.Do(ctx, "presence", func() (err error) {
-		pr, err = openPresence(ctx, g.js, g.cfg, g.instance)
+		pr, err = openPresence(ctx, g.js, g.cfg, g.instance, g.log)
 		return err
 	}, retry.Options{OnRetry: func(attempt int, err error) {
 		if attempt == 1 || attempt%20 == 0 {

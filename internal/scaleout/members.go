@@ -47,7 +47,7 @@ func (m *members) join(ctx context.Context, p int) {
 	for ctx.Err() == nil {
 		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		stopCancel := context.AfterFunc(ctx, cancel)
-		consuming, err := pcgroups.StaticConsume(mctx, g.js, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
+		consuming, err := pcgroups.StaticConsume(mctx, g.joinJS, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
 		if !stopCancel() && err == nil { // ctx ended while joining
 			consuming.Stop()
 			err = ctx.Err()

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
@@ -28,6 +31,14 @@ func New(ctx context.Context, o Options) (*Group, error) {
 	}
 	cfg := o.Config
 	g := newGroup(o)
+	// pcgroups asks for a member's consumer on the context the member
+	// runs on, which has no deadline: those requests get
+	// groupRequestTimeout instead of the client's 5 s, so that one the
+	// cluster leaves unanswered is asked again soon (members.join).
+	var err error
+	if g.joinJS, err = jetstream.New(o.Conn, jetstream.WithDefaultTimeout(groupRequestTimeout)); err != nil {
+		return nil, fmt.Errorf("scale-out: jetstream: %w", err)
+	}
 	if routed, why := cfg.ScaleOutRouted(); routed {
 		if err := g.setUpRoute(ctx, o, why); err != nil {
 			return nil, err
@@ -41,7 +52,7 @@ func New(ctx context.Context, o Options) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	if g.handOvers, err = openHandOvers(ctx, g.js, cfg); err != nil {
+	if g.handOvers, err = openHandOvers(ctx, g.js, cfg, g.log); err != nil {
 		return nil, err
 	}
 	if !o.AtomicOutput {
@@ -99,9 +110,9 @@ func newGroup(o Options) *Group {
 // subject and refresh. It returns the output stream's configuration.
 func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, error) {
 	cfg := g.cfg
-	out, err := g.js.Stream(ctx, g.outStream)
+	out, err := lookupStream(ctx, g.js, g.log, "scale-out: output stream", g.outStream)
 	if err != nil {
-		return jetstream.StreamConfig{}, fmt.Errorf("scale-out: output stream %s: %w", g.outStream, err)
+		return jetstream.StreamConfig{}, err
 	}
 	oc := out.CachedInfo().Config
 	if err := g.checkChangelog(oc); err != nil {
@@ -110,9 +121,9 @@ func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, e
 	if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
 		return oc, err
 	}
-	dl, err := g.js.Stream(ctx, cfg.DeadLetter.Stream)
+	dl, err := lookupStream(ctx, g.js, g.log, "scale-out: dead-letter stream", cfg.DeadLetter.Stream)
 	if err != nil {
-		return oc, fmt.Errorf("scale-out: dead-letter stream %s: %w", cfg.DeadLetter.Stream, err)
+		return oc, err
 	}
 	if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
 		return oc, err
@@ -123,19 +134,35 @@ func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, e
 }
 
 // createGroup creates the static consumer group, one member per
-// partition, or checks that the one there is the same.
+// partition, or checks that the one there is the same. pcgroups keeps the
+// group in its key-value bucket, which it looks up before it creates it:
+// opened here first (ensure.Open), so that the instances of a group
+// starting together do not wait on a lookup the cluster leaves
+// unanswered.
 func (g *Group) createGroup(ctx context.Context) error {
 	n := g.cfg.State.Partitions
 	mappings := groupMappings(n)
-	// A cluster can leave a request unanswered (no responders while a
-	// leader is elected, a time-out): asked again, for as long as the
-	// streams' set-up is, each request for streams.RequestTimeout of it.
-	// Anything else pcgroups says (an invalid or mismatched group) no
-	// retry changes.
 	gctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
-	err := retry.Do(gctx, "consumer group", func() error {
-		rctx, cancel := context.WithTimeout(gctx, streams.RequestTimeout)
+	in, err := lookupStream(gctx, g.js, g.log, "scale-out: the group's stream", g.inStream)
+	if err != nil {
+		return err
+	}
+	_, _, err = ensure.Open(gctx, "scale-out: consumer group bucket "+pcgroupsBucket, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return g.js.KeyValue(ctx, pcgroupsBucket)
+	}, func(ctx context.Context) (jetstream.KeyValue, error) {
+		// pcgroups' own configuration of the bucket (CreateStatic).
+		return g.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: pcgroupsBucket, Replicas: in.CachedInfo().Config.Replicas,
+			Storage: jetstream.FileStorage})
+	}, ensure.Options{Logger: g.log})
+	if err != nil {
+		return err
+	}
+	// A request the cluster leaves unanswered (a leader being elected) is
+	// asked again, each with groupRequestTimeout. Anything else pcgroups
+	// says (an invalid or mismatched group) no retry changes.
+	err = retry.Do(gctx, "consumer group", func() error {
+		rctx, cancel := context.WithTimeout(gctx, groupRequestTimeout)
 		defer cancel()
 		_, err := pcgroups.CreateStatic(rctx, g.js, g.inStream, g.name, uint(n), nil, nil, mappings)
 		var api *jetstream.APIError
@@ -144,20 +171,47 @@ func (g *Group) createGroup(ctx context.Context) error {
 			return retry.MarkPermanent(err)
 		}
 		return err
-	}, retry.Options{})
+	}, retry.Options{OnRetry: func(attempt int, err error) {
+		if attempt == 1 || attempt%10 == 0 {
+			g.log.Warn("start-up: waiting for the server", "step", "scale-out: consumer group "+g.name, "attempt", attempt, "why", err)
+		}
+	}})
 	if err != nil {
 		return fmt.Errorf("scale-out: static consumer group %s on %s with %d partitions: %w", g.name, g.inStream, n, err)
 	}
 	return nil
 }
 
+// pcgroupsBucket is the key-value bucket in which pcgroups keeps static
+// consumer groups.
+const pcgroupsBucket = "static-consumer-groups"
+
+// groupRequestTimeout bounds one call of pcgroups at start and one join of
+// a member (its few requests together): far above what a cluster that
+// answers takes, and short enough that a request it leaves unanswered
+// costs a partition little of its first owner's start.
+const groupRequestTimeout = 2 * time.Second
+
+// lookupStream returns stream name, asking again while the cluster leaves
+// the lookup unanswered (a stream another instance has just created has no
+// leader yet), for up to streams.SetUpTimeout; what names it in errors and
+// in the logs of log (nil: none).
+func lookupStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger, what, name string) (jetstream.Stream, error) {
+	ctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
+	defer cancel()
+	st, _, err := ensure.Open(ctx, what+" "+name, func(ctx context.Context) (jetstream.Stream, error) {
+		return js.Stream(ctx, name)
+	}, nil, ensure.Options{Logger: log})
+	return st, err
+}
+
 // checkTransform checks that the input stream's subject transform puts
 // each key's partition first, as the configuration implies.
 func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Config) error {
 	name := cfg.Input.Stream
-	in, err := js.Stream(ctx, name)
+	in, err := lookupStream(ctx, js, nil, "scale-out: input stream", name)
 	if err != nil {
-		return fmt.Errorf("scale-out: input stream %s: %w", name, err)
+		return err
 	}
 	src, dest, err := cfg.ScaleOutTransform()
 	if err != nil {
@@ -183,9 +237,9 @@ func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
 	cfg := g.cfg
 	name := cfg.ScaleOut.RoutedStream
-	st, err := g.js.Stream(ctx, name)
+	st, err := lookupStream(ctx, g.js, g.log, "scale-out: routed stream (scale_out.routed_stream)", name)
 	if err != nil {
-		return fmt.Errorf("scale-out: routed stream %s (scale_out.routed_stream): %w", name, err)
+		return err
 	}
 	ackWait, margin := cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D()
 	if err := route.CheckStream(st.CachedInfo().Config, cfg.ScaleOut.RoutedSubject, cfg.State.Partitions, ackWait, margin); err != nil {

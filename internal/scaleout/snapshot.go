@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/snapshot"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -131,16 +132,14 @@ func (sn *snapshots) open(ctx context.Context) (jetstream.ObjectStore, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, snapshotRequestTimeout)
 	defer cancel()
-	obs, err := sn.js.ObjectStore(ctx, sn.bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		obs, err = sn.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: sn.bucket, TTL: sn.keep, Replicas: sn.replicas,
+	obs, _, err := ensure.Open(ctx, "snapshot bucket "+sn.bucket, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return sn.js.ObjectStore(ctx, sn.bucket)
+	}, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return sn.js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: sn.bucket, TTL: sn.keep, Replicas: sn.replicas,
 			Storage: jetstream.FileStorage, Description: "dedupe-stage: snapshots of group " + sn.group + "'s partitions, object p<i> each"})
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			obs, err = sn.js.ObjectStore(ctx, sn.bucket)
-		}
-	}
+	}, ensure.Options{Logger: sn.log})
 	if err != nil {
-		return nil, fmt.Errorf("snapshot bucket %s: %w", sn.bucket, err)
+		return nil, err
 	}
 	sn.obs = obs
 	return obs, nil

@@ -1,0 +1,204 @@
+// Package ensure opens a JetStream stream, key-value bucket or object
+// store the stage needs at start, creating it when it is missing, from any
+// number of instances at once, without waiting on a request the cluster
+// leaves unanswered.
+//
+// The model: on a JetStream cluster, nats-server leaves a stream's info
+// request unanswered while the stream is assigned but has no leader yet,
+// which is the state another instance's create leaves it in for a moment
+// (nats-server issue 6421). A lookup that waited for the client's request
+// timeout held up the start of a group's instances started together by
+// that timeout. Open therefore gives a lookup LookupTimeout only, and asks
+// for the create as soon as a lookup says the stream is missing or does
+// not answer: a create equal to an existing stream, or to one being
+// created, is answered with that stream. While the create is in flight,
+// lookups go on every pollInterval, and whichever answers first wins. A
+// create refused because the name is taken with another configuration
+// (another version's instance, an operator) binds to what is there.
+//
+// Use:
+//
+//	kv, _, err := ensure.Open(ctx, "hand-over bucket "+b, func(ctx context.Context) (jetstream.KeyValue, error) {
+//		return js.KeyValue(ctx, b)
+//	}, func(ctx context.Context) (jetstream.KeyValue, error) {
+//		return js.CreateKeyValue(ctx, cfg)
+//	}, ensure.Options{Logger: log})
+package ensure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+// Timeouts of one request of Open.
+const (
+	// LookupTimeout bounds one lookup: a lookup of a stream that exists
+	// and leads is answered in milliseconds, and one that is not answered
+	// in this time is the case the package is for.
+	LookupTimeout = time.Second
+	// CreateTimeout bounds one create: the first create of a replicated
+	// stream is answered once its leader is elected.
+	CreateTimeout = 10 * time.Second
+	// MissingGrace is how long Open without a create asks again a lookup
+	// that says the stream is missing: a stream one instance has just
+	// created was reported missing to another right after its create was
+	// answered, and that instance exited.
+	MissingGrace = 3 * time.Second
+	// pollInterval is how often a lookup is asked while a create is in
+	// flight.
+	pollInterval = 200 * time.Millisecond
+	// logEvery is how often Open logs that it still waits.
+	logEvery = 2 * time.Second
+)
+
+// Options configure Open. The zero value logs nothing.
+type Options struct {
+	// Logger is told, at most every two seconds, which step waits and
+	// why. Default: nobody.
+	Logger *slog.Logger
+}
+
+// Open returns what lookup finds, creating it with create when lookup
+// says it is missing (jetstream.ErrStreamNotFound, ErrBucketNotFound) or
+// does not answer, until ctx is done; with create nil, one still missing
+// after MissingGrace is an error and an unanswered lookup is asked again; what names it in logs and errors.
+// created is true when this call's create made it (or found an equal one
+// being made). A permanent failure (retry.Classify, and JetStream not
+// enabled) is returned at once; a create refused because the name is in
+// use with another configuration binds to the existing one. When ctx ends
+// first, the error names what, how long Open waited and the last reason,
+// and wraps context.Cause(ctx).
+func Open[T any](ctx context.Context, what string, lookup, create func(context.Context) (T, error), o Options) (v T, created bool, err error) {
+	start := time.Now()
+	var last error
+	var logged time.Time
+	wait := func(why error) {
+		last = why
+		if o.Logger != nil && time.Since(logged) >= logEvery {
+			logged = time.Now()
+			o.Logger.Warn("start-up: waiting for the server", "step", what, "waited", time.Since(start).Round(time.Millisecond), "why", why)
+		}
+	}
+	stopped := func() error {
+		cause := context.Cause(ctx)
+		if last == nil {
+			return fmt.Errorf("%s: %w after %v", what, cause, time.Since(start).Round(time.Millisecond))
+		}
+		return fmt.Errorf("%s: %w after %v waiting for the server (last: %v)", what, cause, time.Since(start).Round(time.Millisecond), last)
+	}
+
+	var creating chan result[T] // non-nil while a create is in flight
+	cctx, cancelCreate := context.WithCancel(ctx)
+	defer cancelCreate()
+	var b *retry.Backoff
+	for {
+		if ctx.Err() != nil {
+			return v, false, stopped()
+		}
+		found, lerr := timed(ctx, LookupTimeout, lookup)
+		if lerr == nil {
+			return found, false, nil
+		}
+		if permanent(lerr) || (create == nil && missing(lerr) && time.Since(start) >= MissingGrace) {
+			return v, false, fmt.Errorf("%s: %w", what, lerr)
+		}
+		if !missing(lerr) && !unanswered(lerr) {
+			wait(fmt.Errorf("lookup: %w", lerr)) // a transient refusal: asked again after a backoff
+			if b == nil {
+				b = retry.NewBackoff()
+			}
+			if b.Wait(ctx) != nil {
+				return v, false, stopped()
+			}
+			continue
+		}
+		if unanswered(lerr) {
+			wait(fmt.Errorf("lookup not answered in %v (a stream being created has no leader yet): %w", LookupTimeout, lerr))
+		} else if create == nil {
+			wait(fmt.Errorf("lookup: %w (a stream just created can be reported missing for a moment)", lerr))
+		}
+		if create == nil {
+			if !sleep(ctx, pollInterval) {
+				return v, false, stopped()
+			}
+			continue
+		}
+		if creating == nil {
+			creating = make(chan result[T], 1)
+			go func() {
+				r, err := timed(cctx, CreateTimeout, create)
+				creating <- result[T]{r, err}
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			return v, false, stopped()
+		case r := <-creating:
+			creating = nil
+			switch {
+			case r.err == nil:
+				return r.v, true, nil
+			case errors.Is(r.err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(r.err, jetstream.ErrBucketExists):
+				wait(fmt.Errorf("create: in use with another configuration; binding to it: %w", r.err))
+				// The lookups bind to it; no create is asked again.
+				creating = make(chan result[T]) // never ready
+			case permanent(r.err):
+				return v, false, fmt.Errorf("%s: create: %w", what, r.err)
+			default:
+				wait(fmt.Errorf("create: %w", r.err))
+			}
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// sleep waits d or until ctx is done, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// result is what a create returned.
+type result[T any] struct {
+	v   T
+	err error
+}
+
+// timed calls f with at most d of ctx.
+func timed[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return f(ctx)
+}
+
+// missing reports whether err says the stream or bucket does not exist.
+func missing(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// unanswered reports whether err says the request got no answer.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse)
+}
+
+// permanent reports whether no retry changes err's answer.
+func permanent(err error) bool {
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
+		(!missing(err) && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && !errors.Is(err, jetstream.ErrBucketExists) &&
+			retry.Classify(err) == retry.Permanent)
+}
