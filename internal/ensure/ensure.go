@@ -77,23 +77,8 @@ type Options struct {
 // first, the error names what, how long Open waited and the last reason,
 // and wraps context.Cause(ctx).
 func Open[T any](ctx context.Context, what string, lookup, create func(context.Context) (T, error), o Options) (v T, created bool, err error) {
-	start := time.Now()
-	var last error
-	var logged time.Time
-	wait := func(why error) {
-		last = why
-		if o.Logger != nil && time.Since(logged) >= logEvery {
-			logged = time.Now()
-			o.Logger.Warn("start-up: waiting for the server", "step", what, "waited", time.Since(start).Round(time.Millisecond), "why", why)
-		}
-	}
-	stopped := func() error {
-		cause := context.Cause(ctx)
-		if last == nil {
-			return fmt.Errorf("%s: %w after %v", what, cause, time.Since(start).Round(time.Millisecond))
-		}
-		return fmt.Errorf("%s: %w after %v waiting for the server (last: %v)", what, cause, time.Since(start).Round(time.Millisecond), last)
-	}
+	pr := &progress{ctx: ctx, what: what, start: time.Now(), log: o.Logger}
+	wait, stopped := pr.wait, pr.stopped
 
 	var creating chan result[T] // non-nil while a create is in flight
 	cctx, cancelCreate := context.WithCancel(ctx)
@@ -107,7 +92,7 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 		if lerr == nil {
 			return found, false, nil
 		}
-		if permanent(lerr) || (create == nil && missing(lerr) && time.Since(start) >= MissingGrace) {
+		if permanent(lerr) || (create == nil && missing(lerr) && time.Since(pr.start) >= MissingGrace) {
 			return v, false, fmt.Errorf("%s: %w", what, lerr)
 		}
 		if !missing(lerr) && !unanswered(lerr) {
@@ -158,6 +143,37 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 		case <-time.After(pollInterval):
 		}
 	}
+}
+
+// progress is what Open tells while it waits: each reason it waits for is
+// logged at most every logEvery, and a stop names the step, the time waited
+// and the last reason.
+type progress struct {
+	ctx    context.Context
+	what   string
+	start  time.Time
+	log    *slog.Logger
+	last   error
+	logged time.Time
+}
+
+// wait records why Open waits, and logs it unless it logged lately.
+func (p *progress) wait(why error) {
+	p.last = why
+	if p.log != nil && time.Since(p.logged) >= logEvery {
+		p.logged = time.Now()
+		p.log.Warn("start-up: waiting for the server", "step", p.what, "waited", time.Since(p.start).Round(time.Millisecond), "why", why)
+	}
+}
+
+// stopped is Open's error when its context ends: the step, the cause, how
+// long it waited and the last reason.
+func (p *progress) stopped() error {
+	cause := context.Cause(p.ctx)
+	if p.last == nil {
+		return fmt.Errorf("%s: %w after %v", p.what, cause, time.Since(p.start).Round(time.Millisecond))
+	}
+	return fmt.Errorf("%s: %w after %v waiting for the server (last: %v)", p.what, cause, time.Since(p.start).Round(time.Millisecond), p.last)
 }
 
 // sleep waits d or until ctx is done, and reports whether d passed.
