@@ -24,6 +24,14 @@
 //     root only) full while running and at start;
 //   - TestFilterSnapshotCorruptOrMissing: filter snapshots removed,
 //     corrupted, truncated, emptied, replaced by garbage or by stale ones.
+//   - TestScaleOutKillAddStop, TestScaleOutZombieFenced,
+//     TestScaleOutNodeRestart, TestScaleOutLeaderKills: a scale-out group
+//     on a 3-node cluster with instances killed, paused or stopped and
+//     cluster nodes killed (docs/scale-out.md §9);
+//   - TestScaleOutGroupStart: three instances started at the same moment
+//     on fresh clusters, ten rounds; every partition taken within 2 s;
+//   - TestStatusAsACheck: dedupe-stage status on an idle, a drained and a
+//     stalled group, and its exit codes.
 //
 // docs/faults.md tabulates what the stage did and how to reproduce each.
 // The package has no code outside its tests.
