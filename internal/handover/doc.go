@@ -1,6 +1,36 @@
 // Package handover is what hands a partition from one instance to another
-// when several instances share one input. Below are the notes on how Take
-// and Restore work and why; the model follows them and is docs/scale-out.md.
+// when several instances share one input (docs/scale-out.md §3.3, §3.4,
+// §7): the output stream is the partition's changelog, and a per-partition
+// fence subject in that stream decides which instance may write it.
+//
+// Every forwarded message is a record of the partition's state: its
+// Nats-Msg-Id is the key, Annotate adds the first-seen time and the payload
+// fingerprint decided at judge time (and AnnotateTotal, with totals, what
+// the forward added to its group's total), and its subject
+// (PartitionSubject) carries the partition. A new owner takes the partition's fence (Take),
+// which refuses every later publish of the old owner that expects the old
+// fence, and then reads the partition's records back up to its own fence
+// message (Restore, Decode): the fence's sequence is a cut in the stream's
+// single order, so every record the old owner stored is before it.
+//
+// This package is the one owner of the changelog's subjects and headers:
+//
+//	<prefix>.<p>.<input subject>   a forwarded message of partition p (PartitionSubject)
+//	<prefix>.<p>.>                 all of partition p's records (PartitionFilter)
+//	_dedupe.<prefix>.fence.<p>     partition p's fence (FenceSubject)
+//	_dedupe.<prefix>.>             every control record (ControlSubjects)
+//
+// Control records have a subject root of their own in the output stream,
+// so that a consumer of <prefix>.> receives forwarded messages only; one
+// atomic batch may still check a fence and write data, since both are
+// subjects of one stream.
+//
+// Use, on taking partition p:
+//
+//	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject("out", p), instance)
+//	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), handover.FenceSubject("out", p), cursor+1, time.Time{}, f,
+//		func(r handover.Record, seq uint64) error { ... })
+//	// then publish with forward.Options{Fence: &forward.Fence{Subject: handover.FenceSubject("out", p), Seq: f}}
 //
 // # Restore ends at the fence message
 //

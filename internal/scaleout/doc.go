@@ -1,6 +1,15 @@
-// Package scaleout is one instance's part in a scale-out group. The design
-// it carries out is docs/scale-out.md; what follows are the notes on how the
-// code does it, and why where a test found the reason.
+// Package scaleout is one instance's part in a scale-out group
+// (docs/scale-out.md). A static consumer group has one member per
+// partition, and the server pins each member to one instance of the group.
+// An instance owns a partition while it holds the partition's fence in the
+// output stream: it takes the fence with the first batch the server pins to
+// it, restoring the partition from its snapshot and the changelog up to the
+// fence first, and every output batch of the tenure expects that fence.
+//
+// Group runs the members, the route step, balance and the snapshots, and
+// hands each delivered message to the stage. The stage's worker of a
+// partition asks the partition's Owner before it judges a batch, and tells
+// it what the batch forwarded; it does not know more of the group.
 //
 // # Tenure
 //

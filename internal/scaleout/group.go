@@ -1,15 +1,3 @@
-// Package scaleout is one instance's part in a scale-out group
-// (docs/scale-out.md). A static consumer group has one member per
-// partition, and the server pins each member to one instance of the group.
-// An instance owns a partition while it holds the partition's fence in the
-// output stream: it takes the fence with the first batch the server pins to
-// it, restoring the partition from its snapshot and the changelog up to the
-// fence first, and every output batch of the tenure expects that fence.
-//
-// Group runs the members, the route step, balance and the snapshots, and
-// hands each delivered message to the stage. The stage's worker of a
-// partition asks the partition's Owner before it judges a batch, and tells
-// it what the batch forwarded; it does not know more of the group.
 package scaleout
 
 import (
@@ -215,7 +203,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 	}
 	m.partitions = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "dedupe_group_partitions",
-		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner.",
+		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner, idle or not (dedupe_group_health_partitions says which).",
 	}, []string{"group"})
 	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull} {
 		m.restoreDur.WithLabelValues(p)
