@@ -176,26 +176,14 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 	_ = dl.msg.Ack()
 }
 
-// storeDeadLetter publishes m alone and waits for the stream to store it,
-// retrying transient failures until ctx ends. A dead letter that cannot
-// fit the server's limits is refused before any publish.
+// storeDeadLetter publishes m, the dead letter of dl, alone and waits for
+// the stream to store it (deadletter.Store).
 func (s *Stage) storeDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg, health retry.Reporter) error {
-	if err := forward.CheckSize(m, s.nc.MaxPayload()); err != nil {
-		return err
-	}
-	b := retry.NewBackoff()
-	return retry.Do(ctx, CompDeadLetter, func() error {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_, err := s.js.PublishMsg(pctx, m)
-		return err
-	}, retry.Options{
-		Reporter: health,
-		Pause: func() {
-			if b.Since() > s.ackWait/3 {
-				_ = dl.msg.InProgress()
-			}
-		},
+	return deadletter.Store(ctx, s.js, m, dl.msg, deadletter.StoreOptions{
+		Component:  CompDeadLetter,
+		Reporter:   health,
+		MaxPayload: s.nc.MaxPayload(),
+		AckWait:    s.ackWait,
 		OnRetry: func(attempt int, err error) {
 			s.logs.Warn("dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},

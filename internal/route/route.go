@@ -810,26 +810,14 @@ func (r *router) deadLettered(dl deadLetter, outcome string) {
 	r.ack(dl.msg, outcome)
 }
 
-// publishDeadLetter publishes m, retrying transient failures until ctx
-// ends; a dead letter that cannot fit the server's limits is refused
-// before any publish.
+// publishDeadLetter publishes m, the dead letter of dl, alone and waits
+// for the stream to store it (deadletter.Store).
 func (r *router) publishDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg) error {
-	if err := forward.CheckSize(m, r.o.Conn.MaxPayload()); err != nil {
-		return err
-	}
-	b := retry.NewBackoff()
-	return retry.Do(ctx, CompRouteDeadLetter, func() error {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_, err := r.js.PublishMsg(pctx, m)
-		return err
-	}, retry.Options{
-		Reporter: r.o.Reporter,
-		Pause: func() {
-			if b.Since() > r.o.AckWait/3 {
-				_ = dl.msg.InProgress()
-			}
-		},
+	return deadletter.Store(ctx, r.js, m, dl.msg, deadletter.StoreOptions{
+		Component:  CompRouteDeadLetter,
+		Reporter:   r.o.Reporter,
+		MaxPayload: r.o.Conn.MaxPayload(),
+		AckWait:    r.o.AckWait,
 		OnRetry: func(attempt int, err error) {
 			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},
