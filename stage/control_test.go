@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -120,7 +121,7 @@ func TestScaleOutDeadLetterFence(t *testing.T) {
 	e.checkOnce(e.scaleOutOutput(), payload)
 	perSeq := map[string]int{}
 	for _, m := range e.deadLetters() {
-		perSeq[m.Header.Get(stage.HeaderOriginalSequence)]++
+		perSeq[m.Header.Get(deadletter.HeaderOriginalSequence)]++
 	}
 	if len(perSeq) != len(ks) {
 		t.Errorf("%d inputs dead-lettered, want the %d copies", len(perSeq), len(ks))

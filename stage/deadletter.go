@@ -2,30 +2,16 @@ package stage
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
-)
-
-// Limits of a shrunk dead letter (deadLetterWorker).
-const (
-	// shrunkHeaderBudget bounds the input's headers copied into a shrunk
-	// dead letter.
-	shrunkHeaderBudget = 4096
-	// shrunkValueMax bounds each header value copied into a shrunk dead
-	// letter, and its detail.
-	shrunkValueMax = 256
 )
 
 // deadLetterBatch is the most dead letters the worker publishes together.
@@ -170,18 +156,18 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 	if err != nil {
 		s.logs.Warn("dead_letter_refused", "dead letter refused; storing it without payload and with its headers cut",
 			"reason", dl.reason, "subject", m.Subject, "err", err)
-		err = s.storeDeadLetter(ctx, dl, s.shrink(dl, m), health)
+		err = s.storeDeadLetter(ctx, dl, deadletter.Shrink(s.deadLetterInput(dl), m.Subject), health)
 		if err != nil && !retry.IsPermanent(err) {
 			return // ctx ended: left unacked, it comes back after ack_wait
 		}
 	}
 	if err != nil {
 		subject, stream, seq, _ := s.sourceOf(dl)
-		s.metrics.DeadLettersUnstorable.WithLabelValues(dl.reason).Inc()
+		s.metrics.DeadLettersUnstorable.WithLabelValues(string(dl.reason)).Inc()
 		s.logs.Error("dead_letter_unstorable", "dead letter cannot be stored even shrunk; the input is acked and stays in its stream",
 			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", subject, "err", err)
 	}
-	s.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
+	s.metrics.DeadLetters.WithLabelValues(string(dl.reason)).Inc()
 	if dl.partition == "" {
 		s.metrics.UnpartitionedDeadLetters.Inc()
 	} else {
@@ -190,65 +176,32 @@ func (s *Stage) settleDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg
 	_ = dl.msg.Ack()
 }
 
-// storeDeadLetter publishes m alone and waits for the stream to store it,
-// retrying transient failures until ctx ends. A dead letter that cannot
-// fit the server's limits is refused before any publish.
+// storeDeadLetter publishes m, the dead letter of dl, alone and waits for
+// the stream to store it (deadletter.Store).
 func (s *Stage) storeDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg, health retry.Reporter) error {
-	if err := forward.CheckSize(m, s.nc.MaxPayload()); err != nil {
-		return err
-	}
-	b := retry.NewBackoff()
-	return retry.Do(ctx, CompDeadLetter, func() error {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_, err := s.js.PublishMsg(pctx, m)
-		return err
-	}, retry.Options{
-		Reporter: health,
-		Pause: func() {
-			if b.Since() > s.ackWait/3 {
-				_ = dl.msg.InProgress()
-			}
-		},
+	return deadletter.Store(ctx, s.js, m, dl.msg, deadletter.StoreOptions{
+		Component:  CompDeadLetter,
+		Reporter:   health,
+		MaxPayload: s.nc.MaxPayload(),
+		AckWait:    s.ackWait,
 		OnRetry: func(attempt int, err error) {
 			s.logs.Warn("dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},
 	})
 }
 
-// deadLetterMsg builds the dead letter: the original headers and payload
-// with the reason, the detail and where the original is.
+// deadLetterMsg builds the dead letter of dl: the input's headers and,
+// when it fits, its payload, with the reason, the detail and where the
+// input is.
 func (s *Stage) deadLetterMsg(dl deadLetter) *nats.Msg {
-	in := dl.msg.Headers()
-	h := make(nats.Header, len(in)+6)
-	for k, v := range in {
-		if strings.HasPrefix(k, "Nats-") {
-			continue
-		}
-		h[k] = v
-	}
-	s.markDeadLetter(h, dl, dl.detail)
-	data := dl.msg.Data()
-	if room := s.nc.MaxPayload() - int64(forward.HeaderSize(h)); int64(len(data)) > room {
-		h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: too large to dead-letter; read it from the original stream and sequence", len(data)))
-		data = nil
-	}
-	return &nats.Msg{Subject: s.cfg.DeadLetter.SubjectFor(dl.reason), Header: h, Data: data}
+	return deadletter.Build(s.deadLetterInput(dl), s.cfg.DeadLetter.SubjectFor(string(dl.reason)), s.nc.MaxPayload(), deadletter.OmittedTooLarge)
 }
 
-// markDeadLetter sets the stage's headers of a dead letter on h.
-func (s *Stage) markDeadLetter(h nats.Header, dl deadLetter, detail string) {
-	h.Set(HeaderReason, dl.reason)
-	h.Set(HeaderDetail, detail)
-	subject, stream, seq, ok := s.sourceOf(dl)
-	h.Set(HeaderOriginalSubject, subject)
-	if ok {
-		h.Set(HeaderOriginalStream, stream)
-		h.Set(HeaderOriginalSequence, strconv.FormatUint(seq, 10))
-		// One dead letter per input message, even if this one is
-		// redelivered: the route step's id for the same input.
-		h.Set(jetstream.MsgIDHeader, "dlq:"+stream+":"+strconv.FormatUint(seq, 10))
-	}
+// deadLetterInput is what deadletter builds dl's dead letter from.
+func (s *Stage) deadLetterInput(dl deadLetter) deadletter.Input {
+	in := deadletter.Input{Reason: dl.reason, Detail: dl.detail, Header: dl.msg.Headers(), Data: dl.msg.Data()}
+	in.Subject, in.Stream, in.Sequence, _ = s.sourceOf(dl) // Stream is "" when not ok
+	return in
 }
 
 // sourceOf returns where the input of dead letter dl is. For a message of
@@ -263,51 +216,10 @@ func (s *Stage) sourceOf(dl deadLetter) (subject, stream string, seq uint64, ok 
 	if err != nil {
 		return dl.msg.Subject(), "", 0, false
 	}
-	if routed, routedSubject, ok := s.routed(); ok && md.Stream == routed && dl.reason != ReasonNotRouted {
+	if routed, routedSubject, ok := s.routed(); ok && md.Stream == routed && dl.reason != deadletter.ReasonNotRouted {
 		if subject, stream, seq, ok := route.InputOfMsg(routedSubject, dl.msg); ok {
 			return subject, stream, seq, true
 		}
 	}
 	return dl.msg.Subject(), md.Stream, md.Sequence.Stream, true
-}
-
-// shrink returns the smallest useful form of dead letter m: no payload; the
-// reason, the original subject, stream and sequence; the detail and the
-// input's headers cut to shrunkValueMax bytes a value and shrunkHeaderBudget
-// in all, in name order, marked with HeaderHeadersTruncated.
-func (s *Stage) shrink(dl deadLetter, m *nats.Msg) *nats.Msg {
-	h := make(nats.Header)
-	s.markDeadLetter(h, dl, cut(dl.detail, shrunkValueMax))
-	h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: the dead letter was refused; read the input from the original stream and sequence", len(dl.msg.Data())))
-	names := make([]string, 0, len(m.Header))
-	total := 0
-	for k := range dl.msg.Headers() {
-		if !strings.HasPrefix(k, "Nats-") {
-			names = append(names, k)
-			total++
-		}
-	}
-	sort.Strings(names)
-	kept, used := 0, 0
-	for _, k := range names {
-		v := cut(dl.msg.Headers().Get(k), shrunkValueMax)
-		if len(k) > shrunkValueMax {
-			continue
-		}
-		if used += len(k) + len(v) + 4; used > shrunkHeaderBudget {
-			break
-		}
-		h.Set(k, v)
-		kept++
-	}
-	h.Set(HeaderHeadersTruncated, fmt.Sprintf("kept %d of %d headers, first value only, values cut to %d bytes, %d bytes in all", kept, total, shrunkValueMax, shrunkHeaderBudget))
-	return &nats.Msg{Subject: m.Subject, Header: h}
-}
-
-// cut returns s cut to at most n bytes, marked with "..." when cut.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
@@ -32,11 +33,11 @@ type failureCase struct {
 	maxPayload int32                      // the server's max_payload; 0: default
 	setup      func(t *testing.T, e *env) // changes streams after the stage created them
 	bad        func(e *env) *nats.Msg
-	reason     string // the dead letter's reason; "" when none is stored
-	detail     string // a part of its detail
-	shrunk     bool   // the dead letter is stored without payload, headers cut
-	unstorable bool   // no dead letter: counted in dedupe_dead_letters_unstorable_total
-	goodDead   bool   // the good event after it is dead-lettered too (sealed output)
+	reason     deadletter.Reason // the dead letter's reason; "" when none is stored
+	detail     string            // a part of its detail
+	shrunk     bool              // the dead letter is stored without payload, headers cut
+	unstorable bool              // no dead letter: counted in dedupe_dead_letters_unstorable_total
+	goodDead   bool              // the good event after it is dead-lettered too (sealed output)
 }
 
 // headerPad returns a header value that makes the headers of a message
@@ -85,7 +86,7 @@ var failureCases = []failureCase{
 			updateStream(t, e, e.cfg.Output.Stream, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = 4096 })
 		},
 		bad:    func(*env) *nats.Msg { return keyed("bad-1", make([]byte, 5000)) },
-		reason: stage.ReasonOutputRejected, detail: "err_code=10054",
+		reason: deadletter.ReasonOutputRejected, detail: "err_code=10054",
 	},
 	{
 		name: "forward to a sealed output stream",
@@ -93,7 +94,7 @@ var failureCases = []failureCase{
 			updateStream(t, e, e.cfg.Output.Stream, func(sc *jetstream.StreamConfig) { sc.Sealed = true })
 		},
 		bad:    func(*env) *nats.Msg { return keyed("bad-1", []byte("x")) },
-		reason: stage.ReasonOutputRejected, detail: "err_code=10109", goodDead: true,
+		reason: deadletter.ReasonOutputRejected, detail: "err_code=10109", goodDead: true,
 	},
 	{
 		name: "forward carrying a header the output stream refuses",
@@ -105,7 +106,7 @@ var failureCases = []failureCase{
 			m.Header.Set("Nats-TTL", "1h")
 			return m
 		},
-		reason: stage.ReasonOutputRejected, detail: "code=400",
+		reason: deadletter.ReasonOutputRejected, detail: "code=400",
 	},
 	{
 		name: "forward whose Nats-Msg-Id pushes the headers over 64 KiB",
@@ -114,7 +115,7 @@ var failureCases = []failureCase{
 			m.Header.Set("Pad", headerPad(m.Header, retry.MaxHeaderBytes-10))
 			return m
 		},
-		reason: stage.ReasonOversized, detail: "headers are",
+		reason: deadletter.ReasonOversized, detail: "headers are",
 	},
 	{
 		name:       "forward whose Nats-Msg-Id pushes it over max_payload",
@@ -124,7 +125,7 @@ var failureCases = []failureCase{
 			m.Data = make([]byte, 16384-5-forward.HeaderSize(m.Header))
 			return m
 		},
-		reason: stage.ReasonOversized, detail: "max_payload is 16384",
+		reason: deadletter.ReasonOversized, detail: "max_payload is 16384",
 	},
 	{
 		name: "dead letter larger than the dead-letter stream's max_msg_size",
@@ -209,9 +210,10 @@ func permanentFailuresDoNotWedge(t *testing.T, publish string) {
 func checkOutcome(t *testing.T, e *env, r *running, tc failureCase, goods int) {
 	t.Helper()
 	out := e.outputByKey()
-	dead := map[string][]natstest.Message{}
+	dead := map[deadletter.Reason][]natstest.Message{}
 	for _, m := range natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream) {
-		dead[m.Header.Get(stage.HeaderReason)] = append(dead[m.Header.Get(stage.HeaderReason)], m)
+		r := deadletter.Reason(m.Header.Get(deadletter.HeaderReason))
+		dead[r] = append(dead[r], m)
 	}
 	wantDead := 1
 	if tc.goodDead {
@@ -233,21 +235,21 @@ func checkOutcome(t *testing.T, e *env, r *running, tc failureCase, goods int) {
 		t.Errorf("the bad input was forwarded %d times", n)
 	}
 	for _, m := range dead[tc.reason] {
-		if m.Header.Get(stage.HeaderOriginalSequence) != "1" {
+		if m.Header.Get(deadletter.HeaderOriginalSequence) != "1" {
 			continue // a good event dead-lettered after it
 		}
-		if d := m.Header.Get(stage.HeaderDetail); !strings.Contains(d, tc.detail) {
+		if d := m.Header.Get(deadletter.HeaderDetail); !strings.Contains(d, tc.detail) {
 			t.Errorf("detail %q does not contain %q", d, tc.detail)
 		} else if goods == 1 {
 			t.Logf("dead letter %s: %s", tc.reason, d)
 		}
-		if m.Header.Get(stage.HeaderOriginalStream) != e.cfg.Input.Stream {
+		if m.Header.Get(deadletter.HeaderOriginalStream) != e.cfg.Input.Stream {
 			t.Errorf("dead letter does not point at stream %s: %v", e.cfg.Input.Stream, m.Header)
 		}
 		if tc.shrunk {
-			if len(m.Data) != 0 || m.Header.Get(stage.HeaderPayloadOmitted) == "" || m.Header.Get(stage.HeaderHeadersTruncated) == "" {
+			if len(m.Data) != 0 || m.Header.Get(deadletter.HeaderPayloadOmitted) == "" || m.Header.Get(deadletter.HeaderHeadersTruncated) == "" {
 				t.Errorf("dead letter not shrunk: %d bytes of payload, headers %d bytes, omitted %q, truncated %q",
-					len(m.Data), forward.HeaderSize(m.Header), m.Header.Get(stage.HeaderPayloadOmitted), m.Header.Get(stage.HeaderHeadersTruncated))
+					len(m.Data), forward.HeaderSize(m.Header), m.Header.Get(deadletter.HeaderPayloadOmitted), m.Header.Get(deadletter.HeaderHeadersTruncated))
 			}
 			if m.Header.Get("Trace") != "keyless" {
 				t.Errorf("shrunk dead letter lost the input's Trace header: %v", m.Header.Get("Trace"))
@@ -302,8 +304,8 @@ func TestOversizeKeylessInARowDoNotStall(t *testing.T) {
 		t.Errorf("%d dead letters, want %d", len(dl), bad)
 	}
 	for _, m := range dl {
-		if m.Header.Get(stage.HeaderHeadersTruncated) == "" {
-			t.Errorf("dead letter of sequence %s not shrunk", m.Header.Get(stage.HeaderOriginalSequence))
+		if m.Header.Get(deadletter.HeaderHeadersTruncated) == "" {
+			t.Errorf("dead letter of sequence %s not shrunk", m.Header.Get(deadletter.HeaderOriginalSequence))
 			break
 		}
 	}

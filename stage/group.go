@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -28,10 +29,6 @@ var ErrChangelog = scaleout.ErrChangelog
 // subjects for the partitions' fences; New refuses to start. See
 // scaleout.ErrControlSubjects.
 var ErrControlSubjects = scaleout.ErrControlSubjects
-
-// ReasonNotRouted: a message in the routed stream that the route step did
-// not write (its subject, Nats-Msg-Id or headers are not the route step's).
-const ReasonNotRouted = "not_routed"
 
 // setUpGroup prepares this instance's part in the scale-out group
 // (scaleout.New checks the streams and creates the consumer group); Run
@@ -77,7 +74,7 @@ func (s *Stage) routed() (stream, subject string, ok bool) {
 func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, parts []chan item, dlq chan<- deadLetter) {
 	o, err := route.OriginOfMsg(routedSubject, msg)
 	if err != nil {
-		dlq <- deadLetter{msg: msg, reason: ReasonNotRouted,
+		dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted,
 			detail: "in the routed stream, but not written by the route step: " + err.Error()}
 		return
 	}

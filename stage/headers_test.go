@@ -14,9 +14,9 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // TestForwardedAndDeadLetteredHeaders checks the headers the stage writes:
@@ -62,8 +62,8 @@ func TestForwardedAndDeadLetteredHeaders(t *testing.T) {
 	}
 
 	dead := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
-	if len(dead) != 1 || dead[0].Header.Get(stage.HeaderReason) != stage.ReasonOutputRejected {
-		t.Fatalf("dead letters %v, want one %s", dead, stage.ReasonOutputRejected)
+	if len(dead) != 1 || dead[0].Header.Get(deadletter.HeaderReason) != string(deadletter.ReasonOutputRejected) {
+		t.Fatalf("dead letters %v, want one %s", dead, deadletter.ReasonOutputRejected)
 	}
 	// The dead letter keeps the input's headers except Nats-*, and adds the
 	// stage's Dedupe-* ones and its own Nats-Msg-Id.
@@ -116,7 +116,7 @@ func TestInputsOfAnAtomicBatchAreForwarded(t *testing.T) {
 
 			if dead := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream); len(dead) != 0 {
 				t.Errorf("%d inputs dead-lettered, want none; the first: %s %q", len(dead),
-					dead[0].Header.Get(stage.HeaderReason), dead[0].Header.Get(stage.HeaderDetail))
+					dead[0].Header.Get(deadletter.HeaderReason), dead[0].Header.Get(deadletter.HeaderDetail))
 			}
 			out := e.outputByKey()
 			for i := range n {

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // TestAmbiguousJSONKeysAreDeadLettered sends JSON payloads whose key two
@@ -38,11 +38,11 @@ func TestAmbiguousJSONKeysAreDeadLettered(t *testing.T) {
 	}
 	for _, m := range dl {
 		want, ok := bad[string(m.Data)]
-		if reason := m.Header.Get(stage.HeaderReason); !ok || reason != keys.ReasonBadPayload {
+		if reason := m.Header.Get(deadletter.HeaderReason); !ok || reason != keys.ReasonBadPayload {
 			t.Errorf("dead letter %s with reason %q, want one of the bad payloads with %s", m.Data, reason, keys.ReasonBadPayload)
 			continue
 		}
-		if detail := m.Header.Get(stage.HeaderDetail); !strings.Contains(detail, want) {
+		if detail := m.Header.Get(deadletter.HeaderDetail); !strings.Contains(detail, want) {
 			t.Errorf("dead letter %s: detail %q does not say %q", m.Data, detail, want)
 		}
 	}

@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // TestScaleOutRoutedDeadLetterNamesTheInput dead-letters a message the
@@ -46,7 +46,7 @@ func TestScaleOutRoutedDeadLetterNamesTheInput(t *testing.T) {
 	var dls []natstest.Message
 	natstest.Until(30*time.Second, 50*time.Millisecond, func() bool {
 		for _, m := range natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream) {
-			if m.Header.Get(stage.HeaderReason) == "fingerprint_mismatch" {
+			if m.Header.Get(deadletter.HeaderReason) == "fingerprint_mismatch" {
 				dls = append(dls, m)
 			}
 		}
@@ -58,11 +58,11 @@ func TestScaleOutRoutedDeadLetterNamesTheInput(t *testing.T) {
 	dl := dls[0]
 	seq := strconv.FormatUint(ack.Sequence, 10)
 	for h, want := range map[string]string{
-		stage.HeaderReason:           "fingerprint_mismatch",
-		stage.HeaderOriginalStream:   e.cfg.Input.Stream,
-		stage.HeaderOriginalSequence: seq,
-		stage.HeaderOriginalSubject:  "events.orders",
-		jetstream.MsgIDHeader:        "dlq:" + e.cfg.Input.Stream + ":" + seq,
+		deadletter.HeaderReason:           "fingerprint_mismatch",
+		deadletter.HeaderOriginalStream:   e.cfg.Input.Stream,
+		deadletter.HeaderOriginalSequence: seq,
+		deadletter.HeaderOriginalSubject:  "events.orders",
+		jetstream.MsgIDHeader:             "dlq:" + e.cfg.Input.Stream + ":" + seq,
 	} {
 		if got := dl.Header.Get(h); got != want {
 			t.Errorf("dead letter %s = %q, want %q (routed stream %s)", h, got, want, e.cfg.ScaleOut.RoutedStream)
@@ -107,7 +107,7 @@ func TestScaleOutUnreadableRoutedMessagesAreDeadLettered(t *testing.T) {
 	natstest.Until(30*time.Second, 50*time.Millisecond, func() bool {
 		dls = dls[:0]
 		for _, m := range e.deadLetters() {
-			if m.Header.Get(stage.HeaderReason) == stage.ReasonNotRouted {
+			if m.Header.Get(deadletter.HeaderReason) == string(deadletter.ReasonNotRouted) {
 				dls = append(dls, m)
 			}
 		}
@@ -117,7 +117,7 @@ func TestScaleOutUnreadableRoutedMessagesAreDeadLettered(t *testing.T) {
 		t.Fatalf("%d not_routed dead letters, want the foreign message's and the newer bundle's", len(dls))
 	}
 	for _, dl := range dls {
-		t.Logf("dead letter: %s", dl.Header.Get(stage.HeaderDetail))
+		t.Logf("dead letter: %s", dl.Header.Get(deadletter.HeaderDetail))
 	}
 	if n := len(e.routedOutput()); n != 1 {
 		t.Errorf("the output holds %d messages, want order-1's only", n)

@@ -15,6 +15,7 @@ import (
 	"github.com/synadia-io/orbit.go/pcgroups"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
@@ -335,7 +336,7 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 		t.Errorf("%d dead letters, want the 2 inputs without a key", len(dl))
 	}
 	for _, m := range dl {
-		if r := m.Header.Get(stage.HeaderReason); r != "no_key" {
+		if r := m.Header.Get(deadletter.HeaderReason); r != "no_key" {
 			t.Errorf("dead letter with reason %q, want no_key", r)
 		}
 	}

@@ -6,11 +6,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -127,7 +127,7 @@ func TestScaleOutTotalsAcrossHandOvers(t *testing.T) {
 	e.publishClicksOn([]click{future})
 	natstest.WaitFor(t, 30*time.Second, "the future event dead-lettered", func() bool {
 		for _, m := range e.deadLetters() {
-			if m.Header.Get("Dedupe-Reason") == stage.ReasonFutureTime {
+			if m.Header.Get("Dedupe-Reason") == string(deadletter.ReasonFutureTime) {
 				return true
 			}
 		}

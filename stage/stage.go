@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
@@ -284,7 +285,7 @@ func (it *item) inputSubject() string {
 // deadLetter is a message on its way to the dead-letter subject.
 type deadLetter struct {
 	msg    jetstream.Msg
-	reason string
+	reason deadletter.Reason
 	detail string
 	// partition is the label of the partition that judged it, or ""
 	// for an input dead-lettered before it reached one.
@@ -414,7 +415,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 		// Each input a bundle carries is dispatched as a copy of its own.
 		ms, err := route.Unbundle(msg)
 		if err != nil {
-			dlq <- deadLetter{msg: msg, reason: ReasonNotRouted,
+			dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted,
 				detail: "in the routed stream, a bundle this version cannot read: " + err.Error()}
 			return
 		}
@@ -426,13 +427,13 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	data := msg.Data()
 	if s.maxDeliver > 0 {
 		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {
-			dlq <- deadLetter{msg: msg, reason: "max_deliver",
+			dlq <- deadLetter{msg: msg, reason: deadletter.ReasonMaxDeliver,
 				detail: fmt.Sprintf("delivery %d of at most %d: dead-lettered so the server cannot drop it", md.NumDelivered, s.maxDeliver)}
 			return
 		}
 	}
 	if limit := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > limit {
-		dlq <- deadLetter{msg: msg, reason: ReasonOversized,
+		dlq <- deadLetter{msg: msg, reason: deadletter.ReasonOversized,
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 		return
 	}
@@ -442,11 +443,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 	}
 	key, err := s.keyFn.Key(msg.Subject(), msg.Headers(), data)
 	if err != nil {
-		reason, detail := "no_key", err.Error()
-		var ke *keys.Error
-		if errors.As(err, &ke) {
-			reason, detail = ke.Reason, ke.Detail
-		}
+		reason, detail := deadletter.KeyReason(err, deadletter.ReasonNoKey)
 		dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
 		return
 	}

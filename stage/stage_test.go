@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -312,7 +313,7 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 	dl := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
 	got := map[string]natstest.Message{}
 	for _, m := range dl {
-		got[m.Header.Get(stage.HeaderReason)] = m
+		got[m.Header.Get(deadletter.HeaderReason)] = m
 	}
 	for reason, ev := range bad {
 		m, ok := got[reason]
@@ -323,7 +324,7 @@ func TestBadInputIsDeadLetteredWithReason(t *testing.T) {
 		if m.Subject != e.cfg.DeadLetter.Subject+"."+reason {
 			t.Errorf("%s: subject %q", reason, m.Subject)
 		}
-		if m.Header.Get(stage.HeaderDetail) == "" || m.Header.Get(stage.HeaderOriginalSequence) == "" {
+		if m.Header.Get(deadletter.HeaderDetail) == "" || m.Header.Get(deadletter.HeaderOriginalSequence) == "" {
 			t.Errorf("%s: missing detail or original sequence: %v", reason, m.Header)
 		}
 		if reason != "oversized" && string(m.Data) != string(ev.payload) {
@@ -375,7 +376,7 @@ func TestJSONKeyWithScope(t *testing.T) {
 		t.Errorf("output %v, want acme:evt_1 and zeta:evt_1 once each", out)
 	}
 	dl := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
-	if len(dl) != 1 || dl[0].Header.Get(stage.HeaderReason) != "bad_payload" {
+	if len(dl) != 1 || dl[0].Header.Get(deadletter.HeaderReason) != "bad_payload" {
 		t.Errorf("dead letters %v, want one bad_payload", dl)
 	}
 }
@@ -449,7 +450,7 @@ func TestLastAllowedDeliveryIsDeadLettered(t *testing.T) {
 	e.publish([]event{{key: "md-1", payload: []byte("p")}})
 	e.drained(30 * time.Second)
 	dl := natstest.ReadAll(t, e.js, e.cfg.DeadLetter.Stream)
-	if len(dl) != 1 || dl[0].Header.Get(stage.HeaderReason) != "max_deliver" || string(dl[0].Data) != "p" {
+	if len(dl) != 1 || dl[0].Header.Get(deadletter.HeaderReason) != "max_deliver" || string(dl[0].Data) != "p" {
 		t.Fatalf("dead letters %+v, want the message once with reason max_deliver", dl)
 	}
 	if n := len(e.outputByKey()["md-1"]); n > 1 {

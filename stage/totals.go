@@ -12,32 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 	"github.com/dedupe-stage/dedupe-stage/state"
-)
-
-// Dead-letter reasons of the totals.
-const (
-	// ReasonNoGroup: the group field is missing.
-	ReasonNoGroup = "no_group"
-	// ReasonBadGroup: the group is not usable as a total's group (not
-	// UTF-8, a control character, longer than sink.MaxGroupLen, or a JSON
-	// value that is not a string or a number).
-	ReasonBadGroup = "bad_group"
-	// ReasonBadTime: the event time is missing or neither RFC 3339 nor a
-	// Unix time in seconds or milliseconds.
-	ReasonBadTime = "bad_time"
-	// ReasonBadValue: the value is missing or not a decimal integer from 0
-	// to math.MaxInt64.
-	ReasonBadValue = "bad_value"
-	// ReasonClosedBucket: a new event for a bucket that is closed (its end
-	// + W is past), with totals.late_events "dead-letter".
-	ReasonClosedBucket = "closed_bucket"
-	// ReasonFutureTime: with scale-out, an event time (totals.time) more
-	// than scale_out.max_event_time_ahead ahead of the clock: a new owner
-	// restoring the open totals would not read back that far.
-	ReasonFutureTime = "future_time"
 )
 
 // outcomeDropped is the outcome of a late event dropped by
@@ -113,24 +91,24 @@ func (t *totals) close() {
 // groupOf reads a message's group with ex, the totals.group extractor
 // (spec), and checks it is usable as a total's group. A message without a
 // usable group returns a *keys.Error with the dead-letter reason
-// (ReasonNoGroup, ReasonBadGroup or keys.ReasonBadPayload). It is the one
+// (deadletter.ReasonNoGroup, ReasonBadGroup or ReasonBadPayload). It is the one
 // place a group is read: the totals and, with scale-out, the route step
 // (which partitions by it) both call it.
 func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.Header, data []byte) ([]byte, error) {
 	g, err := ex.Extract(subject, hdr, data)
 	if err != nil {
-		reason := keys.ReasonOf(err)
+		reason := deadletter.Reason(keys.ReasonOf(err))
 		switch reason {
-		case keys.ReasonNoKey:
-			reason = ReasonNoGroup
-		case keys.ReasonBadPayload:
+		case deadletter.ReasonNoKey:
+			reason = deadletter.ReasonNoGroup
+		case deadletter.ReasonBadPayload:
 		default:
-			reason = ReasonBadGroup
+			reason = deadletter.ReasonBadGroup
 		}
-		return nil, &keys.Error{Reason: reason, Detail: fmt.Sprintf("group (%v): %v", spec, err)}
+		return nil, &keys.Error{Reason: string(reason), Detail: fmt.Sprintf("group (%v): %v", spec, err)}
 	}
 	if err := sink.CheckGroup(string(g)); err != nil {
-		return nil, &keys.Error{Reason: ReasonBadGroup, Detail: fmt.Sprintf("group (%v) %q: %v", spec, g, err)}
+		return nil, &keys.Error{Reason: string(deadletter.ReasonBadGroup), Detail: fmt.Sprintf("group (%v) %q: %v", spec, g, err)}
 	}
 	return g, nil
 }
@@ -143,14 +121,13 @@ func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.H
 // returns a dead letter with its reason.
 func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTime time.Time) (state.Contribution, *deadLetter) {
 	hdr := msg.Headers()
-	dl := func(reason, format string, args ...any) (state.Contribution, *deadLetter) {
+	dl := func(reason deadletter.Reason, format string, args ...any) (state.Contribution, *deadLetter) {
 		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, detail: fmt.Sprintf(format, args...)}
 	}
 	g, err := groupOf(t.group, t.cfg.Group, subject, hdr, data)
 	if err != nil {
-		var ke *keys.Error
-		errors.As(err, &ke)
-		return dl(ke.Reason, "%s", ke.Detail)
+		reason, detail := deadletter.KeyReason(err, deadletter.ReasonBadGroup)
+		return dl(reason, "%s", detail)
 	}
 	var at time.Time
 	switch {
@@ -161,21 +138,21 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTi
 	case t.time == nil:
 		md, err := msg.Metadata()
 		if err != nil {
-			return dl(ReasonBadTime, "no stream timestamp: %v", err)
+			return dl(deadletter.ReasonBadTime, "no stream timestamp: %v", err)
 		}
 		at = md.Timestamp
 	default:
 		raw, err := t.time.Extract(subject, hdr, data)
 		if err != nil {
-			return dl(ReasonBadTime, "time (%v): %v", t.cfg.Time, err)
+			return dl(deadletter.ReasonBadTime, "time (%v): %v", t.cfg.Time, err)
 		}
 		if at, err = keys.ParseTime(raw); err != nil {
-			return dl(ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
+			return dl(deadletter.ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
 		}
 		if t.s.cfg.ScaleOut.Enabled {
 			ahead := t.s.cfg.ScaleOut.MaxEventTimeAhead.D()
 			if now := t.s.clock.Now(); at.Sub(now) > ahead {
-				return dl(ReasonFutureTime, "time (%v) %s is %v ahead of the clock, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",
+				return dl(deadletter.ReasonFutureTime, "time (%v) %s is %v ahead of the clock, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",
 					t.cfg.Time, at.UTC().Format(time.RFC3339), at.Sub(now).Round(time.Second), ahead)
 			}
 		}
@@ -184,10 +161,10 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTi
 	if t.value != nil {
 		raw, err := t.value.Extract(subject, hdr, data)
 		if err != nil {
-			return dl(ReasonBadValue, "value (%v): %v", t.cfg.Value, err)
+			return dl(deadletter.ReasonBadValue, "value (%v): %v", t.cfg.Value, err)
 		}
 		if v, err = keys.ParseValue(raw); err != nil {
-			return dl(ReasonBadValue, "value (%v) %q: %v", t.cfg.Value, raw, err)
+			return dl(deadletter.ReasonBadValue, "value (%v) %q: %v", t.cfg.Value, raw, err)
 		}
 	}
 	return state.Contribution{Group: string(g), Bucket: state.BucketOf(at, t.bucket), Value: v}, nil
@@ -227,7 +204,7 @@ func (t *totals) late(it *item, partition string, now time.Time) (lateOutcome, d
 		return lateDrop, deadLetter{}
 	}
 	t.lateEvents.WithLabelValues("dead_lettered").Inc()
-	return lateDeadLetter, deadLetter{msg: it.msg, reason: ReasonClosedBucket, partition: partition,
+	return lateDeadLetter, deadLetter{msg: it.msg, reason: deadletter.ReasonClosedBucket, partition: partition,
 		detail: fmt.Sprintf("group %q bucket %s closed at %s (bucket end + W %v), event judged at %s: its total is final",
 			it.tot.Group, it.tot.Bucket.UTC().Format(time.RFC3339), closes.UTC().Format(time.RFC3339), t.s.win.W, now.UTC().Format(time.RFC3339))}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -517,8 +518,8 @@ func TestTotalsLateEvents(t *testing.T) {
 				t.Fatalf("%d dead letters, want b and c", len(dl))
 			}
 			for _, m := range dl {
-				if m.Header.Get(stage.HeaderReason) != stage.ReasonClosedBucket || !strings.Contains(m.Header.Get(stage.HeaderDetail), "closed at") {
-					t.Errorf("dead letter %q: reason %q detail %q, want closed_bucket", m.Data, m.Header.Get(stage.HeaderReason), m.Header.Get(stage.HeaderDetail))
+				if m.Header.Get(deadletter.HeaderReason) != string(deadletter.ReasonClosedBucket) || !strings.Contains(m.Header.Get(deadletter.HeaderDetail), "closed at") {
+					t.Errorf("dead letter %q: reason %q detail %q, want closed_bucket", m.Data, m.Header.Get(deadletter.HeaderReason), m.Header.Get(deadletter.HeaderDetail))
 				}
 			}
 			if n := counter(t, r.reg, "dedupe_totals_late_events_total", map[string]string{"action": "dead_lettered"}); n != 2 {
@@ -577,8 +578,8 @@ func TestTotalsBadFields(t *testing.T) {
 		if err != nil {
 			t.Fatalf("dead letter without its Trace header: %v", m.Header)
 		}
-		if got := m.Header.Get(stage.HeaderReason); got != bad[i].reason || m.Subject != e.cfg.DeadLetter.Subject+"."+bad[i].reason {
-			t.Errorf("payload %s: reason %q on %s (detail %q), want %s", bad[i].payload, got, m.Subject, m.Header.Get(stage.HeaderDetail), bad[i].reason)
+		if got := m.Header.Get(deadletter.HeaderReason); got != bad[i].reason || m.Subject != e.cfg.DeadLetter.Subject+"."+bad[i].reason {
+			t.Errorf("payload %s: reason %q on %s (detail %q), want %s", bad[i].payload, got, m.Subject, m.Header.Get(deadletter.HeaderDetail), bad[i].reason)
 		}
 	}
 	want := map[string]int64{sink.Total{Group: "c", Bucket: state.BucketOf(now, time.Minute)}.ID(): 12}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -15,38 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/state"
-)
-
-// Headers the stage sets on dead letters.
-const (
-	HeaderReason           = "Dedupe-Reason"
-	HeaderDetail           = "Dedupe-Detail"
-	HeaderOriginalSubject  = "Dedupe-Original-Subject"
-	HeaderOriginalStream   = "Dedupe-Original-Stream"
-	HeaderOriginalSequence = "Dedupe-Original-Sequence"
-	HeaderPayloadOmitted   = "Dedupe-Payload-Omitted"
-	// HeaderHeadersTruncated is set on a dead letter shrunk to fit: it says
-	// how many of the input's headers were kept and how they were cut.
-	HeaderHeadersTruncated = "Dedupe-Headers-Truncated"
-)
-
-// Dead-letter reasons of the forward and state paths (docs/failures.md).
-const (
-	// ReasonOversized: the message, or its forwarded copy with the
-	// stage's headers, does not fit the server's limits.
-	ReasonOversized = "oversized"
-	// ReasonOutputRejected: the output stream refused the forward with an
-	// error no retry changes; the detail carries the server's error.
-	ReasonOutputRejected = "output_rejected"
-	// ReasonStateRejected: the state store refused the key's lookup or
-	// claim with an error no retry changes.
-	ReasonStateRejected = "state_rejected"
 )
 
 // fingerprint is the payload fingerprint stored with each key.
@@ -159,7 +133,7 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 				w.stopping(batch, err)
 				return false
 			}
-			w.deadLetter(it, ReasonStateRejected, fmt.Sprintf("the state store cannot look up key %q: %v", it.key, err))
+			w.deadLetter(it, deadletter.ReasonStateRejected, fmt.Sprintf("the state store cannot look up key %q: %v", it.key, err))
 			continue
 		}
 		if res.Found {
@@ -181,7 +155,7 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 		m := s.outputMsg(it, id, &forwarded[len(forwarded)-1])
 		w.owner.Annotate(m, it.inputSubject(), it.fp, it.tot, now)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
-			w.deadLetter(it, ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
+			w.deadLetter(it, deadletter.ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
 		}
 		w.firstIdx[id] = i
@@ -223,7 +197,7 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 	claims := make([]state.Claim, 0, len(w.newIdx))
 	for k, i := range w.newIdx {
 		if err := w.res[k].Err; err != nil {
-			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused the forward: "+describe(err))
+			w.deadLetter(&batch[i], deadletter.ReasonOutputRejected, "the output stream refused the forward: "+deadletter.Describe(err))
 			continue
 		}
 		claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
@@ -238,7 +212,7 @@ func (w *worker) settleLaterCopies(batch []item, now time.Time) {
 	for _, c := range w.laterCopies {
 		i, j := c[0], c[1]
 		if k := w.indexOfNew(j); k >= 0 && w.res[k].Err != nil {
-			w.deadLetter(&batch[i], ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+describe(w.res[k].Err))
+			w.deadLetter(&batch[i], deadletter.ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+deadletter.Describe(w.res[k].Err))
 			continue
 		}
 		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now)
@@ -289,13 +263,8 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 // stream's window still holds it) is expected and logged at info; any
 // other refusal is a warning.
 func (w *worker) fallback(messages int, err error) {
-	level := slog.LevelWarn
-	var api *jetstream.APIError
-	if errors.As(err, &api) && api.ErrorCode == retry.CodeBatchDuplicateMsgID {
-		level = slog.LevelInfo
-	}
-	w.s.logs.Log(context.Background(), level, "output_atomic_fallback", "output refused an atomic batch; publishing its messages one at a time",
-		"partition", w.label, "messages", messages, "err", describe(err))
+	w.s.logs.Log(context.Background(), deadletter.FallbackLevel(err), "output_atomic_fallback", "output refused an atomic batch; publishing its messages one at a time",
+		"partition", w.label, "messages", messages, "err", deadletter.Describe(err))
 }
 
 // commit claims the forwarded keys in one transaction (as the owner
@@ -336,7 +305,7 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim,
 				w.stopping(batch, err)
 				return false
 			default:
-				w.deadLetter(&batch[w.firstIdx[string(c.Key)]], ReasonStateRejected,
+				w.deadLetter(&batch[w.firstIdx[string(c.Key)]], deadletter.ReasonStateRejected,
 					fmt.Sprintf("forwarded to the output, but the state store refused the claim of key %q: %v; a later copy of the key is forwarded again", c.Key, err))
 			}
 		}
@@ -378,7 +347,7 @@ func (w *worker) stopping(batch []item, err error) {
 
 // deadLetter sends batch item it to the dead-letter worker; it acks it
 // once stored.
-func (w *worker) deadLetter(it *item, reason, detail string) {
+func (w *worker) deadLetter(it *item, reason deadletter.Reason, detail string) {
 	w.dlq <- w.fenced(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
 }
 
@@ -412,7 +381,7 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 	if rec.Fingerprint != it.fp {
 		s.metrics.FingerprintMismatch.Inc()
 		if !s.fpMismatchIsRepeat {
-			w.deadLetter(it, "fingerprint_mismatch",
+			w.deadLetter(it, deadletter.ReasonFingerprintMismatch,
 				fmt.Sprintf("key %q first seen %s with payload fingerprint %016x; this payload has %016x: the key was reused for a different operation",
 					it.key, rec.FirstSeen.UTC().Format(time.RFC3339Nano), rec.Fingerprint, it.fp))
 			return
@@ -470,7 +439,7 @@ type outCopy struct {
 // batch headers of an input published in an atomic batch, the pin, ...)
 // and the route step's headers are deleted and Nats-Msg-Id is set in
 // place. Nothing reads the input's headers as the input's after this except
-// its dead letter (deadLetterMsg, shrink), and that leaves out every Nats-
+// its dead letter (deadletter.Build, Shrink), and that leaves out every Nats-
 // header, so it is the same either way.
 func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	h := it.msg.Headers()
@@ -487,16 +456,6 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	h[jetstream.MsgIDHeader] = c.id[:]
 	c.msg = nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 	return &c.msg
-}
-
-// describe renders a publish error for a dead letter's detail: the server's
-// status, error code and description when it gave them.
-func describe(err error) string {
-	var api *jetstream.APIError
-	if errors.As(err, &api) {
-		return fmt.Sprintf("code=%d err_code=%d description=%s", api.Code, api.ErrorCode, api.Description)
-	}
-	return err.Error()
 }
 
 // reporter returns the health reporter of one unit of the components,

@@ -11,10 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // padded returns msg with a Pad header that brings its headers to size
@@ -66,12 +66,12 @@ func TestPermanentFailuresSurviveRestart(t *testing.T) {
 		t.Helper()
 		reasons := map[string]int{}
 		for _, m := range natstest.ReadAll(t, js, "DEDUPE_DLQ") {
-			reasons[m.Header.Get(stage.HeaderReason)]++
-			if m.Header.Get(stage.HeaderReason) == "no_key" && m.Header.Get(stage.HeaderHeadersTruncated) == "" {
+			reasons[m.Header.Get(deadletter.HeaderReason)]++
+			if m.Header.Get(deadletter.HeaderReason) == "no_key" && m.Header.Get(deadletter.HeaderHeadersTruncated) == "" {
 				t.Errorf("%s: a no_key dead letter is not shrunk: %v bytes of payload", run, len(m.Data))
 			}
 		}
-		want := map[string]int{"no_key": 2, stage.ReasonOutputRejected: 1, stage.ReasonOversized: 1}
+		want := map[string]int{"no_key": 2, string(deadletter.ReasonOutputRejected): 1, string(deadletter.ReasonOversized): 1}
 		for r, n := range want {
 			if reasons[r] != n {
 				t.Errorf("%s: %d dead letters with reason %s, want %d (all: %v)", run, reasons[r], r, n, reasons)

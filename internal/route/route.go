@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
@@ -42,33 +42,6 @@ const (
 	// which is deleted once acked.
 	HeaderInputStream   = "Dedupe-Input-Stream"
 	HeaderInputSequence = "Dedupe-Input-Sequence"
-)
-
-// Headers of a dead letter: the names the stage's dead letters carry.
-const (
-	HeaderReason           = "Dedupe-Reason"
-	HeaderDetail           = "Dedupe-Detail"
-	HeaderOriginalSubject  = "Dedupe-Original-Subject"
-	HeaderOriginalStream   = "Dedupe-Original-Stream"
-	HeaderOriginalSequence = "Dedupe-Original-Sequence"
-	HeaderPayloadOmitted   = "Dedupe-Payload-Omitted"
-)
-
-// Dead-letter reasons of the route step, besides the keys.Reason* of a key
-// that cannot be extracted.
-const (
-	// ReasonOversized: the input's payload is over Options.MaxMessageBytes,
-	// or its routed copy does not fit the server's limits.
-	ReasonOversized = "oversized"
-	// ReasonRoutedRejected: the routed stream refused the copy with an
-	// error no retry changes; the detail carries the server's error.
-	ReasonRoutedRejected = "routed_rejected"
-	// ReasonNoPartitionKey: Options.PartitionKey failed with an error that
-	// carries no keys.Error reason.
-	ReasonNoPartitionKey = "no_partition_key"
-	// ReasonNoMetadata: the message carries no JetStream metadata, so it
-	// has no input sequence to make its routed id from.
-	ReasonNoMetadata = "no_metadata"
 )
 
 // Health components the route step reports to Options.Reporter.
@@ -113,7 +86,7 @@ type Options struct {
 	// PartitionKey, if set, returns the partition key of a message whose
 	// key is key (with totals, the group). An error whose chain holds a
 	// *keys.Error dead-letters the message with that Reason and Detail;
-	// any other with ReasonNoPartitionKey. Default: the key itself.
+	// any other with deadletter.ReasonNoPartitionKey. Default: the key itself.
 	PartitionKey func(subject string, hdr nats.Header, data []byte, key []byte) ([]byte, error)
 	// DeadLetterSubject returns the dead-letter subject of a reason
 	// (config.DeadLetter.SubjectFor). Required.
@@ -421,8 +394,9 @@ type routedCopy struct {
 
 // deadLetter is an input the route step cannot route, with why.
 type deadLetter struct {
-	msg            jetstream.Msg
-	reason, detail string
+	msg    jetstream.Msg
+	reason deadletter.Reason
+	detail string
 }
 
 // process routes one batch: build every copy, publish them all in flight,
@@ -440,7 +414,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 		}
 		if dl == nil {
 			if err := r.checkAlone(msg, &c, maxPayload); err != nil {
-				dl = &deadLetter{msg: msg, reason: ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
+				dl = &deadLetter{msg: msg, reason: deadletter.ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
 			}
 		}
 		if dl != nil {
@@ -513,7 +487,7 @@ func (r *router) publish(ctx context.Context, batch []jetstream.Msg, bundles boo
 			msg := batch[r.out[o].i]
 			switch {
 			case res.Err != nil:
-				r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: ReasonRoutedRejected, detail: describe(res.Err)})
+				r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: deadletter.ReasonRoutedRejected, detail: deadletter.Describe(res.Err)})
 			case res.Duplicate:
 				r.ack(msg, OutcomeDuplicate)
 			default:
@@ -682,22 +656,22 @@ func (r *router) checkAlone(in jetstream.Msg, c *routedCopy, maxPayload int64) e
 func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 	data := msg.Data()
 	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
-		return routedCopy{}, &deadLetter{msg: msg, reason: ReasonOversized,
+		return routedCopy{}, &deadLetter{msg: msg, reason: deadletter.ReasonOversized,
 			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 	}
 	md, err := msg.Metadata()
 	if err != nil {
-		return routedCopy{}, &deadLetter{msg: msg, reason: ReasonNoMetadata, detail: err.Error()}
+		return routedCopy{}, &deadLetter{msg: msg, reason: deadletter.ReasonNoMetadata, detail: err.Error()}
 	}
 	subject, in := msg.Subject(), msg.Headers()
 	key, err := r.o.Key.Key(subject, in, data)
 	if err != nil {
-		return routedCopy{}, keyDeadLetter(msg, err, keys.ReasonNoKey)
+		return routedCopy{}, keyDeadLetter(msg, err, deadletter.ReasonNoKey)
 	}
 	pkey := key
 	if r.o.PartitionKey != nil {
 		if pkey, err = r.o.PartitionKey(subject, in, data, key); err != nil {
-			return routedCopy{}, keyDeadLetter(msg, err, ReasonNoPartitionKey)
+			return routedCopy{}, keyDeadLetter(msg, err, deadletter.ReasonNoPartitionKey)
 		}
 	}
 	p := state.PartitionFNV(pkey, r.o.Partitions)
@@ -710,12 +684,9 @@ func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 // keyDeadLetter is the dead letter of a key or partition key that cannot
 // be extracted: the keys.Error's reason and detail, or fallback and the
 // error's text.
-func keyDeadLetter(msg jetstream.Msg, err error, fallback string) *deadLetter {
-	var ke *keys.Error
-	if errors.As(err, &ke) {
-		return &deadLetter{msg: msg, reason: ke.Reason, detail: ke.Detail}
-	}
-	return &deadLetter{msg: msg, reason: fallback, detail: err.Error()}
+func keyDeadLetter(msg jetstream.Msg, err error, fallback deadletter.Reason) *deadLetter {
+	reason, detail := deadletter.KeyReason(err, fallback)
+	return &deadLetter{msg: msg, reason: reason, detail: detail}
 }
 
 // ack acks msg (unless a test withholds it) and counts its outcome.
@@ -738,28 +709,13 @@ func keepAlive(msgs []jetstream.Msg, seen *time.Time, ackWait time.Duration) {
 	*seen = time.Now()
 }
 
-// describe renders a publish error for a dead letter's detail: the server's
-// status, error code and description when it gave them.
-func describe(err error) string {
-	var api *jetstream.APIError
-	if errors.As(err, &api) {
-		return fmt.Sprintf("code=%d err_code=%d description=%s", api.Code, api.ErrorCode, api.Description)
-	}
-	return err.Error()
-}
-
 // fallback logs a batch of routed copies the routed stream refused as a
 // whole, which forward then publishes one copy at a time. A copy already
 // in the duplicate window (an input redelivered after its copy was
 // stored) is expected; any other refusal is a warning.
 func (r *router) fallback(messages int, err error) {
-	level := slog.LevelWarn
-	var api *jetstream.APIError
-	if errors.As(err, &api) && api.ErrorCode == retry.CodeBatchDuplicateMsgID {
-		level = slog.LevelInfo
-	}
-	r.logs.Log(context.Background(), level, "route_atomic_fallback", "routed stream refused a batch of copies; publishing them one at a time",
-		"messages", messages, "err", describe(err))
+	r.logs.Log(context.Background(), deadletter.FallbackLevel(err), "route_atomic_fallback", "routed stream refused a batch of copies; publishing them one at a time",
+		"messages", messages, "err", deadletter.Describe(err))
 }
 
 // deadLetters publishes the batch's dead letters (r.dls) together, many in
@@ -850,30 +806,18 @@ func (r *router) shrunk(ctx context.Context, dl deadLetter, refused error) {
 
 // deadLettered counts dl's reason and acks its input with outcome.
 func (r *router) deadLettered(dl deadLetter, outcome string) {
-	r.metrics.DeadLetters.WithLabelValues(dl.reason).Inc()
+	r.metrics.DeadLetters.WithLabelValues(string(dl.reason)).Inc()
 	r.ack(dl.msg, outcome)
 }
 
-// publishDeadLetter publishes m, retrying transient failures until ctx
-// ends; a dead letter that cannot fit the server's limits is refused
-// before any publish.
+// publishDeadLetter publishes m, the dead letter of dl, alone and waits
+// for the stream to store it (deadletter.Store).
 func (r *router) publishDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg) error {
-	if err := forward.CheckSize(m, r.o.Conn.MaxPayload()); err != nil {
-		return err
-	}
-	b := retry.NewBackoff()
-	return retry.Do(ctx, CompRouteDeadLetter, func() error {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		_, err := r.js.PublishMsg(pctx, m)
-		return err
-	}, retry.Options{
-		Reporter: r.o.Reporter,
-		Pause: func() {
-			if b.Since() > r.o.AckWait/3 {
-				_ = dl.msg.InProgress()
-			}
-		},
+	return deadletter.Store(ctx, r.js, m, dl.msg, deadletter.StoreOptions{
+		Component:  CompRouteDeadLetter,
+		Reporter:   r.o.Reporter,
+		MaxPayload: r.o.Conn.MaxPayload(),
+		AckWait:    r.o.AckWait,
 		OnRetry: func(attempt int, err error) {
 			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
 		},
@@ -882,29 +826,17 @@ func (r *router) publishDeadLetter(ctx context.Context, dl deadLetter, m *nats.M
 
 // deadLetterMsg builds the dead letter of dl: the input's headers (but
 // its Nats-* ones) and, with payload and when it fits, its payload; the
-// reason, the detail and where the input is; and an id that makes it one
-// dead letter per input message however often it is redelivered (the
-// stage's own id for the same input, so the two never both store one).
+// reason, the detail and where the input is; and the id that makes it one
+// dead letter per input message (the stage's id for the same input, so
+// the two never both store one).
 func (r *router) deadLetterMsg(dl deadLetter, payload bool) *nats.Msg {
-	in := dl.msg.Headers()
-	h := make(nats.Header, len(in)+6)
-	for k, v := range in {
-		if !strings.HasPrefix(k, "Nats-") {
-			h[k] = v
-		}
-	}
-	h.Set(HeaderReason, dl.reason)
-	h.Set(HeaderDetail, dl.detail)
-	h.Set(HeaderOriginalSubject, dl.msg.Subject())
+	in := deadletter.Input{Reason: dl.reason, Detail: dl.detail, Header: dl.msg.Headers(), Data: dl.msg.Data(), Subject: dl.msg.Subject()}
 	if md, err := dl.msg.Metadata(); err == nil {
-		h.Set(HeaderOriginalStream, md.Stream)
-		h.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
-		h.Set(jetstream.MsgIDHeader, "dlq:"+md.Stream+":"+strconv.FormatUint(md.Sequence.Stream, 10))
+		in.Stream, in.Sequence = md.Stream, md.Sequence.Stream
 	}
-	data := dl.msg.Data()
-	if room := r.o.Conn.MaxPayload() - int64(forward.HeaderSize(h)); !payload || int64(len(data)) > room {
-		h.Set(HeaderPayloadOmitted, fmt.Sprintf("%d bytes: read the input from the original stream and sequence", len(data)))
-		data = nil
+	var maxPayload int64 // 0: the payload is left out
+	if payload {
+		maxPayload = r.o.Conn.MaxPayload()
 	}
-	return &nats.Msg{Subject: r.o.DeadLetterSubject(dl.reason), Header: h, Data: data}
+	return deadletter.Build(in, r.o.DeadLetterSubject(string(dl.reason)), maxPayload, deadletter.OmittedRoute)
 }

@@ -16,12 +16,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/keys"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 const (
@@ -399,8 +399,8 @@ func TestBadInputsAreDeadLetteredWithReasons(t *testing.T) {
 		{keys.ReasonBadPayload, nil, `not json`},
 		{keys.ReasonBadKeyType, nil, `{"id":{"a":1}}`},
 		{keys.ReasonKeyTooLong, nil, `{"id":"` + strings.Repeat("k", 17) + `"}`},
-		{route.ReasonOversized, nil, `{"id":"big","pad":"` + strings.Repeat("x", 3000) + `"}`},
-		{route.ReasonRoutedRejected, ttl, `{"id":"ttl"}`},
+		{string(deadletter.ReasonOversized), nil, `{"id":"big","pad":"` + strings.Repeat("x", 3000) + `"}`},
+		{string(deadletter.ReasonRoutedRejected), ttl, `{"id":"ttl"}`},
 	}
 	msgs := make([]*nats.Msg, len(cases))
 	for i, c := range cases {
@@ -413,14 +413,14 @@ func TestBadInputsAreDeadLetteredWithReasons(t *testing.T) {
 	dlq := readStream(t, e.js, dlqStream)
 	bySeq := map[string]stored{}
 	for _, d := range dlq {
-		bySeq[d.header.Get(route.HeaderOriginalSequence)] = d
+		bySeq[d.header.Get(deadletter.HeaderOriginalSequence)] = d
 	}
 	for i, c := range cases {
 		seq := strconv.Itoa(i + 1)
 		d, ok := bySeq[seq]
 		if c.reason == "" {
 			if ok {
-				t.Errorf("good input %s dead-lettered: %s", seq, d.header.Get(route.HeaderReason))
+				t.Errorf("good input %s dead-lettered: %s", seq, d.header.Get(deadletter.HeaderReason))
 			}
 			continue
 		}
@@ -428,11 +428,11 @@ func TestBadInputsAreDeadLetteredWithReasons(t *testing.T) {
 			t.Errorf("input %s (%s) not dead-lettered", seq, c.reason)
 			continue
 		}
-		if got := d.header.Get(route.HeaderReason); got != c.reason || d.subject != "dlq."+c.reason {
+		if got := d.header.Get(deadletter.HeaderReason); got != c.reason || d.subject != "dlq."+c.reason {
 			t.Errorf("input %s dead-lettered on %s with reason %q, want %q", seq, d.subject, got, c.reason)
 		}
-		if d.header.Get(route.HeaderDetail) == "" || d.header.Get(route.HeaderOriginalStream) != input ||
-			d.header.Get(route.HeaderOriginalSubject) != msgs[i].Subject {
+		if d.header.Get(deadletter.HeaderDetail) == "" || d.header.Get(deadletter.HeaderOriginalStream) != input ||
+			d.header.Get(deadletter.HeaderOriginalSubject) != msgs[i].Subject {
 			t.Errorf("input %s: dead letter lacks its detail or origin: %v", seq, d.header)
 		}
 		if string(d.data) != c.data {
@@ -451,25 +451,6 @@ func TestBadInputsAreDeadLetteredWithReasons(t *testing.T) {
 	}
 	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeDeadLetter}); got != float64(len(cases)-1) {
 		t.Errorf("dedupe_route_messages_total{outcome=dead_letter} = %v, want %d", got, len(cases)-1)
-	}
-}
-
-// The route step's dead letters are read by the same tools as the
-// stage's: the header names and the shared reason must not drift apart.
-func TestDeadLetterHeadersAreTheStages(t *testing.T) {
-	same := map[string][2]string{
-		"reason":            {route.HeaderReason, stage.HeaderReason},
-		"detail":            {route.HeaderDetail, stage.HeaderDetail},
-		"original subject":  {route.HeaderOriginalSubject, stage.HeaderOriginalSubject},
-		"original stream":   {route.HeaderOriginalStream, stage.HeaderOriginalStream},
-		"original sequence": {route.HeaderOriginalSequence, stage.HeaderOriginalSequence},
-		"payload omitted":   {route.HeaderPayloadOmitted, stage.HeaderPayloadOmitted},
-		"reason oversized":  {route.ReasonOversized, stage.ReasonOversized},
-	}
-	for what, v := range same {
-		if v[0] != v[1] {
-			t.Errorf("%s: route has %q, the stage %q", what, v[0], v[1])
-		}
 	}
 }
 
@@ -572,7 +553,7 @@ func TestRoutedStreamOutageIsRetriedNotDeadLettered(t *testing.T) {
 	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
 	checkRoutedOnce(t, e.js, n)
 	if dl := readStream(t, e.js, dlqStream); len(dl) != 0 {
-		t.Errorf("%d inputs dead-lettered during the outage (first: %s), want none", len(dl), dl[0].header.Get(route.HeaderReason))
+		t.Errorf("%d inputs dead-lettered during the outage (first: %s), want none", len(dl), dl[0].header.Get(deadletter.HeaderReason))
 	}
 	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeRouted}); got != n {
 		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d", got, n)
