@@ -106,7 +106,7 @@ func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	other := spawn(t, env, "run", "--config", cfgPath, "--context", "secure", "--js-domain", "elsewhere",
 		"--data-dir", t.TempDir(), "--http-addr", "")
 	natstest.WaitFor(t, 60*time.Second, "run in domain elsewhere to find no JetStream", func() bool {
-		return strings.Contains(other.logText(), "stream set-up failed") && strings.Contains(other.logText(), "no responders")
+		return strings.Contains(other.logText(), "start-up: waiting for the server") && strings.Contains(other.logText(), "no JetStream answered")
 	})
 	if err := other.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)

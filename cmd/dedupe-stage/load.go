@@ -75,7 +75,11 @@ func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr 
 		return l, err
 	}
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "config" { // the file is named on its own
+		switch {
+		case f.Name == "config": // the file is named on its own
+		case len(f.Name) == 1: // -s, as the nats CLI spells it
+			l.set = append(l.set, "-"+f.Name)
+		default:
 			l.set = append(l.set, "--"+f.Name)
 		}
 	})

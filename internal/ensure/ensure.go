@@ -105,7 +105,9 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 			}
 			continue
 		}
-		if unanswered(lerr) {
+		if errors.Is(lerr, nats.ErrNoResponders) {
+			wait(fmt.Errorf("lookup: no JetStream answered (a server still starting, or another JetStream domain): %w", lerr))
+		} else if unanswered(lerr) {
 			wait(fmt.Errorf("lookup not answered in %v (a stream being created has no leader yet): %w", LookupTimeout, lerr))
 		} else if create == nil {
 			wait(fmt.Errorf("lookup: %w (a stream just created can be reported missing for a moment)", lerr))
