@@ -18,6 +18,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
@@ -204,7 +205,7 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 
 // configure writes the configurations of instances a and b.
 func (h *hoRun) configure() error {
-	ports, err := freeLoopbackPorts(2)
+	ports, err := proctest.Ports(2)
 	if err != nil {
 		return err
 	}
@@ -318,11 +319,11 @@ func (h *hoRun) kill(ctx context.Context) error {
 		sig, how = syscall.SIGTERM, "stopping instance a (SIGTERM: it finishes, gives back and unpins its partitions)"
 	}
 	run.Stop = f.hoStop
-	_ = h.a.proc.cmd.Process.Signal(sig)
+	_ = h.a.proc.Cmd.Process.Signal(sig)
 	t0 := time.Now()
 	aExit := make(chan time.Duration, 1)
 	go func() {
-		<-h.a.proc.exited
+		<-h.a.proc.Exited()
 		aExit <- time.Since(t0)
 	}()
 	fmt.Fprintf(logOut, "%s; publishing probes at %d/s\n", how, hoProbeRate)
@@ -338,7 +339,7 @@ func (h *hoRun) kill(ctx context.Context) error {
 		}
 		run.BReadySeconds = time.Since(t0).Seconds()
 	}
-	mw := watchMem(ctx, b.proc.pid(), b.addr, 100*time.Millisecond)
+	mw := watchMem(ctx, b.proc.Pid(), b.addr, 100*time.Millisecond)
 	pctx, stopProbes := context.WithTimeout(ctx, hoProbeFor)
 	defer stopProbes()
 	probes := make(chan int, 1)
@@ -366,7 +367,7 @@ func (h *hoRun) kill(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("hand-over: %w", err)
 	}
-	run.Takeovers = takeovers(b.proc.logPath, t0)
+	run.Takeovers = takeovers(b.proc.LogPath, t0)
 	var recs, took float64
 	for _, t := range run.Takeovers {
 		run.LastTakenSeconds = max(run.LastTakenSeconds, t.AtSeconds)
@@ -440,8 +441,8 @@ func (e *soEnv) waitSnapshots(ctx context.Context, cfg config.Config, a *instanc
 	deadline := time.Now().Add(timeout)
 	last := "no snapshot bucket"
 	for {
-		if !a.proc.running() {
-			return fmt.Errorf("a exited: %v\n%s", a.proc.err, a.proc.logTail(3000))
+		if !a.proc.Running() {
+			return fmt.Errorf("a exited: %v\n%s", a.proc.Err(), a.proc.LogTail(3000))
 		}
 		if ok, why := e.snapshotsDone(ctx, cfg, a, loaded, run); ok {
 			return nil
@@ -544,8 +545,8 @@ func (e *soEnv) firstForward(ctx context.Context, n soNames, last uint64, b *ins
 	}
 	fence := strings.TrimSuffix(handover.ControlSubjects(n.outPrefix), ">")
 	for next := last + 1; ; {
-		if b.proc != nil && !b.proc.running() {
-			return time.Time{}, fmt.Errorf("b exited: %v\n%s", b.proc.err, b.proc.logTail(3000))
+		if b.proc != nil && !b.proc.Running() {
+			return time.Time{}, fmt.Errorf("b exited: %v\n%s", b.proc.Err(), b.proc.LogTail(3000))
 		}
 		m, err := st.GetMsg(ctx, next)
 		switch {
@@ -569,7 +570,7 @@ func (e *soEnv) firstForward(ctx context.Context, n soNames, last uint64, b *ins
 // waitTaken waits until b has logged want partitions taken.
 func (e *soEnv) waitTaken(ctx context.Context, b *instance, want int) error {
 	for {
-		got := len(takeovers(b.proc.logPath, time.Time{}))
+		got := len(takeovers(b.proc.LogPath, time.Time{}))
 		if got >= want {
 			return nil
 		}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // The scale-out mode runs the real binaries as child processes: three
@@ -28,51 +27,8 @@ import (
 
 // child is a process whose output goes to a log file.
 type child struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan struct{} // closed once the process has exited
-	err     error         // its exit status, valid once exited is closed
-	cgroup  string        // the CPU cgroup it was put in; "" when none
-}
-
-// running reports whether the process has not exited.
-func (c *child) running() bool {
-	select {
-	case <-c.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// pid returns the process id.
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-// logTail returns the last n bytes of the child's log.
-func (c *child) logTail(n int) string {
-	b, _ := os.ReadFile(c.logPath)
-	if len(b) > n {
-		return "..." + string(b[len(b)-n:])
-	}
-	return string(b)
-}
-
-// stop sends SIGTERM and waits up to grace for the exit, then SIGKILL. It
-// reports whether the process stopped on SIGTERM.
-func (c *child) stop(grace time.Duration) bool {
-	if !c.running() {
-		return true
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.exited:
-		return true
-	case <-time.After(grace):
-	}
-	_ = c.cmd.Process.Kill()
-	<-c.exited
-	return false
+	*proctest.Process
+	cgroup string // the CPU cgroup it was put in; "" when none
 }
 
 // children is every child the harness started; it is safe for concurrent
@@ -89,27 +45,11 @@ func (cs *children) start(name, logPath, bin string, args ...string) (*child, er
 
 // startEnv is start with env added to the harness's environment.
 func (cs *children) startEnv(name, logPath string, env []string, bin string, args ...string) (*child, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := proctest.Start(proctest.Spec{Name: name, Bin: bin, Args: args, Env: env, LogPath: logPath, KillWithParent: true})
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
-	if len(env) > 0 {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// The kernel kills the child if the harness dies without cleaning up.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	c := &child{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
-	go func() {
-		c.err = cmd.Wait()
-		logf.Close()
-		close(c.exited)
-	}()
+	c := &child{Process: p}
 	cs.mu.Lock()
 	cs.procs = append(cs.procs, c)
 	cs.mu.Unlock()
@@ -119,7 +59,7 @@ func (cs *children) startEnv(name, logPath string, env []string, bin string, arg
 // release stops c (SIGTERM, then SIGKILL after grace), removes its cgroup
 // and forgets it. It returns whether SIGTERM sufficed.
 func (cs *children) release(c *child, grace time.Duration) bool {
-	clean := c.stop(grace)
+	clean := c.Stop(syscall.SIGTERM, grace)
 	removeCgroup(c.cgroup)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -140,10 +80,7 @@ func (cs *children) closeAll() {
 	cs.procs = nil
 	cs.mu.Unlock()
 	for _, c := range procs {
-		if c.running() {
-			_ = c.cmd.Process.Kill()
-			<-c.exited
-		}
+		c.Kill()
 		removeCgroup(c.cgroup)
 	}
 }
@@ -174,7 +111,7 @@ func capCPU(c *child, name string, cores float64) error {
 		err = write("cpu.cfs_quota_us", strconv.Itoa(int(cores*cgroupPeriod)))
 	}
 	if err == nil {
-		err = write("cgroup.procs", strconv.Itoa(c.pid()))
+		err = write("cgroup.procs", strconv.Itoa(c.Pid()))
 	}
 	if err != nil {
 		_ = os.Remove(dir)
@@ -232,27 +169,6 @@ func buildBinary(ctx context.Context, out, pkg string) error {
 	return gobuild.Binary(ctx, out, pkg)
 }
 
-// freeLoopbackPorts returns n distinct loopback TCP ports that were free a
-// moment ago.
-func freeLoopbackPorts(n int) ([]int, error) {
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 // natsCluster is a cluster of nats-server processes on loopback, each with
 // JetStream in its own store directory.
 type natsCluster struct {
@@ -276,7 +192,7 @@ func (nc *natsCluster) urls() string {
 // acknowledged (jetstream.sync_interval: always); otherwise the server's
 // default (a sync every 2 minutes).
 func startCluster(ctx context.Context, cs *children, bin, dir string, n int, syncAlways bool) (*natsCluster, error) {
-	ports, err := freeLoopbackPorts(2 * n)
+	ports, err := proctest.Ports(2 * n)
 	if err != nil {
 		return nil, err
 	}
@@ -308,8 +224,8 @@ func startCluster(ctx context.Context, cs *children, bin, dir string, n int, syn
 	deadline := time.Now().Add(60 * time.Second)
 	for i, p := range nc.clients {
 		for {
-			if !nc.nodes[i].running() {
-				return nil, fmt.Errorf("nats-server n%d exited: %v\n%s", i, nc.nodes[i].err, nc.nodes[i].logTail(2000))
+			if !nc.nodes[i].Running() {
+				return nil, fmt.Errorf("nats-server n%d exited: %v\n%s", i, nc.nodes[i].Err(), nc.nodes[i].LogTail(2000))
 			}
 			if jsAnswers(fmt.Sprintf("nats://127.0.0.1:%d", p)) == nil {
 				break

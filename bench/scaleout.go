@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -556,7 +557,7 @@ func (r *soRowRun) configure() error {
 	if err := os.MkdirAll(r.rowDir, 0o755); err != nil {
 		return err
 	}
-	ports, err := freeLoopbackPorts(r.row.instances)
+	ports, err := proctest.Ports(r.row.instances)
 	if err != nil {
 		return err
 	}
@@ -707,7 +708,7 @@ func (r *soRowRun) drain(ctx context.Context) error {
 	pids := func(ps []*child) []int {
 		out := make([]int, len(ps))
 		for i, p := range ps {
-			out[i] = p.pid()
+			out[i] = p.Pid()
 		}
 		return out
 	}
@@ -830,14 +831,14 @@ func (e *soEnv) startInstance(ctx context.Context, row soRow, idx int, in *insta
 func waitReady(ctx context.Context, in *instance, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if !in.proc.running() {
-			return fmt.Errorf("%s exited before it was ready: %v\n%s", in.name, in.proc.err, in.proc.logTail(3000))
+		if !in.proc.Running() {
+			return fmt.Errorf("%s exited before it was ready: %v\n%s", in.name, in.proc.Err(), in.proc.LogTail(3000))
 		}
 		if scrapeReady(ctx, in.addr) == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready within %v; log %s:\n%s", in.name, timeout, in.proc.logPath, in.proc.logTail(3000))
+			return fmt.Errorf("%s not ready within %v; log %s:\n%s", in.name, timeout, in.proc.LogPath, in.proc.LogTail(3000))
 		}
 		select {
 		case <-ctx.Done():
@@ -973,8 +974,8 @@ func (e *soEnv) waitDrained(ctx context.Context, cons []soConsumer, insts []*ins
 	every := max(e.f.pollEvery, 20*time.Millisecond)
 	for {
 		for _, in := range insts {
-			if !in.proc.running() {
-				return fmt.Errorf("%s exited: %v\n%s", in.name, in.proc.err, in.proc.logTail(3000))
+			if !in.proc.Running() {
+				return fmt.Errorf("%s exited: %v\n%s", in.name, in.proc.Err(), in.proc.LogTail(3000))
 			}
 		}
 		done, last := true, ""

@@ -52,7 +52,7 @@ func TestKillBetweenAtomicPublishAndCommit(t *testing.T) {
 	refusedIn := func() int {
 		n := 0
 		for _, r := range s.runs {
-			for line := range strings.SplitSeq(r.log(), "\n") {
+			for line := range strings.SplitSeq(r.Log(), "\n") {
 				if strings.Contains(line, logAtomicRefused) && strings.Contains(line, "err_code=10201") {
 					n++
 					break
@@ -97,10 +97,10 @@ func TestKillBetweenAtomicPublishAndCommit(t *testing.T) {
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)
 	for i, r := range s.runs {
-		if !strings.Contains(r.log(), `"msg":"output published as atomic batches"`) {
+		if !strings.Contains(r.Log(), `"msg":"output published as atomic batches"`) {
 			t.Errorf("run %d did not publish atomic batches", i+1)
 		}
-		if strings.Contains(r.log(), logClaimMissed) {
+		if strings.Contains(r.Log(), logClaimMissed) {
 			t.Errorf("run %d logged %s", i+1, logClaimMissed)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // smallDisk mounts a tmpfs of size (e.g. "64m") on a new directory and
@@ -92,8 +93,8 @@ func TestDataDirFull(t *testing.T) {
 	events := w.mix(3000, 0.25, 0.02, 0)
 	acks := mustPublish(t, js, events, "full")
 	natstest.WaitFor(t, 30*time.Second, "/healthz to answer 503", func() bool {
-		if !p.running() {
-			t.Fatalf("the stage exited on a full disk: %v\n%s", p.err, crashReport(p.log()))
+		if !p.Running() {
+			t.Fatalf("the stage exited on a full disk: %v\n%s", p.Err(), crashReport(p.Log()))
 		}
 		code, _ := s.get("/healthz")
 		return code == http.StatusServiceUnavailable
@@ -109,8 +110,8 @@ func TestDataDirFull(t *testing.T) {
 	natstest.Until(3*cfg.AckWait, 100*time.Millisecond, func() bool {
 		return consumerInfo(t, js).AckFloor.Stream != floor
 	})
-	if !p.running() {
-		t.Fatalf("the stage exited on a full disk: %v\n%s", p.err, crashReport(p.log()))
+	if !p.Running() {
+		t.Fatalf("the stage exited on a full disk: %v\n%s", p.Err(), crashReport(p.Log()))
 	}
 	ci := consumerInfo(t, js)
 	if ci.AckFloor.Stream != floor {
@@ -137,7 +138,7 @@ func TestDataDirFull(t *testing.T) {
 		code, _ := s.get("/healthz")
 		return code == http.StatusOK
 	})
-	if !strings.Contains(p.log(), `"msg":"state commit recovered"`) {
+	if !strings.Contains(p.Log(), `"msg":"state commit recovered"`) {
 		t.Error("the log does not say the commits recovered")
 	}
 	checkOutput(t, js, w.forward)
@@ -154,15 +155,15 @@ func TestDataDirFull(t *testing.T) {
 	p.kill(t)
 	p = s.start()
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stage is still starting on a full disk after 30s")
 	}
 	var exit *exec.ExitError
-	if !errors.As(p.err, &exit) || exit.ExitCode() != 1 || !strings.Contains(p.log(), "too little free disk space") {
-		t.Fatalf("start on a full disk: %v, want exit status 1 saying there is too little free disk space:\n%s", p.err, crashReport(p.log()))
+	if !errors.As(p.Err(), &exit) || exit.ExitCode() != 1 || !strings.Contains(p.Log(), "too little free disk space") {
+		t.Fatalf("start on a full disk: %v, want exit status 1 saying there is too little free disk space:\n%s", p.Err(), crashReport(p.Log()))
 	}
-	t.Logf("start on a full disk: %v after %v: %s", p.err, time.Since(p.started).Round(time.Millisecond), strings.TrimSpace(tail(p.log(), 300)))
+	t.Logf("start on a full disk: %v after %v: %s", p.Err(), time.Since(p.Started).Round(time.Millisecond), strings.TrimSpace(proctest.Tail(p.Log(), 300)))
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}

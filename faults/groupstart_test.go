@@ -126,7 +126,7 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 	for i, s := range stages {
 		wg.Go(func() {
 			natstest.Until(60*time.Second, 5*time.Millisecond, func() bool {
-				if !s.last().running() {
+				if !s.last().Running() {
 					return true
 				}
 				code, _ := s.get("/readyz")
@@ -137,8 +137,8 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 	}
 	wg.Wait()
 	for i, s := range stages {
-		if !s.last().running() {
-			t.Fatalf("instance i%d exited at start (%v) after %v:\n%s", i, s.last().err, ready[i].Sub(start), crashReport(s.last().log()))
+		if !s.last().Running() {
+			t.Fatalf("instance i%d exited at start (%v) after %v:\n%s", i, s.last().Err(), ready[i].Sub(start), crashReport(s.last().Log()))
 		}
 	}
 	last := slices.MaxFunc(ready, func(a, b time.Time) int { return a.Compare(b) })
@@ -238,15 +238,15 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		t.Error(l)
 	}
 	for i, s := range stages {
-		if !s.last().running() {
-			t.Errorf("instance i%d exited: %v\n%s", i, s.last().err, crashReport(s.last().log()))
+		if !s.last().Running() {
+			t.Errorf("instance i%d exited: %v\n%s", i, s.last().Err(), crashReport(s.last().Log()))
 		}
 	}
 	stopTrickle()
 	// The instances, then the nodes, stop together: the round's wall time.
 	var stopped sync.WaitGroup
 	for _, s := range stages {
-		stopped.Go(func() { _ = s.last().cmd.Process.Signal(syscall.SIGTERM); <-s.last().exited })
+		stopped.Go(func() { _ = s.last().Cmd.Process.Signal(syscall.SIGTERM); <-s.last().Exited() })
 	}
 	stopped.Wait()
 	for _, n := range cl.nodes {
@@ -303,7 +303,7 @@ type takeEvent struct {
 func takeEvents(stages []*stage) []takeEvent {
 	var events []takeEvent
 	for i, s := range stages {
-		for line := range strings.Lines(s.last().log()) {
+		for line := range strings.Lines(s.last().Log()) {
 			taken := strings.Contains(line, `"scale-out: partition taken"`)
 			if !taken && !strings.Contains(line, `"scale-out: partition released for balance"`) {
 				continue

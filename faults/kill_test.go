@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // Log lines (JSON, log.format: json) the tests look for.
@@ -146,12 +147,12 @@ func TestKill9AtRandomMoments(t *testing.T) {
 		removeSnapshots(t, cfg)
 		p := s.start()
 		if !p.waitLog(logRebuilding, 30*time.Second) {
-			t.Fatalf("run %d never said it was rebuilding its filters:\n%s", len(s.runs), tail(p.log(), 3000))
+			t.Fatalf("run %d never said it was rebuilding its filters:\n%s", len(s.runs), proctest.Tail(p.Log(), 3000))
 		}
 		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond) // on purpose: a random point of the rebuild
 		p.kill(t)
 		kills++
-		log := p.log()
+		log := p.Log()
 		if strings.Count(log, logFilterReady) < cfg.Partitions && !strings.Contains(log, logJudging) {
 			rebuildKills++
 		}
@@ -231,7 +232,7 @@ func TestKill9AtRandomMoments(t *testing.T) {
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)
 	for i, r := range s.runs {
-		if strings.Contains(r.log(), logClaimMissed) {
+		if strings.Contains(r.Log(), logClaimMissed) {
 			t.Errorf("run %d logged %s", i+1, logClaimMissed)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // natsCluster is a cluster of nats-server processes with JetStream, each
@@ -33,13 +34,13 @@ func startNATSCluster(tb testing.TB, n int) *natsCluster {
 	routes := make([]string, n)
 	routePorts := make([]int, n)
 	for i := range n {
-		routePorts[i] = freePort(tb)
+		routePorts[i] = proctest.Port(tb)
 		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", routePorts[i])
 	}
 	c := &natsCluster{}
 	for i := range n {
 		dir := tb.TempDir()
-		node := &natsServer{tb: tb, port: freePort(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
+		node := &natsServer{tb: tb, port: proctest.Port(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
 		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n"+
 			"cluster {\n  name: dedupe-faults\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n",
 			i, node.port, node.storeDir, routePorts[i], strings.Join(routes, ", "))
@@ -48,7 +49,7 @@ func startNATSCluster(tb testing.TB, n int) *natsCluster {
 		}
 		node.launch()
 		tb.Cleanup(func() {
-			if node.proc.running() {
+			if node.proc.Running() {
 				node.proc.signal(tb, syscall.SIGTERM, 20*time.Second)
 			}
 		})
@@ -226,8 +227,8 @@ func TestScaleOutLeaderKills(t *testing.T) {
 		logDoubled(t, js, stages)
 	}
 	for _, s := range stages {
-		if !s.last().running() {
-			t.Errorf("instance %s exited during the node losses: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
+		if !s.last().Running() {
+			t.Errorf("instance %s exited during the node losses: %v\n%s", s.cfg.Extra, s.last().Err(), crashReport(s.last().Log()))
 			continue
 		}
 		// What the outages did to the instance, for the log.
@@ -236,7 +237,7 @@ func TestScaleOutLeaderKills(t *testing.T) {
 			counts = append(counts, fmt.Sprintf("%s=%v", strings.TrimPrefix(m, "dedupe_"), s.metric(m)))
 		}
 		warns := map[string]int{}
-		for _, l := range strings.Split(s.last().log(), "\n") {
+		for _, l := range strings.Split(s.last().Log(), "\n") {
 			if i := strings.Index(l, `"msg":"`); i >= 0 && (strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`)) {
 				warns[strings.SplitN(l[i+7:], `"`, 2)[0]]++
 			}
@@ -272,7 +273,7 @@ func logDoubled(t *testing.T, js jetstream.JetStream, stages []*stage) {
 	}
 	for i, s := range stages {
 		n := 0
-		for _, l := range strings.Split(s.last().log(), "\n") {
+		for _, l := range strings.Split(s.last().Log(), "\n") {
 			// The warnings, and every step of a partition's hand-over.
 			story := strings.Contains(l, "partition taken") || strings.Contains(l, "restoring the partition") ||
 				strings.Contains(l, "released") || strings.Contains(l, "tenure")

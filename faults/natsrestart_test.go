@@ -41,8 +41,8 @@ func TestNATSServerRestart(t *testing.T) {
 		})
 		srv.stop(sig)
 		time.Sleep(1500 * time.Millisecond) // down for longer than AckWait
-		if !p.running() {
-			t.Fatalf("the stage exited while the server was down: %v\n%s", p.err, crashReport(p.log()))
+		if !p.Running() {
+			t.Fatalf("the stage exited while the server was down: %v\n%s", p.Err(), crashReport(p.Log()))
 		}
 		srv.start()
 		if !p.waitLog(`"msg":"nats reconnected"`, 30*time.Second) {
@@ -53,15 +53,15 @@ func TestNATSServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitDrained(t, js, 90*time.Second)
-	if !p.running() {
-		t.Fatalf("the stage exited: %v", p.err)
+	if !p.Running() {
+		t.Fatalf("the stage exited: %v", p.Err())
 	}
 	if code, body := s.get("/healthz"); code != 200 {
 		t.Errorf("/healthz after the restarts: %d %s", code, body)
 	}
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)
-	reconnects := strings.Count(p.log(), `"msg":"nats reconnected"`)
+	reconnects := strings.Count(p.Log(), `"msg":"nats reconnected"`)
 	t.Logf("%d inputs, %d keys forwarded, %d dead letters; %d reconnects, %.0f publish retries, %.0f re-publishes dropped by the output window",
 		len(events), len(w.forward), len(w.dead), reconnects, s.metric("dedupe_publish_retries_total"), s.metric("dedupe_republish_duplicates_total"))
 }

@@ -133,7 +133,7 @@ func TestOutputRefusesPublishes(t *testing.T) {
 			code, _ := s.get("/healthz")
 			return code == http.StatusOK
 		})
-		if !strings.Contains(p.log(), `"msg":"output publishes recovered"`) {
+		if !strings.Contains(p.Log(), `"msg":"output publishes recovered"`) {
 			t.Error("the log does not say the publishes recovered")
 		}
 		checkOutput(t, js, w.forward)

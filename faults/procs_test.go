@@ -4,14 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +17,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
 	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // The binaries under test, built once by TestMain.
@@ -57,96 +54,24 @@ func runTests(m *testing.M) int {
 	return m.Run()
 }
 
-// portsGiven are the ports freePort handed out, guarded by portsMu.
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
-
-// freePort returns a loopback port free at the time of the call, for a
-// process started later. It picks from below the kernel's ephemeral range
-// (net.ipv4.ip_local_port_range, 32768-60999 by default): a port the
-// kernel hands out (port 0, an in-process server's -1, any client socket)
-// could otherwise be taken between this call and the process's bind, as
-// a nats-server of a cluster test once failed with "address already in
-// use" beside the other test lane. Ports are drawn at random from 20000 up
-// and each is checked by a listen; none is handed out twice in one test
-// binary.
-func freePort(tb testing.TB) int {
-	tb.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 200 {
-		port := 20000 + rand.IntN(12000)
-		if portsGiven[port] {
-			continue
-		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		portsGiven[port] = true
-		return port
-	}
-	tb.Fatal("no free loopback port between 20000 and 32000 in 200 tries")
-	return 0
-}
-
-// process is a child process whose output goes to a log file.
-type process struct {
-	name    string
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once the process has exited
-	err     error         // its exit status, valid once exited is closed
-	logPath string
-	started time.Time
-}
+// process is a child process of a test, its output in a log file.
+type process struct{ *proctest.Process }
 
 func startProcess(tb testing.TB, name, logPath, bin string, args ...string) *process {
 	tb.Helper()
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := proctest.Start(proctest.Spec{Name: name, Bin: bin, Args: args, LogPath: logPath})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		tb.Fatalf("start %s: %v", name, err)
-	}
-	p := &process{name: name, cmd: cmd, exited: make(chan struct{}), logPath: logPath, started: time.Now()}
-	go func() {
-		p.err = cmd.Wait()
-		logf.Close()
-		close(p.exited)
-	}()
-	return p
+	return &process{p}
 }
 
-// running reports whether the process has not exited.
-func (p *process) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// signal sends sig and waits up to timeout for the process to exit.
+// signal sends sig and waits up to timeout for the process to exit; it
+// kills the process and fails the test when it does not.
 func (p *process) signal(tb testing.TB, sig syscall.Signal, timeout time.Duration) {
 	tb.Helper()
-	if !p.running() {
-		return
-	}
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.exited:
-	case <-time.After(timeout):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		tb.Fatalf("%s still running %v after %v; killed", p.name, timeout, sig)
+	if !p.Stop(sig, timeout) {
+		tb.Fatalf("%s still running %v after %v; killed", p.Name, timeout, sig)
 	}
 }
 
@@ -160,15 +85,9 @@ func (p *process) kill(tb testing.TB) {
 // whether it did; false when the process exited or timeout passed first.
 func (p *process) waitLog(substr string, timeout time.Duration) bool {
 	natstest.Until(timeout, 2*time.Millisecond, func() bool {
-		return strings.Contains(p.log(), substr) || !p.running()
+		return strings.Contains(p.Log(), substr) || !p.Running()
 	})
-	return strings.Contains(p.log(), substr)
-}
-
-// log returns what the process wrote so far.
-func (p *process) log() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
+	return strings.Contains(p.Log(), substr)
 }
 
 // crashReport is the part of a log that says why a Go process died (the
@@ -176,17 +95,10 @@ func (p *process) log() string {
 func crashReport(log string) string {
 	for _, mark := range []string{"fatal error:", "panic:", "unexpected fault address"} {
 		if i := strings.Index(log, mark); i >= 0 {
-			return tail(log[:i], 1000) + log[i:min(len(log), i+3000)]
+			return proctest.Tail(log[:i], 1000) + log[i:min(len(log), i+3000)]
 		}
 	}
-	return tail(log, 3000)
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
+	return proctest.Tail(log, 3000)
 }
 
 // natsServer is a nats-server process with JetStream, restartable on the
@@ -207,14 +119,14 @@ type natsServer struct {
 func startNATS(tb testing.TB) *natsServer {
 	tb.Helper()
 	dir := tb.TempDir()
-	n := &natsServer{tb: tb, port: freePort(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
+	n := &natsServer{tb: tb, port: proctest.Port(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
 	conf := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n", n.port, n.storeDir)
 	if err := os.WriteFile(n.conf, []byte(conf), 0o644); err != nil {
 		tb.Fatal(err)
 	}
 	n.start()
 	tb.Cleanup(func() {
-		if n.proc.running() {
+		if n.proc.Running() {
 			n.proc.signal(tb, syscall.SIGTERM, 20*time.Second)
 		}
 	})
@@ -244,8 +156,8 @@ func (n *natsServer) launch() {
 func (n *natsServer) waitUp() {
 	n.tb.Helper()
 	natstest.WaitFor(n.tb, 30*time.Second, "nats-server to accept clients", func() bool {
-		if !n.proc.running() {
-			n.tb.Fatalf("nats-server exited: %v\n%s", n.proc.err, tail(n.proc.log(), 3000))
+		if !n.proc.Running() {
+			n.tb.Fatalf("nats-server exited: %v\n%s", n.proc.Err(), proctest.Tail(n.proc.Log(), 3000))
 		}
 		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
 		if err != nil {
@@ -292,7 +204,7 @@ func defaultStageConfig(tb testing.TB, natsURL string) stageConfig {
 	return stageConfig{
 		NATSURL:          natsURL,
 		DataDir:          tb.TempDir(),
-		HTTPAddr:         fmt.Sprintf("127.0.0.1:%d", freePort(tb)),
+		HTTPAddr:         fmt.Sprintf("127.0.0.1:%d", proctest.Port(tb)),
 		Partitions:       4,
 		AckWait:          time.Second,
 		DuplicateWindow:  30 * time.Second,
@@ -358,12 +270,9 @@ func newStage(tb testing.TB, cfg stageConfig) *stage {
 	}
 	tb.Cleanup(func() {
 		if p := s.last(); p != nil {
-			if p.running() {
-				_ = p.cmd.Process.Kill()
-				<-p.exited
-			}
+			p.Kill()
 			if tb.Failed() {
-				tb.Logf("log of stage run %d:\n%s", len(s.runs), crashReport(p.log()))
+				tb.Logf("log of stage run %d:\n%s", len(s.runs), crashReport(p.Log()))
 				s.keepLogs()
 			}
 		}
@@ -386,7 +295,7 @@ func (s *stage) keepLogs() {
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(s.tb.Name()) + "-" + filepath.Base(s.logDir)
 	for i, p := range s.runs {
 		dst := filepath.Join(dir, fmt.Sprintf("%s-run%d.log", name, i+1))
-		if err := os.WriteFile(dst, []byte(p.log()), 0o644); err != nil {
+		if err := os.WriteFile(dst, []byte(p.Log()), 0o644); err != nil {
 			s.tb.Logf("keep logs: %v", err)
 			continue
 		}
@@ -405,7 +314,7 @@ func (s *stage) last() *process {
 // start runs the stage without waiting for it to be ready.
 func (s *stage) start() *process {
 	s.tb.Helper()
-	if p := s.last(); p != nil && p.running() {
+	if p := s.last(); p != nil && p.Running() {
 		s.tb.Fatal("stage started while the previous run is still running")
 	}
 	p := startProcess(s.tb, "dedupe-stage", filepath.Join(s.logDir, fmt.Sprintf("stage-%d.log", len(s.runs)+1)),
@@ -426,8 +335,8 @@ func (s *stage) startReady() *process {
 func (s *stage) waitReady(p *process, timeout time.Duration) {
 	s.tb.Helper()
 	natstest.WaitFor(s.tb, timeout, "the stage to be ready", func() bool {
-		if !p.running() {
-			s.tb.Fatalf("stage exited before it was ready: %v\n%s", p.err, crashReport(p.log()))
+		if !p.Running() {
+			s.tb.Fatalf("stage exited before it was ready: %v\n%s", p.Err(), crashReport(p.Log()))
 		}
 		code, _ := s.get("/readyz")
 		return code == http.StatusOK

@@ -149,7 +149,7 @@ func spread(stages []*stage) []int {
 
 // owned returns the partitions s owns, or -1 when it is not running.
 func (s *stage) owned() int {
-	if p := s.last(); p == nil || !p.running() {
+	if p := s.last(); p == nil || !p.Running() {
 		return -1
 	}
 	code, _ := s.get("/metrics")
@@ -374,7 +374,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 
 	for attempt := 1; ; attempt++ {
 		// b is down while a takes every partition back; then b stands by.
-		if p := b.last(); p != nil && p.running() {
+		if p := b.last(); p != nil && p.Running() {
 			p.signal(t, syscall.SIGTERM, 30*time.Second)
 			warmUp(t, js, ab, w)
 		}
@@ -383,7 +383,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 		wait := publishBehind(t, js, w.mix(4000, 0.3, 0.01, 0), "burst"+strconv.Itoa(attempt), 4000)
 		outputGrows(t, js, 300, "a forwarding the burst") // a is paused mid-burst
 		t.Logf("attempt %d: SIGSTOP a", attempt)
-		if err := a.last().cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := a.last().Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		wait()
@@ -395,7 +395,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 		// A sleep on purpose: a stays paused past the duplicate window.
 		time.Sleep(scaleOutDup + time.Second)
 		t.Logf("attempt %d: SIGCONT a", attempt)
-		if err := a.last().cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		if err := a.last().Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 		scaleOutDrained(t, js, a.cfg.Partitions, 60*time.Second)
@@ -428,8 +428,8 @@ func TestScaleOutNodeRestart(t *testing.T) {
 	scaleOutDrained(t, js, stages[0].cfg.Partitions, 90*time.Second)
 	lateCopiesThenCheck(t, js, w, stages[0].cfg.Partitions)
 	for _, s := range stages {
-		if !s.last().running() {
-			t.Errorf("instance %s exited during the node's restart: %v\n%s", s.cfg.Extra, s.last().err, crashReport(s.last().log()))
+		if !s.last().Running() {
+			t.Errorf("instance %s exited during the node's restart: %v\n%s", s.cfg.Extra, s.last().Err(), crashReport(s.last().Log()))
 		}
 	}
 }

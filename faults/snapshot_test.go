@@ -44,8 +44,8 @@ func partitionRecord(rs []logRecord, p int) logRecord {
 func stopClean(tb testing.TB, p *process) {
 	tb.Helper()
 	p.signal(tb, syscall.SIGTERM, 30*time.Second)
-	if p.err != nil || !strings.Contains(p.log(), `"msg":"stopped cleanly"`) {
-		tb.Fatalf("stage did not stop cleanly: %v\n%s", p.err, crashReport(p.log()))
+	if p.Err() != nil || !strings.Contains(p.Log(), `"msg":"stopped cleanly"`) {
+		tb.Fatalf("stage did not stop cleanly: %v\n%s", p.Err(), crashReport(p.Log()))
 	}
 }
 
@@ -155,7 +155,7 @@ func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
 				c.damage(t, snapshotPath(cfg, part), part)
 			}
 			p := s.startReady()
-			log := p.log()
+			log := p.Log()
 			rebuilding := logRecords(log, "state: filter snapshot unusable, rebuilding the filter from the store")
 			ready := logRecords(log, "state: filter ready")
 			for part := range cfg.Partitions {

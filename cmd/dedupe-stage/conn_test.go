@@ -15,6 +15,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/boot/boottest"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // TestRunStatusAndCheckConfigThroughContext runs the binary against a
@@ -49,7 +50,7 @@ func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	}
 	env := []string{"XDG_CONFIG_HOME=" + xdg}
 
-	addr := freeAddr(t)
+	addr := proctest.Addr(t)
 	cfgPath := filepath.Join(t.TempDir(), "stage.yaml")
 	if err := os.WriteFile(cfgPath, []byte(stageConfig("", t.TempDir(), addr)), 0o600); err != nil {
 		t.Fatal(err)
@@ -81,7 +82,7 @@ func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	unique := publishWithRepeats(t, js, "ctx", 300)
 	drained(t, js, 60*time.Second)
 	assertOutputOnce(t, js, unique)
-	if log := p.logText(); !strings.Contains(log, "nats context secure") {
+	if log := p.Log(); !strings.Contains(log, "nats context secure") {
 		t.Errorf("run does not log the context it used:\n%s", grepLines(log, "starting"))
 	}
 
@@ -106,9 +107,9 @@ func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	other := spawn(t, env, "run", "--config", cfgPath, "--context", "secure", "--js-domain", "elsewhere",
 		"--data-dir", t.TempDir(), "--http-addr", "")
 	natstest.WaitFor(t, 60*time.Second, "run in domain elsewhere to find no JetStream", func() bool {
-		return strings.Contains(other.logText(), "start-up: waiting for the server") && strings.Contains(other.logText(), "no JetStream answered")
+		return strings.Contains(other.Log(), "start-up: waiting for the server") && strings.Contains(other.Log(), "no JetStream answered")
 	})
-	if err := other.cmd.Process.Kill(); err != nil {
+	if err := other.Cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.Get("http://" + addr + "/readyz")

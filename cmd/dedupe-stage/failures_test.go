@@ -14,6 +14,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
 
@@ -47,7 +48,7 @@ func TestPermanentFailuresSurviveRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addr, dataDir := freeAddr(t), t.TempDir()
+	addr, dataDir := proctest.Addr(t), t.TempDir()
 	p := startStage(t, srv.ClientURL(), dataDir, addr)
 
 	key := func(k string, data []byte) *nats.Msg {
@@ -86,11 +87,11 @@ func TestPermanentFailuresSurviveRestart(t *testing.T) {
 	}
 	check("first run")
 
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("still running 30s after SIGTERM")
 	}
@@ -99,7 +100,7 @@ func TestPermanentFailuresSurviveRestart(t *testing.T) {
 	natstest.WaitFor(t, 30*time.Second, "good-2 forwarded", func() bool { return outputCount(t, js) == 2 })
 	drained(t, js, 30*time.Second)
 	check("after a restart")
-	if log := readLog(t, p); strings.Contains(log, "dead letter refused") || strings.Contains(log, "retrying") {
+	if log := p.Log(); strings.Contains(log, "dead letter refused") || strings.Contains(log, "retrying") {
 		t.Errorf("after the restart the stage met a refusal or retried:\n%s", grepLines(log, "refused")+grepLines(log, "retrying"))
 	}
 }

@@ -3,11 +3,11 @@ package main
 import (
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // get returns the status code and body of GET u, or -1 when it cannot be
@@ -42,7 +42,7 @@ func TestInspectControl(t *testing.T) {
 		{"off wins over its own listener", func(a string) []string { return []string{"inspect: false", "inspect_addr: " + a} }, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			addr, own := freeAddr(t), freeAddr(t)
+			addr, own := proctest.Addr(t), proctest.Addr(t)
 			p := startStage(t, srv.ClientURL(), t.TempDir(), addr, tc.fields(own)...)
 			for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
 				if code, body := get(t, "http://"+addr+path); code != http.StatusOK {
@@ -69,22 +69,12 @@ func TestInspectControl(t *testing.T) {
 			if tc.onMain || tc.onOwn {
 				long := strings.Repeat("k", 70000)
 				if code, body := get(t, "http://"+where+"/inspect?key="+long); code != http.StatusBadRequest {
-					t.Errorf("/inspect of a 70000-byte key: %d %s, want 400", code, tail(body, 200))
+					t.Errorf("/inspect of a 70000-byte key: %d %s, want 400", code, proctest.Tail(body, 200))
 				}
 			}
-			if !tc.onMain && !tc.onOwn && !strings.Contains(readLog(t, p), "/inspect is off") {
+			if !tc.onMain && !tc.onOwn && !strings.Contains(p.Log(), "/inspect is off") {
 				t.Error("the log does not say /inspect is off")
 			}
 		})
 	}
-}
-
-// readLog returns what the stage logged so far.
-func readLog(t *testing.T, p *proc) string {
-	t.Helper()
-	b, err := os.ReadFile(p.log.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // binary is the dedupe-stage binary built once for the black-box tests.
@@ -39,23 +38,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // proc is the stage running as a subprocess.
-type proc struct {
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when the process has exited
-	err    error         // its exit status, once exited is closed
-	log    *os.File
-}
+type proc struct{ *proctest.Process }
 
 // startStage runs the binary with a config that keys on the Event-Id header.
 // Each of httpFields is one more line of its http section ("inspect: false").
@@ -117,13 +101,6 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 func outputCount(t *testing.T, js jetstream.JetStream) uint64 {
@@ -199,7 +176,7 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	_, js := natstest.Connect(t, srv.ClientURL())
 	dataDir := t.TempDir()
-	addr := freeAddr(t)
+	addr := proctest.Addr(t)
 
 	p := startStage(t, srv.ClientURL(), dataDir, addr)
 	done := make(chan map[string]bool, 1)
@@ -209,10 +186,10 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 		unique = publishWithRepeats(t, js, "k", events)
 	}()
 	natstest.WaitFor(t, 60*time.Second, "some events forwarded", func() bool { return outputCount(t, js) > 2000 })
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-p.exited
+	<-p.Exited()
 	unique := <-done
 	if unique == nil {
 		t.FailNow() // publishing failed and said why
@@ -260,7 +237,7 @@ func TestSIGKILLMidRunLosesNothingDoublesNothing(t *testing.T) {
 	if got := scrape(t, addr, "dedupe_messages_total", `outcome="repeat"`) - repeats; got != events {
 		t.Errorf("the replay was judged a repeat %v times, want %d", got, events)
 	}
-	if log := p2.logText(); strings.Contains(log, "claim found a key the lookup did not") {
+	if log := p2.Log(); strings.Contains(log, "claim found a key the lookup did not") {
 		t.Errorf("the restart claimed a key its lookup missed:\n%s", grepLines(log, "claim found"))
 	}
 }
@@ -309,16 +286,10 @@ func scrape(t *testing.T, addr, name string, labels ...string) float64 {
 	return sum
 }
 
-// logText returns what the process has logged so far.
-func (p *proc) logText() string {
-	b, _ := os.ReadFile(p.log.Name())
-	return string(b)
-}
-
 func TestSIGTERMExitsCleanly(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	_, js := natstest.Connect(t, srv.ClientURL())
-	addr := freeAddr(t)
+	addr := proctest.Addr(t)
 	p := startStage(t, srv.ClientURL(), t.TempDir(), addr)
 	publishWithRepeats(t, js, "term", 2000)
 	metrics, err := httpGet("http://" + addr + "/metrics")
@@ -328,23 +299,23 @@ func TestSIGTERMExitsCleanly(t *testing.T) {
 	if !strings.Contains(metrics, "dedupe_build_info{revision=") || !strings.Contains(metrics, ",version=") {
 		t.Errorf("/metrics has no dedupe_build_info{revision,version}:\n%s", grepLines(metrics, "build_info"))
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-p.exited:
-		if p.err != nil {
-			t.Fatalf("exit after SIGTERM: %v", p.err)
+	case <-p.Exited():
+		if p.Err() != nil {
+			t.Fatalf("exit after SIGTERM: %v", p.Err())
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("still running 10s after SIGTERM")
 	}
-	b, _ := os.ReadFile(p.log.Name())
-	if !strings.Contains(string(b), "stopped cleanly") {
-		t.Errorf("log does not say it stopped cleanly:\n%s", tail(string(b), 2000))
+	b := p.Log()
+	if !strings.Contains(b, "stopped cleanly") {
+		t.Errorf("log does not say it stopped cleanly:\n%s", proctest.Tail(b, 2000))
 	}
-	if strings.Contains(string(b), "nats disconnected") {
-		t.Errorf("a clean stop logs a disconnect warning:\n%s", grepLines(string(b), "disconnected"))
+	if strings.Contains(b, "nats disconnected") {
+		t.Errorf("a clean stop logs a disconnect warning:\n%s", grepLines(b, "disconnected"))
 	}
 }
 

@@ -18,18 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	_, port, err := net.SplitHostPort(freeAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, _ := strconv.Atoi(port)
-	return n
-}
 
 // startBinary runs `dedupe-stage run args...` with env added to this
 // process's environment, and waits until /readyz on httpAddr answers 200.
@@ -37,11 +27,8 @@ func startBinary(t *testing.T, httpAddr string, env []string, args ...string) *p
 	t.Helper()
 	p := spawn(t, env, append([]string{"run"}, args...)...)
 	natstest.WaitFor(t, 60*time.Second, "the stage to be ready", func() bool {
-		select {
-		case <-p.exited:
-			b, _ := os.ReadFile(p.log.Name())
-			t.Fatalf("the stage exited: %v\n%s", p.err, tail(string(b), 3000))
-		default:
+		if !p.Running() {
+			t.Fatalf("the stage exited: %v\n%s", p.Err(), p.LogTail(3000))
 		}
 		resp, err := http.Get("http://" + httpAddr + "/readyz")
 		if err != nil {
@@ -57,27 +44,16 @@ func startBinary(t *testing.T, httpAddr string, env []string, args ...string) *p
 // environment; it is killed when the test ends.
 func spawn(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	logf, err := os.CreateTemp(t.TempDir(), "stage-log")
+	pp, err := proctest.Start(proctest.Spec{Name: "dedupe-stage", Bin: binary, Args: args, Env: env,
+		LogPath: filepath.Join(t.TempDir(), "stage.log")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, exited: make(chan struct{}), log: logf}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
+	p := &proc{pp}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
+		p.Kill()
 		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("stage log:\n%s", tail(string(b), 4000))
+			t.Logf("stage log:\n%s", p.LogTail(4000))
 		}
 	})
 	return p
@@ -175,8 +151,8 @@ func TestQuickstart(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	httpAddr := freeAddr(t)
-	natsPort := freePort(t)
+	httpAddr := proctest.Addr(t)
+	natsPort := proctest.Port(t)
 	startBinary(t, httpAddr, nil, "--key-header", "Order-Id",
 		"--embedded-port", strconv.Itoa(natsPort), "--http-addr", httpAddr, "--data-dir", filepath.Join(dir, "data"))
 
@@ -264,8 +240,8 @@ func TestCheckConfigAgreesWithRun(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("state:\n  partitions: 2\n  memory_budget: 64MiB\nfilter:\n  expected_keys: 10000\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	httpAddr := freeAddr(t)
-	natsPort := freePort(t)
+	httpAddr := proctest.Addr(t)
+	natsPort := proctest.Port(t)
 	dataDir := filepath.Join(dir, "data")
 	env := []string{
 		"DEDUPE_HTTP_ADDR=" + httpAddr,
@@ -332,8 +308,8 @@ func TestCheckConfigAgreesWithRun(t *testing.T) {
 		t.Errorf("EVENTS created with max_age %v; check-config said 7d", age)
 	}
 	// The embedded server's token is a secret like any other, even at debug.
-	if b, _ := os.ReadFile(p.log.Name()); strings.Contains(string(b), "t0ken-value") {
-		t.Errorf("run's log shows the embedded token:\n%s", grepLines(string(b), "t0ken-value"))
+	if b := p.Log(); strings.Contains(b, "t0ken-value") {
+		t.Errorf("run's log shows the embedded token:\n%s", grepLines(b, "t0ken-value"))
 	}
 }
 
@@ -473,8 +449,8 @@ func TestStartupErrorsToldAtOnce(t *testing.T) {
 
 	// A stage that holds a data dir, for the lock case.
 	heldDir := filepath.Join(t.TempDir(), "data")
-	heldHTTP := freeAddr(t)
-	startBinary(t, heldHTTP, nil, "--data-dir", heldDir, "--embedded-port", strconv.Itoa(freePort(t)), "--http-addr", heldHTTP)
+	heldHTTP := proctest.Addr(t)
+	startBinary(t, heldHTTP, nil, "--data-dir", heldDir, "--embedded-port", strconv.Itoa(proctest.Port(t)), "--http-addr", heldHTTP)
 
 	cases := []struct {
 		name string
@@ -483,31 +459,31 @@ func TestStartupErrorsToldAtOnce(t *testing.T) {
 	}{
 		{"embedded port taken", []string{"--data-dir", filepath.Join(t.TempDir(), "d"), "--embedded-port", takenPort},
 			[]string{"embedded nats-server did not start", "127.0.0.1:" + takenPort, "address already in use", "--embedded-port"}},
-		{"data dir cannot be created", []string{"--data-dir", filepath.Join(file, "data"), "--embedded-port", strconv.Itoa(freePort(t))},
+		{"data dir cannot be created", []string{"--data-dir", filepath.Join(file, "data"), "--embedded-port", strconv.Itoa(proctest.Port(t))},
 			[]string{"state.data_dir not usable", "cannot create", "not a directory"}},
-		{"data dir held by another stage", []string{"--data-dir", heldDir, "--embedded-port", strconv.Itoa(freePort(t))},
+		{"data dir held by another stage", []string{"--data-dir", heldDir, "--embedded-port", strconv.Itoa(proctest.Port(t))},
 			[]string{"state.data_dir not usable", heldDir + " is in use by another process"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := spawn(t, nil, append([]string{"run", "--http-addr", freeAddr(t)}, c.args...)...)
+			p := spawn(t, nil, append([]string{"run", "--http-addr", proctest.Addr(t)}, c.args...)...)
 			select {
-			case <-p.exited:
+			case <-p.Exited():
 			case <-time.After(20 * time.Second):
 				t.Fatal("still starting after 20s")
 			}
-			if p.err == nil {
+			if p.Err() == nil {
 				t.Fatal("exit 0")
 			}
-			b, _ := os.ReadFile(p.log.Name())
+			b := p.Log()
 			for _, want := range c.want {
-				if !strings.Contains(string(b), want) {
-					t.Errorf("output lacks %q:\n%s", want, tail(string(b), 2000))
+				if !strings.Contains(b, want) {
+					t.Errorf("output lacks %q:\n%s", want, proctest.Tail(b, 2000))
 				}
 			}
 			// The data dir is checked and locked before the embedded
 			// server starts on it.
-			if c.name != "embedded port taken" && strings.Contains(string(b), "embedded nats-server started") {
+			if c.name != "embedded port taken" && strings.Contains(b, "embedded nats-server started") {
 				t.Errorf("the embedded server started before the data dir was checked:\n%s", b)
 			}
 		})

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // Secrets used by the redaction tests: each must never appear in anything
@@ -64,7 +65,7 @@ func authServerOn(t *testing.T, dir string, port int, user, pass, token string) 
 // debug JSON log and a free HTTP address.
 func writeConfig(t *testing.T, natsSection, extra string) (path, httpAddr string) {
 	t.Helper()
-	httpAddr = freeAddr(t)
+	httpAddr = proctest.Addr(t)
 	cfg := fmt.Sprintf(`nats:
 %s
   create_streams: true
@@ -110,7 +111,7 @@ func runBinary(t *testing.T, timeout time.Duration, args ...string) (string, err
 	case <-time.After(timeout):
 		_ = cmd.Process.Kill()
 		<-done
-		t.Fatalf("%v still running after %v:\n%s", args, timeout, tail(out.String(), 4000))
+		t.Fatalf("%v still running after %v:\n%s", args, timeout, proctest.Tail(out.String(), 4000))
 		return "", nil
 	}
 }
@@ -210,7 +211,7 @@ func TestSecretsNeverPrintedWhileRunning(t *testing.T) {
 			b, _ := os.ReadFile(logf.Name())
 			log := string(b)
 			if !strings.Contains(log, "stopped cleanly") {
-				t.Errorf("the log is not the whole run:\n%s", tail(log, 3000))
+				t.Errorf("the log is not the whole run:\n%s", proctest.Tail(log, 3000))
 			}
 			assertNoSecrets(t, "the log", log)
 		})
@@ -268,10 +269,10 @@ func TestSecretsNeverPrintedOnFailure(t *testing.T) {
 			assertNoSecrets(t, "check-config", out)
 			out, err := runBinary(t, 60*time.Second, "run", "--config", cfgPath)
 			if err == nil {
-				t.Fatalf("run succeeded; want a failure:\n%s", tail(out, 3000))
+				t.Fatalf("run succeeded; want a failure:\n%s", proctest.Tail(out, 3000))
 			}
 			if !strings.Contains(out, tc.wantInOutput) {
-				t.Errorf("the failure does not name %q:\n%s", tc.wantInOutput, tail(out, 3000))
+				t.Errorf("the failure does not name %q:\n%s", tc.wantInOutput, proctest.Tail(out, 3000))
 			}
 			assertNoSecrets(t, "run", out)
 		})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // signalSetup is a stage to signal: on an external in-process server, or
@@ -29,7 +30,7 @@ type signalSetup struct {
 // embedded server when embedded is true.
 func newSignalSetup(t *testing.T, embedded bool) signalSetup {
 	t.Helper()
-	s := signalSetup{cfgPath: filepath.Join(t.TempDir(), "stage.yaml"), httpAddr: freeAddr(t)}
+	s := signalSetup{cfgPath: filepath.Join(t.TempDir(), "stage.yaml"), httpAddr: proctest.Addr(t)}
 	url := ""
 	if !embedded {
 		s.natsURL = natstest.RunServer(t, "").ClientURL()
@@ -37,7 +38,7 @@ func newSignalSetup(t *testing.T, embedded bool) signalSetup {
 	}
 	cfg := stageConfig(url, t.TempDir(), s.httpAddr) + "  level: info\n"
 	if embedded {
-		port := freePort(t)
+		port := proctest.Port(t)
 		s.natsURL = fmt.Sprintf("nats://127.0.0.1:%d", port)
 		cfg = strings.Replace(cfg, "  url: \n", fmt.Sprintf("  embedded: {port: %d}\n", port), 1)
 	}
@@ -65,7 +66,7 @@ func (s signalSetup) edit(t *testing.T, old, new string) {
 // signal sends sig to p.
 func (p *proc) signal(t *testing.T, sig os.Signal) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
+	if err := p.Cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -75,7 +76,7 @@ func (p *proc) waitLog(t *testing.T, sub string) string {
 	t.Helper()
 	var line string
 	natstest.WaitFor(t, 30*time.Second, "a log line with "+sub, func() bool {
-		line = grepLines(p.logText(), sub)
+		line = grepLines(p.Log(), sub)
 		return line != ""
 	})
 	return line
@@ -85,8 +86,8 @@ func (p *proc) waitLog(t *testing.T, sub string) string {
 func (p *proc) assertRunning(t *testing.T) {
 	t.Helper()
 	select {
-	case <-p.exited:
-		t.Fatalf("the stage exited: %v\n%s", p.err, tail(p.logText(), 3000))
+	case <-p.Exited():
+		t.Fatalf("the stage exited: %v\n%s", p.Err(), proctest.Tail(p.Log(), 3000))
 	default:
 	}
 }
@@ -95,8 +96,8 @@ func (p *proc) assertRunning(t *testing.T) {
 func (p *proc) waitExit(t *testing.T, limit time.Duration) int {
 	t.Helper()
 	select {
-	case <-p.exited:
-		return p.cmd.ProcessState.ExitCode()
+	case <-p.Exited():
+		return p.Cmd.ProcessState.ExitCode()
 	case <-time.After(limit):
 		t.Fatalf("still running %v after the signal", limit)
 		return 0
@@ -110,8 +111,8 @@ func TestSIGHUPReloads(t *testing.T) {
 		t.Run(map[bool]string{false: "external server", true: "embedded server"}[embedded], func(t *testing.T) {
 			s := newSignalSetup(t, embedded)
 			p := startBinary(t, s.httpAddr, nil, "--config", s.cfgPath)
-			if strings.Contains(p.logText(), debugLevel) {
-				t.Fatalf("a debug line at level info:\n%s", grepLines(p.logText(), debugLevel))
+			if strings.Contains(p.Log(), debugLevel) {
+				t.Fatalf("a debug line at level info:\n%s", grepLines(p.Log(), debugLevel))
 			}
 
 			// The level applies at once; input.ack_wait needs a restart.
@@ -125,7 +126,7 @@ func TestSIGHUPReloads(t *testing.T) {
 				}
 			}
 			p.assertRunning(t)
-			reloadedAt := len(p.logText())
+			reloadedAt := len(p.Log())
 
 			// An invalid file: logged, and the stage runs on.
 			s.edit(t, "partitions: 4", "partitions: 0")
@@ -142,14 +143,14 @@ func TestSIGHUPReloads(t *testing.T) {
 			// A clean stop, whose debug lines now show.
 			p.signal(t, syscall.SIGTERM)
 			if code := p.waitExit(t, 30*time.Second); code != 0 {
-				t.Fatalf("exit %d after SIGTERM, want 0:\n%s", code, tail(p.logText(), 3000))
+				t.Fatalf("exit %d after SIGTERM, want 0:\n%s", code, proctest.Tail(p.Log(), 3000))
 			}
-			after := p.logText()[reloadedAt:]
+			after := p.Log()[reloadedAt:]
 			if !strings.Contains(after, "stopped cleanly") {
-				t.Errorf("no clean stop:\n%s", tail(after, 3000))
+				t.Errorf("no clean stop:\n%s", proctest.Tail(after, 3000))
 			}
 			if !strings.Contains(after, debugLevel) {
-				t.Errorf("no debug line after the level was raised to debug:\n%s", tail(after, 3000))
+				t.Errorf("no debug line after the level was raised to debug:\n%s", proctest.Tail(after, 3000))
 			}
 		})
 	}
@@ -184,11 +185,11 @@ func TestSecondSIGTERMExitsAtOnce(t *testing.T) {
 			p.assertRunning(t)
 			p.signal(t, syscall.SIGTERM)
 			if code := p.waitExit(t, 10*time.Second); code != exitSecondSignal {
-				t.Fatalf("exit %d after the second SIGTERM, want %d:\n%s", code, exitSecondSignal, tail(p.logText(), 3000))
+				t.Fatalf("exit %d after the second SIGTERM, want %d:\n%s", code, exitSecondSignal, proctest.Tail(p.Log(), 3000))
 			}
-			log := p.logText()
+			log := p.Log()
 			if !strings.Contains(log, "second signal: exiting at once") || strings.Contains(log, "stopped cleanly") {
-				t.Errorf("the log does not show an exit at once:\n%s", tail(log, 3000))
+				t.Errorf("the log does not show an exit at once:\n%s", proctest.Tail(log, 3000))
 			}
 		})
 	}

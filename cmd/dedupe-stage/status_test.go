@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // statusExit runs `status` with args and returns its output (stdout and
@@ -158,7 +159,7 @@ func TestStatusWithEveryInstanceDown(t *testing.T) {
 // exits 3: it cannot tell.
 func TestStatusOwnersThenPinsExpired(t *testing.T) {
 	srv := natstest.RunServer(t, "")
-	httpAddr := freeAddr(t)
+	httpAddr := proctest.Addr(t)
 	path := filepath.Join(t.TempDir(), "group.yaml")
 	yml := "nats: {url: " + srv.ClientURL() + ", create_streams: true}\nstate: {partitions: 4, data_dir: " + t.TempDir() + "}\n" +
 		"http: {addr: " + httpAddr + "}\ninput: {ack_wait: 2s}\noutput: {restart_margin: 1s}\nscale_out: {enabled: true, instance: inst-a, replicas: 1}\n"
@@ -197,10 +198,10 @@ func TestStatusOwnersThenPinsExpired(t *testing.T) {
 		t.Errorf("status with another partition count than the group's exited %d, want 3:\n%s", code, out)
 	}
 
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-p.exited
+	<-p.Exited()
 	natstest.Poll(t, 60*time.Second, 100*time.Millisecond, "status to show every partition idle once the pins expired", func() (bool, error) {
 		out, code = statusExit(t, "--config", path)
 		if code != 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 )
 
@@ -82,7 +83,7 @@ func TestSIGKILLTotalsEqualGroundTruth(t *testing.T) {
 	}
 
 	dataDir := t.TempDir()
-	addr := freeAddr(t)
+	addr := proctest.Addr(t)
 	cfg := stageConfig(srv.ClientURL(), dataDir, addr) + fmt.Sprintf(`totals:
   enabled: true
   group: {source: header, header: Group}
@@ -108,10 +109,10 @@ func TestSIGKILLTotalsEqualGroundTruth(t *testing.T) {
 		}
 		return sum > int64(len(keys))/5
 	})
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-p.exited
+	<-p.Exited()
 	<-pubDone
 	mu.Lock()
 	var atKill int64

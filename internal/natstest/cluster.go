@@ -3,7 +3,6 @@ package natstest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 )
 
 // Cluster is an in-process nats-server cluster with JetStream, every node
@@ -40,7 +41,10 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 		tb.Fatalf("natstest: StartCluster(%d), want at least one node", n)
 	}
 	c := &Cluster{tb: tb, name: "dedupe-test", servers: make([]*server.Server, n)}
-	ports := freePorts(tb, 2*n)
+	ports, err := proctest.Ports(2 * n)
+	if err != nil {
+		tb.Fatalf("natstest: %v", err)
+	}
 	c.clients, c.routes = ports[:n], ports[n:]
 	base := tb.TempDir()
 	for i := range n {
@@ -64,27 +68,6 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	}
 	c.WaitReady(30 * time.Second)
 	return c
-}
-
-// freePorts returns n distinct free loopback TCP ports.
-func freePorts(tb testing.TB, n int) []int {
-	tb.Helper()
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatalf("natstest: free port: %v", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 // options are node i's server options: fixed ports, routes to every other
