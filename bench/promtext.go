@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // series are the samples of a Prometheus text exposition, keyed by the
@@ -36,28 +39,71 @@ func scrape(ctx context.Context, addr string) (series, error) {
 	return parseSeries(io.LimitReader(resp.Body, 16<<20))
 }
 
-// parseSeries parses the text exposition format: comments are skipped,
-// every other line is `<series> <value>`.
+// parseSeries parses the text exposition format into one series per
+// sample, histograms and summaries as their _bucket, quantile, _sum and
+// _count series.
 func parseSeries(r io.Reader) (series, error) {
-	out := series{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		if sp < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		out[strings.TrimSpace(line[:sp])] = v
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
-	return out, sc.Err()
+	out := series{}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			ls := m.GetLabel()
+			switch {
+			case m.Histogram != nil:
+				h := m.GetHistogram()
+				for _, b := range h.GetBucket() {
+					out[seriesKey(name+"_bucket", ls, "le", formatBound(b.GetUpperBound()))] = float64(b.GetCumulativeCount())
+				}
+				out[seriesKey(name+"_sum", ls)] = h.GetSampleSum()
+				out[seriesKey(name+"_count", ls)] = float64(h.GetSampleCount())
+			case m.Summary != nil:
+				sm := m.GetSummary()
+				for _, q := range sm.GetQuantile() {
+					out[seriesKey(name, ls, "quantile", formatBound(q.GetQuantile()))] = q.GetValue()
+				}
+				out[seriesKey(name+"_sum", ls)] = sm.GetSampleSum()
+				out[seriesKey(name+"_count", ls)] = float64(sm.GetSampleCount())
+			case m.Counter != nil:
+				out[seriesKey(name, ls)] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[seriesKey(name, ls)] = m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				out[seriesKey(name, ls)] = m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return out, nil
+}
+
+// labelEscaper escapes a label value as the text format prints it.
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+// seriesKey prints a series as the text format does: name{k="v",...},
+// with extra (a name, a value) as the last label.
+func seriesKey(name string, labels []*dto.LabelPair, extra ...string) string {
+	var parts []string
+	for _, l := range labels {
+		parts = append(parts, l.GetName()+`="`+labelEscaper.Replace(l.GetValue())+`"`)
+	}
+	if len(extra) == 2 {
+		parts = append(parts, extra[0]+`="`+extra[1]+`"`)
+	}
+	if len(parts) == 0 {
+		return name
+	}
+	return name + "{" + strings.Join(parts, ",") + "}"
+}
+
+// formatBound prints a bucket's bound or a quantile as the text format does.
+func formatBound(f float64) string {
+	if math.IsInf(f, 1) {
+		return "+Inf"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // minus returns s - before, series by series (a series missing before

@@ -162,6 +162,34 @@ func TestSeriesHistogram(t *testing.T) {
 	}
 }
 
+// TestSeriesTimestampAndLabels reads a sample that carries a timestamp by
+// its value, not its timestamp, and sums series by a label whose value the
+// text format escapes.
+func TestSeriesTimestampAndLabels(t *testing.T) {
+	body := `# TYPE dedupe_route_messages_total counter
+dedupe_route_messages_total{outcome="routed",path="a\"b"} 7 1700000000000
+dedupe_route_messages_total{outcome="dead"} 2
+# TYPE dedupe_partitions_owned gauge
+dedupe_partitions_owned 3
+`
+	s, err := parseSeries(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.sum("dedupe_route_messages_total", `outcome="routed"`); got != 7 {
+		t.Errorf("routed %v, want 7", got)
+	}
+	if got := s.sum("dedupe_route_messages_total"); got != 9 {
+		t.Errorf("all outcomes %v, want 9", got)
+	}
+	if got := s.sum("dedupe_partitions_owned"); got != 3 {
+		t.Errorf("owned %v, want 3", got)
+	}
+	if got := s.sum("dedupe_route_messages_total", `path="a\"b"`); got != 7 {
+		t.Errorf("escaped label %v, want 7", got)
+	}
+}
+
 // TestScaleOutVerify feeds the ground-truth check of a row an output with
 // a key missing, a key twice, a message of no workload key and a fence
 // message, and a dead-letter stream with one bad input missing, one twice
