@@ -185,21 +185,34 @@ func (p *publisher) publish(ctx context.Context, wl *Workload, events []Event, r
 // every message up to stream sequence last, calling onPoll with each
 // answer. It fails after timeout.
 func waitDrained(ctx context.Context, cons jetstream.Consumer, last uint64, every, timeout time.Duration, onPoll func(*jetstream.ConsumerInfo)) error {
+	return pollDrained(ctx, every, timeout, func() (bool, string, error) {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		if onPoll != nil {
+			onPoll(ci)
+		}
+		return ci.AckFloor.Stream >= last && ci.NumAckPending == 0, "<nil>", nil
+	}, func(answer string) error {
+		return fmt.Errorf("consumer did not acknowledge up to sequence %d within %v (last answer: %s)", last, timeout, answer)
+	})
+}
+
+// pollDrained calls check every `every` until it reports the input drained
+// or fails; after timeout it returns late of check's last word. It is the
+// drain wait of both modes.
+func pollDrained(ctx context.Context, every, timeout time.Duration, check func() (done bool, last string, err error), late func(last string) error) error {
 	deadline := time.Now().Add(timeout)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		ci, err := cons.Info(ctx)
-		if err == nil {
-			if onPoll != nil {
-				onPoll(ci)
-			}
-			if ci.AckFloor.Stream >= last && ci.NumAckPending == 0 {
-				return nil
-			}
+		done, last, err := check()
+		if err != nil || done {
+			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("consumer did not acknowledge up to sequence %d within %v (last answer: %v)", last, timeout, err)
+			return late(last)
 		}
 		select {
 		case <-ctx.Done():

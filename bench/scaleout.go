@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
@@ -970,12 +971,11 @@ func (e *soEnv) warmRound(ctx context.Context, js jetstream.JetStream, row soRow
 // waitDrained polls every consumer until none has messages pending or
 // unacknowledged; it fails after timeout or when an instance exits.
 func (e *soEnv) waitDrained(ctx context.Context, cons []soConsumer, insts []*instance, timeout time.Duration, onPoll func()) error {
-	deadline := time.Now().Add(timeout)
 	every := max(e.f.pollEvery, 20*time.Millisecond)
-	for {
+	return pollDrained(ctx, every, timeout, func() (bool, string, error) {
 		for _, in := range insts {
 			if !in.proc.Running() {
-				return fmt.Errorf("%s exited: %v\n%s", in.name, in.proc.Err(), in.proc.LogTail(3000))
+				return false, "", fmt.Errorf("%s exited: %v\n%s", in.name, in.proc.Err(), in.proc.LogTail(3000))
 			}
 		}
 		done, last := true, ""
@@ -999,18 +999,10 @@ func (e *soEnv) waitDrained(ctx context.Context, cons []soConsumer, insts []*ins
 		if onPoll != nil {
 			onPoll()
 		}
-		if done {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the group did not acknowledge everything within %v (%s)", timeout, last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(every):
-		}
-	}
+		return done, last, nil
+	}, func(last string) error {
+		return fmt.Errorf("the group did not acknowledge everything within %v (%s)", timeout, last)
+	})
 }
 
 // keepPaused checks every 100 ms, until stop is called, that the
@@ -1249,7 +1241,7 @@ func (e *soEnv) verifyDeadLetters(ctx context.Context, n soNames, c *ScaleOutCor
 	return nil
 }
 
-// readStreamAgain is readStream, read again from the start (after reset)
+// readStreamAgain is natstest.Read, read again from the start (after reset)
 // up to five times while it fails: on a cluster a new consumer can answer
 // "no responders" until its leader is elected.
 func readStreamAgain(ctx context.Context, js jetstream.JetStream, stream string, reset func(), fn func(jetstream.Msg)) (int, error) {
@@ -1257,7 +1249,7 @@ func readStreamAgain(ctx context.Context, js jetstream.JetStream, stream string,
 	for attempt := 1; ; attempt++ {
 		reset()
 		var n int
-		if n, err = readStream(ctx, js, stream, fn); err == nil {
+		if n, err = natstest.Read(ctx, js, stream, fn); err == nil {
 			return n, nil
 		}
 		if attempt == 5 || ctx.Err() != nil {

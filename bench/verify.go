@@ -2,71 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
-
-// maxNoResponders bounds the "no responders" answers readStream waits
-// out in a row: 10 s at one every 100 ms.
-const maxNoResponders = 100
-
-// readStream calls fn for every message stream holds, in order, and
-// returns how many it read.
-func readStream(ctx context.Context, js jetstream.JetStream, stream string, fn func(jetstream.Msg)) (int, error) {
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return 0, fmt.Errorf("stream %s: %w", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	want := info.State.Msgs
-	if want == 0 {
-		return 0, nil
-	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		return 0, fmt.Errorf("ordered consumer on %s: %w", stream, err)
-	}
-	var got uint64
-	noResponders := 0
-	for got < want {
-		n := 0
-		batch, err := c.Fetch(int(min(want-got, 4096)), jetstream.FetchMaxWait(5*time.Second))
-		if err == nil {
-			for m := range batch.Messages() {
-				fn(m)
-				n++
-			}
-			err = batch.Error()
-		}
-		if errors.Is(err, nats.ErrNoResponders) && n == 0 && noResponders < maxNoResponders && ctx.Err() == nil {
-			// On a cluster the ordered consumer, when created or
-			// re-created after a gap, can be asked before its node
-			// answers pulls; it keeps its position, so ask again.
-			noResponders++
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		if err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return int(got), fmt.Errorf("fetch %s after %d messages: %w", stream, got, err)
-		}
-		if n == 0 {
-			return int(got), fmt.Errorf("stream %s: read %d of %d messages, then nothing", stream, got, want)
-		}
-		noResponders = 0
-		got += uint64(n)
-	}
-	return int(got), nil
-}
 
 // verifyStage fills res.Correctness for a stage configuration from the
 // output's counts oc and the total it holds.
@@ -124,7 +68,7 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 		return err
 	}
 	oc := outputCounts{thr: make([]uint16, r.thr.Keys), lat: make([]uint16, r.lat.Keys)}
-	total, err := readStream(ctx, js, n.output, func(m jetstream.Msg) {
+	total, err := natstest.Read(ctx, js, n.output, func(m jetstream.Msg) {
 		k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			oc.foreign++

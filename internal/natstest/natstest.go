@@ -1,10 +1,11 @@
 // Package natstest runs a real nats-server with JetStream in process for
-// tests, and reads streams back for assertions. It is for tests only.
+// tests, and reads streams back for assertions. It is for tests and the bench.
 package natstest
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -78,53 +79,84 @@ type Message struct {
 	Data    []byte
 }
 
-// ReadAll returns every message in stream, in order.
-func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, stream)
+// maxNoResponders bounds the "no responders" answers Read waits
+// out in a row: 10 s at one every 100 ms.
+const maxNoResponders = 100
+
+// Read calls fn for every message stream holds, in order, and
+// returns how many it read. It is the one stream reader of the tests and
+// the bench.
+func Read(ctx context.Context, js jetstream.JetStream, stream string, fn func(jetstream.Msg)) (int, error) {
+	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		tb.Fatalf("stream %s: %v", stream, err)
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
 	}
-	info, err := st.Info(ctx)
+	info, err := s.Info(ctx)
 	if err != nil {
-		tb.Fatalf("stream %s info: %v", stream, err)
+		return 0, err
 	}
-	n := info.State.Msgs
-	var out []Message
-	if n == 0 {
-		return out
+	want := info.State.Msgs
+	if want == 0 {
+		return 0, nil
 	}
-	c, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		tb.Fatalf("ordered consumer on %s: %v", stream, err)
+		return 0, fmt.Errorf("ordered consumer on %s: %w", stream, err)
 	}
-	for uint64(len(out)) < n {
-		batch, err := c.Fetch(int(min(n-uint64(len(out)), 1000)), jetstream.FetchMaxWait(5*time.Second))
-		got := 0
+	var got uint64
+	noResponders := 0
+	for got < want {
+		n := 0
+		batch, err := c.Fetch(int(min(want-got, 4096)), jetstream.FetchMaxWait(5*time.Second))
 		if err == nil {
 			for m := range batch.Messages() {
-				md, _ := m.Metadata()
-				out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
-				got++
+				fn(m)
+				n++
 			}
 			err = batch.Error()
 		}
-		if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
-			// On a cluster the ordered consumer can be created before
-			// its node answers pulls: ask again.
+		if errors.Is(err, nats.ErrNoResponders) && n == 0 && noResponders < maxNoResponders && ctx.Err() == nil {
+			// On a cluster the ordered consumer, when created or
+			// re-created after a gap, can be asked before its node
+			// answers pulls; it keeps its position, so ask again.
+			noResponders++
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
 		if err != nil && !errors.Is(err, nats.ErrTimeout) {
-			tb.Fatalf("fetch %s: %v", stream, err)
+			return int(got), fmt.Errorf("fetch %s after %d messages: %w", stream, got, err)
 		}
-		if got == 0 {
-			tb.Fatalf("stream %s: read %d of %d messages, then nothing", stream, len(out), n)
+		if n == 0 {
+			return int(got), fmt.Errorf("stream %s: read %d of %d messages, then nothing", stream, got, want)
 		}
+		noResponders = 0
+		got += uint64(n)
 	}
-	return out
+	return int(got), nil
+}
+
+// ReadAll returns every message in stream, in order, failing the test when
+// the stream cannot be read within a minute.
+func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		var out []Message
+		_, err := Read(ctx, js, stream, func(m jetstream.Msg) {
+			md, _ := m.Metadata()
+			out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+		})
+		if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
+			// A cluster's consumer can stay unanswered through an
+			// election: read again from the start.
+			continue
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return out
+	}
 }
 
 // Until calls cond every interval until it returns true, and reports
