@@ -117,15 +117,13 @@ type publisher struct {
 	js      jetstream.JetStream
 	subject string
 	keyMode string // "header" or "json"
-	errs    atomic.Uint64
 }
 
 func newPublisher(nc *nats.Conn, subject, keyMode string) (*publisher, error) {
 	p := &publisher{subject: subject, keyMode: keyMode}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(4096),
-		jetstream.WithPublishAsyncTimeout(30*time.Second),
-		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { p.errs.Add(1) }))
+		jetstream.WithPublishAsyncTimeout(30*time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -151,11 +149,8 @@ func (p *publisher) msg(wl *Workload, e Event, payloadSize int) *nats.Msg {
 // was not: the workload must reach the stream whole and in order.
 func (p *publisher) publish(ctx context.Context, wl *Workload, events []Event, rate float64, prog *progress) (time.Duration, error) {
 	start := time.Now()
-	for i, e := range events {
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		m := p.msg(wl, e, wl.PayloadSize)
+	return publishAll(ctx, p.js, len(events), func(i int) *nats.Msg {
+		m := p.msg(wl, events[i], wl.PayloadSize)
 		if rate > 0 {
 			due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
 			if d := time.Until(due); d > 0 {
@@ -163,22 +158,8 @@ func (p *publisher) publish(ctx context.Context, wl *Workload, events []Event, r
 			}
 			m.Header[headerSent] = []string{strconv.FormatInt(time.Now().UnixNano(), 10)}
 		}
-		if _, err := p.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
-			return 0, fmt.Errorf("publish event %d: %w", i, err)
-		}
-		prog.done.Store(uint64(i + 1))
-	}
-	select {
-	case <-p.js.PublishAsyncComplete():
-	case <-time.After(2 * time.Minute):
-		return 0, errors.New("input publishes not acknowledged within 2m")
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	if n := p.errs.Load(); n > 0 {
-		return 0, fmt.Errorf("%d input publishes failed", n)
-	}
-	return time.Since(start), nil
+		return m
+	}, prog)
 }
 
 // waitDrained polls the consumer every `every` until it has acknowledged

@@ -1265,8 +1265,8 @@ func readStreamAgain(ctx context.Context, js jetstream.JetStream, stream string,
 }
 
 // publishAll publishes count messages, msg(i) for i in order, as fast as
-// the cluster acknowledges them (4096 in flight), and fails unless every
-// one was stored.
+// the server acknowledges them (4096 in flight) unless msg paces them, and
+// fails unless every one was stored. It is the bench's one publisher.
 func publishAll(ctx context.Context, js jetstream.JetStream, count int, msg func(i int) *nats.Msg, prog *progress) (time.Duration, error) {
 	var errs atomic.Uint64
 	start := time.Now()
