@@ -40,7 +40,7 @@ import (
 	psapolicy "k8s.io/pod-security-admission/policy"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/kubetest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -468,69 +468,31 @@ func checkInstall(t *testing.T, o objects, replicas, partitions int, group bool,
 		return true // the user's own Secret
 	}
 
-	// The environment of pod 0 as the kubelet sets it: the image's ENV,
-	// then the pod's env and envFrom.
+	// The environment of pod 0 as the kubelet sets it, and the mounted
+	// configuration with that environment: what check-config accepts, and
+	// what the values say.
 	podName := sts.Name + "-0"
-	env := imageEnv(t, "../../Dockerfile")
-	for _, from := range c.EnvFrom {
-		if from.SecretRef == nil {
-			t.Fatalf("envFrom other than a Secret: %+v", from)
-		}
-		sec, ok := o.secrets[from.SecretRef.Name]
-		if !ok {
-			// The user's own Secret: it holds one of the DEDUPE_NATS_*
-			// credentials.
-			env["DEDUPE_NATS_TOKEN"] = "from-" + from.SecretRef.Name
-			continue
-		}
-		for k, v := range sec.StringData {
-			env[k] = v
-		}
-		for k, v := range sec.Data {
-			env[k] = string(v)
-		}
-	}
-	for _, e := range c.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env[e.Name] = e.Value
-		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
-			env[e.Name] = podName
-		default:
-			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
-		}
-	}
-	known := config.EnvVars()
-	for k := range env {
-		if _, ok := known[k]; !ok && k != "DEDUPE_CONFIG" {
-			t.Errorf("env %s: the stage reads no such variable", k)
-		}
-	}
-
-	// The mounted configuration, with that environment, is what
-	// check-config accepts, and says what the values say.
-	cfgPath := env["DEDUPE_CONFIG"]
-	vol, ok := volumes[mounts[filepath.Dir(cfgPath)]]
-	if !ok || vol.ConfigMap == nil {
-		t.Fatalf("DEDUPE_CONFIG %q is not in a mounted ConfigMap", cfgPath)
-	}
-	data, ok := o.configMaps[vol.ConfigMap.Name].Data[filepath.Base(cfgPath)]
-	if !ok {
-		t.Fatalf("ConfigMap %s has no key %s", vol.ConfigMap.Name, filepath.Base(cfgPath))
-	}
-	path := filepath.Join(t.TempDir(), filepath.Base(cfgPath))
-	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+	image, err := kubetest.ImageEnv("../../Dockerfile")
+	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(path)
+	kp := kubetest.Pod{Name: podName, Container: c, Volumes: volumes, Secrets: o.secrets, ConfigMaps: o.configMaps,
+		// The user's own Secret: it holds one of the DEDUPE_NATS_*
+		// credentials.
+		OtherSecret: func(name string, env map[string]string) error {
+			env["DEDUPE_NATS_TOKEN"] = "from-" + name
+			return nil
+		}}
+	env, err := kp.Env(image)
 	if err != nil {
-		t.Fatalf("config.Load: %v\n%s", err, data)
+		t.Fatal(err)
 	}
-	if err := cfg.ApplyEnv(func(k string) string { return env[k] }); err != nil {
-		t.Fatalf("ApplyEnv: %v", err)
+	for _, k := range kubetest.UnknownVars(env) {
+		t.Errorf("env %s: the stage reads no such variable", k)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("the mounted configuration is invalid:\n%v\n%s", err, data)
+	cfg, data, err := kp.Config(env, t.TempDir())
+	if err != nil {
+		t.Fatalf("%v\n%s", err, data)
 	}
 	if _, err := stage.StreamsToCreate(cfg); err != nil {
 		t.Fatalf("StreamsToCreate: %v", err)
@@ -797,36 +759,4 @@ func TestRenderRefuses(t *testing.T) {
 	if _, err := render(t, "dedupe-stage", parseValues(t, "group: {enabled: true, replicas: 5, allowUnevenPartitions: true}")); err != nil {
 		t.Errorf("group.allowUnevenPartitions: %v", err)
 	}
-}
-
-// imageEnv returns the variables the Dockerfile's ENV instructions set
-// (the "ENV K=V \\" form, continued over lines).
-func imageEnv(t *testing.T, dockerfile string) map[string]string {
-	t.Helper()
-	b, err := os.ReadFile(dockerfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{}
-	in := false
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if rest, ok := strings.CutPrefix(line, "ENV "); ok {
-			line, in = rest, true
-		} else if !in {
-			continue
-		}
-		in = strings.HasSuffix(line, "\\")
-		for _, kv := range strings.Fields(strings.TrimSuffix(line, "\\")) {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				t.Fatalf("%s: ENV %q: want K=V", dockerfile, kv)
-			}
-			env[k] = v
-		}
-	}
-	if len(env) == 0 {
-		t.Fatalf("%s sets no ENV", dockerfile)
-	}
-	return env
 }

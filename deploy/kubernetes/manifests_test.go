@@ -29,7 +29,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/kubetest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -202,67 +202,24 @@ func TestManifests(t *testing.T) {
 		mounts[vm.MountPath] = vm.Name
 	}
 
-	// The environment of pod 0, as the kubelet sets it: the image's ENV
-	// (which overrides the YAML file as much as the pod's does), then the
-	// pod's.
-	env := imageEnv(t, "../../Dockerfile")
-	for _, from := range c.EnvFrom {
-		if from.SecretRef == nil {
-			t.Fatalf("envFrom other than a Secret: %+v", from)
-		}
-		sec, ok := m.secrets[from.SecretRef.Name]
-		if !ok {
-			t.Fatalf("envFrom: no Secret %s", from.SecretRef.Name)
-		}
-		for k, v := range sec.StringData {
-			env[k] = v
-		}
-		for k, v := range sec.Data {
-			env[k] = string(v)
-		}
-	}
+	// The environment of pod 0, as the kubelet sets it, and the mounted
+	// configuration with that environment: what check-config accepts.
 	podName := sts.Name + "-0"
-	for _, e := range c.Env {
-		switch {
-		case e.ValueFrom == nil:
-			env[e.Name] = e.Value
-		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
-			env[e.Name] = podName
-		default:
-			t.Fatalf("env %s: unexpected source %+v", e.Name, e.ValueFrom)
-		}
-	}
-	known := config.EnvVars()
-	for k := range env {
-		if _, ok := known[k]; !ok && k != "DEDUPE_CONFIG" {
-			t.Errorf("env %s: the stage reads no such variable", k)
-		}
-	}
-
-	// The mounted configuration, with that environment, is what
-	// check-config accepts.
-	cfgPath := env["DEDUPE_CONFIG"]
-	vol, ok := volumes[mounts[filepath.Dir(cfgPath)]]
-	if !ok || vol.ConfigMap == nil {
-		t.Fatalf("DEDUPE_CONFIG %q is not in a mounted ConfigMap", cfgPath)
-	}
-	data, ok := m.configMaps[vol.ConfigMap.Name].Data[filepath.Base(cfgPath)]
-	if !ok {
-		t.Fatalf("ConfigMap %s has no key %s", vol.ConfigMap.Name, filepath.Base(cfgPath))
-	}
-	path := filepath.Join(t.TempDir(), filepath.Base(cfgPath))
-	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+	image, err := kubetest.ImageEnv("../../Dockerfile")
+	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(path)
+	kp := kubetest.Pod{Name: podName, Container: c, Volumes: volumes, Secrets: m.secrets, ConfigMaps: m.configMaps}
+	env, err := kp.Env(image)
 	if err != nil {
-		t.Fatalf("config.Load: %v", err)
+		t.Fatal(err)
 	}
-	if err := cfg.ApplyEnv(func(k string) string { return env[k] }); err != nil {
-		t.Fatalf("ApplyEnv: %v", err)
+	for _, k := range kubetest.UnknownVars(env) {
+		t.Errorf("env %s: the stage reads no such variable", k)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("the mounted configuration is invalid:\n%v", err)
+	cfg, _, err := kp.Config(env, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := stage.StreamsToCreate(cfg); err != nil {
 		t.Fatalf("StreamsToCreate: %v", err)
@@ -332,36 +289,4 @@ func TestManifests(t *testing.T) {
 	if c.StartupProbe != nil && c.StartupProbe.HTTPGet != nil && c.StartupProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("startup probe on %s, want /readyz", c.StartupProbe.HTTPGet.Path)
 	}
-}
-
-// imageEnv returns the variables the Dockerfile's ENV instructions set
-// (the "ENV K=V \\" form, continued over lines).
-func imageEnv(t *testing.T, dockerfile string) map[string]string {
-	t.Helper()
-	b, err := os.ReadFile(dockerfile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{}
-	in := false
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if rest, ok := strings.CutPrefix(line, "ENV "); ok {
-			line, in = rest, true
-		} else if !in {
-			continue
-		}
-		in = strings.HasSuffix(line, "\\")
-		for _, kv := range strings.Fields(strings.TrimSuffix(line, "\\")) {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				t.Fatalf("%s: ENV %q: want K=V", dockerfile, kv)
-			}
-			env[k] = v
-		}
-	}
-	if len(env) == 0 {
-		t.Fatalf("%s sets no ENV", dockerfile)
-	}
-	return env
 }
