@@ -130,6 +130,11 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 			return v, false, stopped()
 		case r := <-creating:
 			creating = nil
+			if ctx.Err() != nil {
+				// The create ended with Open's own stop: not a reason of
+				// the server's.
+				return v, false, stopped()
+			}
 			switch {
 			case r.err == nil:
 				return r.v, true, nil
