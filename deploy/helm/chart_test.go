@@ -418,28 +418,9 @@ func checkInstall(t *testing.T, o objects, replicas, partitions int, group bool,
 
 	// Volumes: every mount is the pod's or the claim template's, and what
 	// they reference exists (a Secret named in the values is the user's).
-	volumes := map[string]corev1.Volume{}
-	for _, v := range pod.Volumes {
-		volumes[v.Name] = v
-		if v.ConfigMap != nil {
-			if _, ok := o.configMaps[v.ConfigMap.Name]; !ok {
-				t.Errorf("volume %s: no ConfigMap %s", v.Name, v.ConfigMap.Name)
-			}
-		}
-	}
-	claims := map[string]bool{}
-	for _, pvc := range sts.Spec.VolumeClaimTemplates {
-		claims[pvc.Name] = true
-		if _, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; !ok {
-			t.Errorf("volume claim %s requests no storage", pvc.Name)
-		}
-	}
-	mounts := map[string]string{} // mount path -> volume
-	for _, vm := range c.VolumeMounts {
-		if _, ok := volumes[vm.Name]; !ok && !claims[vm.Name] {
-			t.Errorf("mount %s: no volume %s", vm.MountPath, vm.Name)
-		}
-		mounts[vm.MountPath] = vm.Name
+	volumes, claims, mounts, problems := kubetest.Mounts(pod, c, sts.Spec.VolumeClaimTemplates, o.configMaps)
+	for _, p := range problems {
+		t.Error(p)
 	}
 	// mountedFile reports whether path is a key of a Secret mounted at its
 	// directory (checked against the Secret when the chart renders it).

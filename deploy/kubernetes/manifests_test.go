@@ -178,28 +178,9 @@ func TestManifests(t *testing.T) {
 
 	// Every volume the container mounts is the pod's or the claim
 	// template's; the ConfigMap and Secret referenced exist.
-	volumes := map[string]corev1.Volume{}
-	for _, v := range pod.Volumes {
-		volumes[v.Name] = v
-		if v.ConfigMap != nil {
-			if _, ok := m.configMaps[v.ConfigMap.Name]; !ok {
-				t.Errorf("volume %s: no ConfigMap %s", v.Name, v.ConfigMap.Name)
-			}
-		}
-	}
-	claims := map[string]bool{}
-	for _, pvc := range sts.Spec.VolumeClaimTemplates {
-		claims[pvc.Name] = true
-		if _, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; !ok {
-			t.Errorf("volume claim %s requests no storage", pvc.Name)
-		}
-	}
-	mounts := map[string]string{} // mount path -> volume
-	for _, vm := range c.VolumeMounts {
-		if _, ok := volumes[vm.Name]; !ok && !claims[vm.Name] {
-			t.Errorf("mount %s: no volume %s", vm.MountPath, vm.Name)
-		}
-		mounts[vm.MountPath] = vm.Name
+	volumes, claims, mounts, problems := kubetest.Mounts(pod, c, sts.Spec.VolumeClaimTemplates, m.configMaps)
+	for _, p := range problems {
+		t.Error(p)
 	}
 
 	// The environment of pod 0, as the kubelet sets it, and the mounted

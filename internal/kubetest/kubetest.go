@@ -152,3 +152,35 @@ func (p Pod) Config(env map[string]string, dir string) (config.Config, string, e
 	}
 	return cfg, data, nil
 }
+
+// Mounts checks the pod's storage: every volume the container mounts is
+// the pod's or a claim template's, every ConfigMap a volume names is in
+// configMaps, and every claim template requests storage. It returns the
+// pod's volumes by name, the claim templates by name, the mounts (path to
+// volume name) and each problem found.
+func Mounts(spec corev1.PodSpec, c corev1.Container, claimTemplates []corev1.PersistentVolumeClaim, configMaps map[string]corev1.ConfigMap) (volumes map[string]corev1.Volume, claims map[string]bool, mounts map[string]string, problems []string) {
+	volumes = map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+		if v.ConfigMap != nil {
+			if _, ok := configMaps[v.ConfigMap.Name]; !ok {
+				problems = append(problems, fmt.Sprintf("volume %s: no ConfigMap %s", v.Name, v.ConfigMap.Name))
+			}
+		}
+	}
+	claims = map[string]bool{}
+	for _, pvc := range claimTemplates {
+		claims[pvc.Name] = true
+		if _, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; !ok {
+			problems = append(problems, fmt.Sprintf("volume claim %s requests no storage", pvc.Name))
+		}
+	}
+	mounts = map[string]string{}
+	for _, vm := range c.VolumeMounts {
+		if _, ok := volumes[vm.Name]; !ok && !claims[vm.Name] {
+			problems = append(problems, fmt.Sprintf("mount %s: no volume %s", vm.MountPath, vm.Name))
+		}
+		mounts[vm.MountPath] = vm.Name
+	}
+	return volumes, claims, mounts, problems
+}
