@@ -14,8 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
-	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/gobuild"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
 // The scale-out mode runs the real binaries as child processes: three

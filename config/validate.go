@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 

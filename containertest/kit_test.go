@@ -300,7 +300,7 @@ func TestDashboard(t *testing.T) {
 		for _, group := range []struct{ name, glob string }{
 			{"stage", "stage/*.go"},
 			{"sink", "sink/*.go"},
-			{"route step", "internal/route/*.go"},
+			{"route step", "internal/scaleout/route/*.go"},
 		} {
 			names := definedMetrics(t, group.glob)
 			if len(names) == 0 {
@@ -327,7 +327,7 @@ func TestMetricsDoc(t *testing.T) {
 	if !ok {
 		t.Fatal("docs/metrics.md has no \"## Renamed\" section")
 	}
-	defined := definedMetrics(t, "stage/*.go", "sink/*.go", "internal/route/*.go", "internal/lograte/*.go",
+	defined := definedMetrics(t, "stage/*.go", "sink/*.go", "internal/scaleout/route/*.go", "internal/lograte/*.go",
 		"internal/scaleout/*.go", "cmd/dedupe-stage/*.go")
 	if bad := undefinedRefs([]string{doc}, defined); len(bad) > 0 {
 		t.Errorf("docs/metrics.md names metrics no Go file declares: %v", bad)

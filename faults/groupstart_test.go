@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // groupStartRounds is how many fresh clusters TestScaleOutGroupStart starts

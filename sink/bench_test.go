@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // benchBatch is the number of totals per Write in the benchmarks.

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -11,7 +11,7 @@ import (
 func (s *Stage) SetBeforePublishHook(f func(partition int, batchLen int)) { s.beforePublish = f }
 
 // SetReady marks st ready or not. For tests only.
-func SetReady(st *Status, r bool) { st.setReady(r) }
+func SetReady(st *Health, r bool) { st.setReady(r) }
 
 // SetPinCheckFault makes the stage's pin checks fail for partition p with
 // f(p) when that is not nil, until the returned restore runs.

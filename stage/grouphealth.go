@@ -10,7 +10,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
-	"github.com/dedupe-stage/dedupe-stage/internal/status"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/status"
 )
 
 // groupHealthEvery is how often each instance of a group reads the

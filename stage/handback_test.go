@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // keysOfPartition returns n keys of partition p (of 4), with their

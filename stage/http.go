@@ -30,7 +30,7 @@ type Inspection struct {
 // Inspect tells whether key is inside the window, when it was first seen
 // and when it leaves the window. key is the full key as stored (with its
 // scope prefix when a scope is configured).
-func (st *Status) Inspect(key string) (Inspection, error) {
+func (st *Health) Inspect(key string) (Inspection, error) {
 	st.mu.Lock()
 	store, win, clock := st.store, st.win, st.clock
 	st.mu.Unlock()
@@ -59,7 +59,7 @@ func (st *Status) Inspect(key string) (Inspection, error) {
 	return in, nil
 }
 
-// ErrBadInspectKey is returned by Status.Inspect for a key the store
+// ErrBadInspectKey is returned by Health.Inspect for a key the store
 // cannot hold (empty, or longer than state.MaxKeySize).
 var ErrBadInspectKey = errors.New("stage: bad key to inspect")
 
@@ -72,7 +72,7 @@ var ErrBadInspectKey = errors.New("stage: bad key to inspect")
 //	/inspect?key=K   JSON: whether K is inside the window, first seen, leaves at
 //
 // It is NewHealthHandler and NewInspectHandler on one mux.
-func NewHandler(g prometheus.Gatherer, st *Status) http.Handler {
+func NewHandler(g prometheus.Gatherer, st *Health) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", NewHealthHandler(g, st))
 	mux.Handle("/inspect", NewInspectHandler(st))
@@ -81,7 +81,7 @@ func NewHandler(g prometheus.Gatherer, st *Status) http.Handler {
 
 // NewHealthHandler serves /metrics, /healthz and /readyz (see NewHandler),
 // without /inspect.
-func NewHealthHandler(g prometheus.Gatherer, st *Status) http.Handler {
+func NewHealthHandler(g prometheus.Gatherer, st *Health) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -117,7 +117,7 @@ func NewHealthHandler(g prometheus.Gatherer, st *Status) http.Handler {
 // NewInspectHandler serves /inspect?key=K (see NewHandler): 400 for a
 // missing key or one the store cannot hold, 503 while the state is not
 // open or cannot be read.
-func NewInspectHandler(st *Status) http.Handler {
+func NewInspectHandler(st *Health) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/inspect", func(w http.ResponseWriter, r *http.Request) {
 		key := r.URL.Query().Get("key")

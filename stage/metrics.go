@@ -43,7 +43,7 @@ type Metrics struct {
 // repeat-age buckets run from one second to past the window w (seconds).
 // dedupe_ready, dedupe_healthy and dedupe_component_healthy are read from
 // st at each scrape.
-func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *Metrics {
+func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *Metrics {
 	ageBuckets := prometheus.ExponentialBucketsRange(1, max(2, windowSeconds*1.25), 16)
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -114,14 +114,14 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Status) *M
 	reg.MustRegister(m.Messages, m.DeadLetters, m.UnpartitionedDeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
 		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
 		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable)
-	registerStatus(reg, st)
+	registerHealth(reg, st)
 	m.WindowSeconds.Set(windowSeconds)
 	return m
 }
 
-// registerStatus registers the gauges and collector that read st: ready,
+// registerHealth registers the gauges and collector that read st: ready,
 // healthy and each component's health.
-func registerStatus(reg prometheus.Registerer, st *Status) {
+func registerHealth(reg prometheus.Registerer, st *Health) {
 	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dedupe_ready",
 		Help: "1 when every partition's filter is ready and the stage is judging messages.",
@@ -146,8 +146,8 @@ var componentHealthy = prometheus.NewDesc("dedupe_component_healthy",
 	"1 while the component's operation works, 0 after it failed three times in a row and until it succeeds again. Components: publish, dead_letter, lookup, commit, totals_flush.",
 	[]string{"component"}, nil)
 
-// componentCollector exports each component's health from the Status.
-type componentCollector struct{ st *Status }
+// componentCollector exports each component's health from the Health.
+type componentCollector struct{ st *Health }
 
 // Describe implements prometheus.Collector.
 func (c componentCollector) Describe(ch chan<- *prometheus.Desc) { ch <- componentHealthy }

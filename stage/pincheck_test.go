@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 

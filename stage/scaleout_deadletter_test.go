@@ -11,8 +11,8 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // TestScaleOutRoutedDeadLetterNamesTheInput dead-letters a message the

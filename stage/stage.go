@@ -18,8 +18,8 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -46,9 +46,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock tells the time for window judgements. Default window.SystemClock.
 	Clock window.Clock
-	// Status, if set, is updated as the stage becomes ready and healthy and
+	// Health, if set, is updated as the stage becomes ready and healthy and
 	// gets the store for inspection. Default: a private one.
-	Status *Status
+	Health *Health
 	// ShutdownTimeout: default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// FilterProgressInterval is how often a filter rebuild at start logs its
@@ -71,7 +71,7 @@ type Stage struct {
 	store   *state.Store
 	keyFn   *keys.KeyFunc
 	metrics *Metrics
-	status  *Status
+	status  *Health
 	totals  *totals         // nil when totals are off
 	group   *scaleout.Group // nil when scale-out is off
 	health  *groupHealth    // the group's health gauges; nil when scale-out is off
@@ -152,7 +152,7 @@ func newStage(opts Options) (*Stage, prometheus.Registerer) {
 		log:                opts.Logger,
 		clock:              opts.Clock,
 		nc:                 opts.Conn,
-		status:             opts.Status,
+		status:             opts.Health,
 		shutdownTimeout:    opts.ShutdownTimeout,
 		fpMismatchIsRepeat: cfg.Pipeline.OnFingerprintMismatch == config.FingerprintRepeat,
 	}
@@ -163,7 +163,7 @@ func newStage(opts Options) (*Stage, prometheus.Registerer) {
 		s.clock = window.SystemClock{}
 	}
 	if s.status == nil {
-		s.status = &Status{}
+		s.status = &Health{}
 	}
 	if s.shutdownTimeout <= 0 {
 		s.shutdownTimeout = DefaultShutdownTimeout

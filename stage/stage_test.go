@@ -17,8 +17,8 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
-	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -65,7 +65,7 @@ func newEnvOn(t *testing.T, srv *server.Server) *env {
 // running is a stage running in the background.
 type running struct {
 	st     *stage.Stage
-	status *stage.Status
+	status *stage.Health
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
 	done   chan error
@@ -80,8 +80,8 @@ func (e *env) start() *running {
 func (e *env) startWith(log *slog.Logger) *running {
 	e.t.Helper()
 	reg := prometheus.NewRegistry()
-	status := &stage.Status{}
-	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock, Status: status, Logger: log})
+	status := &stage.Health{}
+	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock, Health: status, Logger: log})
 	if err != nil {
 		e.t.Fatalf("stage.New: %v", err)
 	}

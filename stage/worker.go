@@ -18,8 +18,8 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -471,7 +471,7 @@ func (s *Stage) reporter(unit string) retry.Reporter {
 
 // quietReporter passes every failure on, and a success only when it ends
 // failures (of the same component, passed on through it). The worker reports
-// a success for every lookup, and passing each on would take the Status lock
+// a success for every lookup, and passing each on would take the Health lock
 // and build the unit's name per message to change nothing. It relies on
 // being the only reporter of its components (one partition's), and is not
 // safe for concurrent use: each partition's worker has its own.

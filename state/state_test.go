@@ -14,7 +14,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/boot/boottest"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
 // TestRunStatusAndCheckConfigThroughContext runs the binary against a

@@ -13,9 +13,9 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
 // padded returns msg with a Pad header that brings its headers to size

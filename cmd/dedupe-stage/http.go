@@ -19,7 +19,7 @@ import (
 // and /readyz on cfg.Addr; /inspect there too, on its own listener
 // (cfg.InspectAddr), or nowhere (cfg.Inspect false). It returns the
 // function that shuts them down.
-func serveHTTP(cfg config.HTTP, reg prometheus.Gatherer, status *stage.Status, log *slog.Logger) (stop func(), err error) {
+func serveHTTP(cfg config.HTTP, reg prometheus.Gatherer, status *stage.Health, log *slog.Logger) (stop func(), err error) {
 	var servers []*http.Server
 	stop = func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

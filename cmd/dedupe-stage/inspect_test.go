@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
 // get returns the status code and body of GET u, or -1 when it cannot be

@@ -166,7 +166,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	defer lock.Release()
 
 	reg := newRegistry(ver, rev)
-	status := &stage.Status{}
+	status := &stage.Health{}
 	stopHTTP, err := serveHTTP(cfg.HTTP, reg, status, log)
 	if err != nil {
 		return err
@@ -189,7 +189,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	}
 	defer nc.Close()
 
-	st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: reg, Logger: log, Status: status})
+	st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: reg, Logger: log, Health: status})
 	if err != nil {
 		return err
 	}

@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/gobuild"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/gobuild"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
 // binary is the dedupe-stage binary built once for the black-box tests.

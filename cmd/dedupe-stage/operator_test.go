@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/proctest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
 // startBinary runs `dedupe-stage run args...` with env added to this

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
-	"github.com/dedupe-stage/dedupe-stage/internal/status"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/status"
 )
 
 // statusTimeout bounds the whole of `status`: every request to the cluster.
@@ -46,7 +46,7 @@ func statusMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // statusCmd prints how the stage or its group stands, read from the
-// cluster (internal/status), with the configuration run would use. It
+// cluster (internal/scaleout/status), with the configuration run would use. It
 // returns an error wrapping status.ErrStalled when input has waited
 // without an owner for longer than the hand-over time, so it serves as a
 // check; an idle partition is healthy.

@@ -40,7 +40,7 @@ import (
 	psapolicy "k8s.io/pod-security-admission/policy"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/kubetest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/kubetest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -317,7 +317,7 @@ func TestRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	health := httptest.NewServer(stage.NewHealthHandler(prometheus.NewRegistry(), &stage.Status{}))
+	health := httptest.NewServer(stage.NewHealthHandler(prometheus.NewRegistry(), &stage.Health{}))
 	t.Cleanup(health.Close)
 	alerts := readRuleFile(t, "../../configs/alerts.yml")
 

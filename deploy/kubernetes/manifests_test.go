@@ -29,7 +29,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/kubetest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/kubetest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
@@ -235,7 +235,7 @@ func TestManifests(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	srv := httptest.NewServer(stage.NewHealthHandler(prometheus.NewRegistry(), &stage.Status{}))
+	srv := httptest.NewServer(stage.NewHealthHandler(prometheus.NewRegistry(), &stage.Health{}))
 	defer srv.Close()
 	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
 		if probe == nil || probe.HTTPGet == nil {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 func TestRun(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // atomicStream creates stream OUT on out.> with a one-minute duplicate

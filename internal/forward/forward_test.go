@@ -15,8 +15,8 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 func runServer(t *testing.T, maxPayload int32) (*nats.Conn, jetstream.JetStream) {

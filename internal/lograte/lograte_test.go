@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
-	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 )
 
 // clock is a settable clock for tests.

@@ -18,7 +18,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
-	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
 // Balance (docs/scale-out.md §4.2). The server pins a partition to

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/route"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
 // TestQuotaAddsUp checks that the quotas of the live instances add up to

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 )
 
 // fenceRefresh is how often an owner writes its fence again in an output

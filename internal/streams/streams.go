@@ -1,7 +1,7 @@
 // Package streams holds the rules of the duplicate windows of the
 // JetStream streams the stage publishes to with a Nats-Msg-Id: the output
 // stream, and with scale-out the route step's routed stream. The
-// configuration (config) and the route step (internal/route) both take
+// configuration (config) and the route step (internal/scaleout/route) both take
 // their streams' windows from here, as values computed from the settings
 // they are given; the package imports nothing of this module.
 //

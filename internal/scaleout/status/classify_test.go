@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 )
 
 // TestClassify: a pinned partition is owned whatever waits; without a pin,

@@ -9,16 +9,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
-// TestStatusOneHealthPath drives a Status through failures and recoveries
+// TestHealthOnePath drives a Health through failures and recoveries
 // and checks that /healthz, /readyz, dedupe_healthy and
 // dedupe_component_healthy say the same at every step, and that a
 // component recovers only when its own operation succeeds.
-func TestStatusOneHealthPath(t *testing.T) {
-	st := &stage.Status{}
+func TestHealthOnePath(t *testing.T) {
+	st := &stage.Health{}
 	reg := prometheus.NewRegistry()
 	stage.NewMetrics(reg, 60, st)
 	h := stage.NewHandler(reg, st)

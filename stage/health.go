@@ -25,15 +25,15 @@ const (
 // failing. One failure is routine (a leader moving); three are not.
 const unhealthyAfter = 3
 
-// Status is the one record of the stage's health: whether it is ready (every
+// Health is the one record of the stage's health: whether it is ready (every
 // filter rebuilt, judging messages) and, per component, whether its
 // operation keeps failing. /healthz, /readyz, dedupe_ready, dedupe_healthy
 // and dedupe_component_healthy all read it, so they cannot disagree. A
 // component fails after three failed attempts in a row and recovers only
-// when its own operation succeeds. Status also holds the store for
+// when its own operation succeeds. Health also holds the store for
 // /inspect. The zero value is a stage that is starting. It is safe for
 // concurrent use.
-type Status struct {
+type Health struct {
 	mu    sync.Mutex
 	ready bool
 	// units are the failure records, by component or component/instance
@@ -47,7 +47,7 @@ type Status struct {
 	restoring map[int]int
 }
 
-// unit is one component (or one instance of it) as Status tracks it.
+// unit is one component (or one instance of it) as Health tracks it.
 type unit struct {
 	inARow int    // failed attempts since the last success
 	last   string // the last failure
@@ -55,7 +55,7 @@ type unit struct {
 
 // Failed records a failed attempt of component, which may name an instance
 // after a slash ("publish/3"). It implements retry.Reporter.
-func (st *Status) Failed(component string, err error) {
+func (st *Health) Failed(component string, err error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	u := st.unit(component)
@@ -65,7 +65,7 @@ func (st *Status) Failed(component string, err error) {
 
 // Succeeded records a successful attempt of component: it recovers. Other
 // components are untouched. It implements retry.Reporter.
-func (st *Status) Succeeded(component string, _ bool) {
+func (st *Health) Succeeded(component string, _ bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if u, ok := st.units[component]; ok {
@@ -75,7 +75,7 @@ func (st *Status) Succeeded(component string, _ bool) {
 
 // declare makes the components known before they report, so that their
 // gauges exist from the start.
-func (st *Status) declare(components ...string) {
+func (st *Health) declare(components ...string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for _, c := range components {
@@ -84,7 +84,7 @@ func (st *Status) declare(components ...string) {
 }
 
 // unit returns the record of name, creating it. st.mu is held.
-func (st *Status) unit(name string) *unit {
+func (st *Health) unit(name string) *unit {
 	if st.units == nil {
 		st.units = make(map[string]*unit)
 	}
@@ -96,13 +96,13 @@ func (st *Status) unit(name string) *unit {
 	return u
 }
 
-func (st *Status) setReady(r bool) {
+func (st *Health) setReady(r bool) {
 	st.mu.Lock()
 	st.ready = r
 	st.mu.Unlock()
 }
 
-func (st *Status) setStore(s *state.Store, w window.Window, c window.Clock) {
+func (st *Health) setStore(s *state.Store, w window.Window, c window.Clock) {
 	st.mu.Lock()
 	st.store, st.win, st.clock = s, w, c
 	st.mu.Unlock()
@@ -110,7 +110,7 @@ func (st *Status) setStore(s *state.Store, w window.Window, c window.Clock) {
 
 // setRestoring records that partition p is being restored (records read
 // back so far) or, with on false, that its restore ended.
-func (st *Status) setRestoring(p, records int, on bool) {
+func (st *Health) setRestoring(p, records int, on bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if !on {
@@ -127,7 +127,7 @@ func (st *Status) setRestoring(p, records int, on bool) {
 // restoring from the output stream and how many records it has read back.
 // The instance judges the other partitions meanwhile; the restored ones'
 // messages wait.
-func (st *Status) Restoring() map[int]int {
+func (st *Health) Restoring() map[int]int {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	out := make(map[int]int, len(st.restoring))
@@ -138,7 +138,7 @@ func (st *Status) Restoring() map[int]int {
 }
 
 // Ready reports whether the stage is judging messages.
-func (st *Status) Ready() bool {
+func (st *Health) Ready() bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.ready
@@ -146,7 +146,7 @@ func (st *Status) Ready() bool {
 
 // Healthy returns nil, or an error listing every component (with its
 // unit) that keeps failing and its last error.
-func (st *Status) Healthy() error {
+func (st *Health) Healthy() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var parts []string
@@ -164,7 +164,7 @@ func (st *Status) Healthy() error {
 
 // Components returns every known component (instances folded into their
 // component) and whether it is healthy.
-func (st *Status) Components() map[string]bool {
+func (st *Health) Components() map[string]bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	out := make(map[string]bool, len(st.units))
@@ -180,9 +180,9 @@ func (st *Status) Components() map[string]bool {
 }
 
 // unitReporter is a retry.Reporter for one unit of the components, such as
-// one partition: it reports "component/unit" to the Status.
+// one partition: it reports "component/unit" to the Health.
 type unitReporter struct {
-	st   *Status
+	st   *Health
 	name string
 }
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
-	"github.com/dedupe-stage/dedupe-stage/internal/snapshot"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/snapshot"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 

@@ -16,7 +16,7 @@ import (
 // the copy, without a server: what one routed input costs an instance's
 // CPU besides the publishes and acks. Run:
 //
-//	go test -run '^$' -bench 'BenchmarkCopy' -benchmem ./internal/route/
+//	go test -run '^$' -bench 'BenchmarkCopy' -benchmem ./internal/scaleout/route/
 
 // benchMsg is an input as the route consumer delivers it; the methods the
 // benchmarks do not call are left to the embedded nil interface.

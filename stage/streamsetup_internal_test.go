@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // lostReply is a JetStream whose first stream lookup gets no answer, as
