@@ -20,42 +20,11 @@ func Run[T any](in <-chan T, size int, linger time.Duration, process func([]T)) 
 		if !ok {
 			return
 		}
-		batch = append(batch[:0], it)
-		open := true
+		var open bool
 		if linger > 0 {
-			timer.Reset(linger)
-		}
-	fill:
-		for len(batch) < cap(batch) {
-			if linger <= 0 {
-				select {
-				case it, ok := <-in:
-					if !ok {
-						open = false
-						break fill
-					}
-					batch = append(batch, it)
-				default:
-					break fill
-				}
-				continue
-			}
-			select {
-			case it, ok := <-in:
-				if !ok {
-					open = false
-					break fill
-				}
-				batch = append(batch, it)
-			case <-timer.C:
-				break fill
-			}
-		}
-		if linger > 0 && !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
+			batch, open = fillFor(in, append(batch[:0], it), linger, timer)
+		} else {
+			batch, open = fillQueued(in, append(batch[:0], it))
 		}
 		process(batch)
 		clear(batch)
@@ -63,4 +32,47 @@ func Run[T any](in <-chan T, size int, linger time.Duration, process func([]T)) 
 			return
 		}
 	}
+}
+
+// fillQueued adds to batch what is already queued on in, up to its
+// capacity; open is false when in is closed.
+func fillQueued[T any](in <-chan T, batch []T) (_ []T, open bool) {
+	for len(batch) < cap(batch) {
+		select {
+		case it, ok := <-in:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, it)
+		default:
+			return batch, true
+		}
+	}
+	return batch, true
+}
+
+// fillFor adds to batch what arrives on in within linger, up to its
+// capacity, and leaves timer stopped; open is false when in is closed.
+func fillFor[T any](in <-chan T, batch []T, linger time.Duration, timer *time.Timer) (_ []T, open bool) {
+	timer.Reset(linger)
+	defer func() {
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}()
+	for len(batch) < cap(batch) {
+		select {
+		case it, ok := <-in:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, it)
+		case <-timer.C:
+			return batch, true
+		}
+	}
+	return batch, true
 }
