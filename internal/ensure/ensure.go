@@ -66,10 +66,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Open returns what lookup finds, creating it with create (when not nil)
-// while lookup says it is missing or does not answer, until ctx ends; what
-// names it in logs and errors. created is true when this call's create made
-// it. The package comment gives the model; docs/failures.md what is retried.
+// Open returns what lookup finds, creating it with create while lookup says
+// it is missing or does not answer (with create nil, missing for
+// MissingGrace is an error). created is true when this call's create made
+// it. A permanent failure returns at once; when ctx ends first, the error
+// wraps context.Cause(ctx) and names what, the time waited and the last reason.
 func Open[T any](ctx context.Context, what string, lookup, create func(context.Context) (T, error), o Options) (v T, created bool, err error) {
 	pr := &progress{ctx: ctx, what: what, start: time.Now(), log: o.Logger}
 	cctx, cancelCreate := context.WithCancel(ctx)
