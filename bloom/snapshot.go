@@ -10,26 +10,9 @@ import (
 	"io"
 )
 
-// Snapshot format, version 1. All integers are little-endian.
-//
-//	offset size  field
-//	0      4     magic "DSBF"
-//	4      2     format version (1)
-//	6      2     G, Options.Generations
-//	8      8     W, Options.Window in nanoseconds (int64)
-//	16     8     m, bits per generation
-//	24     4     k, hashes per key
-//	28     8     meta, opaque to this package
-//	36     8     cur, current generation index (int64)
-//	44     ...   G+1 generations, indices cur-G .. cur in ascending order, each:
-//	             8 bytes index (int64), 8 bytes add count (uint64),
-//	             ceil(m/64) * 8 bytes of bitset words (bit b of the generation
-//	             is bit b%64 of word b/64)
-//	end-4  4     CRC-32C (Castagnoli) of every byte before it
-//
-// Every length in the format is implied by the options given to
-// ReadSnapshot, so a corrupted snapshot can never make the reader allocate
-// more than those options imply.
+// The snapshot format, version 1, is laid out in docs/state.md. Every length
+// in it follows from the options given to ReadSnapshot, so a corrupted
+// snapshot cannot make the reader allocate more than those imply.
 const (
 	snapshotMagic   = "DSBF"
 	snapshotVersion = 1
