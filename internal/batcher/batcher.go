@@ -20,11 +20,18 @@ func Run[T any](in <-chan T, size int, linger time.Duration, process func([]T)) 
 		if !ok {
 			return
 		}
-		var open bool
+		var lingered <-chan time.Time // nil: take only what is queued
 		if linger > 0 {
-			batch, open = fillFor(in, append(batch[:0], it), linger, timer)
-		} else {
-			batch, open = fillQueued(in, append(batch[:0], it))
+			timer.Reset(linger)
+			lingered = timer.C
+		}
+		var open bool
+		batch, open = fill(in, append(batch[:0], it), lingered)
+		if linger > 0 && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
 		}
 		process(batch)
 		clear(batch)
@@ -34,45 +41,30 @@ func Run[T any](in <-chan T, size int, linger time.Duration, process func([]T)) 
 	}
 }
 
-// fillQueued adds to batch what is already queued on in, up to its
-// capacity; open is false when in is closed.
-func fillQueued[T any](in <-chan T, batch []T) (_ []T, open bool) {
+// fill adds to batch what arrives on in, up to its capacity, until lingered
+// is ready or, with lingered nil, what is already queued. open is false
+// when in is closed.
+func fill[T any](in <-chan T, batch []T, lingered <-chan time.Time) (_ []T, open bool) {
 	for len(batch) < cap(batch) {
-		select {
-		case it, ok := <-in:
-			if !ok {
-				return batch, false
-			}
-			batch = append(batch, it)
-		default:
-			return batch, true
-		}
-	}
-	return batch, true
-}
-
-// fillFor adds to batch what arrives on in within linger, up to its
-// capacity, and leaves timer stopped; open is false when in is closed.
-func fillFor[T any](in <-chan T, batch []T, linger time.Duration, timer *time.Timer) (_ []T, open bool) {
-	timer.Reset(linger)
-	defer func() {
-		if !timer.Stop() {
+		var it T
+		var ok bool
+		if lingered == nil {
 			select {
-			case <-timer.C:
+			case it, ok = <-in:
 			default:
+				return batch, true
+			}
+		} else {
+			select {
+			case it, ok = <-in:
+			case <-lingered:
+				return batch, true
 			}
 		}
-	}()
-	for len(batch) < cap(batch) {
-		select {
-		case it, ok := <-in:
-			if !ok {
-				return batch, false
-			}
-			batch = append(batch, it)
-		case <-timer.C:
-			return batch, true
+		if !ok {
+			return batch, false
 		}
+		batch = append(batch, it)
 	}
 	return batch, true
 }
