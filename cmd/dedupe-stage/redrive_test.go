@@ -176,3 +176,69 @@ func TestRedriveExitCodes(t *testing.T) {
 		})
 	}
 }
+
+// TestRedriveKilledMidwayDoesNotDouble SIGKILLs a redrive while it
+// publishes, so that a copy may be stored without its mark, and runs it
+// again: every dead letter ends with exactly one copy in the input stream.
+func TestRedriveKilledMidwayDoesNotDouble(t *testing.T) {
+	const n = 5000
+	srv := natstest.RunServer(t, "")
+	url := srv.ClientURL()
+	_, js := natstest.Connect(t, url)
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "EVENTS", Subjects: []string{"events.>"}},
+		{Name: "DEDUPE_DLQ", Subjects: []string{"dedupe.dlq.>"}},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inputs, dls := make([]*nats.Msg, n), make([]*nats.Msg, n)
+	for i := range n {
+		inputs[i] = &nats.Msg{Subject: "events.orders", Header: nats.Header{"Event-Id": {fmt.Sprint(i)}}, Data: []byte("x")}
+		in := deadletter.Input{Reason: deadletter.ReasonOutputRejected, Header: inputs[i].Header, Data: inputs[i].Data,
+			Subject: "events.orders", Stream: "EVENTS", Sequence: uint64(i + 1)}
+		dls[i] = deadletter.Build(in, "dedupe.dlq.output_rejected", 1<<20, deadletter.OmittedTooLarge)
+	}
+	natstest.PublishAll(t, js, inputs)
+	natstest.PublishAll(t, js, dls)
+
+	// The stage keys by Event-Id, so the copies carry redrive's Nats-Msg-Id.
+	args := []string{"-s", url, "--key-header", "Event-Id"}
+	p := spawn(t, nil, append([]string{"redrive"}, args...)...)
+	natstest.WaitFor(t, 60*time.Second, "a tenth of the copies", func() bool { return streamMsgs(t, js, "EVENTS") >= n+n/10 })
+	if !p.Running() {
+		t.Fatalf("redrive finished before it could be killed: %v\n%s", p.Err(), p.LogTail(2000))
+	}
+	p.Kill()
+	killedAt := streamMsgs(t, js, "EVENTS") - n
+	if killedAt >= n {
+		t.Fatalf("all %d copies were stored before the kill", n)
+	}
+
+	code, sum := redriveJSON(t, args...)
+	if code != 0 || sum.Selected != n || sum.Republished+sum.AlreadyRedriven != n || sum.AlreadyRedriven < int(killedAt) {
+		t.Fatalf("the run after the kill (at %d copies): exit %d, selected %d, republished %d, already %d; want all %d, at least %d already",
+			killedAt, code, sum.Selected, sum.Republished, sum.AlreadyRedriven, n, killedAt)
+	}
+	for _, r := range sum.Results {
+		if r.Outcome == redrive.AlreadyRedriven && strings.Contains(r.Detail, "duplicate window") {
+			t.Logf("dead letter %d: its copy was stored without its mark before the kill: %s", r.Seq, r.Detail)
+		}
+	}
+	per := map[string]int{}
+	for _, m := range natstest.ReadAll(t, js, "EVENTS") {
+		if from := m.Header.Get(redrive.HeaderRedrivenFrom); from != "" {
+			per[from]++
+		}
+	}
+	for from, c := range per {
+		if c != 1 {
+			t.Errorf("dead letter %s has %d copies, want 1", from, c)
+		}
+	}
+	if len(per) != n {
+		t.Errorf("%d dead letters have a copy, want %d", len(per), n)
+	}
+}

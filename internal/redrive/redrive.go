@@ -11,7 +11,8 @@
 // A dead letter with a mark is not published again, so an interrupted run
 // resumes after its last confirmed copy, however late; a copy that landed
 // without its mark (the run cut off between the two) is dropped by the
-// input stream's duplicate window. A dead letter that does not carry its
+// input stream's duplicate window, unless the copy has no Nats-Msg-Id
+// (Options.KeyFromMsgID). A dead letter that does not carry its
 // input whole (no payload, cut headers) is refused with a reason, never
 // published in part.
 //
