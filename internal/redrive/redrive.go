@@ -23,6 +23,7 @@
 package redrive
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,6 +33,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -289,6 +291,42 @@ type run struct {
 	kv  jetstream.KeyValue
 	o   Options
 	sum *Summary
+	// streams caches the configuration of each input stream read, nil for one that cannot be read.
+	streams map[string]*jetstream.StreamConfig
+}
+
+// inputSubject returns the subject to publish an input of stream stored
+// on subject to: subject itself, or, when the stream's subject transform
+// put a partition token first (scale-out), subject without it, which the
+// stream takes and transforms again. found is false when stream does not exist.
+func (r *run) inputSubject(ctx context.Context, stream, subject string) (_ string, found bool, _ error) {
+	cfg, ok := r.streams[stream]
+	if !ok {
+		st, err := r.js.Stream(ctx, stream)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+		case err != nil:
+			return "", false, fmt.Errorf("input stream %s: %w", stream, err)
+		default:
+			cfg = &st.CachedInfo().Config
+		}
+		if r.streams == nil {
+			r.streams = map[string]*jetstream.StreamConfig{}
+		}
+		r.streams[stream] = cfg
+	}
+	if cfg == nil {
+		return subject, false, nil
+	}
+	t := cfg.SubjectTransform
+	if t == nil || !strings.HasPrefix(strings.ToLower(t.Destination), "{{partition(") {
+		return subject, true, nil
+	}
+	src := cmp.Or(t.Source, ">")
+	if _, rest, ok := strings.Cut(subject, "."); ok && server.SubjectMatchesFilter(rest, src) {
+		return rest, true, nil
+	}
+	return subject, true, nil
 }
 
 // read goes through the selected dead letters in order.
@@ -387,12 +425,22 @@ func (r *run) redrive(ctx context.Context, seq uint64, h nats.Header, data []byt
 			return res, fmt.Errorf("read the mark of dead letter %d: %w", seq, err)
 		}
 	}
+	var err error
 	msg, origSeq, refusal, detail := Copy(r.o.Stream, seq, h, data, r.o.KeyFromMsgID)
 	if refusal != "" {
 		res.Outcome, res.Refusal, res.Detail = Refused, refusal, detail
 		return res, nil
 	}
 	res.Stream = h.Get(deadletter.HeaderOriginalStream)
+	found := false
+	if msg.Subject, found, err = r.inputSubject(ctx, res.Stream, msg.Subject); err != nil {
+		return res, err
+	}
+	if !found {
+		res.Outcome, res.Refusal, res.Detail = Refused, RefusedRejected, "the input stream "+res.Stream+" does not exist"
+		return res, nil
+	}
+	res.Subject = msg.Subject
 	if r.o.DryRun {
 		res.Outcome = WouldRepublish
 		return res, nil
@@ -400,7 +448,7 @@ func (r *run) redrive(ctx context.Context, seq uint64, h nats.Header, data []byt
 	pctx, cancel := context.WithTimeout(ctx, r.o.PublishTimeout)
 	defer cancel()
 	var ack *jetstream.PubAck
-	err := retry.Do(pctx, "redrive", func() error {
+	err = retry.Do(pctx, "redrive", func() error {
 		actx, cancel := context.WithTimeout(pctx, attemptTimeout)
 		defer cancel()
 		var err error

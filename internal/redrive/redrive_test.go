@@ -352,3 +352,36 @@ func TestOptionsValidate(t *testing.T) {
 		})
 	}
 }
+
+// An input stored under the partition token of a scale-out stream's
+// subject transform goes back on its subject without that token, and the
+// stream puts it in the same partition again.
+func TestRedriveThroughAPartitionTransform(t *testing.T) {
+	s := natstest.RunServer(t, t.TempDir())
+	_, js := natstest.Connect(t, s.ClientURL())
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "IN", Subjects: []string{"events.*"}, SubjectTransform: &jetstream.SubjectTransformConfig{
+			Source: "events.*", Destination: "{{partition(4,1)}}.events.{{wildcard(1)}}"}},
+		{Name: "DLQ", Subjects: []string{"dlq.>"}},
+	} {
+		if _, err := js.CreateStream(context.Background(), sc); err != nil {
+			t.Fatalf("create %s: %v", sc.Name, err)
+		}
+	}
+	natstest.PublishAll(t, js, []*nats.Msg{{Subject: "events.k1", Data: []byte("x")}})
+	stored := natstest.ReadAll(t, js, "IN")[0].Subject
+	if !strings.HasSuffix(stored, ".events.k1") {
+		t.Fatalf("stored on %q, want a partition token first", stored)
+	}
+	in := deadletter.Input{Reason: deadletter.ReasonOutputRejected, Subject: stored, Stream: "IN", Sequence: 1, Data: []byte("x")}
+	if _, err := js.PublishMsg(context.Background(), deadletter.Build(in, "dlq.output_rejected", 1<<20, deadletter.OmittedTooLarge)); err != nil {
+		t.Fatal(err)
+	}
+	sum := run(t, js, opts(nil))
+	if sum.Republished != 1 || sum.Results[0].Subject != "events.k1" {
+		t.Fatalf("summary %+v, want one copy published on events.k1", sum)
+	}
+	if got := copies(t, js); len(got) != 1 || got[0].Subject != stored {
+		t.Errorf("copies %v, want one stored on %q", got, stored)
+	}
+}
