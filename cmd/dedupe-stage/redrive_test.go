@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,10 +178,18 @@ func TestRedriveExitCodes(t *testing.T) {
 	}
 }
 
-// TestRedriveKilledMidwayDoesNotDouble SIGKILLs a redrive while it
-// publishes, so that a copy may be stored without its mark, and runs it
-// again: every dead letter ends with exactly one copy in the input stream.
-func TestRedriveKilledMidwayDoesNotDouble(t *testing.T) {
+// TestRedriveStoppedMidwayDoesNotDouble stops a redrive while it
+// publishes and runs it again: every dead letter ends with exactly one
+// copy in the input stream. SIGKILL may leave a copy stored without its
+// mark, which the input stream's duplicate window then drops; SIGINT ends
+// the run after the copy in hand is marked, with exit 1 and the summary.
+func TestRedriveStoppedMidwayDoesNotDouble(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) { redriveStoppedMidway(t, sig) })
+	}
+}
+
+func redriveStoppedMidway(t *testing.T, sig syscall.Signal) {
 	const n = 5000
 	srv := natstest.RunServer(t, "")
 	url := srv.ClientURL()
@@ -209,22 +218,29 @@ func TestRedriveKilledMidwayDoesNotDouble(t *testing.T) {
 	p := spawn(t, nil, append([]string{"redrive"}, args...)...)
 	natstest.WaitFor(t, 60*time.Second, "a tenth of the copies", func() bool { return streamMsgs(t, js, "EVENTS") >= n+n/10 })
 	if !p.Running() {
-		t.Fatalf("redrive finished before it could be killed: %v\n%s", p.Err(), p.LogTail(2000))
+		t.Fatalf("redrive finished before it could be stopped: %v\n%s", p.Err(), p.LogTail(2000))
 	}
-	p.Kill()
-	killedAt := streamMsgs(t, js, "EVENTS") - n
-	if killedAt >= n {
-		t.Fatalf("all %d copies were stored before the kill", n)
+	p.signal(t, sig)
+	code := p.waitExit(t, 30*time.Second)
+	stopped := streamMsgs(t, js, "EVENTS") - n
+	if stopped >= n {
+		t.Fatalf("all %d copies were stored before the signal", n)
+	}
+	if sig == syscall.SIGINT && (code != 1 || !strings.Contains(p.Log(), "interrupted") || !strings.Contains(p.Log(), "republished")) {
+		t.Errorf("after SIGINT: exit %d, want 1 with the summary and why:\n%s", code, p.LogTail(1000))
 	}
 
 	code, sum := redriveJSON(t, args...)
-	if code != 0 || sum.Selected != n || sum.Republished+sum.AlreadyRedriven != n || sum.AlreadyRedriven < int(killedAt) {
-		t.Fatalf("the run after the kill (at %d copies): exit %d, selected %d, republished %d, already %d; want all %d, at least %d already",
-			killedAt, code, sum.Selected, sum.Republished, sum.AlreadyRedriven, n, killedAt)
+	if code != 0 || sum.Selected != n || sum.Republished+sum.AlreadyRedriven != n || sum.AlreadyRedriven < int(stopped) {
+		t.Fatalf("the run after the stop (%v, at %d copies): exit %d, selected %d, republished %d, already %d; want all %d, at least %d already",
+			sig, stopped, code, sum.Selected, sum.Republished, sum.AlreadyRedriven, n, stopped)
 	}
 	for _, r := range sum.Results {
 		if r.Outcome == redrive.AlreadyRedriven && strings.Contains(r.Detail, "duplicate window") {
-			t.Logf("dead letter %d: its copy was stored without its mark before the kill: %s", r.Seq, r.Detail)
+			if sig == syscall.SIGINT {
+				t.Errorf("dead letter %d: SIGINT left its copy without its mark", r.Seq)
+			}
+			t.Logf("dead letter %d: its copy was stored without its mark before the stop (%v): %s", r.Seq, sig, r.Detail)
 		}
 	}
 	per := map[string]int{}
