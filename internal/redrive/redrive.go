@@ -445,16 +445,7 @@ func (r *run) redrive(ctx context.Context, seq uint64, h nats.Header, data []byt
 		res.Outcome = WouldRepublish
 		return res, nil
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.o.PublishTimeout)
-	defer cancel()
-	var ack *jetstream.PubAck
-	err = retry.Do(pctx, "redrive", func() error {
-		actx, cancel := context.WithTimeout(pctx, attemptTimeout)
-		defer cancel()
-		var err error
-		ack, err = r.js.PublishMsg(actx, msg)
-		return err
-	}, retry.Options{})
+	ack, err := r.publish(ctx, msg)
 	switch {
 	case retry.IsPermanent(err):
 		res.Outcome, res.Refusal, res.Detail = Refused, RefusedRejected, deadletter.Describe(err)
@@ -483,6 +474,22 @@ func (r *run) redrive(ctx context.Context, seq uint64, h nats.Header, data []byt
 		return res, fmt.Errorf("mark dead letter %d republished (as %s %d): %w", seq, ack.Stream, ack.Sequence, err)
 	}
 	return res, nil
+}
+
+// publish publishes msg and waits for the stream to store it, retrying
+// transient failures for up to PublishTimeout.
+func (r *run) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.o.PublishTimeout)
+	defer cancel()
+	var ack *jetstream.PubAck
+	err := retry.Do(ctx, "redrive", func() error {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		defer cancel()
+		var err error
+		ack, err = r.js.PublishMsg(actx, msg)
+		return err
+	}, retry.Options{})
+	return ack, err
 }
 
 // Copy returns the copy of dead letter seq of stream, with headers h and
