@@ -10,6 +10,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
@@ -17,7 +20,7 @@ import (
 )
 
 // Exit codes of check-config (configs/README.md, "Checking against the
-// server"). Every other command exits 0 or 1.
+// server"), and of redrive. status has its own; every other command exits 0 or 1.
 const (
 	exitFindings = 1 // the configuration is invalid, or the server has what stops run
 	exitUsage    = 2 // unknown flag, argument, or --connect without a server URL
@@ -79,24 +82,13 @@ func checkConnect(l loaded, asJSON bool, stdout, stderr io.Writer) (err error) {
 	cfg := l.cfg
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
-	if cfg.NATS.IsEmbedded() {
-		return &exitError{exitUsage, errors.New("check-config --connect checks a server, and none is given (the embedded server lives inside run); give -s/--server, $NATS_URL or --context")}
-	}
-	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
-	nc, err := boot.Connect(cfg.NATS, nil, log)
-	if err != nil {
-		return &exitError{exitConnect, err}
-	}
-	defer nc.Close()
-	js, err := cfg.NATS.NewJetStream(nc)
-	if err != nil {
-		return &exitError{exitConnect, fmt.Errorf("jetstream: %w", err)}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
 	defer cancel()
-	if _, err := js.AccountInfo(ctx); err != nil {
-		return &exitError{exitConnect, fmt.Errorf("JetStream at %s does not answer: %w", nc.ConnectedUrlRedacted(), err)}
+	nc, js, err := connectServer(ctx, cfg, "check-config --connect checks a server", stderr)
+	if err != nil {
+		return err
 	}
+	defer nc.Close()
 	fs, err := stage.Check(ctx, js, cfg)
 	if err != nil {
 		return err
@@ -123,6 +115,31 @@ func checkConnect(l loaded, asJSON bool, stdout, stderr io.Writer) (err error) {
 		return &exitError{exitFindings, fmt.Errorf("%d of the findings would stop run", n)}
 	}
 	return nil
+}
+
+// connectServer connects as run does, for a command that needs a server
+// (what says so in the error), and checks that its JetStream answers. Its
+// errors carry the exit status: exitUsage when no server is configured,
+// exitConnect when it or its JetStream does not answer.
+func connectServer(ctx context.Context, cfg config.Config, what string, stderr io.Writer) (*nats.Conn, jetstream.JetStream, error) {
+	if cfg.NATS.IsEmbedded() {
+		return nil, nil, &exitError{exitUsage, errors.New(what + ", and none is given (the embedded server lives inside run); give -s/--server, $NATS_URL or --context")}
+	}
+	log := slog.New(cfg.Redactor().Handler(newLogger(cfg.Log, stderr).Handler()))
+	nc, err := boot.Connect(cfg.NATS, nil, log)
+	if err != nil {
+		return nil, nil, &exitError{exitConnect, err}
+	}
+	js, err := cfg.NATS.NewJetStream(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, &exitError{exitConnect, fmt.Errorf("jetstream: %w", err)}
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		nc.Close()
+		return nil, nil, &exitError{exitConnect, fmt.Errorf("JetStream at %s does not answer: %w", nc.ConnectedUrlRedacted(), err)}
+	}
+	return nc, js, nil
 }
 
 // printFindings prints the configuration and the findings for a reader.

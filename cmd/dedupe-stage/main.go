@@ -7,6 +7,7 @@
 //	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the running stage
 //	dedupe-stage healthcheck [--config FILE]            exit 0 when the running stage reports healthy
 //	dedupe-stage status [--config FILE] [--json] [flags] who owns each partition and how far behind it is, read from the cluster
+//	dedupe-stage redrive [--config FILE] [--reason R] [--dry-run] [flags]   publish dead letters again to their input subjects
 //	dedupe-stage version
 package main
 
@@ -49,6 +50,11 @@ Usage:
   dedupe-stage status [--config FILE] [--json] [flags]
                                                   read from the cluster (no instance needs to run): each partition's
                                                   state, owner, backlog and fence; exit 0 OK, 2 input stalled, 3 unknown
+  dedupe-stage redrive [--config FILE] [--reason R] [--since T] [--until T] [--from-seq N] [--to-seq N]
+                       [--limit N] [--dry-run] [--json] [flags]
+                                                  publish the selected dead letters again to the input subjects they
+                                                  came from, once each however often it is run; exit 0 all done,
+                                                  1 some refused, 2 usage, 3 no server
   dedupe-stage version
 
 The config file is --config FILE, else $DEDUPE_CONFIG; DEDUPE_* variables override it and flags
@@ -78,6 +84,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = healthcheckCmd(args[1:], stdout, stderr)
 	case "status":
 		return statusMain(args[1:], stdout, stderr)
+	case "redrive":
+		return redriveMain(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		ver, rev := binaryVersion()
 		fmt.Fprintf(stdout, "dedupe-stage %s (revision %s)\n", ver, rev)

@@ -43,6 +43,8 @@ const (
 	HeaderOriginalStream = "Dedupe-Original-Stream"
 	// HeaderOriginalSequence is the input's stream sequence, when known.
 	HeaderOriginalSequence = "Dedupe-Original-Sequence"
+	// HeaderOriginalMsgID is the input's Nats-Msg-Id, when it had one: the dead letter's own Nats-Msg-Id is MsgID, and a redrive restores this one.
+	HeaderOriginalMsgID = "Dedupe-Original-Msg-Id"
 	// HeaderPayloadOmitted says the payload was left out, its size and why.
 	HeaderPayloadOmitted = "Dedupe-Payload-Omitted"
 	// HeaderHeadersTruncated is set on a shrunk dead letter: how many of the input's headers it kept and how they were cut.
@@ -89,7 +91,7 @@ func MsgID(stream string, seq uint64) string {
 	return "dlq:" + stream + ":" + strconv.FormatUint(seq, 10)
 }
 
-// Build returns the dead letter of in on subject, with the input's headers but its Nats-* ones, and its payload if it fits maxPayload with the headers (pass 0 to leave it out), else HeaderPayloadOmitted with the size and note.
+// Build returns the dead letter of in on subject, with the input's headers but its Nats-* ones (its Nats-Msg-Id goes to HeaderOriginalMsgID), and its payload if it fits maxPayload with the headers (pass 0 to leave it out), else HeaderPayloadOmitted with the size and note.
 func Build(in Input, subject string, maxPayload int64, note string) *nats.Msg {
 	h := make(nats.Header, len(in.Header)+6)
 	for k, v := range in.Header {
@@ -98,6 +100,9 @@ func Build(in Input, subject string, maxPayload int64, note string) *nats.Msg {
 		}
 	}
 	mark(h, in, in.Detail)
+	if id := in.Header.Get(jetstream.MsgIDHeader); id != "" {
+		h.Set(HeaderOriginalMsgID, id)
+	}
 	data := in.Data
 	if room := maxPayload - int64(forward.HeaderSize(h)); int64(len(data)) > room {
 		h.Set(HeaderPayloadOmitted, omitted(len(data), note))
@@ -110,6 +115,9 @@ func Build(in Input, subject string, maxPayload int64, note string) *nats.Msg {
 func Shrink(in Input, subject string) *nats.Msg {
 	h := make(nats.Header)
 	mark(h, in, cut(in.Detail, ShrunkValueMax))
+	if id := in.Header.Get(jetstream.MsgIDHeader); id != "" {
+		h.Set(HeaderOriginalMsgID, cut(id, ShrunkValueMax))
+	}
 	h.Set(HeaderPayloadOmitted, omitted(len(in.Data), OmittedRefused))
 	names := make([]string, 0, len(in.Header))
 	for k := range in.Header {

@@ -46,6 +46,7 @@ func TestWireNames(t *testing.T) {
 		deadletter.HeaderOriginalSequence: "Dedupe-Original-Sequence",
 		deadletter.HeaderPayloadOmitted:   "Dedupe-Payload-Omitted",
 		deadletter.HeaderHeadersTruncated: "Dedupe-Headers-Truncated",
+		deadletter.HeaderOriginalMsgID:    "Dedupe-Original-Msg-Id",
 		deadletter.MsgID("IN", 42):        "dlq:IN:42",
 	} {
 		if got != want {
@@ -80,6 +81,7 @@ func TestBuild(t *testing.T) {
 		deadletter.HeaderOriginalStream:   "IN",
 		deadletter.HeaderOriginalSequence: "42",
 		jetstream.MsgIDHeader:             "dlq:IN:42",
+		deadletter.HeaderOriginalMsgID:    "publisher-id",
 		"X-Trace":                         "t1",
 	}
 	for k, v := range want {

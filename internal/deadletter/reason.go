@@ -2,6 +2,8 @@ package deadletter
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
@@ -78,4 +80,28 @@ func KeyReason(err error, fallback Reason) (Reason, string) {
 		return Reason(ke.Reason), ke.Detail
 	}
 	return fallback, err.Error()
+}
+
+// Reasons returns every Reason, in the order of docs/failures.md's groups: key, stage, totals, route step.
+func Reasons() []Reason {
+	return []Reason{
+		ReasonNoKey, ReasonBadPayload, ReasonBadKeyType, ReasonBadKey, ReasonNoScope, ReasonBadScope, ReasonKeyTooLong,
+		ReasonOversized, ReasonMaxDeliver, ReasonFingerprintMismatch, ReasonOutputRejected, ReasonStateRejected, ReasonNotRouted,
+		ReasonNoGroup, ReasonBadGroup, ReasonBadTime, ReasonBadValue, ReasonClosedBucket, ReasonFutureTime,
+		ReasonRoutedRejected, ReasonNoPartitionKey, ReasonNoMetadata,
+	}
+}
+
+// ParseReason returns the Reason named s, or an error listing the reasons.
+func ParseReason(s string) (Reason, error) {
+	for _, r := range Reasons() {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	names := make([]string, 0, len(Reasons()))
+	for _, r := range Reasons() {
+		names = append(names, string(r))
+	}
+	return "", fmt.Errorf("unknown dead-letter reason %q, want one of %s", s, strings.Join(names, ", "))
 }
