@@ -644,6 +644,7 @@ func keysFor(prefix string, n int) []string {
 // exits cleanly, and a new container on the same data volume forwards what
 // was left and recognises every copy published again.
 func TestContainer(t *testing.T) {
+	t.Parallel()
 	needDocker(t)
 	began := time.Now()
 	e := newEnv(t)
@@ -856,6 +857,7 @@ func (e *env) balance(stages []stage) []string {
 // (SIGTERM: it gives its partitions back) and the other takes every
 // partition and forwards a third batch once.
 func TestContainerScaleOut(t *testing.T) {
+	t.Parallel()
 	needDocker(t)
 	tool := composeTool(t)
 	if tool == nil {

@@ -55,6 +55,7 @@ func testSeed(t *testing.T) uint64 {
 // left to drain judges every delivery once and decides new exactly the keys
 // the output gained plus those re-publishes.
 func TestKill9AtRandomMoments(t *testing.T) {
+	t.Parallel()
 	const (
 		preloadKeys = 400_000
 		mainEvents  = 16_000

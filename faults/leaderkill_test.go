@@ -171,6 +171,7 @@ func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout t
 // and the landed check could ask such a replica
 // (TestFencedBatchLandedWithoutAnswer).
 func TestScaleOutLeaderKills(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))

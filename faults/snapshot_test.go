@@ -58,6 +58,7 @@ func stopClean(tb testing.TB, p *process) {
 // forwards nothing: each is judged a repeat by the stage itself, not
 // dropped by the output stream's duplicate window.
 func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
+	t.Parallel()
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	srv := startNATS(t)

@@ -103,6 +103,7 @@ func statusJSON(tb testing.TB, path string) (statusReport, int) {
 // the partition's last takeover when that took longer),
 // naming the partitions and how long, in the table and in --json.
 func TestStatusAsACheck(t *testing.T) {
+	t.Parallel()
 	cl := natstest.StartCluster(t, 3)
 	var stages []*stage
 	for i := range 2 {
