@@ -63,6 +63,10 @@ func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 5))
 	srv := startNATS(t)
 	cfg := defaultStageConfig(t, srv.URL())
+	// Every run ends with a clean stop, so nothing waits on a redelivery;
+	// a 10s AckWait keeps a slow ack on a loaded machine from being
+	// redelivered and judged twice, which the count of repeats would see.
+	cfg.AckWait = 10 * time.Second
 	js := publisherJS(t, srv.URL())
 	s := newStage(t, cfg)
 	w := newWorkload(seed, "snap", cfg.MaxMessageBytes)
