@@ -78,13 +78,19 @@ func runStatus(tb testing.TB, path string, asJSON bool) (stdout, stderr string, 
 }
 
 // statusJSON runs `status --json` and decodes it; the exit code must
-// agree with the report's health (0 ok, 2 critical).
+// agree with the report's health (0 ok, 2 critical). An UNKNOWN is run
+// again, for up to 30s (see tryStatusJSON).
 func statusJSON(tb testing.TB, path string) (statusReport, int) {
 	tb.Helper()
-	r, code, err := tryStatusJSON(tb, path)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	var (
+		r    statusReport
+		code int
+	)
+	natstest.Poll(tb, 30*time.Second, 200*time.Millisecond, "status --json to answer", func() (bool, error) {
+		var err error
+		r, code, err = tryStatusJSON(tb, path)
+		return err == nil, err
+	})
 	return r, code
 }
 
