@@ -644,6 +644,7 @@ func keysFor(prefix string, n int) []string {
 // exits cleanly, and a new container on the same data volume forwards what
 // was left and recognises every copy published again.
 func TestContainer(t *testing.T) {
+	t.Parallel()
 	needDocker(t)
 	began := time.Now()
 	e := newEnv(t)
@@ -850,6 +851,7 @@ func (e *env) balance(stages []stage) []string {
 // container, then stops a stage cleanly: each batch of keys is forwarded
 // once, and the last instance takes every partition.
 func TestContainerScaleOut(t *testing.T) {
+	t.Parallel()
 	needDocker(t)
 	tool := composeTool(t)
 	if tool == nil {

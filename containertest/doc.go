@@ -24,5 +24,8 @@
 // describes every metric and no other. Tests that need promtool
 // (Debian package prometheus) are skipped, saying why, without it.
 //
+// TestContainer and TestContainerScaleOut run in parallel, each on its own
+// network and volume with ports Docker picks, sharing the images.
+//
 // The package holds tests only.
 package containertest

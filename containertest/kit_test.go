@@ -86,7 +86,7 @@ func definedMetrics(t testing.TB, globs ...string) map[string]string {
 // non-test Go files.
 func allDefinedMetrics(t testing.TB) map[string]string {
 	t.Helper()
-	return definedMetrics(t, "*/*.go", "*/*/*.go")
+	return definedMetrics(t, "*/*.go", "*/*/*.go", "*/*/*/*.go")
 }
 
 // baseName strips the series suffixes a histogram or summary adds.

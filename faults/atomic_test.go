@@ -25,6 +25,7 @@ const logAtomicRefused = `"msg":"output refused an atomic batch; publishing its 
 // kills); it fails if none landed there. At the end every key is in the
 // output exactly once and the dead letters are exactly the bad inputs.
 func TestKillBetweenAtomicPublishAndCommit(t *testing.T) {
+	t.Parallel()
 	const (
 		events   = 12_000
 		rate     = 1_000 // inputs per second

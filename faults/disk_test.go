@@ -75,6 +75,7 @@ func fillDisk(t *testing.T, path string) int64 {
 // the order is publish, commit, ack), and once the space is freed, record
 // and acknowledge everything. Every key ends in the output exactly once.
 func TestDataDirFull(t *testing.T) {
+	t.Parallel()
 	seed := testSeed(t)
 	disk := smallDisk(t, "128m")
 	srv := startNATS(t)

@@ -33,6 +33,12 @@
 //   - TestStatusAsACheck: dedupe-stage status on an idle, a drained and a
 //     stalled group, and its exit codes.
 //
+// Every test but TestScaleOutGroupStart runs in parallel with the others
+// (each has its own servers, ports and directories, and waits on its own
+// processes; what they assert are counts, not times). TestScaleOutGroupStart
+// bounds times, so it runs alone: go test runs it before the parallel ones,
+// and .ci/test runs it on its own once every other test has finished.
+//
 // docs/faults.md tabulates what the stage did and how to reproduce each.
 // The package has no code outside its tests.
 package faults

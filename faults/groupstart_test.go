@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +20,7 @@ import (
 )
 
 // groupStartRounds is how many fresh clusters TestScaleOutGroupStart starts
-// a group on.
+// a group on, unless DEDUPE_FAULTS_GROUPSTART_ROUNDS says another count.
 const groupStartRounds = 10
 
 // groupStartBound is how long after the last instance of a group is ready
@@ -38,14 +39,23 @@ const groupStartReady = 4 * time.Second
 // TestScaleOutGroupStart starts three instances of a group at the same
 // moment on a fresh 3-node cluster (R3 streams, the buckets and streams
 // created by the instances at once) with input waiting in every
-// partition, round after round: every instance is ready within
+// partition, round after round (groupStartRounds): every instance is ready within
 // groupStartReady, every partition is taken within groupStartBound of the
 // last instance being ready, and no instance exits.
 // It logs the time from the start to the first forwarded message of each
 // round, and their median and maximum.
 func TestScaleOutGroupStart(t *testing.T) {
+	rounds := groupStartRounds
+	if v := os.Getenv("DEDUPE_FAULTS_GROUPSTART_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("DEDUPE_FAULTS_GROUPSTART_ROUNDS=%q: want a count of at least 1", v)
+		}
+		rounds = n
+	}
+	t.Logf("%d rounds (%d by default; DEDUPE_FAULTS_GROUPSTART_ROUNDS sets another count)", rounds, groupStartRounds)
 	var firsts []time.Duration
-	for round := range groupStartRounds {
+	for round := range rounds {
 		t.Run("round"+strconv.Itoa(round), func(t *testing.T) {
 			firsts = append(firsts, groupStartRound(t, round))
 		})

@@ -43,6 +43,7 @@ func testSeed(t *testing.T) uint64 {
 // key is in the output once and the dead letters are exactly the bad
 // inputs. docs/faults.md gives the workload and what else is checked.
 func TestKill9AtRandomMoments(t *testing.T) {
+	t.Parallel()
 	const (
 		preloadKeys = 400_000
 		mainEvents  = 16_000

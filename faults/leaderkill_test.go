@@ -158,6 +158,7 @@ func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout t
 // output once and the dead letters are the bad inputs once each. The bugs
 // it found and their own tests are in docs/faults.md and docs/failures.md.
 func TestScaleOutLeaderKills(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, seed>>1))

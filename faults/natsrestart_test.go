@@ -17,6 +17,7 @@ import (
 // key is in the output exactly once and the dead letters are exactly the
 // bad inputs.
 func TestNATSServerRestart(t *testing.T) {
+	t.Parallel()
 	seed := testSeed(t)
 	srv := startNATS(t)
 	cfg := defaultStageConfig(t, srv.URL())

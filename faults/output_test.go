@@ -76,6 +76,7 @@ func checkNothingAckedUnforwarded(t *testing.T, js jetstream.JetStream, events [
 // batches in flight. Once accepted again, /healthz recovers and every key
 // is in the output exactly once.
 func TestOutputRefusesPublishes(t *testing.T) {
+	t.Parallel()
 	seed := testSeed(t)
 	srv := startNATS(t)
 	cfg := defaultStageConfig(t, srv.URL())

@@ -283,6 +283,7 @@ func lateCopiesThenCheck(t *testing.T, js jetstream.JetStream, w *workload, part
 // inputs, and every total ends equal to the number of keys of its group
 // and minute, however often its partition moved.
 func TestScaleOutKillAddStop(t *testing.T) {
+	t.Parallel()
 	w := newWorkload(61, "so", 4096)
 	_, stages, js := scaleOutGroup(t, 3, w, totalsExtra)
 
@@ -367,6 +368,7 @@ func checkTotals(t *testing.T, js jetstream.JetStream, want map[string]int64, ti
 // judgement and its publish proves nothing about the fence, so the pause is
 // tried up to three times until the resumed instance counts a refusal.
 func TestScaleOutZombieFenced(t *testing.T) {
+	t.Parallel()
 	w := newWorkload(62, "zombie", 4096)
 	cl, ab, js := scaleOutGroup(t, 1, w, "")
 	a := ab[0]
@@ -414,6 +416,7 @@ func TestScaleOutZombieFenced(t *testing.T) {
 // TestScaleOutNodeRestart stops one node of the cluster mid-run and starts
 // it again while two instances work: nothing is lost, nothing doubled.
 func TestScaleOutNodeRestart(t *testing.T) {
+	t.Parallel()
 	w := newWorkload(63, "node", 4096)
 	cl, stages, js := scaleOutGroup(t, 2, w, "")
 

@@ -58,10 +58,15 @@ func stopClean(tb testing.TB, p *process) {
 // forwards nothing: each is judged a repeat by the stage itself, not
 // dropped by the output stream's duplicate window.
 func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
+	t.Parallel()
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	srv := startNATS(t)
 	cfg := defaultStageConfig(t, srv.URL())
+	// Every run ends with a clean stop, so nothing waits on a redelivery;
+	// a 10s AckWait keeps a slow ack on a loaded machine from being
+	// redelivered and judged twice, which the count of repeats would see.
+	cfg.AckWait = 10 * time.Second
 	js := publisherJS(t, srv.URL())
 	s := newStage(t, cfg)
 	w := newWorkload(seed, "snap", cfg.MaxMessageBytes)

@@ -78,10 +78,31 @@ func runStatus(tb testing.TB, path string, asJSON bool) (stdout, stderr string, 
 }
 
 // statusJSON runs `status --json` and decodes it; the exit code must
-// agree with the report's health (0 ok, 2 critical).
+// agree with the report's health (0 ok, 2 critical). An UNKNOWN is run
+// again, for up to 30s (see tryStatusJSON).
 func statusJSON(tb testing.TB, path string) (statusReport, int) {
 	tb.Helper()
+	var (
+		r    statusReport
+		code int
+	)
+	natstest.Poll(tb, 30*time.Second, 200*time.Millisecond, "status --json to answer", func() (bool, error) {
+		var err error
+		r, code, err = tryStatusJSON(tb, path)
+		return err == nil, err
+	})
+	return r, code
+}
+
+// tryStatusJSON is statusJSON for a poll: an UNKNOWN (exit 3, the cluster
+// did not answer within status's deadline, as on a loaded machine) is an
+// error to poll again after, not a failure.
+func tryStatusJSON(tb testing.TB, path string) (statusReport, int, error) {
+	tb.Helper()
 	stdout, stderr, code := runStatus(tb, path, true)
+	if code == 3 {
+		return statusReport{}, code, fmt.Errorf("status --json exited 3 (unknown): %s", strings.TrimSpace(stderr))
+	}
 	var r statusReport
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
 		tb.Fatalf("status --json (exit %d): %v\n%s%s", code, err, stdout, stderr)
@@ -89,7 +110,7 @@ func statusJSON(tb testing.TB, path string) (statusReport, int) {
 	if want := map[string]int{"ok": 0, "critical": 2}[r.Health]; code != want || (code == 2) != (len(r.Stalled) > 0) {
 		tb.Fatalf("status --json exited %d with health %q and partitions %v stalled\n%s", code, r.Health, r.Stalled, stderr)
 	}
-	return r, code
+	return r, code, nil
 }
 
 // TestStatusAsACheck runs `dedupe-stage status` as a monitoring check on two
@@ -98,6 +119,7 @@ func statusJSON(tb testing.TB, path string) (statusReport, int) {
 // waited without an owner past the hand-over time (ack_wait 2s + restart
 // margin 1s, or the last takeover when that took longer).
 func TestStatusAsACheck(t *testing.T) {
+	t.Parallel()
 	cl := natstest.StartCluster(t, 3)
 	var stages []*stage
 	for i := range 2 {
@@ -131,7 +153,10 @@ func TestStatusAsACheck(t *testing.T) {
 	js := publisherJS(t, cl.URLs())
 	publishKeys(t, js, "first", 50)
 	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "status to show every partition drained", func() (bool, error) {
-		r, _ = statusJSON(t, path)
+		var err error
+		if r, _, err = tryStatusJSON(t, path); err != nil {
+			return false, err
+		}
 		for _, p := range r.Partitions {
 			if p.Consumer.Pending != 0 || p.Consumer.AckPending != 0 {
 				return false, nil
@@ -156,13 +181,15 @@ func TestStatusAsACheck(t *testing.T) {
 		s.last().signal(t, syscall.SIGTERM, 30*time.Second)
 	}
 	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "status to show every partition idle", func() (bool, error) {
-		r, _ = statusJSON(t, path)
-		return r.states()["idle"] == 8, nil
+		var err error
+		r, _, err = tryStatusJSON(t, path)
+		return err == nil && r.states()["idle"] == 8, err
 	})
 	publishKeys(t, js, "late", 40)
 	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "status to exit 2", func() (bool, error) {
-		r, code = statusJSON(t, path)
-		return code == 2, nil
+		var err error
+		r, code, err = tryStatusJSON(t, path)
+		return err == nil && code == 2, err
 	})
 	table, stderr, code = runStatus(t, path, false)
 	t.Logf("status with input stalled:\n%s%s", table, stderr)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/gobuild"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/sink"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -446,14 +447,14 @@ func preloadedKey(prefix string, i int) string { return fmt.Sprintf("%s-preloade
 //
 // The keys are written by this test binary built without the race detector
 // and run as a helper process (see TestMain): under the race detector,
-// Badger writes ten times slower.
+// Badger writes ten times slower. It is built with the binaries' flags, so
+// that it shares their packages in the build cache.
 func preload(tb testing.TB, cfg stageConfig, w *workload, n int) {
 	tb.Helper()
 	helperOnce.Do(func() {
 		helperBin = filepath.Join(filepath.Dir(stageBin), "faults-helper.test")
-		out, err := exec.Command("go", "test", "-c", "-o", helperBin, ".").CombinedOutput()
-		if err != nil {
-			helperErr = fmt.Errorf("building the preload helper: %v\n%s", err, out)
+		if err := gobuild.TestBinary(context.Background(), helperBin, "."); err != nil {
+			helperErr = fmt.Errorf("building the preload helper: %w", err)
 		}
 	})
 	if helperErr != nil {

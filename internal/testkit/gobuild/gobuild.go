@@ -25,3 +25,18 @@ func Binary(ctx context.Context, out, pkg string) error {
 	}
 	return nil
 }
+
+// TestBinary compiles the tests of the package in dir (without the race
+// detector) into out, with the same flags as Binary, so that the packages
+// it shares with the binaries come from the same cache entries, and
+// without go vet's checks, which the package's own test run makes. The go
+// command's output goes to stderr.
+func TestBinary(ctx context.Context, out, dir string) error {
+	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-vet=off", "-trimpath", "-o", out, dir)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go test -c %s: %w", dir, err)
+	}
+	return nil
+}
