@@ -18,8 +18,8 @@ const scanCheckEvery = 4096
 // record the partition's changelog holds up to the cursor, since a claim
 // and its cursor are committed together, the cursor last. Records come in key order, expired
 // ones (past their Badger TTL) left out; a record logically outside the
-// window may still come. The key passed to fn is valid only during the
-// call.
+// window may still come; forgotten ones (Forget) do not. The key passed to
+// fn is valid only during the call.
 //
 // It does not hold the partition's lock while it reads: claims go on
 // beside it and are not in the view. A record that cannot be decoded ends
@@ -59,6 +59,9 @@ func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) e
 			return derr
 		}); err != nil {
 			return p.wrap(fmt.Errorf("scan: key %q: %w", key, err))
+		}
+		if !rec.Forgotten.IsZero() {
+			return nil // holds nothing a snapshot should carry
 		}
 		return fn(key, rec)
 	})
