@@ -7,8 +7,8 @@ import (
 )
 
 // Forget makes key's next copy New: it marks the key's record forgotten at
-// the clock's now, and returns the record as it was and whether it held
-// the key (an unexpired record not forgotten before). A key not held is
+// the clock's now, and returns the key's record (marked, when held) and
+// whether it held the key (an unexpired record not forgotten before). A key not held is
 // left as it is, so Forget is idempotent.
 //
 // The forgotten record stays, with its FirstSeen, until its Badger TTL
@@ -42,5 +42,5 @@ func (p *Partition) Forget(key []byte) (rec Record, held bool, err error) {
 		return Record{}, false, p.wrap(fmt.Errorf("forget key %q: %w", key, err))
 	}
 	p.commits++
-	return rec, true, nil
+	return forgotten, true, nil
 }

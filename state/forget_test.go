@@ -27,11 +27,11 @@ func TestForget(t *testing.T) {
 			t.Fatal(err)
 		}
 		clock.Advance(time.Minute)
-		rec, held, err := p.Forget(key)
-		if err != nil || !held || !rec.FirstSeen.Equal(first) || rec.Fingerprint != 7 {
-			t.Fatalf("Forget = %+v, held %v, %v; want the record first seen at %v, held", rec, held, err, first)
-		}
 		forgotten := clock.Now()
+		rec, held, err := p.Forget(key)
+		if err != nil || !held || !rec.FirstSeen.Equal(first) || rec.Fingerprint != 7 || !rec.Forgotten.Equal(forgotten) {
+			t.Fatalf("Forget = %+v, held %v, %v; want the record first seen at %v, forgotten at %v, held", rec, held, err, first, forgotten)
+		}
 		for _, k := range []string{"order-1", "never-seen"} {
 			if _, held, err := p.Forget([]byte(k)); err != nil || held {
 				t.Errorf("Forget(%s) again = held %v, %v; want not held", k, held, err)
