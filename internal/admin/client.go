@@ -109,14 +109,13 @@ func (c Client) scatter(ctx context.Context, endpoint string, data []byte, take 
 	answers := 0
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			if answers > 0 {
-				return fmt.Errorf("admin: %s: %w", subject, err)
-			}
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return fmt.Errorf("%w on %s: nothing subscribes to it (is the stage running with the admin service on, with this admin.subject?)", ErrNoAnswer, subject)
+		case err != nil && answers > 0:
+			return fmt.Errorf("admin: %s: %w", subject, err)
+		case err != nil:
 			return c.noAnswer(subject, timeout)
-		}
-		if m.Header.Get("Status") == "503" && len(m.Data) == 0 {
-			return c.noAnswer(subject, timeout) // no responders
 		}
 		if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
 			return fmt.Errorf("admin: %s: %s (%s)", subject, m.Header.Get(micro.ErrorHeader), code)
