@@ -43,7 +43,7 @@ func (c Client) Inspect(ctx context.Context, key string) (InspectReply, error) {
 		if err := json.Unmarshal(data, &r); err != nil {
 			return false, fmt.Errorf("admin: inspect: bad answer: %w", err)
 		}
-		if !got || (r.Found && !best.Found) {
+		if !got || r.Owner || (r.Found && !best.Found) {
 			best, got = r, true
 		}
 		return r.Owner, nil
