@@ -52,7 +52,7 @@ type Forgot struct {
 	// changed.
 	Held bool `json:"held"`
 	// Partition is the key's partition, when Held.
-	Partition int `json:"partition"`
+	Partition *int `json:"partition,omitempty"`
 	// FirstSeen is when the forgotten record's key was first seen, when
 	// Held.
 	FirstSeen *time.Time `json:"first_seen,omitempty"`
@@ -91,7 +91,7 @@ func (s *Stage) Forget(ctx context.Context, key string) (Forgot, error) {
 		}
 		if held {
 			first := rec.FirstSeen.UTC()
-			out.Held, out.Partition, out.FirstSeen, out.Applied = true, p, &first, rec.Forgotten.UTC()
+			out.Held, out.Partition, out.FirstSeen, out.Applied = true, &p, &first, rec.Forgotten.UTC()
 			s.log.Info("key forgotten by an operator; its next copy is forwarded", "key", key, "partition", p, "first_seen", first)
 			return out, nil
 		}
