@@ -78,6 +78,7 @@ type Config struct {
 	Log        Log            `yaml:"log"`
 	Totals     Totals         `yaml:"totals"`
 	ScaleOut   ScaleOut       `yaml:"scale_out"`
+	Admin      Admin          `yaml:"admin"`
 }
 
 // NATS says which NATS server to use and how to authenticate.

@@ -87,6 +87,7 @@ func (c Config) Validate() error {
 	c.validatePipeline(v)
 	c.validateTotals(v)
 	c.validateScaleOut(v)
+	c.validateAdmin(v)
 	if a := c.HTTP.Addr; a != "" {
 		if msg := checkHostPort(a); msg != "" {
 			v.add("http.addr", "%q: %s", a, msg)

@@ -257,6 +257,13 @@ func (src *groupSource) maxEventTimeAhead() (time.Duration, bool) {
 // deadLetterFenced implements source (scaleout.Group.DeadLetterFenced).
 func (src *groupSource) deadLetterFenced(p int, pin string) { src.group.DeadLetterFenced(p, pin) }
 
+// holds implements source (scaleout.Group.Holds).
+func (src *groupSource) holds(p int) bool { return src.group.Holds(p) }
+
+// forgetRefused implements source: a group's forget needs a tombstone in
+// the partition's changelog, which is not built (docs/admin.md).
+func (*groupSource) forgetRefused() error { return ErrForgetInGroup }
+
 // scaleOutStreams changes the streams StreamsToCreate returns (input,
 // output, dead letter) for scale-out: scale_out.replicas each; the input
 // stream's subject transform puts the partition first

@@ -24,7 +24,10 @@ type Inspection struct {
 	LeavesAt     *time.Time `json:"leaves_window_at,omitempty"`
 	Age          string     `json:"age,omitempty"`
 	Fingerprint  string     `json:"fingerprint,omitempty"`
-	Window       string     `json:"window"`
+	// Forgotten is when an operator forgot the key (Stage.Forget): its
+	// next copy is forwarded, and InsideWindow is false.
+	Forgotten *time.Time `json:"forgotten_at,omitempty"`
+	Window    string     `json:"window"`
 }
 
 // Inspect tells whether key is inside the window, when it was first seen
@@ -52,7 +55,11 @@ func (st *Health) Inspect(key string) (Inspection, error) {
 		now := clock.Now()
 		first, leaves := rec.FirstSeen.UTC(), win.ExpiresAt(rec.FirstSeen).UTC()
 		in.Partition, in.FirstSeen, in.LeavesAt = p, &first, &leaves
-		in.InsideWindow = win.Inside(rec.FirstSeen, now)
+		in.InsideWindow = rec.Forgotten.IsZero() && win.Inside(rec.FirstSeen, now)
+		if !rec.Forgotten.IsZero() {
+			f := rec.Forgotten.UTC()
+			in.Forgotten = &f
+		}
 		in.Age = win.Age(rec.FirstSeen, now).Round(time.Millisecond).String()
 		in.Fingerprint = fmt.Sprintf("%016x", rec.Fingerprint)
 	}

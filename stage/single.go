@@ -140,3 +140,9 @@ func (*singleSource) maxEventTimeAhead() (time.Duration, bool) { return 0, false
 // deadLetterFenced implements source: dead letters are not fenced, so
 // none is refused for a fence.
 func (*singleSource) deadLetterFenced(int, string) {}
+
+// holds implements source: a single instance owns every partition.
+func (*singleSource) holds(int) bool { return true }
+
+// forgetRefused implements source: a single instance applies a forget.
+func (*singleSource) forgetRefused() error { return nil }

@@ -68,6 +68,13 @@ type source interface {
 	// deadLetterFenced handles dead letters the server refused because
 	// the dead-letter fence of partition p, taken under pin, moved.
 	deadLetterFenced(p int, pin string)
+	// holds reports whether this instance owns partition p now; p -1,
+	// the partition of a key no partition holds, is owned only by a
+	// single instance, which owns every partition.
+	holds(p int) bool
+	// forgetRefused returns why an operator's forget cannot be applied by
+	// this source, nil when it can.
+	forgetRefused() error
 }
 
 // sourceFor returns the source of cfg, not yet bound.

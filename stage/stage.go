@@ -84,6 +84,7 @@ type Stage struct {
 	outputBatches     *forward.Limiter // bounds the atomic batches open on the output stream
 
 	beforePublish func(partition, batchLen int) // test hook
+	turns         turns                         // a partition's batches and its operator actions, one at a time
 
 	running   atomic.Bool
 	closeOnce sync.Once
@@ -163,6 +164,7 @@ func newStage(opts Options) (*Stage, prometheus.Registerer) {
 	if s.shutdownTimeout <= 0 {
 		s.shutdownTimeout = DefaultShutdownTimeout
 	}
+	s.turns = newTurns(cfg.State.Partitions)
 	reg := opts.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()

@@ -18,6 +18,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -72,6 +73,7 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchMessages.Observe(float64(len(batch)))
 	w.lastSignal = time.Now()
+	defer s.turns.take(w.p.Index())() // an operator's forget waits for the batch
 	release, v := w.owner.Own(ctx, batch[len(batch)-1].pin, len(batch), func() { w.keepAlive(batch) })
 	defer release()
 	switch v {
@@ -150,7 +152,10 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 			forwarded = make([]outCopy, 0, len(batch)-i)
 		}
 		forwarded = append(forwarded, outCopy{})
-		m := s.outputMsg(it, id, &forwarded[len(forwarded)-1])
+		m := s.outputMsg(it, handover.ForwardID(id, res.Forgotten), &forwarded[len(forwarded)-1])
+		if !res.Forgotten.IsZero() {
+			handover.AnnotateForgotten(m.Header, res.Forgotten) // the first forward since a forget
+		}
 		w.owner.Annotate(m, it.inputSubject(), it.fp, it.tot, now)
 		if err := forward.CheckSize(m, maxPayload); err != nil {
 			w.deadLetter(it, deadletter.ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())

@@ -157,7 +157,7 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 		if err != nil {
 			return fmt.Errorf("claim %d: %w", i, err)
 		}
-		if ok && p.win.Inside(rec.FirstSeen, now) {
+		if ok && rec.holds(p.win, now) {
 			b.results[i] = ClaimResult{Existing: rec}
 			b.inBatch[string(c.Key)] = rec
 			return nil

@@ -26,6 +26,11 @@ type LookupResult struct {
 	// StoreRead is true when Badger was read: the filter said maybe, or
 	// there is no filter.
 	StoreRead bool
+	// Forgotten is when an operator forgot the key (Partition.Forget), when
+	// its forgotten record is still inside the window; zero otherwise. The
+	// key is then not Found, and its next forward needs an id of its own
+	// (the output's duplicate window may still hold the first).
+	Forgotten time.Time
 }
 
 // Stats are counters since Open. Lookup counters count Lookup calls only;
@@ -163,8 +168,12 @@ func (p *Partition) Lookup(key []byte) (LookupResult, error) {
 	if err != nil {
 		return res, p.wrap(err)
 	}
-	if ok && p.win.Inside(rec.FirstSeen, now) {
+	if ok && rec.holds(p.win, now) {
 		res.Found, res.Record = true, rec
+		return res, nil
+	}
+	if ok && !rec.Forgotten.IsZero() && p.win.Inside(rec.FirstSeen, now) {
+		res.Forgotten = rec.Forgotten
 		return res, nil
 	}
 	if p.filter != nil {

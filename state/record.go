@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // Errors returned by the package. Test with errors.Is; returned errors wrap
@@ -128,36 +130,65 @@ type Record struct {
 	// Fingerprint is the payload fingerprint given with the first claim; a
 	// later copy with another fingerprint is a copy that differs.
 	Fingerprint uint64
+	// Forgotten is when an operator forgot the key (Partition.Forget);
+	// zero when never. A forgotten record holds nothing: the key's next
+	// copy is New.
+	Forgotten time.Time
+}
+
+// holds reports whether r makes a copy of its key a repeat at now: it is
+// not forgotten and inside the window.
+func (r Record) holds(win window.Window, now time.Time) bool {
+	return r.Forgotten.IsZero() && win.Inside(r.FirstSeen, now)
 }
 
 const (
-	recordVersion = 1
-	recordLen     = 1 + 8 + 8
+	recordVersion    = 1
+	recordLen        = 1 + 8 + 8
+	forgottenVersion = 2
+	forgottenLen     = recordLen + 8
 )
 
 // encodeRecord encodes r as version byte 1, FirstSeen as Unix nanoseconds
-// (int64 big endian) and the fingerprint (uint64 big endian).
+// (int64 big endian) and the fingerprint (uint64 big endian); a forgotten
+// record as version byte 2 and the same fields followed by Forgotten in
+// Unix nanoseconds.
 func encodeRecord(r Record) []byte {
-	b := make([]byte, recordLen)
-	b[0] = recordVersion
+	n, v := recordLen, byte(recordVersion)
+	if !r.Forgotten.IsZero() {
+		n, v = forgottenLen, forgottenVersion
+	}
+	b := make([]byte, n)
+	b[0] = v
 	binary.BigEndian.PutUint64(b[1:9], uint64(r.FirstSeen.UnixNano()))
 	binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
+	if v == forgottenVersion {
+		binary.BigEndian.PutUint64(b[17:25], uint64(r.Forgotten.UnixNano()))
+	}
 	return b
 }
 
 // decodeRecord decodes a value written by encodeRecord. Any other length or
 // version is an error wrapping ErrCorruptRecord.
 func decodeRecord(b []byte) (Record, error) {
-	if len(b) != recordLen {
-		return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), recordLen)
+	want := recordLen
+	if len(b) > 0 && b[0] == forgottenVersion {
+		want = forgottenLen
 	}
-	if b[0] != recordVersion {
-		return Record{}, fmt.Errorf("%w: version %d, want %d", ErrCorruptRecord, b[0], recordVersion)
+	if len(b) != want {
+		return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), want)
 	}
-	return Record{
+	if b[0] != recordVersion && b[0] != forgottenVersion {
+		return Record{}, fmt.Errorf("%w: version %d, want %d or %d", ErrCorruptRecord, b[0], recordVersion, forgottenVersion)
+	}
+	r := Record{
 		FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
 		Fingerprint: binary.BigEndian.Uint64(b[9:17]),
-	}, nil
+	}
+	if b[0] == forgottenVersion {
+		r.Forgotten = time.Unix(0, int64(binary.BigEndian.Uint64(b[17:25])))
+	}
+	return r, nil
 }
 
 func checkKey(key []byte) error {

@@ -4,7 +4,8 @@
 //	dedupe-stage run [--config FILE] [flags]            run the stage (embedded nats-server unless a URL is given)
 //	dedupe-stage check-config [FILE] [run's flags]      validate what run would use, print it with the derived window and sizing
 //	dedupe-stage check-config --connect [--json] ...    also run run's start-up checks against the server, read only
-//	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the running stage
+//	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the stage's admin service
+//	dedupe-stage forget [--config FILE] KEY             make KEY's next copy be forwarded again
 //	dedupe-stage healthcheck [--config FILE]            exit 0 when the running stage reports healthy
 //	dedupe-stage status [--config FILE] [--json] [flags] who owns each partition and how far behind it is, read from the cluster
 //	dedupe-stage redrive [--config FILE] [--reason R] [--dry-run] [flags]   publish dead letters again to their input subjects
@@ -18,7 +19,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -45,7 +45,12 @@ Usage:
                                                   nats.url, read only; print each finding with the nats command
                                                   that fixes it; exit 0 ok, 1 a finding stops run, 2 usage,
                                                   3 no server
-  dedupe-stage inspect [--config FILE] KEY        tell whether KEY is inside the window (asks the running stage)
+  dedupe-stage inspect [--config FILE] [flags] KEY
+                                                  tell whether KEY is inside the window: asks the stage's admin
+                                                  service on NATS (the owner of KEY's partition answers), or
+                                                  /inspect over HTTP with --http-addr
+  dedupe-stage forget [--config FILE] [flags] KEY make KEY's next copy be forwarded again: the owner of KEY's
+                                                  partition forgets it and says when
   dedupe-stage healthcheck [--config FILE]        exit 0 when the running stage is healthy (for container health checks)
   dedupe-stage status [--config FILE] [--json] [flags]
                                                   read from the cluster (no instance needs to run): each partition's
@@ -80,6 +85,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = checkConfigCmd(args[1:], stdout, stderr)
 	case "inspect":
 		err = inspectCmd(args[1:], stdout, stderr)
+	case "forget":
+		err = forgetCmd(args[1:], stdout, stderr)
 	case "healthcheck":
 		err = healthcheckCmd(args[1:], stdout, stderr)
 	case "status":
@@ -201,10 +208,16 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	stopAdmin, err := serveAdmin(cfg, nc, st, ver, log)
+	if err != nil {
+		st.Close()
+		return err
+	}
 	if embedded != nil {
 		tryIt(log, cfg, embedded.ClientURL())
 	}
 	runErr := st.Run(ctx)
+	stopAdmin()
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		log.Warn("flushing acks", "err", err)
 	}
@@ -318,31 +331,6 @@ func describeStream(st stage.StreamToCreate) string {
 	}
 	return fmt.Sprintf("%s: max_age %s, max_bytes %s (when full it %s), duplicate window %s",
 		c.Name, age, size, full, dup)
-}
-
-func inspectCmd(args []string, stdout, stderr io.Writer) error {
-	l, err := loadConfig("inspect", args, flagSet{"http-addr"}, false, stderr)
-	if err != nil {
-		return err
-	}
-	if len(l.args) != 1 {
-		return errors.New("usage: dedupe-stage inspect [--config FILE] [--http-addr ADDR] KEY")
-	}
-	key := l.args[0]
-	on := l.cfg.HTTP.InspectOn()
-	if on == "" {
-		return errors.New("inspect asks the running stage over HTTP, and /inspect is off (http.inspect false or http.addr empty)")
-	}
-	addr, err := dialAddr(on)
-	if err != nil {
-		return err
-	}
-	body, err := httpGet("http://" + addr + "/inspect?key=" + url.QueryEscape(key))
-	if err != nil {
-		return fmt.Errorf("inspect asks the running stage at %s (is it running?): %w", addr, err)
-	}
-	fmt.Fprint(stdout, body)
-	return nil
 }
 
 // healthcheckCmd asks the running stage's /healthz. It reads the same

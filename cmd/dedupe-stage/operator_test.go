@@ -354,14 +354,18 @@ func TestCheckConfigForms(t *testing.T) {
 }
 
 func TestInspectHelpListsOnlyItsFlags(t *testing.T) {
-	for _, cmd := range []string{"inspect", "healthcheck"} {
+	for _, cmd := range []string{"inspect", "forget", "healthcheck"} {
 		t.Run(cmd, func(t *testing.T) {
 			var out, errb strings.Builder
 			if code := realMain([]string{cmd, "--help"}, &out, &errb); code != 0 {
 				t.Fatalf("%s --help: exit %d", cmd, code)
 			}
 			help := errb.String()
-			for _, want := range []string{"-config", "-http-addr"} {
+			want := []string{"-config", "-http-addr"}
+			if cmd != "healthcheck" { // they ask over NATS, connected as run is
+				want = append(want, "-server", "-context", "-creds", "-admin-subject", "-timeout")
+			}
+			for _, want := range want {
 				if !strings.Contains(help, want) {
 					t.Errorf("%s --help lacks %s:\n%s", cmd, want, help)
 				}

@@ -84,7 +84,7 @@ func Decode(m jetstream.Msg) (Record, error) {
 }
 
 // DecodeHeader reads a record from a message's headers: the key from
-// Nats-Msg-Id, the first-seen time and the fingerprint from the headers
+// Nats-Msg-Id (KeyOf), the first-seen time and the fingerprint from the headers
 // Annotate sets, and the contribution from those AnnotateTotal sets when
 // HeaderGroup is present. It returns an error wrapping ErrNotARecord,
 // permanent, when one of them is missing or malformed.
@@ -95,6 +95,10 @@ func DecodeHeader(h nats.Header) (Record, error) {
 	id := h.Get(jetstream.MsgIDHeader)
 	if id == "" {
 		return fail("no %s", jetstream.MsgIDHeader)
+	}
+	id, ok := KeyOf(h, id)
+	if !ok || id == "" {
+		return fail("%s %q does not end in %s %q", jetstream.MsgIDHeader, h.Get(jetstream.MsgIDHeader), HeaderForgotten, h.Get(HeaderForgotten))
 	}
 	fs := h.Get(HeaderFirstSeen)
 	ns, perr := strconv.ParseInt(fs, 10, 64)

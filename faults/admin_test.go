@@ -1,0 +1,64 @@
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/admin"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+)
+
+// TestInspectAnyInstanceOfAGroup asks `dedupe-stage inspect` about keys of
+// a 3-instance group on a 3-node cluster through each instance's
+// configuration: every answer is the owner's (the instance whose status
+// lists the key's partition as owned), and `forget` is refused with
+// scale-out (501), leaving the key held.
+func TestInspectAnyInstanceOfAGroup(t *testing.T) {
+	w := newWorkload(71, "adm", 4096)
+	cl, stages, js := scaleOutGroup(t, 3, w, "")
+	scaleOutDrained(t, js, stages[0].cfg.Partitions, takeoverWait)
+
+	nc, _ := natstest.Connect(t, cl.URLs())
+	c := admin.Client{Conn: nc, Subject: "dedupe.admin.dedupe", Timeout: 5 * time.Second}
+	st, err := c.Status(context.Background())
+	if err != nil || len(st) != 3 {
+		t.Fatalf("status of the group = %+v, %v; want three instances", st, err)
+	}
+	ownerOf := map[int]string{}
+	for _, s := range st {
+		for _, p := range s.Owned {
+			ownerOf[p] = s.Instance
+		}
+	}
+
+	for _, key := range w.keys[:5] {
+		for _, s := range stages {
+			out, err := exec.Command(stageBin, "inspect", "--config", s.cfgPath, key).CombinedOutput()
+			var r admin.InspectReply
+			if err != nil || json.Unmarshal(out, &r) != nil {
+				t.Fatalf("inspect %s with %s's configuration: %v\n%s", key, s.cfgPath, err, out)
+			}
+			if !r.Found || !r.InsideWindow || !r.Owner || r.Instance != ownerOf[r.Partition] {
+				t.Errorf("inspect %s = %+v; want the answer of %s, the owner of partition %d", key, r, ownerOf[r.Partition], r.Partition)
+			}
+		}
+	}
+
+	key := w.keys[0]
+	out, err := exec.Command(stageBin, "forget", "--config", stages[0].cfgPath, key).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "(501)") {
+		t.Errorf("forget in a group: %v, want refused with 501:\n%s", err, out)
+	}
+	r, err := c.Inspect(context.Background(), key)
+	if err != nil || !r.InsideWindow {
+		t.Errorf("inspect %s after the refused forget = %+v, %v; want held", key, r, err)
+	}
+	if !slices.ContainsFunc(st, func(s admin.StatusReply) bool { return s.Ready }) {
+		t.Errorf("no instance says it is ready: %+v", st)
+	}
+}

@@ -1,0 +1,170 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// turns lets one batch or one operator action at a time work on each
+// partition: a forget waits for the batch in flight and the next batch
+// waits for the forget, so that it never races a batch judging the key.
+type turns []chan struct{}
+
+func newTurns(partitions int) turns {
+	t := make(turns, partitions)
+	for i := range t {
+		t[i] = make(chan struct{}, 1)
+	}
+	return t
+}
+
+// take waits for partition p's turn and returns what ends it.
+func (t turns) take(p int) func() {
+	t[p] <- struct{}{}
+	return func() { <-t[p] }
+}
+
+// wait is take that gives up when ctx ends first.
+func (t turns) wait(ctx context.Context, p int) (func(), error) {
+	select {
+	case t[p] <- struct{}{}:
+		return func() { <-t[p] }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for partition %d's batch in flight: %w", p, ctx.Err())
+	}
+}
+
+// ErrForgetInGroup is returned by Stage.Forget with scale-out on: a
+// forget there must also reach the partition's changelog, which is not
+// built yet (docs/admin.md).
+var ErrForgetInGroup = errors.New("stage: forget is not available with scale-out yet")
+
+// Forgot is what Stage.Forget did.
+type Forgot struct {
+	// Key is the key forgotten, as stored (with its scope prefix).
+	Key string `json:"key"`
+	// Held is true when the stage held the key (a record inside the
+	// window, not forgotten before) and forgot it; false means nothing
+	// changed.
+	Held bool `json:"held"`
+	// Partition is the key's partition, when Held.
+	Partition *int `json:"partition,omitempty"`
+	// FirstSeen is when the forgotten record's key was first seen, when
+	// Held.
+	FirstSeen *time.Time `json:"first_seen,omitempty"`
+	// Applied is when the forget was applied (the stage's clock): the
+	// first copy judged after it is forwarded.
+	Applied time.Time `json:"applied_at"`
+}
+
+// Forget makes the next copy of key (the full key as stored, with its
+// scope prefix) be forwarded again: the owner of the key's partition marks
+// its record forgotten between two of the partition's batches, and the
+// forget holds after a restart (state.Partition.Forget). A key the stage
+// does not hold is answered Held false. With scale-out it returns
+// ErrForgetInGroup.
+func (s *Stage) Forget(ctx context.Context, key string) (Forgot, error) {
+	if err := s.src.forgetRefused(); err != nil {
+		return Forgot{}, err
+	}
+	if err := checkAdminKey(key); err != nil {
+		return Forgot{}, err
+	}
+	out := Forgot{Key: key}
+	_, p, found, err := s.store.Find([]byte(key))
+	if err != nil {
+		return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
+	}
+	if found {
+		done, err := s.turns.wait(ctx, p)
+		if err != nil {
+			return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
+		}
+		defer done()
+		rec, held, err := s.store.Partition(p).Forget([]byte(key))
+		if err != nil {
+			return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
+		}
+		if held {
+			first := rec.FirstSeen.UTC()
+			out.Held, out.Partition, out.FirstSeen, out.Applied = true, &p, &first, rec.Forgotten.UTC()
+			s.log.Info("key forgotten by an operator; its next copy is forwarded", "key", key, "partition", p, "first_seen", first)
+			return out, nil
+		}
+	}
+	out.Applied = s.clock.Now().UTC()
+	return out, nil
+}
+
+// checkAdminKey refuses a key the store cannot hold, as ErrBadInspectKey.
+func checkAdminKey(key string) error {
+	if key == "" || len(key) > state.MaxKeySize {
+		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrBadInspectKey, len(key), state.MaxKeySize)
+	}
+	return nil
+}
+
+// Answer is one instance's answer about a key: the inspection of its store
+// and whether it owns the key's partition.
+type Answer struct {
+	Inspection
+	// Owner is true when this instance owns the key's partition: always
+	// for a single instance; in a group, when the key was found in a
+	// partition this instance holds now.
+	Owner bool `json:"owner"`
+}
+
+// Inspect inspects key in the stage's store (Health.Inspect) and says
+// whether this instance owns the key's partition.
+func (s *Stage) Inspect(key string) (Answer, error) {
+	if err := checkAdminKey(key); err != nil {
+		return Answer{}, err
+	}
+	in, err := s.status.Inspect(key)
+	if err != nil {
+		return Answer{}, err
+	}
+	p := -1
+	if in.Found {
+		p = in.Partition
+	}
+	return Answer{Inspection: in, Owner: s.src.holds(p)}, nil
+}
+
+// InstanceStatus is an instance's status as the admin service reports it.
+type InstanceStatus struct {
+	// Ready is true once every filter is ready, while the stage runs.
+	Ready bool `json:"ready"`
+	// Problem lists what keeps failing; "" when healthy.
+	Problem string `json:"problem,omitempty"`
+	// Window is the dedupe window W.
+	Window string `json:"window"`
+	// Partitions is the partition count.
+	Partitions int `json:"partitions"`
+	// Owned lists the partitions this instance owns now: all of them for a
+	// single instance.
+	Owned []int `json:"owned"`
+	// Restoring maps partitions being restored to the records read back.
+	Restoring map[int]int `json:"restoring,omitempty"`
+	// KeysInFilters is how many keys the filters hold.
+	KeysInFilters uint64 `json:"keys_in_filters"`
+}
+
+// Status returns the instance's status.
+func (s *Stage) Status() InstanceStatus {
+	st := InstanceStatus{Ready: s.status.Ready(), Window: s.win.W.String(), Partitions: s.store.Partitions(),
+		Restoring: s.status.Restoring(), KeysInFilters: s.store.Stats().FilterKeys, Owned: []int{}}
+	if err := s.status.Healthy(); err != nil {
+		st.Problem = err.Error()
+	}
+	for p := range st.Partitions {
+		if s.src.holds(p) {
+			st.Owned = append(st.Owned, p)
+		}
+	}
+	return st
+}

@@ -1,0 +1,108 @@
+package state
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/dedupe-stage/dedupe-stage/window"
+)
+
+// TestForget forgets a held key: its next claim is New again, a second
+// forget and a forget of a key never seen say "not held", and the forget
+// holds after a restart, with the filter loaded from its snapshot or
+// rebuilt from the store.
+func TestForget(t *testing.T) {
+	filterOnAndOff(t, func(t *testing.T, opts Options, clock *window.ManualClock) {
+		s, err := Open(context.Background(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := s.Partition(0)
+		key := []byte("order-1")
+		first := clock.Now()
+		if _, err := p.Claim([]Claim{{Key: key, Fingerprint: 7}}); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Minute)
+		forgotten := clock.Now()
+		rec, held, err := p.Forget(key)
+		if err != nil || !held || !rec.FirstSeen.Equal(first) || rec.Fingerprint != 7 || !rec.Forgotten.Equal(forgotten) {
+			t.Fatalf("Forget = %+v, held %v, %v; want the record first seen at %v, forgotten at %v, held", rec, held, err, first, forgotten)
+		}
+		for _, k := range []string{"order-1", "never-seen"} {
+			if _, held, err := p.Forget([]byte(k)); err != nil || held {
+				t.Errorf("Forget(%s) again = held %v, %v; want not held", k, held, err)
+			}
+		}
+		assertForgotten(t, p, key, forgotten)
+
+		// A restart keeps it: from the snapshot a clean close writes, and
+		// rebuilt from the store without one.
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s = openStore(t, opts)
+		assertForgotten(t, s.Partition(0), key, forgotten)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(PartitionDir(opts.Dir, 0), SnapshotFile)); err != nil {
+			t.Fatal(err)
+		}
+		s = openStore(t, opts)
+		p = s.Partition(0)
+		assertForgotten(t, p, key, forgotten)
+
+		// A restore of the forward the forget undid does not bring the
+		// record back; snapshots leave the forgotten record out.
+		if err := p.Restore([]Restored{{Key: key, Fingerprint: 7, FirstSeen: first, Seq: 1}}, 1); err != nil {
+			t.Fatal(err)
+		}
+		assertForgotten(t, p, key, forgotten)
+		var scanned int
+		if err := p.ScanRecords(context.Background(), func(uint64) error { return nil }, func([]byte, Record) error {
+			scanned++
+			return nil
+		}); err != nil || scanned != 0 {
+			t.Errorf("ScanRecords gave %d records, %v; want none", scanned, err)
+		}
+
+		// The next copy is New and is held again.
+		res, err := p.Claim([]Claim{{Key: key, Fingerprint: 8}})
+		if err != nil || !res[0].New {
+			t.Fatalf("claim after the forget = %+v, %v; want New", res, err)
+		}
+		if l, err := p.Lookup(key); err != nil || !l.Found || l.Record.Fingerprint != 8 || !l.Forgotten.IsZero() {
+			t.Errorf("Lookup after the new claim = %+v, %v; want Found with fingerprint 8", l, err)
+		}
+	})
+}
+
+// assertForgotten fails unless Lookup finds key not held and says when it
+// was forgotten.
+func assertForgotten(t *testing.T, p *Partition, key []byte, at time.Time) {
+	t.Helper()
+	l, err := p.Lookup(key)
+	if err != nil || l.Found || !l.Forgotten.Equal(at) {
+		t.Errorf("Lookup of a forgotten key = %+v, %v; want not Found, Forgotten %v", l, err, at)
+	}
+}
+
+// TestForgottenRecordRoundTrip encodes and decodes a forgotten record.
+func TestForgottenRecordRoundTrip(t *testing.T) {
+	for _, r := range []Record{
+		{FirstSeen: time.Unix(0, 12345), Fingerprint: 9},
+		{FirstSeen: time.Unix(0, 12345), Fingerprint: 9, Forgotten: time.Unix(0, 67890)},
+	} {
+		got, err := decodeRecord(encodeRecord(r))
+		if err != nil || !got.FirstSeen.Equal(r.FirstSeen) || got.Fingerprint != r.Fingerprint || !got.Forgotten.Equal(r.Forgotten) {
+			t.Errorf("round trip of %+v = %+v, %v", r, got, err)
+		}
+	}
+	if _, err := decodeRecord([]byte{forgottenVersion, 0, 0}); err == nil {
+		t.Error("a short forgotten record decoded")
+	}
+}
