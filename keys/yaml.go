@@ -14,7 +14,8 @@ var fieldSpecNames = map[string]bool{"source": true, "header": true, "json_path"
 // decoding lacks: a field spec is replaced as a whole. If the mapping names
 // any of source, header, json_path or subject_token, the key field is
 // rebuilt from those names alone, and a scope mapping rebuilds the scope
-// alone; max_length is kept unless given. So `key: {json_path: id}` is
+// alone, as a version mapping rebuilds the version; max_length is kept
+// unless given. So `key: {json_path: id}` is
 // rejected for its missing source instead of silently keeping the default
 // header source with a stray path.
 //
@@ -30,7 +31,7 @@ func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 	}
 	var errs []string
 	fieldGiven := false
-	var scopeNode *yaml.Node
+	var scopeNode, versionNode *yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		switch {
@@ -38,13 +39,17 @@ func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 			fieldGiven = true
 		case k.Value == "scope":
 			scopeNode = v
+		case k.Value == "version":
+			versionNode = v
 		case k.Value == "max_length":
 		default:
 			errs = append(errs, fmt.Sprintf("line %d: field %s not found in type keys.KeyConfig", k.Line, k.Value))
 		}
 	}
-	if scopeNode != nil {
-		s := scopeNode
+	for _, s := range []*yaml.Node{scopeNode, versionNode} {
+		if s == nil {
+			continue
+		}
 		if s.Kind == yaml.AliasNode && s.Alias != nil {
 			s = s.Alias
 		}
@@ -66,6 +71,9 @@ func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 	}
 	if scopeNode != nil {
 		out.Scope = FieldSpec{}
+	}
+	if versionNode != nil {
+		out.Version = FieldSpec{}
 	}
 	if err := n.Decode(&out); err != nil {
 		return err
