@@ -123,41 +123,131 @@ func decodeCursor(b []byte) (uint64, error) {
 // Record is what the store keeps for a key.
 type Record struct {
 	// FirstSeen is when the key was first claimed (by the store's Clock,
-	// or as the Claim gave it), with nanosecond precision. It is logically expired from FirstSeen+W on.
+	// or as the Claim gave it), with nanosecond precision. It is logically
+	// expired from WindowStart()+W on.
 	FirstSeen time.Time
 	// Fingerprint is the payload fingerprint given with the first claim; a
 	// later copy with another fingerprint is a copy that differs.
 	Fingerprint uint64
+	// Refreshed is when a repeat last moved the key's window
+	// (Options.RefreshOnRepeat); zero when none did.
+	Refreshed time.Time
+	// Version is the key's version, from the claim that recorded it
+	// (Claim.Versioned), when HasVersion.
+	Version uint64
+	// HasVersion is true when the record carries a Version.
+	HasVersion bool
 }
 
+// WindowStart is where the key's window starts: the later of FirstSeen and
+// Refreshed. The key is a repeat until WindowStart()+W.
+func (r Record) WindowStart() time.Time {
+	if r.Refreshed.After(r.FirstSeen) {
+		return r.Refreshed
+	}
+	return r.FirstSeen
+}
+
+// OlderThan reports whether a copy with version v wins over r
+// (version-wins): r carries no version, or a smaller one. A false means
+// the copy is stale.
+func (r Record) OlderThan(v uint64) bool { return !r.HasVersion || r.Version < v }
+
+// Record encodings. Version 1 (17 bytes) is a record with neither a
+// refresh nor a version, as every record was before those existed, so a
+// store without them keeps writing what older releases read; version 2
+// adds a flags byte and the fields it names.
 const (
-	recordVersion = 1
-	recordLen     = 1 + 8 + 8
+	recordVersion  = 1
+	recordLen      = 1 + 8 + 8
+	recordVersion2 = 2
+
+	flagRefreshed byte = 1 << 0 // Refreshed follows, Unix nanoseconds
+	flagVersion   byte = 1 << 1 // Version follows
+	flagsKnown         = flagRefreshed | flagVersion
 )
 
-// encodeRecord encodes r as version byte 1, FirstSeen as Unix nanoseconds
-// (int64 big endian) and the fingerprint (uint64 big endian).
+// encodeRecord encodes r. Without Refreshed and HasVersion: version byte 1,
+// FirstSeen as Unix nanoseconds (int64 big endian) and the fingerprint
+// (uint64 big endian). Otherwise: version byte 2, a flags byte, FirstSeen,
+// the fingerprint, then Refreshed (flagRefreshed) and Version (flagVersion),
+// each 8 bytes big endian.
 func encodeRecord(r Record) []byte {
-	b := make([]byte, recordLen)
-	b[0] = recordVersion
-	binary.BigEndian.PutUint64(b[1:9], uint64(r.FirstSeen.UnixNano()))
-	binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
+	var flags byte
+	if !r.Refreshed.IsZero() {
+		flags |= flagRefreshed
+	}
+	if r.HasVersion {
+		flags |= flagVersion
+	}
+	if flags == 0 {
+		b := make([]byte, recordLen)
+		b[0] = recordVersion
+		binary.BigEndian.PutUint64(b[1:9], uint64(r.FirstSeen.UnixNano()))
+		binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
+		return b
+	}
+	b := make([]byte, 2, 2+8*4)
+	b[0], b[1] = recordVersion2, flags
+	b = binary.BigEndian.AppendUint64(b, uint64(r.FirstSeen.UnixNano()))
+	b = binary.BigEndian.AppendUint64(b, r.Fingerprint)
+	if flags&flagRefreshed != 0 {
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Refreshed.UnixNano()))
+	}
+	if flags&flagVersion != 0 {
+		b = binary.BigEndian.AppendUint64(b, r.Version)
+	}
 	return b
 }
 
-// decodeRecord decodes a value written by encodeRecord. Any other length or
-// version is an error wrapping ErrCorruptRecord.
+// decodeRecord decodes a value written by encodeRecord. Any other length,
+// version or flags is an error wrapping ErrCorruptRecord.
 func decodeRecord(b []byte) (Record, error) {
-	if len(b) != recordLen {
-		return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), recordLen)
+	if len(b) == 0 {
+		return Record{}, fmt.Errorf("%w: empty value", ErrCorruptRecord)
 	}
-	if b[0] != recordVersion {
-		return Record{}, fmt.Errorf("%w: version %d, want %d", ErrCorruptRecord, b[0], recordVersion)
+	switch b[0] {
+	case recordVersion:
+		if len(b) != recordLen {
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), recordLen)
+		}
+		return Record{
+			FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
+			Fingerprint: binary.BigEndian.Uint64(b[9:17]),
+		}, nil
+	case recordVersion2:
+		if len(b) < 2 {
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want a flags byte", ErrCorruptRecord, len(b))
+		}
+		flags := b[1]
+		if flags == 0 || flags&^flagsKnown != 0 {
+			return Record{}, fmt.Errorf("%w: version 2 with flags %#x", ErrCorruptRecord, flags)
+		}
+		want := 2 + 16
+		if flags&flagRefreshed != 0 {
+			want += 8
+		}
+		if flags&flagVersion != 0 {
+			want += 8
+		}
+		if len(b) != want {
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), want)
+		}
+		r := Record{
+			FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[2:10]))),
+			Fingerprint: binary.BigEndian.Uint64(b[10:18]),
+		}
+		rest := b[18:]
+		if flags&flagRefreshed != 0 {
+			r.Refreshed = time.Unix(0, int64(binary.BigEndian.Uint64(rest)))
+			rest = rest[8:]
+		}
+		if flags&flagVersion != 0 {
+			r.Version, r.HasVersion = binary.BigEndian.Uint64(rest), true
+		}
+		return r, nil
 	}
-	return Record{
-		FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
-		Fingerprint: binary.BigEndian.Uint64(b[9:17]),
-	}, nil
+	return Record{}, fmt.Errorf("%w: version %d, want %d or %d", ErrCorruptRecord, b[0], recordVersion, recordVersion2)
 }
 
 func checkKey(key []byte) error {
