@@ -70,6 +70,7 @@ type Stage struct {
 	cons    jetstream.Consumer
 	store   *state.Store
 	keyFn   *keys.KeyFunc
+	version *keys.Versioner // key.version; nil when versions are off
 	metrics *Metrics
 	status  *Health
 	totals  *totals         // nil when totals are off
@@ -80,6 +81,7 @@ type Stage struct {
 	ackWait            time.Duration
 	shutdownTimeout    time.Duration
 	fpMismatchIsRepeat bool // treat fingerprint mismatches as repeats instead of dead-lettering them
+	refresh            bool // window.refresh_on_repeat: a repeat moves its key's window
 
 	atomicOutput bool // publish the output as atomic batches (outputPublish)
 	// atomicDeadLetters: publish dead letters as atomic batches
@@ -116,6 +118,12 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if s.keyFn, err = keys.NewKeyFunc(cfg.Key); err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
+	if cfg.Key.Version.Enabled() {
+		if s.version, err = keys.NewVersioner(cfg.Key.Version); err != nil {
+			return nil, fmt.Errorf("key.version: %w", err)
+		}
+	}
+	s.refresh = cfg.Window.RefreshOnRepeat
 	s.js, err = cfg.NATS.NewJetStream(s.nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.Pipeline.MaxPublishInFlight),
 		jetstream.WithPublishAsyncTimeout(10*time.Second))
@@ -272,6 +280,9 @@ type item struct {
 	// subject is the input subject of a routed message (scale-out with
 	// the route step); "" means msg.Subject().
 	subject string
+	// version is the message's version (key.version) when versioned.
+	version   uint64
+	versioned bool
 }
 
 // inputSubject returns the subject the message had in the input stream.
@@ -447,6 +458,14 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 		dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
 		return
 	}
+	var version uint64
+	if s.version != nil {
+		if version, err = s.version.Version(msg.Subject(), msg.Headers(), data); err != nil {
+			reason, detail := deadletter.KeyReason(err, deadletter.ReasonBadVersion)
+			dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
+			return
+		}
+	}
 	route := key
 	var tot state.Contribution
 	if s.totals != nil {
@@ -458,7 +477,7 @@ func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<-
 		}
 		route = []byte(tot.Group)
 	}
-	it := item{msg: msg, key: key, fp: fingerprint(data), tot: tot}
+	it := item{msg: msg, key: key, fp: fingerprint(data), tot: tot, version: version, versioned: s.version != nil}
 	if p < 0 {
 		p = state.PartitionOf(route, len(parts))
 	} else {
