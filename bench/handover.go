@@ -18,6 +18,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
@@ -231,7 +232,7 @@ func (h *hoRun) configure() error {
 		insts[k] = in
 	}
 	h.a, h.b = insts[0], insts[1]
-	if routed, why := h.cfg.ScaleOutRouted(); routed {
+	if routed, why := h.cfg.ScaleOutPartitioning().Routed(); routed {
 		return fmt.Errorf("the route step would run (%s)", why)
 	}
 	return nil
@@ -465,13 +466,13 @@ func (e *soEnv) waitSnapshots(ctx context.Context, cfg config.Config, a *instanc
 func (e *soEnv) snapshotsDone(ctx context.Context, cfg config.Config, a *instance, loaded time.Time, run *HandOverRun) (bool, string) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	obs, err := e.js.ObjectStore(rctx, cfg.ScaleOutSnapshotBucket())
+	obs, err := e.js.ObjectStore(rctx, layout.SnapshotBucket(cfg.ScaleOut.Group))
 	if err != nil {
 		return false, err.Error()
 	}
 	var size int64
 	for p := range e.f.hoPartitions {
-		info, err := obs.GetInfo(rctx, config.ScaleOutSnapshotObject(p))
+		info, err := obs.GetInfo(rctx, layout.SnapshotObject(p))
 		if err != nil {
 			return false, fmt.Sprintf("p%d: %v", p, err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -581,7 +582,7 @@ func (r *soRowRun) configure() error {
 		r.insts[k] = in
 	}
 	res := r.res
-	if routed, why := r.cfg.ScaleOutRouted(); r.cfg.ScaleOut.Enabled {
+	if routed, why := r.cfg.ScaleOutPartitioning().Routed(); r.cfg.ScaleOut.Enabled {
 		res.RouteStep = routed
 		if routed != (r.row.mode == soHeader) {
 			res.Notes = append(res.Notes, "route step "+strconv.FormatBool(routed)+": "+why)
@@ -882,8 +883,8 @@ func (e *soEnv) createStreams(ctx context.Context, cfg config.Config) error {
 func (e *soEnv) deleteRow(n soNames, cfg config.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	bucket, _, _ := cfg.ScaleOutPresence()
-	for _, s := range []string{n.input, n.output, n.dlq, n.routed, "KV_" + bucket, "KV_" + cfg.ScaleOutHandOverBucket(), "OBJ_" + cfg.ScaleOutSnapshotBucket()} {
+	bucket, _, _ := layout.Presence(cfg.ScaleOut.Group, cfg.Input.AckWait.D())
+	for _, s := range []string{n.input, n.output, n.dlq, n.routed, "KV_" + bucket, "KV_" + layout.HandOverBucket(cfg.ScaleOut.Group), "OBJ_" + layout.SnapshotBucket(cfg.ScaleOut.Group)} {
 		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			fmt.Fprintf(logOut, "warning: delete stream %s: %v\n", s, err)
 		}
@@ -931,7 +932,7 @@ func (e *soEnv) warmRound(ctx context.Context, js jetstream.JetStream, row soRow
 	// the round, when the route step and the members have all been made.
 	var cons []soConsumer
 	streams := []string{n.input}
-	if routed, _ := cfg.ScaleOutRouted(); cfg.ScaleOut.Enabled && routed {
+	if routed, _ := cfg.ScaleOutPartitioning().Routed(); cfg.ScaleOut.Enabled && routed {
 		streams = append(streams, n.routed)
 	}
 	want := 1

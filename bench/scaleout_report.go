@@ -140,6 +140,29 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 	if mix[ClassNear] > 0 || mix[ClassPast] > 0 {
 		return fmt.Errorf("--ages %q: the scale-out mode runs the stage on the wall clock, so it has no near or past copies", f.ages)
 	}
+	if err := scaleOutLists(f); err != nil {
+		return err
+	}
+	switch {
+	case len(f.soModes) == 0:
+		return errors.New("--scaleout-rows is empty")
+	case len(f.cpuCaps) == 0:
+		return errors.New("--cpu-cap is empty (0 for uncapped)")
+	case len(f.soInstances) == 0 && slices.ContainsFunc(f.soModes, func(m string) bool { return m != soOff }):
+		return errors.New("--scaleout-instances is empty")
+	case f.badRatio < 0 || f.badRatio >= 0.5:
+		return fmt.Errorf("--bad-ratio %v: want 0 <= r < 0.5", f.badRatio)
+	case f.replicas < 1 || f.replicas > 3:
+		return fmt.Errorf("--replicas %d: want 1..3 (the cluster has 3 nodes)", f.replicas)
+	case f.soAckWait < config.MinScaleOutAckWait:
+		return fmt.Errorf("--scaleout-ack-wait %v: want at least %v", f.soAckWait, config.MinScaleOutAckWait)
+	}
+	return nil
+}
+
+// scaleOutLists parses the lists that name the scale-out rows (modes,
+// instance counts, CPU caps) into f, each value once.
+func scaleOutLists(f *flags) error {
 	for m := range strings.SplitSeq(f.soRows, ",") {
 		switch m = strings.TrimSpace(m); m {
 		case "":
@@ -174,20 +197,6 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 		if !slices.Contains(f.cpuCaps, c) {
 			f.cpuCaps = append(f.cpuCaps, c)
 		}
-	}
-	switch {
-	case len(f.soModes) == 0:
-		return errors.New("--scaleout-rows is empty")
-	case len(f.cpuCaps) == 0:
-		return errors.New("--cpu-cap is empty (0 for uncapped)")
-	case len(f.soInstances) == 0 && slices.ContainsFunc(f.soModes, func(m string) bool { return m != soOff }):
-		return errors.New("--scaleout-instances is empty")
-	case f.badRatio < 0 || f.badRatio >= 0.5:
-		return fmt.Errorf("--bad-ratio %v: want 0 <= r < 0.5", f.badRatio)
-	case f.replicas < 1 || f.replicas > 3:
-		return fmt.Errorf("--replicas %d: want 1..3 (the cluster has 3 nodes)", f.replicas)
-	case f.soAckWait < config.MinScaleOutAckWait:
-		return fmt.Errorf("--scaleout-ack-wait %v: want at least %v", f.soAckWait, config.MinScaleOutAckWait)
 	}
 	return nil
 }

@@ -148,16 +148,11 @@ type Event struct {
 	At time.Duration
 }
 
-// Workload is a generated workload. Its events come in two phases:
-//
-//   - Main: every first copy and the burst, immediate and seconds copies,
-//     in publish order (by intended time; a burst right after its first
-//     copy). Every key is forwarded exactly once here, whatever the
-//     stage's clock reads, because Span < W.
-//   - Late: the near and past copies, sorted by intended time, all after
-//     Span. The harness publishes them in small groups with the stage's
-//     clock stopped at each group's time, so that their judged age is
-//     known exactly (see runner.runLate).
+// Workload is a generated workload in two phases. Main holds every first
+// copy and the burst, immediate and seconds copies in publish order, each
+// key forwarded once whatever the stage's clock reads (Span < W). Late
+// holds the near and past copies, which the harness publishes in small
+// groups with the stage's clock stopped at each group's time (runner.runLate).
 type Workload struct {
 	Spec
 	// Main holds the main phase's events in publish order.

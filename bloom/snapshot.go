@@ -10,26 +10,9 @@ import (
 	"io"
 )
 
-// Snapshot format, version 1. All integers are little-endian.
-//
-//	offset size  field
-//	0      4     magic "DSBF"
-//	4      2     format version (1)
-//	6      2     G, Options.Generations
-//	8      8     W, Options.Window in nanoseconds (int64)
-//	16     8     m, bits per generation
-//	24     4     k, hashes per key
-//	28     8     meta, opaque to this package
-//	36     8     cur, current generation index (int64)
-//	44     ...   G+1 generations, indices cur-G .. cur in ascending order, each:
-//	             8 bytes index (int64), 8 bytes add count (uint64),
-//	             ceil(m/64) * 8 bytes of bitset words (bit b of the generation
-//	             is bit b%64 of word b/64)
-//	end-4  4     CRC-32C (Castagnoli) of every byte before it
-//
-// Every length in the format is implied by the options given to
-// ReadSnapshot, so a corrupted snapshot can never make the reader allocate
-// more than those options imply.
+// The snapshot format, version 1, is laid out in docs/state.md. Every length
+// in it follows from the options given to ReadSnapshot, so a corrupted
+// snapshot cannot make the reader allocate more than those imply.
 const (
 	snapshotMagic   = "DSBF"
 	snapshotVersion = 1
@@ -150,68 +133,100 @@ func (f *Filter) WriteSnapshot(w io.Writer, meta uint64) (int64, error) {
 	return cw.n, nil
 }
 
-// ReadSnapshot reads a snapshot written by WriteSnapshot and returns the
-// filter, built with opts, and the meta value stored with it. It reads
-// exactly the snapshot's bytes from r (no read-ahead), so r may continue
-// with other data.
-//
-// It fails, and returns no filter, with an error wrapping:
-// ErrBadOptions if opts does not validate; ErrBadMagic if r does not start
-// with a snapshot; ErrUnsupportedVersion for another format version;
-// ErrMismatch if the snapshot's Window, Generations, m or k differ from what
-// opts imply; ErrTruncated if r ends early; ErrChecksum if the CRC-32C does not match; ErrCorrupt if the
-// checksum matches but the content is inconsistent. Any other read error
-// from r is returned wrapped.
-//
-// The returned filter's current generation is the one saved; call Advance
-// with the current time before using it.
+// ReadSnapshot reads a snapshot written by WriteSnapshot, and no byte past
+// it, and returns the filter built with opts and the meta stored with it;
+// call Advance before using the filter. Its errors wrap ErrBadOptions,
+// ErrBadMagic, ErrUnsupportedVersion, ErrMismatch (the snapshot's W, G, m or
+// k differ from opts'), ErrTruncated, ErrChecksum, ErrCorrupt or r's own.
 func ReadSnapshot(r io.Reader, opts Options) (f *Filter, meta uint64, err error) {
 	sz, err := opts.Sizing()
 	if err != nil {
 		return nil, 0, err
 	}
-	var hdr [headerSize]byte
-	if n, err := io.ReadFull(r, hdr[:len(snapshotMagic)]); err != nil {
-		if !bytes.HasPrefix([]byte(snapshotMagic), hdr[:n]) {
-			return nil, 0, fmt.Errorf("%w: starts with %q", ErrBadMagic, hdr[:n])
-		}
-		return nil, 0, truncated("magic", err)
+	h, err := readSnapshotHeader(r, opts, sz)
+	if err != nil {
+		return nil, 0, err
 	}
-	if string(hdr[:len(snapshotMagic)]) != snapshotMagic {
-		return nil, 0, fmt.Errorf("%w: starts with %q", ErrBadMagic, hdr[:len(snapshotMagic)])
-	}
-	if _, err := io.ReadFull(r, hdr[len(snapshotMagic):]); err != nil {
-		return nil, 0, truncated("header", err)
-	}
-	le := binary.LittleEndian
-	if v := le.Uint16(hdr[4:]); v != snapshotVersion {
-		return nil, 0, fmt.Errorf("%w: version %d, this code reads %d", ErrUnsupportedVersion, v, snapshotVersion)
-	}
-	g := le.Uint16(hdr[6:])
-	window := int64(le.Uint64(hdr[8:]))
-	m := le.Uint64(hdr[16:])
-	k := le.Uint32(hdr[24:])
-	meta = le.Uint64(hdr[28:])
-	cur := int64(le.Uint64(hdr[36:]))
-	switch {
-	case int(g) != opts.Generations:
-		return nil, 0, fmt.Errorf("%w: snapshot Generations %d, options %d", ErrMismatch, g, opts.Generations)
-	case window != int64(opts.Window):
-		return nil, 0, fmt.Errorf("%w: snapshot Window %v, options %v", ErrMismatch, window, opts.Window)
-	case m != uint64(sz.BitsPerGeneration) || uint64(k) != uint64(sz.Hashes):
-		return nil, 0, fmt.Errorf("%w: snapshot m=%d k=%d, options imply m=%d k=%d", ErrMismatch, m, k, sz.BitsPerGeneration, sz.Hashes)
-	}
-
 	f, err = newFilter(opts)
 	if err != nil {
 		return nil, 0, err
 	}
-	crc := crc32.Update(0, castagnoli, hdr[:])
-	type genInfo struct {
-		index   int64
-		adds    uint64
-		nonzero bool
+	infos, crc, err := f.readGenerations(r, crc32.Update(0, castagnoli, h.raw[:]))
+	if err != nil {
+		return nil, 0, err
 	}
+	var tr [trailerSize]byte
+	if _, err := io.ReadFull(r, tr[:]); err != nil {
+		return nil, 0, truncated("checksum", err)
+	}
+	if got := binary.LittleEndian.Uint32(tr[:]); got != crc {
+		return nil, 0, fmt.Errorf("%w: stored %08x, computed %08x", ErrChecksum, got, crc)
+	}
+	if err := f.place(infos, h.cur, h.m); err != nil {
+		return nil, 0, err
+	}
+	return f, h.meta, nil
+}
+
+// snapshotHeader is a snapshot's fixed header: its bytes and the fields
+// ReadSnapshot uses after checking it.
+type snapshotHeader struct {
+	raw  [headerSize]byte
+	m    uint64
+	meta uint64
+	cur  int64
+}
+
+// readSnapshotHeader reads the header and checks its magic, its version
+// and that it describes a filter built with opts.
+func readSnapshotHeader(r io.Reader, opts Options, sz Sizing) (h snapshotHeader, err error) {
+	hdr := h.raw[:]
+	if n, err := io.ReadFull(r, hdr[:len(snapshotMagic)]); err != nil {
+		if !bytes.HasPrefix([]byte(snapshotMagic), hdr[:n]) {
+			return h, fmt.Errorf("%w: starts with %q", ErrBadMagic, hdr[:n])
+		}
+		return h, truncated("magic", err)
+	}
+	if string(hdr[:len(snapshotMagic)]) != snapshotMagic {
+		return h, fmt.Errorf("%w: starts with %q", ErrBadMagic, hdr[:len(snapshotMagic)])
+	}
+	if _, err := io.ReadFull(r, hdr[len(snapshotMagic):]); err != nil {
+		return h, truncated("header", err)
+	}
+	le := binary.LittleEndian
+	if v := le.Uint16(hdr[4:]); v != snapshotVersion {
+		return h, fmt.Errorf("%w: version %d, this code reads %d", ErrUnsupportedVersion, v, snapshotVersion)
+	}
+	g := le.Uint16(hdr[6:])
+	window := int64(le.Uint64(hdr[8:]))
+	h.m = le.Uint64(hdr[16:])
+	k := le.Uint32(hdr[24:])
+	h.meta = le.Uint64(hdr[28:])
+	h.cur = int64(le.Uint64(hdr[36:]))
+	switch {
+	case int(g) != opts.Generations:
+		return h, fmt.Errorf("%w: snapshot Generations %d, options %d", ErrMismatch, g, opts.Generations)
+	case window != int64(opts.Window):
+		return h, fmt.Errorf("%w: snapshot Window %v, options %v", ErrMismatch, window, opts.Window)
+	case h.m != uint64(sz.BitsPerGeneration) || uint64(k) != uint64(sz.Hashes):
+		return h, fmt.Errorf("%w: snapshot m=%d k=%d, options imply m=%d k=%d", ErrMismatch, h.m, k, sz.BitsPerGeneration, sz.Hashes)
+	}
+	return h, nil
+}
+
+// genInfo is a generation's header as read, and whether its bits are not
+// all zero.
+type genInfo struct {
+	index   int64
+	adds    uint64
+	nonzero bool
+}
+
+// readGenerations reads the G+1 generations into f.gens in the order
+// written (place moves them to their slots), and returns their headers and
+// crc updated with their bytes.
+func (f *Filter) readGenerations(r io.Reader, crc uint32) ([]genInfo, uint32, error) {
+	le := binary.LittleEndian
 	infos := make([]genInfo, len(f.gens))
 	buf := make([]byte, chunkBytes)
 	for j := range f.gens {
@@ -221,7 +236,6 @@ func ReadSnapshot(r io.Reader, opts Options) (f *Filter, meta uint64, err error)
 		}
 		crc = crc32.Update(crc, castagnoli, gh)
 		info := genInfo{index: int64(le.Uint64(gh)), adds: le.Uint64(gh[8:])}
-		// Read into the j-th filter for now; moved to its slot below.
 		ws := f.gens[j].bf.BitSet().Words()
 		var or uint64
 		for len(ws) > 0 {
@@ -241,32 +255,30 @@ func ReadSnapshot(r io.Reader, opts Options) (f *Filter, meta uint64, err error)
 		info.nonzero = or != 0
 		infos[j] = info
 	}
-	var tr [trailerSize]byte
-	if _, err := io.ReadFull(r, tr[:]); err != nil {
-		return nil, 0, truncated("checksum", err)
-	}
-	if got := le.Uint32(tr[:]); got != crc {
-		return nil, 0, fmt.Errorf("%w: stored %08x, computed %08x", ErrChecksum, got, crc)
-	}
+	return infos, crc, nil
+}
 
-	// The bytes are as written; now check they describe a filter.
+// place checks that generations read as written describe a filter whose
+// current generation is cur, and moves each to its slot: the bytes passed
+// their checksum, so what fails here is ErrCorrupt.
+func (f *Filter) place(infos []genInfo, cur int64, m uint64) error {
 	if cur > maxGen || cur < minGen {
-		return nil, 0, fmt.Errorf("%w: current generation %d out of range", ErrCorrupt, cur)
+		return fmt.Errorf("%w: current generation %d out of range", ErrCorrupt, cur)
 	}
 	if rem := m % 64; rem != 0 {
 		for j := range f.gens {
 			ws := f.gens[j].bf.BitSet().Words()
 			if ws[len(ws)-1]>>rem != 0 {
-				return nil, 0, fmt.Errorf("%w: generation %d has bits set past m=%d", ErrCorrupt, j, m)
+				return fmt.Errorf("%w: generation %d has bits set past m=%d", ErrCorrupt, j, m)
 			}
 		}
 	}
 	for j, info := range infos {
 		if want := cur - f.g + int64(j); info.index != want {
-			return nil, 0, fmt.Errorf("%w: generation %d has index %d, want %d", ErrCorrupt, j, info.index, want)
+			return fmt.Errorf("%w: generation %d has index %d, want %d", ErrCorrupt, j, info.index, want)
 		}
 		if (info.adds == 0) == info.nonzero {
-			return nil, 0, fmt.Errorf("%w: generation %d has %d adds but bits set is %v", ErrCorrupt, j, info.adds, info.nonzero)
+			return fmt.Errorf("%w: generation %d has %d adds but bits set is %v", ErrCorrupt, j, info.adds, info.nonzero)
 		}
 	}
 	gens := make([]generation, len(f.gens))
@@ -275,7 +287,7 @@ func ReadSnapshot(r io.Reader, opts Options) (f *Filter, meta uint64, err error)
 	}
 	f.gens = gens
 	f.cur = cur
-	return f, meta, nil
+	return nil
 }
 
 // truncated returns the error for a read that failed in what: ErrTruncated

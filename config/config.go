@@ -19,6 +19,11 @@
 // The YAML file is strict: an unknown field is an error naming it. A null
 // or empty value (`url:` with nothing after it) keeps the default, except
 // for lists, which it empties. configs/README.md documents every field.
+//
+// config loads and validates; the subsystems name and build what they
+// hold. Scale-out's names and the input's partitioning transform are
+// internal/scaleout/layout's (ScaleOutPartitioning hands it the values),
+// and the stage fills scaleout.Options from a Config.
 package config
 
 import (

@@ -7,9 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
@@ -42,7 +40,8 @@ type ScaleOut struct {
 	Replicas int `yaml:"replicas"`
 	// Route says when the route step runs (docs/scale-out.md §3.2):
 	// RouteAuto (default) when the key is not a subject token the server
-	// can hash (ScaleOutTransform fails), RouteAlways, or RouteNever.
+	// can hash (layout.Partitioning.Transform fails), RouteAlways, or
+	// RouteNever.
 	Route string `yaml:"route"`
 	// RoutedStream is the work-queue stream the route step copies the
 	// input into, one subject per partition. Default "DEDUPE_ROUTED".
@@ -92,9 +91,9 @@ const MaxEventTimeAheadLimit = Duration(366 * 24 * time.Hour)
 
 // Values of scale_out.route.
 const (
-	RouteAuto   = "auto"
-	RouteAlways = "always"
-	RouteNever  = "never"
+	RouteAuto   = layout.RouteAuto
+	RouteAlways = layout.RouteAlways
+	RouteNever  = layout.RouteNever
 )
 
 // DefaultScaleOut returns the scale_out section's defaults (off).
@@ -126,13 +125,13 @@ const MaxScaleOutReplicas = 5
 // instances.
 const MinScaleOutAckWait = 2 * time.Second
 
-// ScaleOutMember returns the name of the static group's member for
-// partition p: "p<p>".
-func ScaleOutMember(p int) string { return fmt.Sprintf("p%d", p) }
-
-// ScaleOutMemberConsumer returns the name of partition p's consumer in
-// the static group: "<group>-p<p>", as pcgroups names a member's consumer.
-func ScaleOutMemberConsumer(group string, p int) string { return group + "-" + ScaleOutMember(p) }
+// ScaleOutPartitioning returns what decides how a scale-out group's
+// input is partitioned (layout.Partitioning): its Transform and whether
+// the route step runs (Routed).
+func (c Config) ScaleOutPartitioning() layout.Partitioning {
+	field, name := c.PartitionField()
+	return layout.Partitioning{Subjects: c.Input.Subjects, Field: field, FieldName: name, Partitions: c.State.Partitions, Route: c.ScaleOut.Route}
+}
 
 // PartitionField returns where the partition key is read from, and the
 // name of its setting: the key (key), or with totals on the group
@@ -142,88 +141,6 @@ func (c Config) PartitionField() (field keys.FieldSpec, name string) {
 		return c.Totals.Group, "totals.group"
 	}
 	return c.Key.Field, "key"
-}
-
-// ScaleOutTransform returns the input stream's subject transform with
-// scale-out on: the source is input.subjects[0] and the destination puts
-// {{partition(N,w)}} first, where N is state.partitions and w is the
-// wildcard that holds the partition key's subject token (PartitionField),
-// then the subject itself (each '*' as its {{wildcard(i)}}, a '>' kept).
-// An error says why the configuration cannot be partitioned by the
-// server.
-func (c Config) ScaleOutTransform() (src, dest string, err error) {
-	in := c.Input
-	if len(in.Subjects) != 1 {
-		return "", "", fmt.Errorf("input.subjects has %d subjects, scale-out needs exactly one (the stream's subject transform has one source)", len(in.Subjects))
-	}
-	src = in.Subjects[0]
-	k, name := c.PartitionField()
-	if k.Source != keys.SourceSubject || k.SubjectToken < 1 {
-		return "", "", fmt.Errorf("%s is %v; scale-out needs the partition key to be a subject token counted from the start (%s.source: subject, %s.subject_token >= 1), "+
-			"which the server hashes into the partition; partition keys from headers or JSON need the route step (scale_out.route auto or always)", name, k, name, name)
-	}
-	toks := strings.Split(src, ".")
-	if k.SubjectToken > len(toks) || toks[k.SubjectToken-1] != "*" {
-		return "", "", fmt.Errorf("%s.subject_token %d is not a '*' token of input.subjects[0] %q; scale-out needs the partition key's token to be a single-token wildcard of the input subject, so that the server can hash it into the partition",
-			name, k.SubjectToken, src)
-	}
-	wild, keyWild := 0, 0
-	out := make([]string, len(toks))
-	for i, t := range toks {
-		switch t {
-		case "*":
-			wild++
-			out[i] = fmt.Sprintf("{{wildcard(%d)}}", wild)
-			if i == k.SubjectToken-1 {
-				keyWild = wild
-			}
-		default:
-			out[i] = t
-		}
-	}
-	dest = fmt.Sprintf("{{partition(%d,%d)}}.%s", c.State.Partitions, keyWild, strings.Join(out, "."))
-	if _, err := server.NewSubjectTransform(src, dest); err != nil {
-		return "", "", fmt.Errorf("subject transform %q -> %q: %w", src, dest, err)
-	}
-	return src, dest, nil
-}
-
-// ScaleOutRouted decides whether the route step runs, the one place that
-// does: with scale_out.route always, or auto when the server cannot
-// partition the input itself (ScaleOutTransform fails: the key is a header
-// or a JSON field, or not a single-token wildcard of the one input
-// subject). why says which and why, for the logs and check-config.
-func (c Config) ScaleOutRouted() (routed bool, why string) {
-	switch c.ScaleOut.Route {
-	case RouteAlways:
-		return true, "scale_out.route is always"
-	case RouteNever:
-		return false, "scale_out.route is never: the input stream's transform partitions by the partition key's token"
-	}
-	_, name := c.PartitionField()
-	if _, _, err := c.ScaleOutTransform(); err != nil {
-		return true, "scale_out.route is auto and the server cannot partition the input by the " + name + " itself: " + err.Error()
-	}
-	return false, "scale_out.route is auto and the " + name + " is a subject token: the input stream's transform partitions by it"
-}
-
-// ScaleOutPresence returns how instances see each other, for balance
-// only (docs/scale-out.md §4.2): the KV bucket "<group>-members", how often
-// an instance refreshes its key (input.ack_wait, the pin's TTL), and the
-// key's TTL, three refreshes, after which an instance that stopped
-// refreshing is no longer counted.
-func (c Config) ScaleOutPresence() (bucket string, every, ttl time.Duration) {
-	every = max(c.Input.AckWait.D(), time.Second)
-	return c.ScaleOut.Group + "-members", every, 3 * every
-}
-
-// ScaleOutReleaseCooldown is how long an instance that released a
-// partition to balance the group leaves it to the others before it
-// stands by for it again: five presence refreshes, which bounds how often
-// a partition can move for balance.
-func (c Config) ScaleOutReleaseCooldown() time.Duration {
-	_, every, _ := c.ScaleOutPresence()
-	return 5 * every
 }
 
 // OutputRetention is how long the output stream must keep messages with
@@ -257,7 +174,7 @@ func (c Config) OutputRetention(w time.Duration) time.Duration {
 // is 0, or totals are on (a snapshot holds the keys, not the open totals
 // a new owner restores with them).
 func (c Config) ScaleOutSnapshots(w time.Duration) (bucket string, every, keep time.Duration, off string) {
-	bucket, keep = c.ScaleOutSnapshotBucket(), c.OutputRetention(w)
+	bucket, keep = layout.SnapshotBucket(c.ScaleOut.Group), c.OutputRetention(w)
 	switch {
 	case c.ScaleOut.SnapshotInterval == 0:
 		return bucket, 0, keep, "scale_out.snapshot_interval is 0"
@@ -338,7 +255,7 @@ func (c Config) validateScaleOut(v *validator) {
 	switch s.Route {
 	case RouteAuto, RouteAlways:
 	case RouteNever:
-		if _, _, err := c.ScaleOutTransform(); err != nil {
+		if _, _, err := c.ScaleOutPartitioning().Transform(); err != nil {
 			_, field := c.PartitionField()
 			if len(c.Input.Subjects) != 1 {
 				field = "input.subjects"
@@ -348,7 +265,7 @@ func (c Config) validateScaleOut(v *validator) {
 	default:
 		v.add("scale_out.route", "%q, want auto, always or never", s.Route)
 	}
-	if routed, _ := c.ScaleOutRouted(); routed {
+	if routed, _ := c.ScaleOutPartitioning().Routed(); routed {
 		checkName(v, "scale_out.routed_stream", s.RoutedStream)
 		if s.RoutedStream == c.Input.Stream || s.RoutedStream == c.Output.Stream || s.RoutedStream == c.DeadLetter.Stream {
 			v.add("scale_out.routed_stream", "%q is also the input, output or dead-letter stream", s.RoutedStream)
@@ -398,15 +315,16 @@ func (c Config) scaleOutSummary() []string {
 	}
 	out := []string{
 		fmt.Sprintf("instance %q in static consumer group %q: members %s..%s (consumers %s-%s..), one per partition; every instance consumes for every member, the server's pin picks the owner",
-			s.InstanceName(), s.Group, ScaleOutMember(0), ScaleOutMember(c.State.Partitions-1), s.Group, ScaleOutMember(0)),
+			s.InstanceName(), s.Group, layout.Member(0), layout.Member(c.State.Partitions-1), s.Group, layout.Member(0)),
 		fmt.Sprintf("at most %d instances do work (one per partition, state.partitions); more stand by, and take partitions only when an owner leaves", c.State.Partitions),
 		fmt.Sprintf("instance counts that share the %d partitions evenly: %s; with any other count the busiest instance, one partition more than others, bounds the group", c.State.Partitions, evenInstanceCounts(c.State.Partitions)),
 		fmt.Sprintf("hand-over after a crash ≈ input.ack_wait %v (the pin's TTL) + the fence write + the restore; after a clean stop, one round trip (the stop unpins)", c.Input.AckWait),
 	}
-	if routed, why := c.ScaleOutRouted(); routed {
+	pt := c.ScaleOutPartitioning()
+	if routed, why := pt.Routed(); routed {
 		out = append(out, fmt.Sprintf("route step on: %s; every instance routes the input through the shared consumer %s-route into stream %s, subjects <p>.%s.<input subject>",
 			why, s.Group, s.RoutedStream, s.RoutedSubject))
-	} else if src, dest, err := c.ScaleOutTransform(); err != nil {
+	} else if src, dest, err := pt.Transform(); err != nil {
 		out = append(out, "input transform: invalid: "+err.Error())
 	} else {
 		out = append(out, fmt.Sprintf("input stream transform %s -> %s (nats-server's FNV-1a 32-bit partition of the key token)", src, dest))
@@ -429,12 +347,12 @@ func (c Config) scaleOutSummary() []string {
 // OutputStreamSubjects returns the subjects of the output stream: the
 // forwarded messages (Output.Subjects), and with scale-out the control
 // records beside them on a root of their own
-// (handover.ControlSubjects: "_dedupe.<prefix>.>"), so that a consumer of
+// (layout.ControlSubjects: "_dedupe.<prefix>.>"), so that a consumer of
 // the output prefix receives forwarded messages only.
 func (c Config) OutputStreamSubjects() []string {
 	subjects := []string{c.Output.Subjects()}
 	if c.ScaleOut.Enabled {
-		subjects = append(subjects, handover.ControlSubjects(c.Output.SubjectPrefix))
+		subjects = append(subjects, layout.ControlSubjects(c.Output.SubjectPrefix))
 	}
 	return subjects
 }
@@ -446,21 +364,7 @@ func (c Config) OutputStreamSubjects() []string {
 func (c Config) DeadLetterStreamSubjects() []string {
 	subjects := []string{c.DeadLetter.Subjects()}
 	if c.ScaleOut.Enabled {
-		subjects = append(subjects, handover.ControlSubjects(c.DeadLetter.Subject))
+		subjects = append(subjects, layout.ControlSubjects(c.DeadLetter.Subject))
 	}
 	return subjects
 }
-
-// ScaleOutSnapshotBucket returns the Object Store bucket that holds the
-// group's partition snapshots: "<group>-snapshots".
-func (c Config) ScaleOutSnapshotBucket() string { return c.ScaleOut.Group + "-snapshots" }
-
-// ScaleOutSnapshotObject returns the name of partition p's snapshot in
-// the bucket (ScaleOutSnapshotBucket): "p<p>", its member's name; each new
-// snapshot replaces the last.
-func ScaleOutSnapshotObject(p int) string { return ScaleOutMember(p) }
-
-// ScaleOutHandOverBucket returns the key-value bucket in which each new
-// owner records its takeover of a partition (handover.HandOver, under the
-// partition's member name): "<group>-handovers".
-func (c Config) ScaleOutHandOverBucket() string { return c.ScaleOut.Group + "-handovers" }

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -173,48 +171,6 @@ func TestScaleOutValidate(t *testing.T) {
 	}
 }
 
-// TestScaleOutTransformPartitionsTheKey checks the derived transform on a
-// real server's subject transform: the stored subject is the partition
-// token, FNV-1a-32 of the key token mod N, then the subject unchanged.
-func TestScaleOutTransformPartitionsTheKey(t *testing.T) {
-	c := scaleOutOn()
-	c.Input.Subjects = []string{"shop.*.orders.*.>"}
-	c.Key.Field.SubjectToken = 4
-	src, dest, err := c.ScaleOutTransform()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "{{partition(4,2)}}.shop.{{wildcard(1)}}.orders.{{wildcard(2)}}.>"; src != "shop.*.orders.*.>" || dest != want {
-		t.Fatalf("transform %q -> %q, want shop.*.orders.*.> -> %q", src, dest, want)
-	}
-	tr, err := server.NewSubjectTransform(src, dest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, key := range []string{"o-1", "o-2", "o-3", "x", "a-much-longer-order-id"} {
-		subj := "shop.eu." + "orders." + key + ".created.v1"
-		got, err := tr.Match(subj)
-		if err != nil {
-			t.Fatalf("transform %s: %v", subj, err)
-		}
-		p := fnv1a32([]byte(key)) % 4
-		if want := string(rune('0'+p)) + "." + subj; got != want {
-			t.Errorf("%s -> %s, want %s", subj, got, want)
-		}
-	}
-}
-
-// fnv1a32 is FNV-1a 32-bit, written out here so that the test does not
-// trust the code it checks.
-func fnv1a32(b []byte) uint32 {
-	h := uint32(2166136261)
-	for _, c := range b {
-		h ^= uint32(c)
-		h *= 16777619
-	}
-	return h
-}
-
 func TestScaleOutSummary(t *testing.T) {
 	c := scaleOutOn()
 	got := c.Summary()
@@ -283,25 +239,5 @@ func TestScaleOutStateRecordsTheServersHash(t *testing.T) {
 	}
 	if got := Default().StateOptions(w).Partitioning; got != (state.Partitioning{}) {
 		t.Errorf("single-instance state partitioning %+v, want the zero value (xxhash64)", got)
-	}
-}
-
-func TestScaleOutRouted(t *testing.T) {
-	c := scaleOutOn()
-	if routed, why := c.ScaleOutRouted(); routed {
-		t.Errorf("subject key, route auto: routed (%s); want the server's transform", why)
-	}
-	c.ScaleOut.Route = RouteAlways
-	if routed, _ := c.ScaleOutRouted(); !routed {
-		t.Error("route always: not routed")
-	}
-	c.ScaleOut.Route = RouteAuto
-	c.Key.Field = keys.FieldSpec{Source: keys.SourceHeader, Header: "Nats-Msg-Id"}
-	if routed, why := c.ScaleOutRouted(); !routed || !strings.Contains(why, "key is header") {
-		t.Errorf("header key, route auto: routed %v (%s); want routed, saying why", routed, why)
-	}
-	c.ScaleOut.Route = RouteNever
-	if routed, _ := c.ScaleOutRouted(); routed {
-		t.Error("route never: routed")
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -329,7 +329,7 @@ func (c Config) validateSubjectOverlaps(v *validator, inputs []string, prefixOK 
 			}
 		}
 		if c.ScaleOut.Enabled {
-			control := handover.ControlSubjects(out.SubjectPrefix)
+			control := layout.ControlSubjects(out.SubjectPrefix)
 			for _, s := range append(slices.Clone(inputs), dl.Subjects()) {
 				if subjectsOverlap(control, s) {
 					v.add("output.subject_prefix", "%q: the group's control subjects %q overlap subject %q of another stream", out.SubjectPrefix, control, s)
@@ -350,10 +350,10 @@ func (c Config) validateSubjectOverlaps(v *validator, inputs []string, prefixOK 
 			v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap output subjects %q", dl.Subject, dead, outputs)
 		}
 		if c.ScaleOut.Enabled {
-			control := handover.ControlSubjects(dl.Subject)
+			control := layout.ControlSubjects(dl.Subject)
 			others := append(slices.Clone(inputs), outputs)
 			if prefixOK {
-				others = append(others, handover.ControlSubjects(out.SubjectPrefix))
+				others = append(others, layout.ControlSubjects(out.SubjectPrefix))
 			}
 			for _, s := range others {
 				if subjectsOverlap(control, s) {

@@ -846,15 +846,9 @@ func (e *env) balance(stages []stage) []string {
 }
 
 // TestContainerScaleOut runs the group as deploy/compose-group.yaml starts
-// it, with the compose tool: a 3-node cluster of the project's nats-server
-// image (every write synced, a token) and three stage instances of one
-// group, each on its own data volume, with streams of three replicas.
-// Keys published with copies are forwarded once each and the partitions
-// are shared; then one stage container and one NATS container are killed
-// (SIGKILL) while a second batch and copies of the first are published:
-// every key is forwarded once. Last, one of the two left is stopped
-// (SIGTERM: it gives its partitions back) and the other takes every
-// partition and forwards a third batch once.
+// it (3 NATS nodes, three stage instances), kills one stage and one NATS
+// container, then stops a stage cleanly: each batch of keys is forwarded
+// once, and the last instance takes every partition.
 func TestContainerScaleOut(t *testing.T) {
 	needDocker(t)
 	tool := composeTool(t)

@@ -37,23 +37,11 @@ func testSeed(t *testing.T) uint64 {
 	return seed
 }
 
-// TestKill9AtRandomMoments kills the stage with SIGKILL at seeded random
-// moments, at least 20 times, while inputs with repeats and bad inputs keep
-// arriving: every third kill lands while the filters are being rebuilt at
-// start (the snapshots are removed and 400k keys are preloaded, so the
-// rebuild takes visible time, and the kill comes before /readyz is 200),
-// the others while messages are being forwarded, judged, committed and
-// acked. Each restart reuses the data directory. Then late copies (older
-// than the output stream's 30s duplicate window, so only the stage's store
-// can recognise them), copies with a changed payload and more bad inputs
-// arrive through three more kills. At the end every key is in the output
-// exactly once and the dead letters are exactly the bad inputs. Because the
-// output's duplicate window would hide a key published twice, the stage's
-// own decisions are checked as well: the re-publishes the output reports
-// stay within a batch per partition per kill since the input last drained,
-// and each run that is
-// left to drain judges every delivery once and decides new exactly the keys
-// the output gained plus those re-publishes.
+// TestKill9AtRandomMoments kills the stage with SIGKILL at least 20 times at
+// seeded random moments, a third of them during the filter rebuild at
+// start, while inputs with repeats, late copies and bad inputs arrive: every
+// key is in the output once and the dead letters are exactly the bad
+// inputs. docs/faults.md gives the workload and what else is checked.
 func TestKill9AtRandomMoments(t *testing.T) {
 	const (
 		preloadKeys = 400_000

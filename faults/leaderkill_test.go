@@ -152,24 +152,11 @@ func waitQuorum(tb testing.TB, js jetstream.JetStream, partitions int, timeout t
 	}
 }
 
-// TestScaleOutLeaderKills kills (SIGKILL), four times at random moments
-// while two instances work through inputs with repeats and bad inputs, the
-// nats-server node that leads the output stream or a partition's consumer,
-// keeps it down for longer than the output's duplicate window, starts it
-// again and waits until every replica is current before the next round.
-// The output holds each key of the workload once, the dead letters are its
-// bad inputs once each. The moments and the victim's role come from a
-// seeded RNG, logged, so that a failure can be replayed
-// (DEDUPE_FAULTS_SEED); which node leads is the cluster's choice.
-//
-// It found three bugs (issue 23 item 8), each now with a test of its own:
-// a copy of an input kept the input's atomic-batch headers, so a batch sent
-// one message at a time after a leader change was refused (10176) and a
-// good input dead-lettered (seed 51; TestInputsOfAnAtomicBatchAreForwarded);
-// a restore read by a replica catching up ended short of its fence, and a
-// batch of keys was forwarded twice (seed 3; TestRestoreReadsUpToTheFence);
-// and the landed check could ask such a replica
-// (TestFencedBatchLandedWithoutAnswer).
+// TestScaleOutLeaderKills SIGKILLs, four times at seeded random moments
+// (DEDUPE_FAULTS_SEED replays them), the node leading the output stream or
+// a partition's consumer while two instances work: each key is in the
+// output once and the dead letters are the bad inputs once each. The bugs
+// it found and their own tests are in docs/faults.md and docs/failures.md.
 func TestScaleOutLeaderKills(t *testing.T) {
 	start := time.Now()
 	seed := testSeed(t)

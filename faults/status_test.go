@@ -92,16 +92,11 @@ func statusJSON(tb testing.TB, path string) (statusReport, int) {
 	return r, code
 }
 
-// TestStatusAsACheck runs `dedupe-stage status` as a monitoring check on a
-// group of two instances (processes) on a 3-node cluster, with the
-// partition key a subject token, so that input waits in the partitions'
-// own consumers. With no input, and again once 50 inputs are judged (some
-// partitions released for balance have no owner and nothing pending), it
-// exits 0: every partition is owned or idle. With every instance stopped
-// and input published, it exits 2 once the input has waited longer than
-// the hand-over time (input.ack_wait 2s + output.restart_margin 1s, or
-// the partition's last takeover when that took longer),
-// naming the partitions and how long, in the table and in --json.
+// TestStatusAsACheck runs `dedupe-stage status` as a monitoring check on two
+// instances on a 3-node cluster: it exits 0 while every partition is owned
+// or idle, and 2, naming the partitions and their wait, once input has
+// waited without an owner past the hand-over time (ack_wait 2s + restart
+// margin 1s, or the last takeover when that took longer).
 func TestStatusAsACheck(t *testing.T) {
 	cl := natstest.StartCluster(t, 3)
 	var stages []*stage

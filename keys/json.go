@@ -6,24 +6,11 @@ import (
 	"unicode/utf8"
 )
 
-// This file holds the JSON path scanner. It walks the payload once, from the
-// start to the end, comparing member names of the objects on the path and
-// skipping every other value: nothing is decoded into maps and nothing is
-// allocated except, rarely, a nesting stack deeper than 64 levels while
-// skipping or an escaped member name longer than 64 bytes.
-//
-// What it reads it checks against the JSON grammar (RFC 8259): strings with
-// their escapes and the absence of raw control characters, numbers, the
-// literals, the structure of objects and arrays, and nothing but whitespace
-// after the top-level value. The UTF-8 validity of skipped strings is not
-// checked.
-//
-// An object on the key's path that names the path's member twice is refused
-// (ReasonBadPayload) rather than resolved: encoding/json and most other
-// parsers take the last duplicate, a scanner that stopped at the first would
-// take the first, and two readers of one message would then disagree about
-// its key. Duplicates elsewhere in the document cannot change the key and
-// are not looked for.
+// This file holds the JSON path scanner: one pass over the payload that
+// checks its syntax (RFC 8259, except the UTF-8 of skipped strings), decodes
+// nothing and allocates nothing in the common case. The rules a user sees,
+// a member named twice on the path among them, are key.json_path's in
+// configs/README.md.
 
 // strSpecial marks the bytes that end the fast path inside a string: the
 // closing quote, a backslash and the control characters JSON forbids raw.
@@ -197,173 +184,103 @@ func (s *scanner) skip() *Error {
 	var buf [64]byte
 	stack := buf[:0] // open containers: '{' or '['
 	for {
-		// A value is expected at the cursor.
-		s.ws()
-		switch c := s.peek(); {
-		case c == '{':
-			s.i++
-			s.ws()
-			if s.peek() == '}' {
-				s.i++
-				break
-			}
-			stack = append(stack, '{')
-			if _, _, err := s.memberName(); err != nil {
-				return err
-			}
-			continue
-		case c == '[':
-			s.i++
-			s.ws()
-			if s.peek() == ']' {
-				s.i++
-				break
-			}
-			stack = append(stack, '[')
-			continue
-		case c == '"':
-			if _, _, err := s.str(); err != nil {
-				return err
-			}
-		case c == '-' || isDigit(c):
-			if _, err := s.number(); err != nil {
-				return err
-			}
-		default:
-			if _, err := s.literal(); err != nil {
-				return err
-			}
+		var opened, more bool
+		var err *Error
+		if stack, opened, err = s.valueStart(stack); err != nil {
+			return err
 		}
-		// A value ended: close containers until another value is due.
-		for {
-			if len(stack) == 0 {
-				return nil
-			}
-			s.ws()
-			top := stack[len(stack)-1]
-			c := s.peek()
-			if c == ',' {
-				s.i++
-				if top == '{' {
-					if _, _, err := s.memberName(); err != nil {
-						return err
-					}
-				}
-				break
-			}
-			if (top == '{' && c == '}') || (top == '[' && c == ']') {
-				s.i++
-				stack = stack[:len(stack)-1]
-				continue
-			}
-			if top == '{' {
-				return s.syntax("',' or '}'")
-			}
-			return s.syntax("',' or ']'")
+		if opened {
+			continue
+		}
+		if stack, more, err = s.valueEnd(stack); err != nil || !more {
+			return err
 		}
 	}
 }
 
-// findJSON finds the value at path in data. pathStr is the dotted path, for
-// messages.
-//
-// It reads the whole document: after the wanted value (or after learning
-// that it is absent) it finishes every object on the path, refusing a second
-// member with the path's name there, and then refuses anything but
-// whitespace after the top-level value. Either is ReasonBadPayload, and so is
-// a syntax error anywhere; otherwise the answer for the path stands.
+// valueStart scans the value at the cursor, or only its opening when it is
+// a non-empty object or array: then it pushes the container on stack (and
+// reads an object's first member name) and opened is true.
+func (s *scanner) valueStart(stack []byte) (_ []byte, opened bool, err *Error) {
+	s.ws()
+	switch c := s.peek(); {
+	case c == '{' || c == '[':
+		s.i++
+		s.ws()
+		if end := c + 2; s.peek() == end { // '}' and ']' follow '{' and '[' by 2
+			s.i++
+			return stack, false, nil
+		}
+		if c == '{' {
+			if _, _, err := s.memberName(); err != nil {
+				return stack, false, err
+			}
+		}
+		return append(stack, c), true, nil
+	case c == '"':
+		_, _, err = s.str()
+	case c == '-' || isDigit(c):
+		_, err = s.number()
+	default:
+		_, err = s.literal()
+	}
+	return stack, false, err
+}
+
+// valueEnd closes the containers on stack that end after a value, until
+// another value is due (more is true; an object's member name is read) or
+// stack is empty.
+func (s *scanner) valueEnd(stack []byte) (_ []byte, more bool, err *Error) {
+	for len(stack) > 0 {
+		s.ws()
+		top := stack[len(stack)-1]
+		c := s.peek()
+		if c == ',' {
+			s.i++
+			if top == '{' {
+				if _, _, err := s.memberName(); err != nil {
+					return stack, false, err
+				}
+			}
+			return stack, true, nil
+		}
+		if c != top+2 { // '}' and ']' follow '{' and '[' by 2
+			if top == '{' {
+				return stack, false, s.syntax("',' or '}'")
+			}
+			return stack, false, s.syntax("',' or ']'")
+		}
+		s.i++
+		stack = stack[:len(stack)-1]
+	}
+	return stack, false, nil
+}
+
+// findJSON finds the value at path in data; pathStr is the dotted path,
+// for messages. It reads the whole document, so that a syntax error, a
+// member named twice on the path or data after the top-level value is
+// ReasonBadPayload whatever the path finds.
 func findJSON(data []byte, path []string, pathStr string) (view, *Error) {
 	s := scanner{data: data}
 	s.ws()
 	if s.i >= len(data) {
 		return view{}, newError(ReasonBadPayload, "payload is empty, want a JSON object")
 	}
-	// open counts the objects on the path that were entered and not yet
-	// closed: the object at depth d holds path[d].
-	open := 0
-	var v view
-	var answer *Error
-descend:
-	for depth, seg := range path {
-		// The cursor is at the value that should be an object holding seg.
-		if c := s.peek(); c != '{' {
-			if !startsValue(c) {
-				return view{}, s.syntax("a JSON value")
-			}
-			if err := s.skip(); err != nil {
-				return view{}, err
-			}
-			if depth == 0 {
-				answer = newError(ReasonNoKey, "json %q absent: payload is not a JSON object", pathStr)
-			} else {
-				answer = newError(ReasonNoKey, "json %q absent: %q is not an object", pathStr, joinPath(path[:depth]))
-			}
-			break
-		}
-		s.i++
-		s.ws()
-		if s.peek() == '}' {
-			s.i++
-			answer = newError(ReasonNoKey, "json %q absent", pathStr)
-			break
-		}
-		open++
-		for {
-			name, escaped, err := s.memberName()
-			if err != nil {
-				return view{}, err
-			}
-			if nameEquals(name, escaped, seg) {
-				continue descend
-			}
-			if err := s.skip(); err != nil {
-				return view{}, err
-			}
-			s.ws()
-			switch s.peek() {
-			case ',':
-				s.i++
-				continue
-			case '}':
-				s.i++
-				open--
-				answer = newError(ReasonNoKey, "json %q absent", pathStr)
-				break descend
-			}
-			return view{}, s.syntax("',' or '}'")
-		}
+	open, answer, err := s.descend(path, pathStr)
+	if err != nil {
+		return view{}, err
 	}
+	var v view
 	if open == len(path) {
 		v, answer = s.leaf(pathStr)
 		if answer != nil && answer.Reason == ReasonBadPayload {
 			return view{}, answer
 		}
 	}
-	// Finish the objects still open, innermost first: the cursor is after
-	// the value of path[d] (or of another member) in the object at depth d.
+	// Finish the objects still open, innermost first.
 	for d := open - 1; d >= 0; d-- {
-		for {
-			s.ws()
-			switch s.peek() {
-			case ',':
-				s.i++
-				name, escaped, err := s.memberName()
-				if err != nil {
-					return view{}, err
-				}
-				if nameEquals(name, escaped, path[d]) {
-					return view{}, newError(ReasonBadPayload, "duplicate member %q on the path %q: readers would disagree about which one counts", path[d], pathStr)
-				}
-				if err := s.skip(); err != nil {
-					return view{}, err
-				}
-				continue
-			case '}':
-				s.i++
-			default:
-				return view{}, s.syntax("',' or '}'")
-			}
-			break
+		if err := s.closeObject(path[d], pathStr); err != nil {
+			return view{}, err
 		}
 	}
 	s.ws()
@@ -371,6 +288,97 @@ descend:
 		return view{}, newError(ReasonBadPayload, "invalid JSON at byte %d: data after the top-level value", s.i)
 	}
 	return v, answer
+}
+
+// descend enters, from the cursor, the object holding each segment of path
+// and leaves the cursor at the value of the last it found. open counts the
+// objects entered and not closed (the one at depth d holds path[d]);
+// absent says why the path is absent, err is a syntax error.
+func (s *scanner) descend(path []string, pathStr string) (open int, absent, err *Error) {
+	for depth, seg := range path {
+		if c := s.peek(); c != '{' {
+			if !startsValue(c) {
+				return open, nil, s.syntax("a JSON value")
+			}
+			if err := s.skip(); err != nil {
+				return open, nil, err
+			}
+			if depth == 0 {
+				return open, newError(ReasonNoKey, "json %q absent: payload is not a JSON object", pathStr), nil
+			}
+			return open, newError(ReasonNoKey, "json %q absent: %q is not an object", pathStr, joinPath(path[:depth])), nil
+		}
+		s.i++
+		s.ws()
+		if s.peek() == '}' {
+			s.i++
+			return open, newError(ReasonNoKey, "json %q absent", pathStr), nil
+		}
+		found, err := s.findMember(seg)
+		if err != nil {
+			return open, nil, err
+		}
+		if !found {
+			return open, newError(ReasonNoKey, "json %q absent", pathStr), nil
+		}
+		open++
+	}
+	return open, nil, nil
+}
+
+// findMember reads the members of the object the cursor is inside, from
+// its first, until one named seg (found: the cursor is at its value) or the
+// object's end (the cursor is after its '}').
+func (s *scanner) findMember(seg string) (found bool, err *Error) {
+	for {
+		name, escaped, err := s.memberName()
+		if err != nil {
+			return false, err
+		}
+		if nameEquals(name, escaped, seg) {
+			return true, nil
+		}
+		if err := s.skip(); err != nil {
+			return false, err
+		}
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return false, nil
+		default:
+			return false, s.syntax("',' or '}'")
+		}
+	}
+}
+
+// closeObject reads the rest of an object on the path, the cursor after a
+// member's value, to its '}', refusing a second member named seg.
+func (s *scanner) closeObject(seg, pathStr string) *Error {
+	for {
+		s.ws()
+		switch s.peek() {
+		case ',':
+			s.i++
+			name, escaped, err := s.memberName()
+			if err != nil {
+				return err
+			}
+			if nameEquals(name, escaped, seg) {
+				return newError(ReasonBadPayload, "duplicate member %q on the path %q: readers would disagree about which one counts", seg, pathStr)
+			}
+			if err := s.skip(); err != nil {
+				return err
+			}
+		case '}':
+			s.i++
+			return nil
+		default:
+			return s.syntax("',' or '}'")
+		}
+	}
 }
 
 // leaf reads the wanted value at the cursor and leaves the cursor after it.

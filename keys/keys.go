@@ -563,19 +563,9 @@ func NewKeyFunc(cfg KeyConfig) (*KeyFunc, error) {
 func (k *KeyFunc) Config() KeyConfig { return k.cfg }
 
 // Key returns the final key of a message: the key field, or scope + ":" +
-// key when a scope is configured. It allocates only the returned slice.
-//
-// Errors are *Error with Reason:
-//   - the key field's ReasonNoKey, ReasonBadPayload, ReasonBadKeyType;
-//   - ReasonNoScope when the scope is missing, ReasonBadScope when it
-//     contains ':' or its JSON value is not a string or number;
-//   - ReasonKeyTooLong when the final key exceeds MaxLength bytes;
-//   - ReasonBadKey when the final key is not valid UTF-8 or contains
-//     whitespace or control characters (it must be a valid Nats-Msg-Id
-//     header value).
-//
-// The key is checked before the scope: a message missing both fails with
-// ReasonNoKey.
+// key when a scope is configured; it allocates only the returned slice. An
+// error is an *Error whose Reason names the rule broken; the key is checked
+// before the scope, so a message missing both fails with ReasonNoKey.
 func (k *KeyFunc) Key(subject string, hdr nats.Header, data []byte) ([]byte, error) {
 	fv, err := k.field.find(subject, hdr, data)
 	if err != nil {

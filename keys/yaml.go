@@ -9,19 +9,11 @@ import (
 // fieldSpecNames are the YAML names of FieldSpec's fields.
 var fieldSpecNames = map[string]bool{"source": true, "header": true, "json_path": true, "subject_token": true}
 
-// UnmarshalYAML decodes a key configuration over the current value of c
-// (normally DefaultKeyConfig), with one rule that plain field-by-field
-// decoding lacks: a field spec is replaced as a whole. If the mapping names
-// any of source, header, json_path or subject_token, the key field is
-// rebuilt from those names alone, and a scope mapping rebuilds the scope
-// alone, as a version mapping rebuilds the version; max_length is kept
-// unless given. So `key: {json_path: id}` is
-// rejected for its missing source instead of silently keeping the default
-// header source with a stray path.
-//
-// Unknown names are errors, as with yaml.v3's Decoder.KnownFields(true)
-// (which does not reach into custom unmarshalers). Merge keys ("<<") are not
-// supported here.
+// UnmarshalYAML decodes a key configuration over c (normally
+// DefaultKeyConfig), replacing a field spec named in the mapping as a whole
+// (the key's, the scope's, the version's; max_length is kept unless given): `key: {json_path: id}` is refused for
+// its missing source rather than keeping the default header source with a
+// stray path. Unknown names are errors; merge keys ("<<") are not supported.
 func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias

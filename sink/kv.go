@@ -25,20 +25,9 @@ type kvSink struct {
 }
 
 // NewKV returns a Sink that keeps totals in the JetStream key-value bucket
-// kv. The key of a total is Total.ID() and its value the decimal text of
-// Total.Value.
-//
-// For each total, Write reads the key; if it is absent (or deleted) it
-// creates it, and if the stored value is smaller it updates it with a
-// compare-and-set on the revision it read. A conflict with a concurrent
-// writer (another instance, another goroutine) is retried from the read and
-// counted in Result.Retried, up to MaxKVAttempts attempts per total. The
-// stored value therefore never decreases. Up to 16 totals of a batch are in
-// flight at once (they name distinct keys). When one fails, no further
-// totals are started, the ones in flight finish, Result counts every total
-// that finished, and Write returns the first error.
-//
-// The sink does not own kv. It is safe for concurrent use.
+// kv, raised by compare-and-set only (docs/sinks.md). When a total fails,
+// Write finishes those in flight and returns the first error. The sink does
+// not own kv; it is safe for concurrent use.
 func NewKV(kv jetstream.KeyValue) Sink {
 	return &kvSink{kv: kv}
 }

@@ -17,19 +17,9 @@ type Metrics struct {
 	seconds *prometheus.HistogramVec
 }
 
-// NewMetrics creates the sink metrics and registers them with reg (nothing
-// is registered when reg is nil):
-//
-//   - dedupe_sink_writes_total{sink, result}: totals written, by result
-//     "applied" or "stale" (Result's fields);
-//   - dedupe_sink_write_retries_total{sink}: extra attempts caused by
-//     concurrent writers (Result.Retried);
-//   - dedupe_sink_write_errors_total{sink}: Write calls that returned an
-//     error;
-//   - dedupe_sink_write_seconds{sink}: duration of Write calls.
-//
-// It panics if the metrics are already registered with reg, like
-// prometheus.MustRegister.
+// NewMetrics creates the sink metrics (docs/metrics.md) and registers them
+// with reg, nothing when reg is nil. It panics if they are already
+// registered with reg, like prometheus.MustRegister.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -69,31 +69,11 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool, table string) error {
 	return nil
 }
 
-// NewPostgres returns a Sink that keeps totals in table, which must exist
-// with the columns CreateSchema gives it (group_key, bucket, total,
-// updated_at); otherwise the error wraps ErrNoTable. The table name is
-// checked by ParseTable and always quoted.
-//
-// Write runs one statement per batch, retried as a whole on a deadlock or
-// serialization failure (counted in Result.Retried, at most
-// MaxPostgresAttempts runs):
-//
-//	WITH up AS (
-//	  INSERT INTO <table> AS cur (group_key, bucket, total)
-//	  SELECT g, b, v FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) AS u(g, b, v)
-//	  ORDER BY g, b
-//	  ON CONFLICT (group_key, bucket) DO UPDATE
-//	    SET total = GREATEST(cur.total, EXCLUDED.total), updated_at = now()
-//	    WHERE cur.total < EXCLUDED.total
-//	  RETURNING 1)
-//	SELECT count(*) FROM up
-//
-// Rows inserted or raised are Applied; the rest of the batch is Stale. The
-// rows are locked in (group_key, bucket) order, so concurrent batches over
-// the same keys do not deadlock each other. The batch is all or nothing: a
-// failed Write applied nothing.
-//
-// The sink does not own pool. It is safe for concurrent use.
+// NewPostgres returns a Sink that keeps totals in table, upserting each batch
+// with GREATEST in one statement that applies all of it or nothing
+// (docs/sinks.md). The table, checked by ParseTable and always quoted, must
+// have CreateSchema's columns, or the error wraps ErrNoTable. The sink does
+// not own pool; it is safe for concurrent use.
 func NewPostgres(ctx context.Context, pool *pgxpool.Pool, table string) (Sink, error) {
 	id, err := ParseTable(table)
 	if err != nil {

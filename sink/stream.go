@@ -59,30 +59,12 @@ type streamSink struct {
 	closed atomic.Bool
 }
 
-// NewStream returns a Sink that publishes one message per total to a
-// JetStream stream that captures subjectPrefix.>:
-//
-//   - subject: subjectPrefix + "." + EncodeGroup(Group), so one group's
-//     totals share a subject;
-//   - payload: the JSON form of the Total,
-//     {"group":"campaign-42","bucket":"2026-01-01T00:00:00Z","value":1017};
-//   - headers: HeaderGroup, HeaderBucket, HeaderTotal, and Nats-Msg-Id set to
-//     Total.ID() + ":" + decimal Value.
-//
-// A re-flush of the same value for the same (group, bucket) inside the
-// stream's duplicate window is dropped by the server (PubAck.Duplicate) and
-// counted as Stale. Any other value is appended, even a smaller one: the
-// stream is a log of observations and cannot compare with what it holds.
-// Readers keep the largest value per (group, bucket) (see Latest), so the
-// total they see never moves backwards. Result.Applied counts messages the
-// stream stored.
-//
-// An invalid subjectPrefix (see CheckSubjectPrefix) makes every Write fail
-// with ErrBadSubject. Publishes are pipelined; when Write fails, its Result
-// counts the acks received before the failure, and calling it again is safe
-// (the message ids make the repeat a no-op inside the duplicate window).
-//
-// The sink does not own js. It is safe for concurrent use.
+// NewStream returns a Sink that publishes one message per total to the
+// stream capturing subjectPrefix.>, with Nats-Msg-Id set from the total's ID
+// and value; readers keep the largest value per (group, bucket) (Latest,
+// docs/sinks.md). A failed Write can be called again. An invalid
+// subjectPrefix makes every Write fail with ErrBadSubject. The sink does not
+// own js; it is safe for concurrent use.
 func NewStream(js jetstream.JetStream, subjectPrefix string) Sink {
 	return NewStreamWith(js, subjectPrefix, StreamOptions{})
 }

@@ -35,7 +35,7 @@ func TestScaleOutRefusesBacklogWithoutPartitionToken(t *testing.T) {
 		natstest.PublishAll(t, e.js, msgs)
 	}
 	publish(0, 7)
-	src, dest, err := e.cfg.ScaleOutTransform()
+	src, dest, err := e.cfg.ScaleOutPartitioning().Transform()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestScaleOutJoinsWhileInputFlows(t *testing.T) {
 	e := newScaleOutEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	src, dest, err := e.cfg.ScaleOutTransform()
+	src, dest, err := e.cfg.ScaleOutPartitioning().Transform()
 	if err != nil {
 		t.Fatal(err)
 	}

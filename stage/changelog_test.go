@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -145,7 +145,7 @@ func TestScaleOutTakeoverRefusesShortChangelog(t *testing.T) {
 func (e *env) refusedAgain(r *running, reason string) {
 	e.t.Helper()
 	stream := e.cfg.Input.Stream
-	if routed, _ := e.cfg.ScaleOutRouted(); routed {
+	if routed, _ := e.cfg.ScaleOutPartitioning().Routed(); routed {
 		stream = e.cfg.ScaleOut.RoutedStream
 	}
 	refused := func() float64 {
@@ -156,7 +156,7 @@ func (e *env) refusedAgain(r *running, reason string) {
 	natstest.Until(time.Until(deadline), 50*time.Millisecond, func() bool {
 		before = refused()
 		for p := range e.cfg.State.Partitions {
-			c, err := e.js.Consumer(context.Background(), stream, config.ScaleOutMemberConsumer(e.cfg.ScaleOut.Group, p))
+			c, err := e.js.Consumer(context.Background(), stream, layout.MemberConsumer(e.cfg.ScaleOut.Group, p))
 			if err != nil {
 				return false
 			}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 )
 
 // Check runs against the server every check New makes before it opens the
@@ -58,21 +57,9 @@ func Check(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]fi
 		}
 	}
 
-	consumerCfg := memberConsumer(cfg.Input)
-	if in, ok := found[cfg.Input.Stream]; ok && !cfg.ScaleOut.Enabled {
-		c, err := in.Consumer(ctx, cfg.Input.Consumer)
-		switch {
-		case err == nil:
-			consumerCfg = c.CachedInfo().Config
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			consumerCfg = consumerToCreate(cfg.Input)
-			fs = append(fs, finding.Finding{Check: "consumer", Severity: finding.Info,
-				Message: fmt.Sprintf("consumer %s on stream %s does not exist; run creates it (durable, pull, ack_wait %v, max_ack_pending %d, max_deliver %d)",
-					cfg.Input.Consumer, cfg.Input.Stream, consumerCfg.AckWait, consumerCfg.MaxAckPending, consumerCfg.MaxDeliver)})
-		default:
-			add("consumer", finding.Error, fmt.Errorf("look up consumer %s on %s: %w", cfg.Input.Consumer, cfg.Input.Stream, err))
-		}
-	}
+	src := sourceFor(cfg)
+	consumerCfg, cfs := src.checkConsumer(ctx, found[cfg.Input.Stream])
+	fs = append(fs, cfs...)
 
 	atomic := true // a stream run creates allows atomic publish
 	if _, ok := found[cfg.Output.Stream]; ok {
@@ -89,15 +76,7 @@ func Check(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]fi
 			add("atomic_publish", finding.Error, err)
 		}
 	}
-	if cfg.ScaleOut.Enabled {
-		if !atomic {
-			fix := "nats stream edit " + cfg.Output.Stream + " --allow-batch --force"
-			fs = append(fs, finding.Finding{Check: "atomic_publish", Severity: finding.Error, Fix: fix,
-				Message: fmt.Sprintf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s without AllowAtomicPublish); the fence needs them",
-					cfg.Output.Publish, cfg.Output.Stream)})
-		}
-		fs = append(fs, scaleout.Check(ctx, js, cfg, w.W)...)
-	}
+	fs = append(fs, src.check(ctx, js, w, atomic)...)
 	return fs, nil
 }
 

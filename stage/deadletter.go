@@ -11,7 +11,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
 // deadLetterBatch is the most dead letters the worker publishes together.
@@ -111,7 +110,7 @@ func (s *Stage) publishFencedDeadLetters(ctx context.Context, batch []deadLetter
 		}
 		if g.fence != nil && retry.IsFenced(err) {
 			dl := batch[idx[g.js[0]]]
-			s.group.DeadLetterFenced(dl.p, dl.pin)
+			s.src.deadLetterFenced(dl.p, dl.pin)
 			s.logs.Warn("dead_letter_fenced", "scale-out: dead letters refused: another instance took the partition's dead-letter fence; they stay unacked for its owner",
 				"partition", dl.partition, "dead_letters", len(g.js), "fence", g.fence.Subject, "err", err)
 		}
@@ -204,20 +203,19 @@ func (s *Stage) deadLetterInput(dl deadLetter) deadletter.Input {
 	return in
 }
 
-// sourceOf returns where the input of dead letter dl is. For a message of
-// the routed stream (scale-out with the route step) that is the input
-// message the route step copied (route.InputOfMsg), not the routed copy,
-// which the work-queue stream deletes once it is acked; for any other, and
-// for a message in the routed stream that the route step did not write,
-// the message's own subject, stream and sequence. ok is false when the
-// stream and sequence cannot be read.
+// sourceOf returns where the input of dead letter dl is: for a copy its
+// source made (source.inputOf; not for a message dead-lettered as not
+// routed), the input it copied, which outlives the copy; for any other,
+// and for a copy the source cannot trace, the message's own subject,
+// stream and sequence. ok is false when the stream and sequence cannot be
+// read.
 func (s *Stage) sourceOf(dl deadLetter) (subject, stream string, seq uint64, ok bool) {
 	md, err := dl.msg.Metadata()
 	if err != nil {
 		return dl.msg.Subject(), "", 0, false
 	}
-	if routed, routedSubject, ok := s.routed(); ok && md.Stream == routed && dl.reason != deadletter.ReasonNotRouted {
-		if subject, stream, seq, ok := route.InputOfMsg(routedSubject, dl.msg); ok {
+	if dl.reason != deadletter.ReasonNotRouted {
+		if subject, stream, seq, ok := s.src.inputOf(dl.msg, md.Stream); ok {
 			return subject, stream, seq, true
 		}
 	}

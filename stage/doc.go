@@ -25,15 +25,18 @@
 //	err = st.Run(ctx) // returns after ctx is done and the batch in flight is finished
 //	st.Close()
 //
-// # One worker, with or without a group
+// # One pipeline, with or without a group
 //
-// A partition's worker does not know whether it is one instance of many: it
-// asks its partition's ownership (ownership.go) to own a batch, annotate a
-// forwarded copy, give the fence the output batch expects, handle a fence
-// loss, commit the claims with the cursor and fence a dead letter. One
-// instance alone uses soleOwner, which does nothing; in a group each
-// partition has a scaleout.Owner. The stage's side of setting the group up
-// and of the routed stream's dispatch is group.go.
+// The stage does not know whether it is one instance of many. Its
+// messages come from a source (source.go): the single instance's consumer
+// (single.go) or this instance's part in a scale-out group (group.go),
+// which decodes what the route step wrote and hands the stage the same
+// decoded arrivals (key, input subject, partition, pin). A partition's
+// worker asks its partition's ownership (ownership.go) to own a batch,
+// annotate a forwarded copy, give the fence the output batch expects,
+// handle a fence loss, commit the claims with the cursor and fence a dead
+// letter. One instance alone uses soleOwner, which does nothing; in a
+// group each partition has a groupOwner around its scaleout.Owner.
 //
 // # A member's callback never waits on its partition
 //

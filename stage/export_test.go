@@ -23,9 +23,9 @@ func SetPinCheckFault(f func(p int) error) (restore func()) {
 // as each scale_out.snapshot_interval does, and returns how many it owns.
 // For tests only.
 func (s *Stage) WriteSnapshots(ctx context.Context) (int, error) {
-	return s.group.WriteSnapshots(ctx, s.store)
+	return s.src.(*groupSource).group.WriteSnapshots(ctx, s.store)
 }
 
 // ReleasePartition has the stage's balance release partition p at once,
 // as it does for an instance owning more than its quota. For tests only.
-func (s *Stage) ReleasePartition(p int) { s.group.Release(p) }
+func (s *Stage) ReleasePartition(p int) { s.src.(*groupSource).group.Release(p) }

@@ -1,7 +1,6 @@
 package stage
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -10,15 +9,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
+	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // The stage's side of scale-out (docs/scale-out.md): internal/scaleout is
-// this instance's part in the group; the stage hands it what it delivers
-// and asks each partition's scaleout.Owner before judging a batch.
+// this instance's part in the group; groupSource hands the stage what the
+// group delivers, decoded, and adapts each partition's scaleout.Owner.
 
 // ErrChangelog means the output stream does not keep what a new owner of
 // a partition restores it from; New refuses to start on a stream
@@ -30,14 +32,71 @@ var ErrChangelog = scaleout.ErrChangelog
 // scaleout.ErrControlSubjects.
 var ErrControlSubjects = scaleout.ErrControlSubjects
 
-// setUpGroup prepares this instance's part in the scale-out group
-// (scaleout.New checks the streams and creates the consumer group); Run
-// joins it.
-func (s *Stage) setUpGroup(ctx context.Context, reg prometheus.Registerer) error {
-	cfg := s.cfg
-	o := scaleout.Options{Config: cfg, Conn: s.nc, JS: s.js, Window: s.win.W, Clock: s.clock, Key: s.keyFn,
-		AtomicOutput: s.atomicOutput, ShutdownTimeout: s.shutdownTimeout, Registry: reg,
-		Logger: s.log, Logs: s.logs, Reporter: s.status, Restoring: s.status.setRestoring}
+// groupSource is the source of one instance of a scale-out group: the
+// members of the consumer group it consumes and, when the route step
+// runs, what the route step hands it directly. It decodes what the route
+// step wrote (bundles, a copy's origin) so that the stage judges a copy
+// as it would its input.
+type groupSource struct {
+	cfg    config.Config
+	s      *Stage
+	group  *scaleout.Group
+	health *groupHealth // the group's health gauges
+	// routedStream and routedSubject are the routed stream and its subject
+	// prefix when the members consume the routed stream; routed says
+	// whether they do.
+	routedStream, routedSubject string
+	routed                      bool
+}
+
+// streams implements source (scaleOutStreams).
+func (*groupSource) streams(cfg config.Config, w window.Window, streams []StreamToCreate) ([]StreamToCreate, error) {
+	return scaleOutStreams(cfg, w, streams)
+}
+
+// bind implements source (checkConsumer).
+func (src *groupSource) bind(ctx context.Context, s *Stage) (jetstream.ConsumerConfig, error) {
+	src.s = s
+	c, _ := src.checkConsumer(ctx, nil)
+	return c, nil
+}
+
+// checkConsumer implements source: the group's member consumers are made
+// when Run joins the group, with input's settings.
+func (src *groupSource) checkConsumer(context.Context, jetstream.Stream) (jetstream.ConsumerConfig, []finding.Finding) {
+	return memberConsumer(src.cfg.Input), nil
+}
+
+// check implements source: the output must be published as atomic
+// batches, and the group's own checks (scaleout.Check).
+func (src *groupSource) check(ctx context.Context, js jetstream.JetStream, w window.Window, atomic bool) []finding.Finding {
+	cfg := src.cfg
+	var fs []finding.Finding
+	if !atomic {
+		fix := "nats stream edit " + cfg.Output.Stream + " --allow-batch --force"
+		fs = append(fs, finding.Finding{Check: "atomic_publish", Severity: finding.Error, Fix: fix,
+			Message: fmt.Sprintf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s without AllowAtomicPublish); the fence needs them",
+				cfg.Output.Publish, cfg.Output.Stream)})
+	}
+	o, err := groupOptions(cfg, w.W)
+	if err != nil {
+		return append(fs, finding.FromError("partition_transform", finding.Error, err))
+	}
+	return append(fs, scaleout.Check(ctx, js, o)...)
+}
+
+// open implements source: it prepares this instance's part in the
+// scale-out group (scaleout.New checks the streams and creates the
+// consumer group); run joins it.
+func (src *groupSource) open(ctx context.Context, s *Stage, reg prometheus.Registerer) error {
+	cfg := src.cfg
+	o, err := groupOptions(cfg, s.win.W)
+	if err != nil {
+		return err
+	}
+	o.Conn, o.JS, o.Clock, o.Key = s.nc, s.js, s.clock, s.keyFn
+	o.AtomicOutput, o.ShutdownTimeout, o.Registry = s.atomicOutput, s.shutdownTimeout, reg
+	o.Logger, o.Logs, o.Reporter, o.Restoring = s.log, s.logs, s.status, s.status.setRestoring
 	if cfg.Totals.Enabled {
 		// All of a group's events meet in one partition: the route step
 		// partitions by the group, read as the totals read it.
@@ -54,60 +113,195 @@ func (s *Stage) setUpGroup(ctx context.Context, reg prometheus.Registerer) error
 	if err != nil {
 		return err
 	}
-	s.group = g
-	s.health = newGroupHealth(reg, cfg, s.js, s.logs)
+	src.group = g
+	src.routedStream, src.routedSubject, src.routed = g.Route()
+	src.health = newGroupHealth(reg, cfg, s.js, s.logs)
 	return nil
 }
 
-// routed reports whether the group consumes the routed stream, whose
-// messages the route step wrote; subject is its subject prefix.
-func (s *Stage) routed() (stream, subject string, ok bool) {
-	if s.group == nil {
-		return "", "", false
+// groupOptions returns the scale-out options cfg (validated, scale-out
+// on) configures, given the window w: the names, streams and settings
+// scaleout.New and scaleout.Check read; the caller adds the connection,
+// the clock, the key and the logs.
+func groupOptions(cfg config.Config, w time.Duration) (scaleout.Options, error) {
+	so := cfg.ScaleOut
+	_, every, keep, _ := cfg.ScaleOutSnapshots(w)
+	o := scaleout.Options{
+		Group: so.Group, Instance: so.InstanceName(), Partitions: cfg.State.Partitions, Replicas: so.Replicas,
+		InputStream: cfg.Input.Stream, InputSubjects: cfg.Input.Subjects,
+		AckWait: cfg.Input.AckWait.D(), MaxAckPending: cfg.Input.MaxAckPending, MaxDeliver: cfg.Input.MaxDeliver,
+		OutputStream: cfg.Output.Stream, OutputPrefix: cfg.Output.SubjectPrefix, OutputPublish: cfg.Output.Publish,
+		DeadLetterStream: cfg.DeadLetter.Stream, DeadLetterSubject: cfg.DeadLetter.Subject,
+		Retention: cfg.OutputRetention(w), RetentionTerms: cfg.OutputRetentionTerms(),
+		SnapshotEvery: every, SnapshotKeep: keep, LoadSnapshots: !cfg.Totals.Enabled,
+		BundleMax: so.RouteBundleMax, Window: w,
 	}
-	return s.group.Route()
+	pt := cfg.ScaleOutPartitioning()
+	routed, why := pt.Routed()
+	if !routed {
+		src, dest, err := pt.Transform()
+		if err != nil {
+			return o, fmt.Errorf("scale-out: %w", err)
+		}
+		o.Transform = jetstream.SubjectTransformConfig{Source: src, Destination: dest}
+		return o, nil
+	}
+	o.RouteWhy = why
+	o.Route = &route.Options{
+		NewJetStream:      cfg.NATS.NewJetStream,
+		InputStream:       cfg.Input.Stream,
+		Partitions:        cfg.State.Partitions,
+		RoutedStream:      so.RoutedStream,
+		RoutedSubject:     so.RoutedSubject,
+		DeadLetterSubject: cfg.DeadLetter.SubjectFor,
+		MaxMessageBytes:   int64(cfg.Pipeline.MaxMessageBytes),
+		BatchSize:         cfg.Pipeline.BatchSize,
+		BatchLinger:       cfg.Pipeline.BatchLinger.D(),
+		AckWait:           cfg.Input.AckWait.D(),
+		MaxAckPending:     cfg.Input.MaxAckPending,
+		RestartMargin:     cfg.Output.RestartMargin.D(),
+	}
+	return o, nil
 }
 
-// dispatchRouted is dispatch for a message of the routed stream, which the
-// route step already checked: its key and input subject come from what the
-// route step wrote (route.OriginOfMsg), not derived again.
-func (s *Stage) dispatchRouted(msg jetstream.Msg, p int, routedSubject string, parts []chan item, dlq chan<- deadLetter) {
-	o, err := route.OriginOfMsg(routedSubject, msg)
-	if err != nil {
-		dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted,
-			detail: "in the routed stream, but not written by the route step: " + err.Error()}
+// queue implements source: a member's callback must never wait on its
+// partition (hold). The worker's channel is unbuffered, so that whatever
+// is not in the batch being judged is kept alive by hold.
+func (*groupSource) queue(ch chan item, ackWait time.Duration) <-chan item {
+	held := make(chan item)
+	go hold(ch, held, ackWait/3)
+	return held
+}
+
+// run implements source: it runs this instance's part in the group
+// (scaleout.Group.Run) and the group's health gauges until ctx is done.
+func (src *groupSource) run(ctx context.Context, in *intake) {
+	go src.health.run(ctx)
+	src.group.Run(ctx, src.s.store, func(msg jetstream.Msg, p int) { src.deliver(in, msg, p) },
+		func(msg jetstream.Msg, p int, key []byte) bool {
+			return in.offer(arrival{msg: msg, p: p, key: key, pin: scaleout.LocalPin})
+		})
+}
+
+// deliver hands in msg, delivered by the member of partition p: each
+// input a bundle carries as a copy of its own, and a copy of the routed
+// stream with what the route step recorded of its input
+// (route.OriginOfMsg), not derived again.
+func (src *groupSource) deliver(in *intake, msg jetstream.Msg, p int) {
+	if !src.routed {
+		in.deliver(arrival{msg: msg, p: p, pin: msg.Headers().Get(scaleout.HeaderPinID)})
 		return
 	}
-	it := item{msg: msg, key: o.Key, fp: fingerprint(msg.Data()), pin: msg.Headers().Get(scaleout.HeaderPinID), subject: o.Subject}
-	if s.totals != nil {
-		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, o.Subject, msg.Data(), o.Time); dl != nil {
-			dlq <- *dl
-			return
-		}
+	if !route.IsBundle(msg.Headers()) {
+		in.deliver(src.decode(msg, p))
+		return
 	}
-	parts[p] <- it
+	ms, err := route.Unbundle(msg)
+	if err != nil {
+		in.reject(msg, "in the routed stream, a bundle this version cannot read: "+err.Error())
+		return
+	}
+	for _, m := range ms {
+		in.deliver(src.decode(m, p))
+	}
 }
 
-// dispatchLocal is dispatch for an input the route step hands to this
-// instance, which owns its partition p (scaleout.Group.Run's local):
-// the route step extracted key, and checked the size; the input itself,
-// not a copy, is judged and acked. It reports false, taking nothing, when
-// the partition's queue is full, or when the totals cannot read the input
-// (its dead letter would wait on the dead-letter queue): the route step
-// then routes a copy, which the member path judges or dead-letters.
-func (s *Stage) dispatchLocal(msg jetstream.Msg, p int, key []byte, parts []chan item) bool {
-	it := item{msg: msg, key: bytes.Clone(key), fp: fingerprint(msg.Data()), pin: scaleout.LocalPin}
-	if s.totals != nil {
-		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), time.Time{}); dl != nil {
-			return false
+// decode returns the arrival of msg, a message of the routed stream
+// delivered for partition p, with its input's key, subject and time.
+func (src *groupSource) decode(msg jetstream.Msg, p int) arrival {
+	a := arrival{msg: msg, p: p, pin: msg.Headers().Get(scaleout.HeaderPinID)}
+	o, err := route.OriginOfMsg(src.routedSubject, msg)
+	if err != nil {
+		a.undecodable = "in the routed stream, but not written by the route step: " + err.Error()
+		return a
+	}
+	a.key, a.subject, a.at = o.Key, o.Subject, o.Time
+	return a
+}
+
+// finish implements source: it releases every partition this instance
+// still holds (scaleout.Group.ReleaseAll).
+func (src *groupSource) finish() { src.group.ReleaseAll() }
+
+// backlog implements source: the backlog of the partitions this instance
+// owns now (scaleout.Group.Backlog).
+func (src *groupSource) backlog(ctx context.Context) (pending, ackPending uint64, err error) {
+	return src.group.Backlog(ctx)
+}
+
+// owner implements source: this instance's tenures of partition p.
+func (src *groupSource) owner(p *state.Partition) ownership {
+	return groupOwner{src.group.Owner(p)}
+}
+
+// inputOf implements source: for a message of the routed stream, the input
+// message the route step copied (route.InputOfMsg), not the routed copy,
+// which the work-queue stream deletes once it is acked.
+func (src *groupSource) inputOf(msg jetstream.Msg, stream string) (string, string, uint64, bool) {
+	if !src.routed || stream != src.routedStream {
+		return "", "", 0, false
+	}
+	return route.InputOfMsg(src.routedSubject, msg)
+}
+
+// copyHeader implements source: the headers the route step adds to a copy
+// alone (route.IsCopyHeader).
+func (*groupSource) copyHeader(k string) bool { return route.IsCopyHeader(k) }
+
+// maxEventTimeAhead implements source: scale_out.max_event_time_ahead,
+// beyond which a new owner of the partition would not restore the total.
+func (src *groupSource) maxEventTimeAhead() (time.Duration, bool) {
+	return src.cfg.ScaleOut.MaxEventTimeAhead.D(), true
+}
+
+// deadLetterFenced implements source (scaleout.Group.DeadLetterFenced).
+func (src *groupSource) deadLetterFenced(p int, pin string) { src.group.DeadLetterFenced(p, pin) }
+
+// scaleOutStreams changes the streams StreamsToCreate returns (input,
+// output, dead letter) for scale-out: scale_out.replicas each; the input
+// stream's subject transform puts the partition first
+// (layout.Partitioning.Transform), or, when the route step runs
+// (layout.Partitioning.Routed), the routed stream is added (route.StreamConfig,
+// its Field "scale_out.routed"); the output keeps Limits retention and at
+// least config.OutputRetention (validation refuses a configured max_age
+// below it, and a max_bytes).
+func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreate) ([]StreamToCreate, error) {
+	for i := range streams {
+		streams[i].Config.Replicas = cfg.ScaleOut.Replicas
+	}
+	pt := cfg.ScaleOutPartitioning()
+	if routed, _ := pt.Routed(); routed {
+		// The route step partitions the input into the routed stream.
+		scale := cfg.ScaleOut
+		streams = append(streams, StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(scale.RoutedStream, scale.RoutedSubject,
+			cfg.State.Partitions, scale.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())})
+	} else {
+		src, dest, err := pt.Transform()
+		if err != nil {
+			return nil, fmt.Errorf("scale-out: %w", err)
 		}
+		streams[0].Config.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
 	}
-	select {
-	case parts[p] <- it:
-		return true
-	default:
-		return false
+	out := &streams[1].Config
+	out.Retention = jetstream.LimitsPolicy
+	if need := cfg.OutputRetention(w.W); out.MaxAge < need {
+		out.MaxAge = need
 	}
+	return streams, nil
+}
+
+// groupOwner is the ownership of one partition in a scale-out group: its
+// scaleout.Owner, whose verdicts it translates.
+type groupOwner struct{ *scaleout.Owner }
+
+// Own implements ownership (scaleout.Owner.Own).
+func (o groupOwner) Own(ctx context.Context, pin string, n int, keepAlive func()) (func(), verdict) {
+	release, v := o.Owner.Own(ctx, pin, n, keepAlive)
+	switch v {
+	case scaleout.GiveBack:
+		return release, giveBackBatch
+	case scaleout.Leave:
+		return release, leaveBatch
+	}
+	return release, judgeBatch
 }

@@ -7,8 +7,21 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/state"
+)
+
+// verdict is what an ownership decides of a batch before it is judged.
+type verdict int
+
+const (
+	// judgeBatch: this instance owns the partition, and the batch is
+	// judged.
+	judgeBatch verdict = iota
+	// giveBackBatch: the batch is not this instance's to judge; its
+	// messages are given back (nak) so that the owner gets them at once.
+	giveBackBatch
+	// leaveBatch: the batch is left unacked and comes back after ack_wait.
+	leaveBatch
 )
 
 // ownership is what a partition's worker asks of its partition's
@@ -18,7 +31,7 @@ import (
 // are committed (Claim) and which fence a dead letter expects
 // (DeadLetterFence). The worker reads the same with one instance or many:
 // soleOwner is the single instance, which owns every partition and does
-// nothing; *scaleout.Owner is one partition of a scale-out group
+// nothing; groupOwner (group.go) is one partition of a scale-out group
 // (docs/scale-out.md). An ownership belongs to one worker and is not safe
 // for concurrent use.
 type ownership interface {
@@ -27,7 +40,7 @@ type ownership interface {
 	// batch is in progress. The batch is judged, given back or left
 	// unacked as v says. release is called once the batch is finished,
 	// whatever v is.
-	Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v scaleout.Verdict)
+	Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v verdict)
 	// Annotate makes m, the forwarded copy of a message that came on the
 	// input subject subject, with body fingerprint fp and contribution tot
 	// to a total, what the owner's changelog needs: nothing for a single
@@ -48,22 +61,13 @@ type ownership interface {
 	DeadLetterFence() (*forward.Fence, string)
 }
 
-// ownership returns the ownership of partition p: this instance's part in
-// the scale-out group when scale-out is on, else the single instance's.
-func (s *Stage) ownership(p *state.Partition) ownership {
-	if s.group == nil {
-		return soleOwner{}
-	}
-	return s.group.Owner(p)
-}
-
 // soleOwner is the ownership of a single instance: it owns every
 // partition, adds nothing to a forwarded copy and holds no fence.
 type soleOwner struct{}
 
 // Own implements ownership: every batch is this instance's.
-func (soleOwner) Own(context.Context, string, int, func()) (func(), scaleout.Verdict) {
-	return nothingToRelease, scaleout.Judge
+func (soleOwner) Own(context.Context, string, int, func()) (func(), verdict) {
+	return nothingToRelease, judgeBatch
 }
 
 // nothingToRelease is what soleOwner.Own holds.
@@ -85,7 +89,3 @@ func (soleOwner) Claim(p *state.Partition, claims []state.Claim, _ []forward.Res
 
 // DeadLetterFence implements ownership: dead letters are not fenced.
 func (soleOwner) DeadLetterFence() (*forward.Fence, string) { return nil, "" }
-
-// groupOwned is checked by the compiler: a group's ownership is an
-// ownership.
-var _ ownership = (*scaleout.Owner)(nil)

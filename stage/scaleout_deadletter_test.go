@@ -25,7 +25,7 @@ func TestScaleOutRoutedDeadLetterNamesTheInput(t *testing.T) {
 	e.cfg.ScaleOut.Enabled = true
 	e.cfg.ScaleOut.Replicas = 1
 	e.cfg.Pipeline.OnFingerprintMismatch = config.FingerprintDeadLetter
-	if routed, why := e.cfg.ScaleOutRouted(); !routed {
+	if routed, why := e.cfg.ScaleOutPartitioning().Routed(); !routed {
 		t.Fatalf("header key: not routed (%s)", why)
 	}
 	e.as("a").start()

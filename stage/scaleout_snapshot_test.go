@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
@@ -164,7 +165,7 @@ func TestScaleOutSnapshotCorrupt(t *testing.T) {
 			e.t.Fatal(err)
 		}
 		for p := range e.cfg.State.Partitions {
-			name := config.ScaleOutMember(p)
+			name := layout.Member(p)
 			res, err := obs.Get(ctx, name)
 			if err != nil {
 				e.t.Fatal(err)

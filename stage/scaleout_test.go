@@ -17,6 +17,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
@@ -72,11 +73,11 @@ func keysOf(evs []event) []string {
 func (e *env) scaleOutDrained(timeout time.Duration) {
 	e.t.Helper()
 	stream := e.cfg.Input.Stream
-	if routed, _ := e.cfg.ScaleOutRouted(); routed {
+	if routed, _ := e.cfg.ScaleOutPartitioning().Routed(); routed {
 		stream = e.cfg.ScaleOut.RoutedStream
 	}
 	for p := range e.cfg.State.Partitions {
-		name := config.ScaleOutMemberConsumer(e.cfg.ScaleOut.Group, p)
+		name := layout.MemberConsumer(e.cfg.ScaleOut.Group, p)
 		natstest.WaitFor(e.t, timeout, "member consumer "+name+" to ack everything", func() bool {
 			c, err := e.js.Consumer(context.Background(), stream, name)
 			if err != nil {
@@ -290,7 +291,7 @@ func TestScaleOutRoutesHeaderKeys(t *testing.T) {
 	e.cfg.Input.AckWait = config.Duration(2 * time.Second)
 	e.cfg.ScaleOut.Enabled = true
 	e.cfg.ScaleOut.Replicas = 1
-	if routed, why := e.cfg.ScaleOutRouted(); !routed {
+	if routed, why := e.cfg.ScaleOutPartitioning().Routed(); !routed {
 		t.Fatalf("header key: not routed (%s)", why)
 	}
 	ea, eb := e.as("a"), e.as("b")
@@ -374,7 +375,7 @@ func TestScaleOutBundlesWaitForEveryInstance(t *testing.T) {
 	e.cfg.ScaleOut.Enabled = true
 	e.cfg.ScaleOut.Replicas = 1
 	ctx := context.Background()
-	bucket, every, ttl := e.cfg.ScaleOutPresence()
+	bucket, every, ttl := layout.Presence(e.cfg.ScaleOut.Group, e.cfg.Input.AckWait.D())
 	kv, err := e.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl})
 	if err != nil {
 		t.Fatal(err)

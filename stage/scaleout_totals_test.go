@@ -81,7 +81,7 @@ func TestScaleOutTotalsAcrossHandOvers(t *testing.T) {
 	e.cfg.Totals.Sinks.Stream.Stream = "" // the KV sink is enough here
 	e.cfg.Totals.Time = keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "ts"}
 	e.cfg.Totals.Value = keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "amount"}
-	if routed, why := e.cfg.ScaleOutRouted(); !routed {
+	if routed, why := e.cfg.ScaleOutPartitioning().Routed(); !routed {
 		t.Fatalf("a JSON group is not routed: %s", why)
 	}
 	ea, eb := e.as("a"), e.as("b")

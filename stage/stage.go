@@ -18,8 +18,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -67,15 +65,13 @@ type Stage struct {
 	win     window.Window
 	nc      *nats.Conn
 	js      jetstream.JetStream
-	cons    jetstream.Consumer
+	src     source // where the messages come from: one consumer, or a scale-out group
 	store   *state.Store
 	keyFn   *keys.KeyFunc
 	version *keys.Versioner // key.version; nil when versions are off
 	metrics *Metrics
 	status  *Health
-	totals  *totals         // nil when totals are off
-	group   *scaleout.Group // nil when scale-out is off
-	health  *groupHealth    // the group's health gauges; nil when scale-out is off
+	totals  *totals // nil when totals are off
 
 	maxDeliver         int
 	ackWait            time.Duration
@@ -133,10 +129,8 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if err := s.checkServers(ctx); err != nil {
 		return nil, err
 	}
-	if cfg.ScaleOut.Enabled {
-		if err := s.setUpGroup(ctx, reg); err != nil {
-			return nil, err
-		}
+	if err := s.src.open(ctx, s, reg); err != nil {
+		return nil, err
 	}
 
 	s.status.declare(CompPublish, CompDeadLetter, CompLookup, CompCommit)
@@ -160,6 +154,7 @@ func newStage(opts Options) (*Stage, prometheus.Registerer) {
 		log:                opts.Logger,
 		clock:              opts.Clock,
 		nc:                 opts.Conn,
+		src:                sourceFor(cfg),
 		status:             opts.Health,
 		shutdownTimeout:    opts.ShutdownTimeout,
 		fpMismatchIsRepeat: cfg.Pipeline.OnFingerprintMismatch == config.FingerprintRepeat,
@@ -186,9 +181,8 @@ func newStage(opts Options) (*Stage, prometheus.Registerer) {
 
 // checkServers checks the configuration against the servers: it creates
 // the streams when configured to (else checks that they exist), binds the
-// durable consumer (with scale-out, the group's members are made when Run
-// joins the group), checks the output stream's duplicate window, and
-// chooses how the output and the dead letters are published.
+// source's consumer (source.bind), checks the output stream's duplicate
+// window, and chooses how the output and the dead letters are published.
 func (s *Stage) checkServers(ctx context.Context) error {
 	cfg := s.cfg
 	var err error
@@ -199,16 +193,9 @@ func (s *Stage) checkServers(ctx context.Context) error {
 	} else if err := checkStreamsExist(ctx, s.js, cfg); err != nil {
 		return err
 	}
-	var consumerCfg jetstream.ConsumerConfig
-	if cfg.ScaleOut.Enabled {
-		// The group's member consumers are made when Run joins the group,
-		// with input's settings.
-		consumerCfg = memberConsumer(cfg.Input)
-	} else {
-		if s.cons, err = ensureConsumer(ctx, s.js, cfg.Input, s.log); err != nil {
-			return err
-		}
-		consumerCfg = s.cons.CachedInfo().Config
+	consumerCfg, err := s.src.bind(ctx, s)
+	if err != nil {
+		return err
 	}
 	s.maxDeliver, s.ackWait = consumerCfg.MaxDeliver, consumerCfg.AckWait
 	if s.maxDeliver > 0 {
@@ -276,9 +263,9 @@ type item struct {
 	key []byte
 	fp  uint64
 	tot state.Contribution // what it adds to its total when new; zero when totals are off
-	pin string             // scale-out: the pin the group delivered it under
-	// subject is the input subject of a routed message (scale-out with
-	// the route step); "" means msg.Subject().
+	pin string             // the pin it was delivered under ("" for none)
+	// subject is the input subject its source recorded for a copy
+	// (arrival.subject); "" means msg.Subject().
 	subject string
 	// version is the message's version (key.version) when versioned.
 	version   uint64
@@ -328,15 +315,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	var workers, dlqWorker sync.WaitGroup
 	for i := range parts {
 		parts[i] = make(chan item, s.cfg.Pipeline.BatchSize)
-		in := parts[i]
-		if s.group != nil {
-			// A member's callback must never wait on its partition (hold).
-			// Unbuffered, so that whatever is not in the batch being
-			// judged is kept alive by hold.
-			held := make(chan item)
-			go hold(parts[i], held, s.ackWait/3)
-			in = held
-		}
+		in := s.src.queue(parts[i], s.ackWait)
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
@@ -356,17 +335,8 @@ func (s *Stage) Run(ctx context.Context) error {
 	logs.Go(func() { s.logs.Run(logsCtx) })
 
 	s.status.setReady(true)
-	if s.group != nil {
-		go s.pollPending(ctx, s.group.Backlog)
-		go s.health.run(ctx)
-		s.group.Run(ctx, s.store, func(msg jetstream.Msg, p int) { s.dispatch(msg, p, parts, dlq) },
-			func(msg jetstream.Msg, p int, key []byte) bool { return s.dispatchLocal(msg, p, key, parts) })
-	} else {
-		go s.pollPending(ctx, s.consumerBacklog)
-		s.log.Info("judging messages", "stream", s.cfg.Input.Stream, "consumer", s.cfg.Input.Consumer,
-			"output_stream", s.cfg.Output.Stream, "output_subjects", s.cfg.Output.Subject("<input subject>"))
-		s.consume(ctx, parts, dlq)
-	}
+	go s.pollPending(ctx, s.src.backlog)
+	s.src.run(ctx, &intake{s: s, parts: parts, dlq: dlq})
 
 	s.status.setReady(false)
 	for _, ch := range parts {
@@ -376,114 +346,11 @@ func (s *Stage) Run(ctx context.Context) error {
 	close(dlq)
 	dlqWorker.Wait()
 	flushTotals()
-	if s.group != nil {
-		s.group.ReleaseAll()
-	}
+	s.src.finish()
 	stopLogs()
 	logs.Wait()
 	s.log.Info("stopped: batches in flight finished")
 	return nil
-}
-
-// consume pulls messages and routes them until ctx is done. A broken
-// subscription (consumer deleted, server restarted) is re-made with backoff.
-func (s *Stage) consume(ctx context.Context, parts []chan item, dlq chan<- deadLetter) {
-	pull := min(s.cfg.Input.MaxAckPending, max(s.cfg.Pipeline.BatchSize*len(parts), 256))
-	b := retry.NewBackoff()
-	for ctx.Err() == nil {
-		iter, err := s.cons.Messages(jetstream.PullMaxMessages(pull))
-		if err != nil {
-			s.log.Warn("pull subscription failed, retrying", "err", err)
-			b.Wait(ctx)
-			continue
-		}
-		stop := context.AfterFunc(ctx, iter.Drain)
-		for {
-			msg, err := iter.Next()
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() == nil {
-					s.log.Warn("pull subscription ended, re-subscribing", "err", err)
-				}
-				break
-			}
-			b.Reset()
-			s.dispatch(msg, -1, parts, dlq)
-		}
-		stop()
-		iter.Stop()
-		if ctx.Err() == nil {
-			b.Wait(ctx)
-		}
-	}
-}
-
-// dispatch judges what can be judged without state (limits, key) and routes
-// the message to its partition: p, when the consumer group delivered it for
-// partition p (scale-out), or the partition of its key (or group) when p is
-// -1.
-func (s *Stage) dispatch(msg jetstream.Msg, p int, parts []chan item, dlq chan<- deadLetter) {
-	if _, _, ok := s.routed(); ok && route.IsBundle(msg.Headers()) {
-		// Each input a bundle carries is dispatched as a copy of its own.
-		ms, err := route.Unbundle(msg)
-		if err != nil {
-			dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted,
-				detail: "in the routed stream, a bundle this version cannot read: " + err.Error()}
-			return
-		}
-		for _, m := range ms {
-			s.dispatch(m, p, parts, dlq)
-		}
-		return
-	}
-	data := msg.Data()
-	if s.maxDeliver > 0 {
-		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {
-			dlq <- deadLetter{msg: msg, reason: deadletter.ReasonMaxDeliver,
-				detail: fmt.Sprintf("delivery %d of at most %d: dead-lettered so the server cannot drop it", md.NumDelivered, s.maxDeliver)}
-			return
-		}
-	}
-	if limit := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > limit {
-		dlq <- deadLetter{msg: msg, reason: deadletter.ReasonOversized,
-			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
-		return
-	}
-	if _, subject, ok := s.routed(); ok {
-		s.dispatchRouted(msg, p, subject, parts, dlq)
-		return
-	}
-	key, err := s.keyFn.Key(msg.Subject(), msg.Headers(), data)
-	if err != nil {
-		reason, detail := deadletter.KeyReason(err, deadletter.ReasonNoKey)
-		dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
-		return
-	}
-	var version uint64
-	if s.version != nil {
-		if version, err = s.version.Version(msg.Subject(), msg.Headers(), data); err != nil {
-			reason, detail := deadletter.KeyReason(err, deadletter.ReasonBadVersion)
-			dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
-			return
-		}
-	}
-	route := key
-	var tot state.Contribution
-	if s.totals != nil {
-		// The group routes: every copy of a key carries the same group.
-		var dl *deadLetter
-		if tot, dl = s.totals.extract(msg, msg.Subject(), data, time.Time{}); dl != nil {
-			dlq <- *dl
-			return
-		}
-		route = []byte(tot.Group)
-	}
-	it := item{msg: msg, key: key, fp: fingerprint(data), tot: tot, version: version, versioned: s.version != nil}
-	if p < 0 {
-		p = state.PartitionOf(route, len(parts))
-	} else {
-		it.pin = msg.Headers().Get(scaleout.HeaderPinID)
-	}
-	parts[p] <- it
 }
 
 // pollPending exports the input backlog that backlog reads (pending, then
@@ -505,15 +372,6 @@ func (s *Stage) pollPending(ctx context.Context, backlog func(context.Context) (
 		case <-t.C:
 		}
 	}
-}
-
-// consumerBacklog reads the single instance's input consumer's backlog.
-func (s *Stage) consumerBacklog(ctx context.Context) (pending, ackPending uint64, err error) {
-	info, err := s.cons.Info(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	return info.NumPending, uint64(info.NumAckPending), nil
 }
 
 // Close closes the state store, writing each filter's snapshot. It does not

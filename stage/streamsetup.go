@@ -13,9 +13,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
-	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // Errors about the streams.
@@ -100,44 +98,7 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 		out,
 		dl,
 	}
-	if cfg.ScaleOut.Enabled {
-		if streams, err = scaleOutStreams(cfg, w, streams); err != nil {
-			return nil, err
-		}
-	}
-	return streams, nil
-}
-
-// scaleOutStreams changes the streams StreamsToCreate returns (input,
-// output, dead letter) for scale-out: scale_out.replicas each; the input
-// stream's subject transform puts the partition first
-// (config.ScaleOutTransform), or, when the route step runs
-// (config.ScaleOutRouted), the routed stream is added (route.StreamConfig,
-// its Field "scale_out.routed"); the output keeps Limits retention and at
-// least config.OutputRetention (validation refuses a configured max_age
-// below it, and a max_bytes).
-func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreate) ([]StreamToCreate, error) {
-	for i := range streams {
-		streams[i].Config.Replicas = cfg.ScaleOut.Replicas
-	}
-	if routed, _ := cfg.ScaleOutRouted(); routed {
-		// The route step partitions the input into the routed stream.
-		scale := cfg.ScaleOut
-		streams = append(streams, StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(scale.RoutedStream, scale.RoutedSubject,
-			cfg.State.Partitions, scale.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())})
-	} else {
-		src, dest, err := cfg.ScaleOutTransform()
-		if err != nil {
-			return nil, fmt.Errorf("scale-out: %w", err)
-		}
-		streams[0].Config.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dest}
-	}
-	out := &streams[1].Config
-	out.Retention = jetstream.LimitsPolicy
-	if need := cfg.OutputRetention(w.W); out.MaxAge < need {
-		out.MaxAge = need
-	}
-	return streams, nil
+	return sourceFor(cfg).streams(cfg, w, streams)
 }
 
 // ensureStreams creates the input, output and dead-letter streams that are

@@ -149,8 +149,7 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTi
 		if at, err = keys.ParseTime(raw); err != nil {
 			return dl(deadletter.ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
 		}
-		if t.s.cfg.ScaleOut.Enabled {
-			ahead := t.s.cfg.ScaleOut.MaxEventTimeAhead.D()
+		if ahead, ok := t.s.src.maxEventTimeAhead(); ok {
 			if now := t.s.clock.Now(); at.Sub(now) > ahead {
 				return dl(deadletter.ReasonFutureTime, "time (%v) %s is %v ahead of the clock, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",
 					t.cfg.Time, at.UTC().Format(time.RFC3339), at.Sub(now).Round(time.Second), ahead)

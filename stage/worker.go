@@ -18,8 +18,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -32,7 +30,7 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
-	w.owner = s.ownership(p)
+	w.owner = s.src.owner(p)
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.stale = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeStale}
@@ -81,10 +79,10 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	release, v := w.owner.Own(ctx, batch[len(batch)-1].pin, len(batch), func() { w.keepAlive(batch) })
 	defer release()
 	switch v {
-	case scaleout.GiveBack:
+	case giveBackBatch:
 		giveBack(batch)
 		return
-	case scaleout.Leave:
+	case leaveBatch:
 		return
 	}
 	for len(batch) > 0 {
@@ -520,7 +518,7 @@ type outCopy struct {
 // the output prefix, its headers and payload, and id (the key) carried as
 // Nats-Msg-Id. It returns &c.msg. A routed message's copy is the same as
 // its input's would be: the headers the route step adds to a copy alone
-// (route.IsCopyHeader) are left out.
+// (the source's copyHeader) are left out.
 //
 // The copy takes over the input's header map instead of copying it: the
 // input's publish directives (forward.IsDirective: Nats-Expected-*, the
@@ -536,7 +534,7 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	}
 	routed := it.subject != ""
 	for k := range h {
-		if forward.IsDirective(k) || (routed && route.IsCopyHeader(k)) {
+		if forward.IsDirective(k) || (routed && s.src.copyHeader(k)) {
 			delete(h, k)
 		}
 	}

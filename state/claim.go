@@ -55,34 +55,15 @@ type ClaimResult struct {
 }
 
 // Claim records the keys of claims that are not yet seen, in one Badger
-// transaction, and returns one result per claim in order.
-//
-// A claim is a repeat (New=false, Existing set) when the partition holds an
-// unexpired record of its key, or when an earlier claim in the same batch
-// has the same key (then Existing is the record that claim found or wrote):
-// copies inside one batch resolve to exactly one New. A Versioned claim is
-// the exception: it is New when that record is OlderThan its version, and
-// its record replaces the one before; otherwise it is a Stale repeat. With
-// Options.RefreshOnRepeat, a repeat of a record found in the store rewrites
-// it with Refreshed = the claim's time (and a new Badger TTL) in the same
-// transaction, and adds the key to the filter at that time, so that the
-// key stays a repeat for W after it, also after a restart. Otherwise the claim is
-// New and its record is written with FirstSeen = the clock's now (or the
-// claim's FirstSeen when given) and a Badger TTL of W + W/Generations + 1s,
-// so physical expiry lags logical expiry (Badger's TTL runs on the wall
-// clock, from the time of the write, in whole seconds). Keys the filter
-// proves new skip the Badger read. After the commit succeeds the new keys
-// are added to the filter, at their records' FirstSeen.
-//
-// When the file system holding the partition has less than
-// Options.MinFreeBytes available, Claim writes nothing and returns an error
-// wrapping ErrDiskFull.
-//
-// With Options.SyncWrites the commit is fsynced before Claim returns. A
-// batch too big for one Badger transaction is split into several commits,
-// each holding whole claims; if a later commit fails, the earlier ones stay
-// committed (and in the filter) and Claim returns the error: a retry of the
-// batch then sees those keys as repeats of the records already written.
+// transaction, and returns one result per claim in order: copies of a key
+// inside the batch resolve to one New. A batch too big for one transaction
+// commits in several, and a failed later one leaves the earlier committed
+// (a retry sees them as repeats). With too little disk it writes nothing and
+// returns an error wrapping ErrDiskFull. docs/state.md gives the record's TTL.
+// A Versioned claim is New over a record OlderThan its version, and a
+// Stale repeat otherwise; with Options.RefreshOnRepeat a repeat rewrites
+// its record's Refreshed (and TTL) in the same transaction
+// (docs/state.md, "Policies").
 func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
 	return p.ClaimWithCursor(claims, 0)
 }

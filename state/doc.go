@@ -24,24 +24,13 @@
 // A record is stored under keyspace+'k'+key (other one-byte prefixes are reserved
 // for other record kinds, such as totals, written in the same transaction)
 // as 17 bytes: version 1, FirstSeen in Unix nanoseconds and the
-// fingerprint, both big endian. A record that carries a refresh or a
-// version (below) is version 2: a flags byte after the version, then the
-// same 16 bytes and the fields the flags name, 8 bytes each; a store
-// without them keeps writing version 1. Claim records a batch of keys in
-// one Badger transaction (one fsync with SyncWrites): copies inside the
+// fingerprint, both big endian; one that carries a refresh or a version
+// is version 2 (docs/state.md, "Policies"). Claim records a batch of keys
+// in one Badger transaction (one fsync with SyncWrites): copies inside the
 // batch resolve to one New claim, keys with an unexpired record are
-// repeats.
-//
-// # Policies: sliding window, version-wins
-//
-// With Options.RefreshOnRepeat, a repeat moves its key's window: Claim
-// rewrites the record with Refreshed = the claim's time (its Badger TTL
-// restarts too) in the batch's transaction and adds the key to the
-// filter's current generation, so the key is a repeat until
-// Record.WindowStart()+W; a filter rebuilt or loaded at Open holds it
-// there. A Versioned claim is version-wins: it is New when the key's
-// unexpired record carries no version or a smaller one (its record
-// replaces that one, FirstSeen included), and a Stale repeat otherwise.
+// repeats. With Options.RefreshOnRepeat a repeat moves its key's window to
+// Record.WindowStart()+W; a Versioned claim is New only over an older
+// version (version-wins).
 //
 // # Hand-over: first-seen times, the cursor, Restore
 //

@@ -14,17 +14,10 @@ import (
 // merges into one that is not).
 var ErrNotEmpty = errors.New("state: partition not empty")
 
-// Loader writes records into an empty partition in Badger write batches:
-// no read before each write, no per-call transaction to wait for, as many
-// commits in flight as Badger takes. It is how a new owner with an empty
-// data dir loads a partition's snapshot, whose records come sorted by key.
-// What it loads is what Restore would store from the same records, without
-// totals: each record inside the window at the clock's now, with the TTL
-// a Claim gives, its key in the filter.
-//
-// A Loader holds the partition (no Lookup, Claim or Restore runs) from
-// NewLoader until Finish or Cancel; call Cancel in a defer. It is not safe
-// for concurrent use.
+// Loader writes a snapshot's records, sorted by key, into an empty
+// partition in Badger write batches: what Restore would store from them,
+// without totals, and faster. It holds the partition from NewLoader until
+// Finish or Cancel (call Cancel in a defer) and is not safe for concurrent use.
 type Loader struct {
 	p       *Partition
 	wb      *badger.WriteBatch

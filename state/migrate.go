@@ -14,17 +14,9 @@ import (
 )
 
 // migrate moves a data dir written with one Badger instance per partition
-// directory into db, the store's shared instance, and records the shared
-// layout in LayoutFile.
-//
-// Each partition's instance is copied whole into the partition's keyspace,
-// every key Badger still serves with its value and expiry; the copy is
-// synced, LayoutFile gets its "store one-badger" line, and only then are
-// the partition's Badger files and filter snapshot removed (the snapshot
-// covers the old instance's versions: the filter is rebuilt from the copy).
-// A crash at any point leaves either the old instance, which the next Open
-// copies again over what it finds (the same keys with the same values), or
-// none. A data dir without old instances only gets the LayoutFile line.
+// into db, the shared instance, and records the shared layout in
+// LayoutFile; a crash at any point leaves what the next call copies again
+// (docs/state.md).
 func migrate(ctx context.Context, opts Options, db *badger.DB, have layout) error {
 	var old []int
 	for i := range opts.Partitions {

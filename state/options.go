@@ -274,32 +274,10 @@ const (
 	badgerAllocatorPool = 8
 )
 
-// BadgerSizing is how the store's Badger instance, which every partition
-// shares, is configured: the sizes derived from Options.MemoryBudget and
-// the fixed choices that go with them. It is what Open configures;
-// callers that describe a store (check-config) call Options.BadgerSizing
-// instead of sizing Badger themselves.
-//
-// The workload: keys of some tens of bytes with 17-byte values, written
-// once, read back only when the partition's own Bloom filter says "maybe
-// seen" (a repeat, or one of its ~1% false positives), and scanned in
-// full, one partition's keyspace at a time, to rebuild that filter.
-// Badger memory-maps its tables and reads them in place, so what a table
-// costs in RAM is the pages of it that are touched; memtables are
-// allocated in full.
-//
-// One instance for all partitions, not one each: Badger's memory while it
-// writes is its table builders' buffers, and each instance runs its own
-// compactors and flushes, each compaction up to 8 builders at once plus
-// one per key range it splits into. With an instance per partition (8 at
-// the default) a fill of 10M keys held 833 MiB of Go heap and 780 MiB of
-// anonymous RSS; see BaseTableSize for what one instance holds.
-//
-// Blocks are not compressed (Badger's options.None): every read then
-// searches a block in place in the memory map, where a compressed block
-// would be decompressed (and kept in a block cache) for each table a read
-// searches, and a rebuild would decompress every block. The price is disk
-// per key (random keys compress little anyway).
+// BadgerSizing is the configuration of the Badger instance every partition
+// shares: the sizes derived from Options.MemoryBudget and the fixed choices
+// that go with them. Open configures it and check-config prints it; the
+// reasons and measurements behind each choice are in docs/state.md.
 type BadgerSizing struct {
 	// Budget is MemoryBudget: the bytes the store's memtables may hold,
 	// shared by every partition.
@@ -331,20 +309,10 @@ type BadgerSizing struct {
 	// keys are random, so every L0 table's range holds it) and one table
 	// per deeper level; few L0 tables keep that short.
 	NumLevelZeroTables int
-	// BaseTableSize is Badger's BaseTableSize: the size of a table below
-	// L0, 4 MiB, the same on every level (TableSizeMultiplier 1). It sizes
-	// Badger's table builders: each builds its table in a buffer of twice
-	// the table size, in the Go heap, and a compaction runs up to 8 + its
-	// key ranges of them at once, on each of 2 compactors; a memtable
-	// flush sizes its buffer from it too. While a store takes writes fast,
-	// those buffers are most of its memory, so they are what this size
-	// bounds. At 10M keys, one run each of the same fill (bench --scale
-	// 10000000, one writer), Go heap and anonymous RSS right after the
-	// fill: 748 and 630 MiB with 16 MiB tables doubling per level, 391 and
-	// 340 with 16 MiB on every level, 349 and 305 with 4 MiB doubling, 154
-	// and 119 with 4 MiB on every level. The price is more tables, each
-	// keeping its index and the pages around its last block resident, and
-	// a slower fill: 98k instead of 127k keys/s with one writer.
+	// BaseTableSize is Badger's BaseTableSize: 4 MiB, on every level
+	// (TableSizeMultiplier 1). Each table builder holds twice this in the
+	// Go heap, and while the store writes fast those buffers are most of
+	// its memory; docs/state.md has the fills that chose it.
 	BaseTableSize int64
 	// TableSizeMultiplier is Badger's TableSizeMultiplier: 1, tables of
 	// BaseTableSize on every level (see BaseTableSize).
@@ -363,18 +331,9 @@ type BadgerSizing struct {
 	// searches inside the block, in place.
 	BlockSize int
 	// BloomFalsePositive is Badger's BloomFalsePositive: 0, no per-table
-	// Bloom filters. The partition's own filter answers "definitely new"
-	// before the store is read, so the store is read for keys it holds
-	// (and for the filter's false positives); per-table filters would only
-	// skip the tables that do not hold a key, for about 1.2 B per key of
-	// table index that is read in full at open. That skip is what a read
-	// of a held key costs without them: at 10M keys, reopened (5 tables
-	// per partition), a lookup of a held key took 12.1 and 12.3 µs
-	// without per-table filters and 7.8 and 8.3 µs with 1% ones
-	// (BenchmarkLookupSeen -seen-keys 10000000, two runs each, alternated,
-	// with an instance per partition and 16 MiB tables). About 4 µs more
-	// per repeat that reads the store, 0.4 µs per event at 10% repeats;
-	// the memory is kept instead.
+	// Bloom filters. The partition's own filter already skips the store for
+	// new keys; per-table ones would cost 1.2 B per key of index for about
+	// 4 µs per repeat that reads the store (docs/state.md).
 	BloomFalsePositive float64
 	// BlockCacheSize is Badger's BlockCacheSize: 0. Badger needs a block
 	// cache only for compressed or encrypted blocks; for plain blocks it

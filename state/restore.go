@@ -70,32 +70,12 @@ func (r Restored) record() Record {
 	return Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion}
 }
 
-// Restore puts records read back from the output stream (the partition's
-// changelog) into the partition, adds their keys to the filter and their
-// contributions to the totals, and stores cursor (when not 0) with the
-// last of them, as ClaimWithCursor does.
-//
-// A record whose key the partition (or an earlier record of the call)
-// already holds with the same or a later FirstSeen (or, when both carry
-// a version, a greater version) keeps that record and adds nothing: its
-// forward is already counted. A record inside the
-// window at the clock's now is otherwise written, with the Badger TTL a
-// Claim gives, and its Total added in the same transaction, so restoring
-// the same records again changes nothing. A record outside the window is
-// not stored, but its Total is added while its bucket's total is kept
-// (bucket end + W + Options.TotalsKeep is ahead), unless the partition
-// still holds its key with that FirstSeen (Badger keeps a record a little
-// past the window): a bucket is open for W after its end, longer than the
-// keys counted in it are inside the window. Such a contribution commits
-// with its record's Seq as the cursor, so that a Restore that fails part
-// way and is started again from the stored cursor + 1 never adds it
-// twice.
-//
-// Keys the filter proves new skip the Badger read. The writes are split
-// into as few transactions as Badger takes, like Claim's; when one fails,
-// the ones before it stay, and restoring again from the stored cursor + 1
-// (or the same records again, when none had a Seq) completes the
-// partition.
+// Restore puts records read back from the partition's changelog into the
+// partition, with their keys in the filter and their totals added, and
+// stores cursor (when not 0) with the last of them. A record adds nothing
+// when the partition holds its key as early (or at a greater version), so restoring the same records
+// again, or again from the stored cursor + 1 after a failure, changes
+// nothing. docs/state.md says which records are stored and which only counted.
 func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 	if err := p.checkRestored(recs); err != nil {
 		return err

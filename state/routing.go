@@ -42,9 +42,8 @@ func CheckRouting(dir string, partitions int, want string) error {
 		return fmt.Errorf("state: read %s: %w", path, err)
 	}
 	if have != want && partitions > 1 {
-		return fmt.Errorf("%w: state in %s is partitioned by %s, but this configuration partitions by %s: "+
-			"keys recorded there would be looked up in other partitions and their repeats forwarded (and counted) again; "+
-			"start with an empty state.data_dir, or switch the configuration back", ErrLayout, dir, have, want)
+		return fmt.Errorf("%w: state in %s is partitioned by %s, this configuration by %s, so its repeats would be forwarded again; "+
+			"start with an empty state.data_dir or switch back", ErrLayout, dir, have, want)
 	}
 	if err == nil && have == want {
 		return nil

@@ -12,19 +12,12 @@ import (
 // its context.
 const scanCheckEvery = 4096
 
-// ScanRecords calls begin with the partition's cursor (see Cursor), then
-// fn with every record the partition holds, all read in one consistent
-// view of the store (a Badger read transaction): the view holds every
-// record the partition's changelog holds up to the cursor, since a claim
-// and its cursor are committed together, the cursor last. Records come in key order, expired
-// ones (past their Badger TTL) left out; a record logically outside the
-// window may still come. The key passed to fn is valid only during the
-// call.
-//
-// It does not hold the partition's lock while it reads: claims go on
-// beside it and are not in the view. A record that cannot be decoded ends
-// the scan with an error wrapping ErrCorruptRecord; an error from fn or
-// ctx ends it too.
+// ScanRecords calls begin with the partition's cursor, then fn with every
+// record up to it, in key order, from one Badger read transaction taken
+// without the partition's lock; the key passed to fn is valid only during
+// the call. Records past their Badger TTL are left out, some past the window
+// may still come. A record that cannot be decoded ends the scan with an
+// error wrapping ErrCorruptRecord.
 func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) error, fn func(key []byte, r Record) error) error {
 	p.mu.Lock()
 	if p.closed {

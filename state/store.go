@@ -61,22 +61,11 @@ func PartitionDir(dir string, i int) string {
 	return filepath.Join(dir, fmt.Sprintf("p%03d", i))
 }
 
-// Open opens (creating if needed) the store in opts.Dir. Before it returns,
-// every partition's filter answers "maybe" for every unexpired key in that
-// partition: the snapshot is loaded and topped up with every record written
-// after the Badger version it covers, or, when the snapshot is missing,
-// corrupt or mismatched, the filter is rebuilt from a full scan (logged at
-// warn with the reason). Zero-length Badger memtable and value-log files,
-// which a kill can leave behind, are removed first (logged at warn).
-// Partitions open in parallel; if any fails, the others are closed (without
-// writing snapshots) and the error is returned.
-//
-// Errors: invalid options wrap ErrBadOptions; a partition count that
-// differs from Dir/LAYOUT wraps ErrLayout; a partition directory held by
-// another Badger instance wraps ErrLocked; a file system with less than
-// Options.MinFreeBytes available wraps ErrDiskFull; a Dir that cannot be
-// created or written names the directory. Cancelling ctx aborts a filter
-// build and returns ctx's error; ctx is not used after Open returns.
+// Open opens (creating if needed) the store in opts.Dir, and returns once
+// every partition's filter answers "maybe" for every unexpired key
+// (docs/state.md). Its errors wrap ErrBadOptions, ErrLayout, ErrLocked or
+// ErrDiskFull, or name the directory it cannot write; cancelling ctx
+// aborts a filter build, and ctx is not used after Open returns.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err

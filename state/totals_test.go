@@ -323,17 +323,11 @@ func TestTotalsSplitTxn(t *testing.T) {
 	}
 }
 
-// TestTotalsMatchKeysAfterCrash kills a process with SIGKILL while it commits
-// claims with totals, then opens what it left and checks that every total
-// equals the number of keys recorded for it (a key is never recorded without
-// its contribution, nor counted without its key) and that every batch the
-// process saw committed survived.
-//
-// The crash image is the real one: the test binary re-runs itself as the
-// writer and is killed mid-run, so the directory is exactly what the kernel
-// holds at that instant. (Copying a live directory file by file is not a
-// crash image: Badger flushes and deletes memtable files, and rewrites its
-// MANIFEST, while the copy walks.)
+// TestTotalsMatchKeysAfterCrash SIGKILLs a process committing claims with
+// totals, then checks that every total equals its keys recorded and that
+// every batch it saw committed survived. The test binary re-runs itself as
+// the writer, so the directory is the kernel's at the kill: a copy of a
+// live Badger directory would not be a crash image.
 func TestTotalsMatchKeysAfterCrash(t *testing.T) {
 	if dir := os.Getenv(crashWriterDirEnv); dir != "" {
 		runCrashWriter(t, dir)

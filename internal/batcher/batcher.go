@@ -20,37 +20,13 @@ func Run[T any](in <-chan T, size int, linger time.Duration, process func([]T)) 
 		if !ok {
 			return
 		}
-		batch = append(batch[:0], it)
-		open := true
+		var lingered <-chan time.Time // nil: take only what is queued
 		if linger > 0 {
 			timer.Reset(linger)
+			lingered = timer.C
 		}
-	fill:
-		for len(batch) < cap(batch) {
-			if linger <= 0 {
-				select {
-				case it, ok := <-in:
-					if !ok {
-						open = false
-						break fill
-					}
-					batch = append(batch, it)
-				default:
-					break fill
-				}
-				continue
-			}
-			select {
-			case it, ok := <-in:
-				if !ok {
-					open = false
-					break fill
-				}
-				batch = append(batch, it)
-			case <-timer.C:
-				break fill
-			}
-		}
+		var open bool
+		batch, open = fill(in, append(batch[:0], it), lingered)
 		if linger > 0 && !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -63,4 +39,32 @@ func Run[T any](in <-chan T, size int, linger time.Duration, process func([]T)) 
 			return
 		}
 	}
+}
+
+// fill adds to batch what arrives on in, up to its capacity, until lingered
+// is ready or, with lingered nil, what is already queued. open is false
+// when in is closed.
+func fill[T any](in <-chan T, batch []T, lingered <-chan time.Time) (_ []T, open bool) {
+	for len(batch) < cap(batch) {
+		var it T
+		var ok bool
+		if lingered == nil {
+			select {
+			case it, ok = <-in:
+			default:
+				return batch, true
+			}
+		} else {
+			select {
+			case it, ok = <-in:
+			case <-lingered:
+				return batch, true
+			}
+		}
+		if !ok {
+			return batch, false
+		}
+		batch = append(batch, it)
+	}
+	return batch, true
 }

@@ -66,27 +66,20 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Open returns what lookup finds, creating it with create when lookup
-// says it is missing (jetstream.ErrStreamNotFound, ErrBucketNotFound) or
-// does not answer, until ctx is done; with create nil, one still missing
-// after MissingGrace is an error and an unanswered lookup is asked again; what names it in logs and errors.
-// created is true when this call's create made it (or found an equal one
-// being made). A permanent failure (retry.Classify, and JetStream not
-// enabled) is returned at once; a create refused because the name is in
-// use with another configuration binds to the existing one. When ctx ends
-// first, the error names what, how long Open waited and the last reason,
-// and wraps context.Cause(ctx).
+// Open returns what lookup finds, creating it with create while lookup says
+// it is missing or does not answer (with create nil, missing for
+// MissingGrace is an error). created is true when this call's create made
+// it. A permanent failure returns at once; when ctx ends first, the error
+// wraps context.Cause(ctx) and names what, the time waited and the last reason.
 func Open[T any](ctx context.Context, what string, lookup, create func(context.Context) (T, error), o Options) (v T, created bool, err error) {
 	pr := &progress{ctx: ctx, what: what, start: time.Now(), log: o.Logger}
-	wait, stopped := pr.wait, pr.stopped
-
-	var creating chan result[T] // non-nil while a create is in flight
 	cctx, cancelCreate := context.WithCancel(ctx)
 	defer cancelCreate()
+	c := &creator[T]{progress: pr, cctx: cctx, create: create}
 	var b *retry.Backoff
 	for {
 		if ctx.Err() != nil {
-			return v, false, stopped()
+			return v, false, pr.stopped()
 		}
 		found, lerr := timed(ctx, LookupTimeout, lookup)
 		if lerr == nil {
@@ -96,59 +89,101 @@ func Open[T any](ctx context.Context, what string, lookup, create func(context.C
 			return v, false, fmt.Errorf("%s: %w", what, lerr)
 		}
 		if !missing(lerr) && !unanswered(lerr) {
-			wait(fmt.Errorf("lookup: %w", lerr)) // a transient refusal: asked again after a backoff
+			pr.wait(fmt.Errorf("lookup: %w", lerr)) // a transient refusal: asked again after a backoff
 			if b == nil {
 				b = retry.NewBackoff()
 			}
 			if b.Wait(ctx) != nil {
-				return v, false, stopped()
+				return v, false, pr.stopped()
 			}
 			continue
 		}
-		if errors.Is(lerr, nats.ErrNoResponders) {
-			wait(fmt.Errorf("lookup: no JetStream answered (a server still starting, or another JetStream domain): %w", lerr))
-		} else if unanswered(lerr) {
-			wait(fmt.Errorf("lookup not answered in %v (a stream being created has no leader yet): %w", LookupTimeout, lerr))
-		} else if create == nil {
-			wait(fmt.Errorf("lookup: %w (a stream just created can be reported missing for a moment)", lerr))
+		if why := lookupWait(lerr, create != nil); why != nil {
+			pr.wait(why)
 		}
 		if create == nil {
 			if !sleep(ctx, pollInterval) {
-				return v, false, stopped()
+				return v, false, pr.stopped()
 			}
 			continue
 		}
-		if creating == nil {
-			creating = make(chan result[T], 1)
-			go func() {
-				r, err := timed(cctx, CreateTimeout, create)
-				creating <- result[T]{r, err}
-			}()
+		if v, done, err := c.await(); done {
+			return v, err == nil, err
 		}
-		select {
-		case <-ctx.Done():
-			return v, false, stopped()
-		case r := <-creating:
-			creating = nil
-			if ctx.Err() != nil {
-				// The create ended with Open's own stop: not a reason of
-				// the server's.
-				return v, false, stopped()
-			}
-			switch {
-			case r.err == nil:
-				return r.v, true, nil
-			case errors.Is(r.err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(r.err, jetstream.ErrBucketExists):
-				wait(fmt.Errorf("create: in use with another configuration; binding to it: %w", r.err))
-				// The lookups bind to it; no create is asked again.
-				creating = make(chan result[T]) // never ready
-			case permanent(r.err):
-				return v, false, fmt.Errorf("%s: create: %w", what, r.err)
-			default:
-				wait(fmt.Errorf("create: %w", r.err))
-			}
-		case <-time.After(pollInterval):
+	}
+}
+
+// creator runs Open's create beside its lookups, one at a time.
+type creator[T any] struct {
+	*progress
+	cctx     context.Context // the creates', cancelled when Open returns
+	create   func(context.Context) (T, error)
+	creating chan result[T] // non-nil while a create is in flight
+}
+
+// await starts a create unless one is in flight and waits for it at most
+// pollInterval. done is true when Open returns v and err: made (err nil),
+// stopped or refused for good.
+func (c *creator[T]) await() (v T, done bool, err error) {
+	if c.creating == nil {
+		c.creating = make(chan result[T], 1)
+		go func(ch chan<- result[T]) {
+			r, err := timed(c.cctx, CreateTimeout, c.create)
+			ch <- result[T]{r, err}
+		}(c.creating)
+	}
+	select {
+	case <-c.ctx.Done():
+		return v, true, c.stopped()
+	case r := <-c.creating:
+		c.creating = nil
+		if c.ctx.Err() != nil {
+			// The create ended with Open's own stop: not a reason of the server's.
+			return v, true, c.stopped()
 		}
+		if r.err == nil {
+			return r.v, true, nil
+		}
+		bind, err := c.createFailed(r.err)
+		if err != nil {
+			return v, true, err
+		}
+		if bind {
+			// The lookups bind to what is there; no create is asked again.
+			c.creating = make(chan result[T]) // never ready
+		}
+	case <-time.After(pollInterval):
+	}
+	return v, false, nil
+}
+
+// lookupWait is why Open waits after a lookup that found nothing or got no
+// answer, or nil when a create is about to be asked and there is no other reason.
+func lookupWait(lerr error, canCreate bool) error {
+	switch {
+	case errors.Is(lerr, nats.ErrNoResponders):
+		return fmt.Errorf("lookup: no JetStream answered (a server still starting, or another JetStream domain): %w", lerr)
+	case unanswered(lerr):
+		return fmt.Errorf("lookup not answered in %v (a stream being created has no leader yet): %w", LookupTimeout, lerr)
+	case !canCreate:
+		return fmt.Errorf("lookup: %w (a stream just created can be reported missing for a moment)", lerr)
+	}
+	return nil
+}
+
+// createFailed judges a create that failed: a permanent failure ends Open
+// (end), a name in use with another configuration is bound to (bind), and
+// anything else is asked again.
+func (p *progress) createFailed(err error) (bind bool, end error) {
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists):
+		p.wait(fmt.Errorf("create: in use with another configuration; binding to it: %w", err))
+		return true, nil
+	case permanent(err):
+		return false, fmt.Errorf("%s: create: %w", p.what, err)
+	default:
+		p.wait(fmt.Errorf("create: %w", err))
+		return false, nil
 	}
 }
 

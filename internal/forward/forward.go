@@ -157,19 +157,13 @@ type Result struct {
 	Seq uint64
 }
 
-// Batch publishes msgs through js and waits until each is stored: without
-// Options.Atomic, asynchronously one by one, awaiting every PubAck; with
-// it, as atomic batches awaiting each batch's commit ack (see the package
-// comment). Messages that fail transiently are published again (the same
-// message, so one that did land is dropped as a duplicate of its
-// Nats-Msg-Id) with backoff, until each is stored or refused permanently;
-// res[i] (len(res) must be len(msgs)) tells which. Batch returns nil then,
-// or an error wrapping ctx.Err() when ctx ends first, with res[i].Done
-// false for the messages still unsettled. With Options.Fence, Batch
-// returns an error wrapping retry.ErrFenced (retry.IsFenced) as soon as
-// the server refuses a publish because the fence moved; the refused
-// messages, and those not yet sent, have res[i].Done false. msgs are left
-// as they were given.
+// Batch publishes msgs through js, one by one or as atomic batches
+// (Options.Atomic), and waits until each is stored or refused for good;
+// res[i] (len(res) == len(msgs)) tells which. Transient failures are
+// published again with backoff, the same Nats-Msg-Id dropping a copy that
+// did land. It returns an error wrapping ctx.Err() when ctx ends first, or
+// retry.ErrFenced as soon as the fence moves (Options.Fence); res[i].Done is
+// then false for the messages unsettled. msgs are left as given.
 func Batch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []Result, o Options) error {
 	if len(res) != len(msgs) {
 		return fmt.Errorf("forward: %d results for %d messages", len(res), len(msgs))
@@ -537,21 +531,11 @@ func settle(ctx context.Context, res []Result, o Options, what string, round fun
 	}, ro)
 }
 
-// IsDirective reports whether header name k is an instruction to the
-// stream that stores a message, or to the server that carries it, rather
-// than a part of the message: a condition (Nats-Expected-*), an atomic
-// batch's id, sequence and commit (Nats-Batch-*), a rollup (Nats-Rollup),
-// a counter increment (Nats-Incr), a schedule (Nats-Schedule*), the API
-// level a request needs (Nats-Required-Api-Level), message tracing
-// (Nats-Trace-*), or a pinned consumer's pin (Nats-Pin-Id). The stream
-// that stored an input carried these out; a copy of the input that kept
-// them would have the next stream carry them out again, against that
-// stream: a batch id from an input published in an atomic batch makes the
-// server take a copy for a piece of a batch it never saw (10176, "atomic
-// publish batch is incomplete"), and a rollup would purge the copy's
-// subject. Copies of an input (the output's, the route step's) leave them
-// out. Nats-TTL is not one: it says how long the message lives, and is
-// carried.
+// IsDirective reports whether header name k is an instruction to the stream
+// or server that carried the message (Nats-Expected-*, Nats-Batch-*,
+// Nats-Rollup, ...) rather than part of it. A copy of an input leaves these
+// out, so that the next stream does not carry them out again
+// (docs/failures.md); Nats-TTL is not one.
 func IsDirective(k string) bool {
 	if !strings.HasPrefix(k, "Nats-") {
 		return false

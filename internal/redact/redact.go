@@ -275,7 +275,7 @@ func quotedForms(pw string) Secrets {
 }
 
 // unparsedDSNSecrets is the conservative fallback for a connection string
-// pgx refuses.
+// pgx refuses: a URL's user info and every password keyword's value.
 func unparsedDSNSecrets(raw string) Secrets {
 	var out Secrets
 	if i := strings.Index(raw, "://"); i >= 0 {
@@ -290,35 +290,37 @@ func unparsedDSNSecrets(raw string) Secrets {
 			if j < 0 {
 				break
 			}
-			j += start
-			start = j + len(kw)
+			start += j + len(kw)
 			rest := strings.TrimLeft(raw[start:], " \t")
 			if !strings.HasPrefix(rest, "=") {
 				continue
 			}
-			rest = strings.TrimLeft(rest[1:], " \t")
-			if strings.HasPrefix(rest, "'") {
-				// A quoted value, possibly unterminated: mask to the
-				// closing quote, or to the end.
-				end := len(rest)
-				for k := 1; k < len(rest); k++ {
-					if rest[k] == '\\' {
-						k++
-						continue
-					}
-					if rest[k] == '\'' {
-						end = k + 1
-						break
-					}
-				}
-				out = append(out, Plain(rest[:end], strings.Trim(rest[:end], "'"))...)
-				continue
-			}
-			if end := strings.IndexAny(rest, " \t\n&"); end >= 0 {
-				rest = rest[:end]
-			}
-			out = append(out, Plain(rest)...)
+			out = append(out, keywordValue(strings.TrimLeft(rest[1:], " \t"))...)
 		}
 	}
 	return out
+}
+
+// keywordValue returns the forms of the value at the start of rest, which
+// follows a keyword's '='. A quoted value, possibly unterminated, runs to
+// its closing quote or the end; a bare one to a space or '&'.
+func keywordValue(rest string) Secrets {
+	if !strings.HasPrefix(rest, "'") {
+		if end := strings.IndexAny(rest, " \t\n&"); end >= 0 {
+			rest = rest[:end]
+		}
+		return Plain(rest)
+	}
+	end := len(rest)
+	for k := 1; k < len(rest); k++ {
+		if rest[k] == '\\' {
+			k++
+			continue
+		}
+		if rest[k] == '\'' {
+			end = k + 1
+			break
+		}
+	}
+	return Plain(rest[:end], strings.Trim(rest[:end], "'"))
 }

@@ -228,19 +228,11 @@ func Classify(err error) Class {
 }
 
 // ClassifyBatch tells whether publishing an atomic batch again, unchanged,
-// can succeed after it failed with err. Fenced: the batch's fence check
-// failed (CodeWrongLastSequence, or an error wrapping ErrFenced); nothing
-// of it was stored and no retry, whole or one by one, can store it.
-// Transient: too many batches open on the stream
-// (CodeBatchTooManyInflight), another fenced proposal in flight
-// (CodeWrongLastSequenceConstant), and whatever Classify calls
-// transient (a timeout, a disconnection; a batch that did land then comes
-// back with CodeBatchDuplicateMsgID). Permanent: every other refusal of
-// the batch, CodeBatchDuplicateMsgID and CodeBatchTooLarge among them, and
-// the permanent errors of its messages. A permanent failure of a batch is
-// not a failure of its messages: the caller publishes them one by one,
-// and each is then classified on its own (Classify), so that the stream's
-// duplicate window drops the copies it holds and stores the rest.
+// can succeed after it failed with err: Fenced when the fence moved (nothing
+// was stored), Transient when the stream was busy or the call timed out,
+// Permanent otherwise. A permanent failure of a batch is not one of its
+// messages: the caller publishes them one by one, each judged by Classify.
+// docs/failures.md has the table of codes.
 func ClassifyBatch(err error) Class {
 	if err == nil {
 		return None

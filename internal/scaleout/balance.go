@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
@@ -162,13 +162,13 @@ func (pr *presence) allRead(form int) bool {
 // openPresence opens (creating it when missing) the presence bucket; the
 // instances of a group starting together all open it at once
 // (ensure.Open).
-func openPresence(ctx context.Context, js jetstream.JetStream, cfg config.Config, self string, log *slog.Logger) (*presence, error) {
-	bucket, every, ttl := cfg.ScaleOutPresence()
+func openPresence(ctx context.Context, js jetstream.JetStream, o Options, self string, log *slog.Logger) (*presence, error) {
+	bucket, every, ttl := layout.Presence(o.Group, o.AckWait)
 	kv, _, err := ensure.Open(ctx, "scale-out: presence bucket "+bucket, func(ctx context.Context) (jetstream.KeyValue, error) {
 		return js.KeyValue(ctx, bucket)
 	}, func(ctx context.Context) (jetstream.KeyValue, error) {
-		return js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Replicas: cfg.ScaleOut.Replicas,
-			Description: "dedupe-stage: the live instances of group " + cfg.ScaleOut.Group + ", for balance only"})
+		return js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, TTL: ttl, Replicas: o.Replicas,
+			Description: "dedupe-stage: the live instances of group " + o.Group + ", for balance only"})
 	}, ensure.Options{Logger: log})
 	if err != nil {
 		return nil, err
@@ -292,8 +292,8 @@ func (pr *presence) leave() {
 // it releases what this instance owns beyond its quota, and stands by
 // again for what it released once the cooldown has passed.
 func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
-	n := g.cfg.State.Partitions
-	cooldown := g.cfg.ScaleOutReleaseCooldown()
+	n := g.opts.Partitions
+	cooldown := layout.ReleaseCooldown(g.opts.AckWait)
 	released := map[int]time.Time{}
 	t := time.NewTicker(pr.every)
 	defer t.Stop()
@@ -359,7 +359,7 @@ func (g *Group) releaseForBalance(ctx context.Context, m *members, p int, why st
 	pins := map[string]bool{g.owned[p]: true}
 	g.mu.Unlock()
 	g.release(p)
-	if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+	if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
 		g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 	}
 	g.busy[p].Unlock()
@@ -374,7 +374,7 @@ func (g *Group) releaseForBalance(ctx context.Context, m *members, p int, why st
 	// The member may have been pinned again before it stopped: unpin it
 	// once more, or the partition would wait for the pin's TTL.
 	if now, err := g.pinOf(ctx, p); err == nil && now != "" && pins[now] {
-		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
 			g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 		}
 	}
@@ -448,7 +448,7 @@ func (g *Group) takeLost(p int) string {
 // instance of a version before bundles, or without presence, routes
 // every copy alone.
 func (g *Group) setBundles(form, live int) {
-	if g.cfg.ScaleOut.RouteBundleMax <= 1 {
+	if g.opts.BundleMax <= 1 {
 		form = 0
 	}
 	if form > 0 {

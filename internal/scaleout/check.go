@@ -11,13 +11,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
@@ -26,13 +25,14 @@ import (
 const staticGroupBucket = "static-consumer-groups"
 
 // Check runs the checks New makes of the streams, the static consumer group
-// and the hand-over bucket of the group cfg configures (scale-out on), with
-// w the dedupe window, and returns every finding instead of stopping at the
-// first. It only reads: where New would create something, the finding says
+// and the hand-over bucket of the group o configures (only its names,
+// streams, settings and Window are read, and js is used instead of o.JS),
+// and returns every finding instead of stopping at the first. It only reads: where New would create something, the finding says
 // so (finding.Info). A stream that does not exist is not reported here
 // (the caller checks the streams) and its checks are skipped.
-func Check(ctx context.Context, js jetstream.JetStream, cfg config.Config, w time.Duration) []finding.Finding {
-	g := newGroup(Options{Config: cfg, JS: js, Window: w, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+func Check(ctx context.Context, js jetstream.JetStream, o Options) []finding.Finding {
+	o.JS, o.Logger = js, slog.New(slog.NewTextHandler(io.Discard, nil))
+	g := newGroup(o)
 	var fs []finding.Finding
 	add := func(check string, sev finding.Severity, err error) {
 		fs = append(fs, finding.FromError(check, sev, err))
@@ -49,21 +49,20 @@ func Check(ctx context.Context, js jetstream.JetStream, cfg config.Config, w tim
 		return st, true
 	}
 
-	groupStream := cfg.Input.Stream
-	if routed, _ := cfg.ScaleOutRouted(); routed {
-		groupStream = cfg.ScaleOut.RoutedStream
+	groupStream := o.InputStream
+	if ro := o.Route; ro != nil {
+		groupStream = ro.RoutedStream
 		if st, ok := lookup(groupStream); ok {
-			err := route.CheckStream(st.CachedInfo().Config, cfg.ScaleOut.RoutedSubject, cfg.State.Partitions,
-				cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())
+			err := route.CheckStream(st.CachedInfo().Config, ro.RoutedSubject, ro.Partitions, ro.AckWait, ro.RestartMargin)
 			for _, e := range splitJoined(err) {
 				add("routed_stream", finding.Error, fmt.Errorf("scale-out: %w", e))
 			}
 		}
-	} else if in, ok := lookup(cfg.Input.Stream); ok {
-		if err := checkTransform(ctx, js, cfg); err != nil {
+	} else if in, ok := lookup(o.InputStream); ok {
+		if err := checkTransform(ctx, js, o); err != nil {
 			add("partition_transform", finding.Error, err)
 		}
-		if f, ok := checkUntokenedReadOnly(ctx, in, cfg); ok {
+		if f, ok := checkUntokenedReadOnly(ctx, in, o); ok {
 			fs = append(fs, f)
 		}
 	}
@@ -73,24 +72,24 @@ func Check(ctx context.Context, js jetstream.JetStream, cfg config.Config, w tim
 		if err := g.checkChangelog(oc); err != nil {
 			add("changelog", finding.Error, err)
 		}
-		if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
+		if err := checkControlSubjects(oc, o.OutputPrefix, o.Partitions); err != nil {
 			add("control_subjects", finding.Error, err)
 		}
 	}
-	if dl, ok := lookup(cfg.DeadLetter.Stream); ok {
-		if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
+	if dl, ok := lookup(o.DeadLetterStream); ok {
+		if err := checkControlSubjects(dl.CachedInfo().Config, o.DeadLetterSubject, o.Partitions); err != nil {
 			add("control_subjects", finding.Error, err)
 		}
 	}
 
-	bucket := cfg.ScaleOutHandOverBucket()
+	bucket := layout.HandOverBucket(o.Group)
 	if _, err := js.KeyValue(ctx, bucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 		fs = append(fs, finding.Finding{Check: "handover_bucket", Severity: finding.Info,
-			Message: fmt.Sprintf("KV bucket %s does not exist; run creates it (history 1, replicas %d)", bucket, cfg.ScaleOut.Replicas)})
+			Message: fmt.Sprintf("KV bucket %s does not exist; run creates it (history 1, replicas %d)", bucket, o.Replicas)})
 	} else if err != nil {
 		add("handover_bucket", finding.Error, fmt.Errorf("scale-out: hand-over bucket %s: %w", bucket, err))
 	}
-	if f, ok := checkGroupRecord(ctx, js, groupStream, cfg); ok {
+	if f, ok := checkGroupRecord(ctx, js, groupStream, o); ok {
 		fs = append(fs, f)
 	}
 	return fs
@@ -99,8 +98,8 @@ func Check(ctx context.Context, js jetstream.JetStream, cfg config.Config, w tim
 // checkGroupRecord compares the static consumer group's record with the
 // one New writes (groupMappings), without writing it: ok is false when the
 // record is the one New wants.
-func checkGroupRecord(ctx context.Context, js jetstream.JetStream, stream string, cfg config.Config) (finding.Finding, bool) {
-	n, name := cfg.State.Partitions, cfg.ScaleOut.Group
+func checkGroupRecord(ctx context.Context, js jetstream.JetStream, stream string, o Options) (finding.Finding, bool) {
+	n, name := o.Partitions, o.Group
 	key := stream + "." + name
 	missing := finding.Finding{Check: "consumer_group", Severity: finding.Info,
 		Message: fmt.Sprintf("static consumer group %s on %s does not exist; run creates it with %d members, p<i> consuming partition i", name, stream, n)}
@@ -137,11 +136,11 @@ func checkGroupRecord(ctx context.Context, js jetstream.JetStream, stream string
 // subject filter) of the subjects without a partition token. ok is false
 // when there are none. On a stream with very many distinct subjects the
 // listing is long; ctx bounds it.
-func checkUntokenedReadOnly(ctx context.Context, st jetstream.Stream, cfg config.Config) (finding.Finding, bool) {
-	name := cfg.Input.Stream
+func checkUntokenedReadOnly(ctx context.Context, st jetstream.Stream, o Options) (finding.Finding, bool) {
+	name := o.InputStream
 	// Input subjects that cannot match a partitioned one select exactly the
 	// messages without a token; they are also what a purge of them removes.
-	filters, purgeable := cfg.Input.Subjects, true
+	filters, purgeable := o.InputSubjects, true
 	if slices.ContainsFunc(filters, mayBePartitioned) {
 		filters, purgeable = []string{">"}, false
 	}
@@ -153,7 +152,7 @@ func checkUntokenedReadOnly(ctx context.Context, st jetstream.Stream, cfg config
 				fmt.Errorf("scale-out: input stream %s: count the messages without a partition token: %w", name, err)), true
 		}
 		for subj, c := range info.State.Subjects {
-			if !hasPartitionToken(subj, cfg.State.Partitions) {
+			if !hasPartitionToken(subj, o.Partitions) {
 				n += c
 			}
 		}
@@ -163,7 +162,7 @@ func checkUntokenedReadOnly(ctx context.Context, st jetstream.Stream, cfg config
 	}
 	var purges []string
 	if purgeable {
-		for _, s := range cfg.Input.Subjects {
+		for _, s := range o.InputSubjects {
 			purges = append(purges, fmt.Sprintf("nats stream purge %s --subject '%s' --force", name, s))
 		}
 	}

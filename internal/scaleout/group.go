@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -42,11 +42,55 @@ const pcgPriorityGroup = "PCG"
 // one call.
 const restoreChunk = 4096
 
-// Options configure New. Every field is required but Key (required when
-// the route step runs), PartitionKey and Reporter.
+// Options configure New. Every field is required but Transform (required
+// when the route step does not run), Route, Key (required when it runs),
+// PartitionKey and Reporter. The caller fills them from its validated
+// configuration; Check reads the same.
 type Options struct {
-	// Config is the validated configuration, with scale_out on.
-	Config config.Config
+	// Group is the static consumer group's name (scale_out.group), and
+	// Instance this instance's name among the live ones.
+	Group, Instance string
+	// Partitions is the partition count (state.partitions): one member of
+	// the group each.
+	Partitions int
+	// Replicas of the buckets the group creates (scale_out.replicas).
+	Replicas int
+	// InputStream is the input stream and InputSubjects its subjects.
+	InputStream   string
+	InputSubjects []string
+	// AckWait, MaxAckPending and MaxDeliver are each member consumer's
+	// (input's). AckWait is also the pin's TTL.
+	AckWait                   time.Duration
+	MaxAckPending, MaxDeliver int
+	// Transform is the input stream's subject transform that puts the
+	// partition first, when the route step does not run.
+	Transform jetstream.SubjectTransformConfig
+	// Route, when set, runs the route step with these options; the group
+	// fills in what is its own (Conn, Group, Key, BundleForm, the
+	// shutdown, metrics, logs and PartitionKey). RouteWhy says why it
+	// runs, for the log.
+	Route    *route.Options
+	RouteWhy string
+	// OutputStream is the output stream, the changelog, and OutputPrefix
+	// its subject prefix; OutputPublish is output.publish, for messages.
+	OutputStream, OutputPrefix, OutputPublish string
+	// DeadLetterStream is the dead-letter stream and DeadLetterSubject
+	// its subject prefix.
+	DeadLetterStream, DeadLetterSubject string
+	// Retention is how far back a restore without a cursor reads, and
+	// RetentionTerms what it adds up, for messages.
+	Retention      time.Duration
+	RetentionTerms string
+	// SnapshotEvery is how often an owner writes each partition's
+	// snapshot, 0 for never, and SnapshotKeep how long the bucket keeps
+	// one. LoadSnapshots says whether a takeover loads one (not with
+	// totals: a snapshot does not hold the open totals).
+	SnapshotEvery, SnapshotKeep time.Duration
+	LoadSnapshots               bool
+	// BundleMax is the most copies the route step bundles
+	// (scale_out.route_bundle_max); bundles are written only while it is
+	// above 1 and every live instance reads them.
+	BundleMax int
 	// Conn is the NATS connection, and JS the JetStream context on it.
 	Conn *nats.Conn
 	JS   jetstream.JetStream
@@ -55,7 +99,7 @@ type Options struct {
 	// Clock tells the time of judgements.
 	Clock window.Clock
 	// Key is the key the route step reads. Required when the route step
-	// runs (config.Config.ScaleOutRouted).
+	// runs (Route).
 	Key *keys.KeyFunc
 	// PartitionKey, when set, is what the route step partitions by instead
 	// of the key: with totals on, the group of the event's total.
@@ -84,7 +128,7 @@ type Options struct {
 // their metrics. Its methods are safe for concurrent use; each Owner
 // belongs to one partition's worker.
 type Group struct {
-	cfg       config.Config
+	opts      Options
 	js        jetstream.JetStream
 	joinJS    jetstream.JetStream // js with groupRequestTimeout for requests without a deadline: the members' joins
 	log       *slog.Logger
@@ -107,7 +151,7 @@ type Group struct {
 	inStream  string             // the stream the group's members consume: the input, or the routed stream
 	routed    *route.Options     // the route step's options when it runs, else nil
 	retention time.Duration      // how far back a restore without a cursor reads
-	terms     string             // what retention adds up (config.OutputRetentionTerms)
+	terms     string             // what retention adds up (Options.RetentionTerms)
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
 	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
@@ -259,7 +303,7 @@ func (g *Group) runRoute(ctx context.Context, local func(msg jetstream.Msg, p in
 // path; without a tenure the batch is given back and the input comes back
 // to the route step.
 func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg jetstream.Msg, p int), local func(msg jetstream.Msg, p int, key []byte) bool) {
-	g.log.Info("judging messages of the partitions the server pins to this instance", "stream", g.cfg.Input.Stream,
+	g.log.Info("judging messages of the partitions the server pins to this instance", "stream", g.opts.InputStream,
 		"group", g.name, "instance", g.instance, "output_stream", g.outStream,
 		"output_subjects", handover.PartitionSubject(g.prefix, 0, "<input subject>"))
 	var gate sync.RWMutex // held to read while dispatching, to write when stopping
@@ -293,7 +337,7 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 	// Joined all at once: a member whose join waits on the server holds up
 	// no other partition.
 	var joins sync.WaitGroup
-	for p := range g.cfg.State.Partitions {
+	for p := range g.opts.Partitions {
 		joins.Go(func() { m.join(ctx, p) })
 	}
 	joins.Wait()
@@ -324,7 +368,7 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 func (g *Group) joinPresence(ctx context.Context) (*presence, error) {
 	var pr *presence
 	err := retry.Do(ctx, "presence", func() (err error) {
-		pr, err = openPresence(ctx, g.js, g.cfg, g.instance, g.log)
+		pr, err = openPresence(ctx, g.js, g.opts, g.instance, g.log)
 		return err
 	}, retry.Options{OnRetry: func(attempt int, err error) {
 		if attempt == 1 || attempt%20 == 0 {
@@ -343,7 +387,7 @@ func (g *Group) joinPresence(ctx context.Context) (*presence, error) {
 // and by status.
 func (g *Group) Backlog(ctx context.Context) (pending, ackPending uint64, err error) {
 	for _, p := range g.ownedPartitions() {
-		c, err := g.js.Consumer(ctx, g.inStream, config.ScaleOutMemberConsumer(g.name, p))
+		c, err := g.js.Consumer(ctx, g.inStream, layout.MemberConsumer(g.name, p))
 		if err != nil {
 			return 0, 0, fmt.Errorf("partition %d's consumer: %w", p, err)
 		}
@@ -364,7 +408,7 @@ func (g *Group) pinOf(ctx context.Context, p int) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := g.js.Consumer(ctx, g.inStream, config.ScaleOutMemberConsumer(g.name, p))
+	c, err := g.js.Consumer(ctx, g.inStream, layout.MemberConsumer(g.name, p))
 	if err != nil {
 		return "", err
 	}

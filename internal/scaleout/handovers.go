@@ -8,26 +8,26 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
 
 // openHandOvers opens (creating it when missing) the bucket in which each
 // new owner records its takeover of a partition
-// (config.Config.ScaleOutHandOverBucket), for `dedupe-stage status`. The
+// (layout.HandOverBucket), for `dedupe-stage status`. The
 // instances of a group starting together all open it at once
 // (ensure.Open), for up to streams.SetUpTimeout.
-func openHandOvers(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) (jetstream.KeyValue, error) {
-	bucket := cfg.ScaleOutHandOverBucket()
+func openHandOvers(ctx context.Context, js jetstream.JetStream, o Options, log *slog.Logger) (jetstream.KeyValue, error) {
+	bucket := layout.HandOverBucket(o.Group)
 	ctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
 	kv, _, err := ensure.Open(ctx, "scale-out: hand-over bucket "+bucket, func(ctx context.Context) (jetstream.KeyValue, error) {
 		return js.KeyValue(ctx, bucket)
 	}, func(ctx context.Context) (jetstream.KeyValue, error) {
-		return js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: cfg.ScaleOut.Replicas,
-			Description: "dedupe-stage: the last takeover of each partition of group " + cfg.ScaleOut.Group + ", for status"})
+		return js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: o.Replicas,
+			Description: "dedupe-stage: the last takeover of each partition of group " + o.Group + ", for status"})
 	}, ensure.Options{Logger: log})
 	return kv, err
 }
@@ -38,7 +38,7 @@ func (g *Group) recordHandOver(ctx context.Context, p int, h handover.HandOver) 
 	b, err := json.Marshal(h)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err = g.handOvers.Put(ctx, config.ScaleOutMember(p), b)
+		_, err = g.handOvers.Put(ctx, layout.Member(p), b)
 		cancel()
 	}
 	if err != nil && ctx.Err() == nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
@@ -33,17 +33,15 @@ func (l *lostKVReply) KeyValue(ctx context.Context, bucket string) (jetstream.Ke
 func TestHandOverBucketOutlivesALostReply(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	_, js := natstest.Connect(t, srv.ClientURL())
-	cfg := config.Default()
-	cfg.ScaleOut.Enabled, cfg.ScaleOut.Group, cfg.ScaleOut.Replicas = true, "g", 1
 	lr := &lostKVReply{JetStream: js}
-	kv, err := openHandOvers(context.Background(), lr, cfg, nil)
+	kv, err := openHandOvers(context.Background(), lr, Options{Group: "g", Replicas: 1}, nil)
 	if err != nil {
 		t.Fatalf("hand-over bucket after one lost reply: %v", err)
 	}
 	if n := lr.calls.Load(); n < 1 {
 		t.Errorf("%d lookups, want the lost one", n)
 	}
-	if _, err := kv.Put(context.Background(), config.ScaleOutMember(0), []byte("{}")); err != nil {
+	if _, err := kv.Put(context.Background(), layout.Member(0), []byte("{}")); err != nil {
 		t.Errorf("put into the opened bucket: %v", err)
 	}
 }

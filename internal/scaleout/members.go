@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 )
 
 // members are this instance's consumers of the group's members, one per
@@ -47,7 +47,7 @@ func (m *members) join(ctx context.Context, p int) {
 	for ctx.Err() == nil {
 		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		stopCancel := context.AfterFunc(ctx, cancel)
-		consuming, err := pcgroups.StaticConsume(mctx, g.joinJS, g.inStream, g.name, config.ScaleOutMember(p), m.handler(p), g.consumer)
+		consuming, err := pcgroups.StaticConsume(mctx, g.joinJS, g.inStream, g.name, layout.Member(p), m.handler(p), g.consumer)
 		if !stopCancel() && err == nil { // ctx ended while joining
 			consuming.Stop()
 			err = ctx.Err()
@@ -55,7 +55,7 @@ func (m *members) join(ctx context.Context, p int) {
 		if err != nil {
 			cancel()
 			if ctx.Err() == nil {
-				g.log.Warn("scale-out: cannot consume member, retrying", "member", config.ScaleOutMember(p), "err", err)
+				g.log.Warn("scale-out: cannot consume member, retrying", "member", layout.Member(p), "err", err)
 				b.Wait(ctx)
 			}
 			continue
@@ -64,7 +64,7 @@ func (m *members) join(ctx context.Context, p int) {
 		go func() {
 			defer close(mb.ended)
 			if err := <-consuming.Done(); err != nil {
-				g.log.Error("scale-out: the group stopped a member's consumer", "member", config.ScaleOutMember(p), "err", err)
+				g.log.Error("scale-out: the group stopped a member's consumer", "member", layout.Member(p), "err", err)
 			}
 		}()
 		m.mu.Lock()
@@ -142,7 +142,7 @@ func (g *Group) giveBackAll(m *members) {
 		}
 		// A member pinned again before it stopped is unpinned once more.
 		if now, err := g.pinOf(ctx, p); err == nil && now != "" && now == msgs[len(msgs)-1].Headers().Get(HeaderPinID) {
-			if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+			if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
 				g.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
 			}
 		}
@@ -171,7 +171,7 @@ func (g *Group) ReleaseAll() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, p := range owned {
-		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, config.ScaleOutMember(p)); err != nil {
+		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
 			g.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
 			continue
 		}

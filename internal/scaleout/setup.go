@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
@@ -29,7 +29,6 @@ func New(ctx context.Context, o Options) (*Group, error) {
 	if o.Conn == nil || o.JS == nil || o.Clock == nil || o.Registry == nil || o.Logger == nil || o.Logs == nil || o.Restoring == nil {
 		return nil, errors.New("scale-out: Options.Conn, JS, Clock, Registry, Logger, Logs and Restoring are required")
 	}
-	cfg := o.Config
 	g := newGroup(o)
 	// pcgroups asks for a member's consumer on the context the member
 	// runs on, which has no deadline: those requests get
@@ -39,33 +38,33 @@ func New(ctx context.Context, o Options) (*Group, error) {
 	if g.joinJS, err = jetstream.New(o.Conn, jetstream.WithDefaultTimeout(groupRequestTimeout)); err != nil {
 		return nil, fmt.Errorf("scale-out: jetstream: %w", err)
 	}
-	if routed, why := cfg.ScaleOutRouted(); routed {
-		if err := g.setUpRoute(ctx, o, why); err != nil {
+	if o.Route != nil {
+		if err := g.setUpRoute(ctx, o); err != nil {
 			return nil, err
 		}
-	} else if err := checkTransform(ctx, g.js, cfg); err != nil {
+	} else if err := checkTransform(ctx, g.js, o); err != nil {
 		return nil, err
-	} else if err := checkUntokened(ctx, g.js, cfg); err != nil {
+	} else if err := checkUntokened(ctx, g.js, o); err != nil {
 		return nil, err
 	}
 	oc, err := g.checkSideStreams(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if g.handOvers, err = openHandOvers(ctx, g.js, cfg, g.log); err != nil {
+	if g.handOvers, err = openHandOvers(ctx, g.js, o, g.log); err != nil {
 		return nil, err
 	}
 	if !o.AtomicOutput {
 		return nil, fmt.Errorf("scale-out: the output is not published as atomic batches (output.publish %q, stream %s AllowAtomicPublish %v); the fence needs them",
-			cfg.Output.Publish, g.outStream, oc.AllowAtomicPublish)
+			o.OutputPublish, g.outStream, oc.AllowAtomicPublish)
 	}
 	if err := g.createGroup(ctx); err != nil {
 		return nil, err
 	}
 	g.metrics = newScaleOutMetrics(o.Registry)
-	g.metrics.partitions.WithLabelValues(g.name).Set(float64(cfg.State.Partitions))
-	g.snaps = newSnapshots(cfg, g.js, g.log, g.window, max(oc.Replicas, 1), o.Registry)
-	g.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", cfg.State.Partitions,
+	g.metrics.partitions.WithLabelValues(g.name).Set(float64(o.Partitions))
+	g.snaps = newSnapshots(o, g.js, g.log, g.window, max(oc.Replicas, 1), o.Registry)
+	g.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", o.Partitions,
 		"input_stream", g.inStream, "output_stream", g.outStream, "handover_after_crash", g.consumer.AckWait)
 	return g, nil
 }
@@ -73,9 +72,8 @@ func New(ctx context.Context, o Options) (*Group, error) {
 // newGroup returns this instance's part in the group o configures, before
 // it has checked or joined anything.
 func newGroup(o Options) *Group {
-	cfg := o.Config
 	return &Group{
-		cfg:        cfg,
+		opts:       o,
 		js:         o.JS,
 		log:        o.Logger,
 		logs:       o.Logs,
@@ -83,22 +81,22 @@ func newGroup(o Options) *Group {
 		window:     o.Window,
 		restoring:  o.Restoring,
 		reporter:   o.Reporter,
-		busy:       make([]sync.Mutex, cfg.State.Partitions),
+		busy:       make([]sync.Mutex, o.Partitions),
 		releaseNow: make(chan int),
-		name:       cfg.ScaleOut.Group,
-		instance:   cfg.ScaleOut.InstanceName(),
-		prefix:     cfg.Output.SubjectPrefix,
-		outStream:  cfg.Output.Stream,
-		inStream:   cfg.Input.Stream,
-		retention:  cfg.OutputRetention(o.Window),
-		terms:      cfg.OutputRetentionTerms(),
+		name:       o.Group,
+		instance:   o.Instance,
+		prefix:     o.OutputPrefix,
+		outStream:  o.OutputStream,
+		inStream:   o.InputStream,
+		retention:  o.Retention,
+		terms:      o.RetentionTerms,
 		owned:      make(map[int]string),
 		lost:       make(map[int]string),
 		consumer: jetstream.ConsumerConfig{
 			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       cfg.Input.AckWait.D(),
-			MaxAckPending: cfg.Input.MaxAckPending,
-			MaxDeliver:    cfg.Input.MaxDeliver,
+			AckWait:       o.AckWait,
+			MaxAckPending: o.MaxAckPending,
+			MaxDeliver:    o.MaxDeliver,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		},
 	}
@@ -109,7 +107,7 @@ func newGroup(o Options) *Group {
 // partitions' control subjects, and sets the dead-letter fence's stream,
 // subject and refresh. It returns the output stream's configuration.
 func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, error) {
-	cfg := g.cfg
+	o := g.opts
 	out, err := lookupStream(ctx, g.js, g.log, "scale-out: output stream", g.outStream)
 	if err != nil {
 		return jetstream.StreamConfig{}, err
@@ -118,17 +116,17 @@ func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, e
 	if err := g.checkChangelog(oc); err != nil {
 		return oc, err
 	}
-	if err := checkControlSubjects(oc, cfg.Output.SubjectPrefix, cfg.State.Partitions); err != nil {
+	if err := checkControlSubjects(oc, o.OutputPrefix, o.Partitions); err != nil {
 		return oc, err
 	}
-	dl, err := lookupStream(ctx, g.js, g.log, "scale-out: dead-letter stream", cfg.DeadLetter.Stream)
+	dl, err := lookupStream(ctx, g.js, g.log, "scale-out: dead-letter stream", o.DeadLetterStream)
 	if err != nil {
 		return oc, err
 	}
-	if err := checkControlSubjects(dl.CachedInfo().Config, cfg.DeadLetter.Subject, cfg.State.Partitions); err != nil {
+	if err := checkControlSubjects(dl.CachedInfo().Config, o.DeadLetterSubject, o.Partitions); err != nil {
 		return oc, err
 	}
-	g.dlStream, g.dlSubject = cfg.DeadLetter.Stream, cfg.DeadLetter.Subject
+	g.dlStream, g.dlSubject = o.DeadLetterStream, o.DeadLetterSubject
 	g.dlRefresh = fenceRefresh(dl.CachedInfo().Config.MaxAge)
 	return oc, nil
 }
@@ -140,7 +138,7 @@ func (g *Group) checkSideStreams(ctx context.Context) (jetstream.StreamConfig, e
 // starting together do not wait on a lookup the cluster leaves
 // unanswered.
 func (g *Group) createGroup(ctx context.Context) error {
-	n := g.cfg.State.Partitions
+	n := g.opts.Partitions
 	mappings := groupMappings(n)
 	gctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
@@ -206,17 +204,14 @@ func lookupStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger,
 }
 
 // checkTransform checks that the input stream's subject transform puts
-// each key's partition first, as the configuration implies.
-func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Config) error {
-	name := cfg.Input.Stream
+// each key's partition first, as o.Transform says.
+func checkTransform(ctx context.Context, js jetstream.JetStream, o Options) error {
+	name := o.InputStream
 	in, err := lookupStream(ctx, js, nil, "scale-out: input stream", name)
 	if err != nil {
 		return err
 	}
-	src, dest, err := cfg.ScaleOutTransform()
-	if err != nil {
-		return fmt.Errorf("scale-out: %w", err)
-	}
+	src, dest := o.Transform.Source, o.Transform.Destination
 	if tr := in.CachedInfo().Config.SubjectTransform; tr == nil || tr.Source != src || tr.Destination != dest {
 		have := "none"
 		if tr != nil {
@@ -225,57 +220,42 @@ func checkTransform(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 		return finding.WithFix(fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
 			"(of state.partitions = %d) first in the stored subject; edit the stream, create it with the stage (nats.create_streams), "+
 			"or have the route step partition it (scale_out.route always)",
-			name, have, src, dest, cfg.State.Partitions),
+			name, have, src, dest, o.Partitions),
 			fmt.Sprintf("nats stream edit %s --transform-source '%s' --transform-destination '%s' --force", name, src, dest))
 	}
 	return nil
 }
 
-// setUpRoute prepares the route step: the group consumes the routed
-// stream, which must keep the route step's guarantee (route.CheckStream),
-// and Run routes the input into it.
-func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
-	cfg := g.cfg
-	name := cfg.ScaleOut.RoutedStream
+// setUpRoute prepares the route step of o.Route: the group consumes the
+// routed stream, which must keep the route step's guarantee
+// (route.CheckStream), and Run routes the input into it.
+func (g *Group) setUpRoute(ctx context.Context, o Options) error {
+	ro := *o.Route
+	name := ro.RoutedStream
 	st, err := lookupStream(ctx, g.js, g.log, "scale-out: routed stream (scale_out.routed_stream)", name)
 	if err != nil {
 		return err
 	}
-	ackWait, margin := cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D()
-	if err := route.CheckStream(st.CachedInfo().Config, cfg.ScaleOut.RoutedSubject, cfg.State.Partitions, ackWait, margin); err != nil {
+	if err := route.CheckStream(st.CachedInfo().Config, ro.RoutedSubject, ro.Partitions, ro.AckWait, ro.RestartMargin); err != nil {
 		return fmt.Errorf("scale-out: %w", err)
 	}
 	g.inStream = name
-	g.routed = &route.Options{
-		Conn:              o.Conn,
-		NewJetStream:      cfg.NATS.NewJetStream,
-		InputStream:       cfg.Input.Stream,
-		Group:             g.name,
-		Partitions:        cfg.State.Partitions,
-		RoutedStream:      name,
-		RoutedSubject:     cfg.ScaleOut.RoutedSubject,
-		Key:               o.Key,
-		DeadLetterSubject: cfg.DeadLetter.SubjectFor,
-		MaxMessageBytes:   int64(cfg.Pipeline.MaxMessageBytes),
-		BatchSize:         cfg.Pipeline.BatchSize,
-		BundleMax:         cfg.ScaleOut.RouteBundleMax,
-		BundleForm:        func() int { return int(g.bundles.Load()) },
-		BatchLinger:       cfg.Pipeline.BatchLinger.D(),
-		AckWait:           ackWait,
-		MaxAckPending:     cfg.Input.MaxAckPending,
-		RestartMargin:     margin,
-		ShutdownTimeout:   o.ShutdownTimeout,
-		Registry:          o.Registry,
-		Logger:            g.log,
-		Logs:              g.logs,
-		Reporter:          o.Reporter,
-		PartitionKey:      o.PartitionKey,
-	}
+	ro.Conn = o.Conn
+	ro.Group = g.name
+	ro.Key = o.Key
+	ro.BundleMax = o.BundleMax
+	ro.BundleForm = func() int { return int(g.bundles.Load()) }
+	ro.ShutdownTimeout = o.ShutdownTimeout
+	ro.Registry = o.Registry
+	ro.Logger, ro.Logs = g.log, g.logs
+	ro.Reporter = o.Reporter
+	ro.PartitionKey = o.PartitionKey
+	g.routed = &ro
 	if err := g.routed.Validate(); err != nil {
 		return fmt.Errorf("scale-out: %w", err)
 	}
-	g.log.Info("scale-out: the route step partitions the input", "why", why, "routed_stream", name,
-		"routed_subjects", route.Subject(0, cfg.ScaleOut.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(g.name))
+	g.log.Info("scale-out: the route step partitions the input", "why", o.RouteWhy, "routed_stream", name,
+		"routed_subjects", route.Subject(0, ro.RoutedSubject, "<input subject>"), "route_consumer", route.ConsumerName(g.name))
 	return nil
 }
 
@@ -284,7 +264,7 @@ func (g *Group) setUpRoute(ctx context.Context, o Options, why string) error {
 func groupMappings(n int) []pcgroups.MemberMapping {
 	mappings := make([]pcgroups.MemberMapping, n)
 	for i := range mappings {
-		mappings[i] = pcgroups.MemberMapping{Member: config.ScaleOutMember(i), Partitions: []int{i}}
+		mappings[i] = pcgroups.MemberMapping{Member: layout.Member(i), Partitions: []int{i}}
 	}
 	return mappings
 }

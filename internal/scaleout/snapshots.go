@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/snapshot"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
@@ -114,12 +114,11 @@ func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
 	return m
 }
 
-// newSnapshots returns the group's snapshots, as the configuration derives
-// them; replicas are the output stream's.
-func newSnapshots(cfg config.Config, js jetstream.JetStream, log *slog.Logger, w time.Duration, replicas int, reg prometheus.Registerer) *snapshots {
-	bucket, every, keep, _ := cfg.ScaleOutSnapshots(w)
-	return &snapshots{js: js, log: log, group: cfg.ScaleOut.Group, parts: cfg.State.Partitions, window: w,
-		bucket: bucket, every: every, keep: keep, replicas: replicas, metrics: newSnapshotMetrics(reg), load: !cfg.Totals.Enabled,
+// newSnapshots returns the group's snapshots, as o configures them;
+// replicas are the output stream's.
+func newSnapshots(o Options, js jetstream.JetStream, log *slog.Logger, w time.Duration, replicas int, reg prometheus.Registerer) *snapshots {
+	return &snapshots{js: js, log: log, group: o.Group, parts: o.Partitions, window: w,
+		bucket: layout.SnapshotBucket(o.Group), every: o.SnapshotEvery, keep: o.SnapshotKeep, replicas: replicas, metrics: newSnapshotMetrics(reg), load: o.LoadSnapshots,
 		written: make(map[int]uint64), fetch: make(chan struct{}, 1)}
 }
 
@@ -306,7 +305,7 @@ func (sn *snapshots) markCurrent(p int, t time.Time) {
 }
 
 // snapshotObject is partition p's object in the snapshot bucket.
-func snapshotObject(p int) string { return config.ScaleOutSnapshotObject(p) }
+func snapshotObject(p int) string { return layout.SnapshotObject(p) }
 
 // errSnapshotUnusable wraps every reason a takeover does not restore from
 // the partition's snapshot: the takeover falls back to the changelog.

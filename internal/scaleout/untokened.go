@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
 // checkUntokened refuses to start when the input stream holds messages
@@ -19,20 +17,20 @@ import (
 // before the stream's subject transform put the partition first, and no
 // member of the group consumes them, so they would be neither judged nor
 // dead-lettered. The error gives their count and what to do.
-func checkUntokened(ctx context.Context, js jetstream.JetStream, cfg config.Config) error {
-	name := cfg.Input.Stream
+func checkUntokened(ctx context.Context, js jetstream.JetStream, o Options) error {
+	name := o.InputStream
 	st, err := js.Stream(ctx, name)
 	if err != nil {
 		return fmt.Errorf("scale-out: input stream %s: %w", name, err)
 	}
-	n, err := countUntokened(ctx, st, cfg)
+	n, err := countUntokened(ctx, st, o)
 	if err != nil {
 		return fmt.Errorf("scale-out: input stream %s: count the messages without a partition token: %w", name, err)
 	}
 	if n > 0 {
 		return fmt.Errorf("scale-out: input stream %s holds %d messages without a partition token (stored before its subject transform put the partition first): no member of the group consumes them. "+
 			"Judge them first with scale-out off, or republish them and remove them (nats stream purge %s --subject <subject>, for each of %s), or let the route step partition the input (scale_out.route: always)",
-			name, n, name, strings.Join(cfg.Input.Subjects, ", "))
+			name, n, name, strings.Join(o.InputSubjects, ", "))
 	}
 	return nil
 }
@@ -52,7 +50,7 @@ func checkUntokened(ctx context.Context, js jetstream.JetStream, cfg config.Conf
 //     messages meanwhile, by a limit or a work queue, can make the count
 //     too high; the refusal says so by its number, and a start again
 //     counts anew).
-func countUntokened(ctx context.Context, st jetstream.Stream, cfg config.Config) (uint64, error) {
+func countUntokened(ctx context.Context, st jetstream.Stream, o Options) (uint64, error) {
 	count := func(filters []string) (uint64, error) {
 		c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,
 			InactiveThreshold: 5 * time.Second, Description: "dedupe-stage: counts the input's messages without a partition token at start"})
@@ -65,14 +63,14 @@ func countUntokened(ctx context.Context, st jetstream.Stream, cfg config.Config)
 		}
 		return ci.NumPending, nil
 	}
-	if !slices.ContainsFunc(cfg.Input.Subjects, mayBePartitioned) {
-		return count(cfg.Input.Subjects)
+	if !slices.ContainsFunc(o.InputSubjects, mayBePartitioned) {
+		return count(o.InputSubjects)
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
-	filters := make([]string, cfg.State.Partitions)
+	filters := make([]string, o.Partitions)
 	for p := range filters {
 		filters[p] = strconv.Itoa(p) + ".>"
 	}

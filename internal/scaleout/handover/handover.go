@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 )
 
 // Headers a forwarded message carries so that it can be read back as a
@@ -126,14 +127,14 @@ func DecodeHeader(h nats.Header) (Record, error) {
 }
 
 // controlRoot is the first token of every control record's subject.
-const controlRoot = "_dedupe"
+const controlRoot = layout.ControlRoot
 
 // ControlSubjects returns the subjects of the control records (fences) of
 // an output stream whose forwarded messages are under outputPrefix:
 // "_dedupe.<outputPrefix>.>". A scale-out output stream holds them beside
 // "<outputPrefix>.>".
 func ControlSubjects(outputPrefix string) string {
-	return controlRoot + "." + outputPrefix + ".>"
+	return layout.ControlSubjects(outputPrefix)
 }
 
 // FenceSubject returns partition p's fence subject in an output stream

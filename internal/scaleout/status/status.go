@@ -48,6 +48,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
@@ -251,7 +252,7 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 	r.Mode, r.Group = "scale-out", cfg.ScaleOut.Group
 	group := cfg.ScaleOut.Group
 	memberStream := cfg.Input.Stream
-	routed, _ := cfg.ScaleOutRouted()
+	routed, _ := cfg.ScaleOutPartitioning().Routed()
 	if routed {
 		memberStream = cfg.ScaleOut.RoutedStream
 	}
@@ -272,7 +273,7 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 		return r, err
 	}
 	if src.snaps != nil {
-		r.Snapshots = cfg.ScaleOutSnapshotBucket()
+		r.Snapshots = layout.SnapshotBucket(cfg.ScaleOut.Group)
 	}
 	for p := range cfg.State.Partitions {
 		part, err := readPartition(ctx, js, cfg, src, memberStream, p, now)
@@ -439,22 +440,22 @@ func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 		return src, err
 	}
 	snaps, err := ask(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
-		return js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+		return js.ObjectStore(ctx, layout.SnapshotBucket(cfg.ScaleOut.Group))
 	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		snaps = nil
 	case err != nil:
-		return src, fmt.Errorf("status: snapshot bucket %s: %w", cfg.ScaleOutSnapshotBucket(), err)
+		return src, fmt.Errorf("status: snapshot bucket %s: %w", layout.SnapshotBucket(cfg.ScaleOut.Group), err)
 	}
 	handOvers, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
-		return js.KeyValue(ctx, cfg.ScaleOutHandOverBucket())
+		return js.KeyValue(ctx, layout.HandOverBucket(cfg.ScaleOut.Group))
 	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		handOvers = nil
 	case err != nil:
-		return src, fmt.Errorf("status: hand-over bucket %s: %w", cfg.ScaleOutHandOverBucket(), err)
+		return src, fmt.Errorf("status: hand-over bucket %s: %w", layout.HandOverBucket(cfg.ScaleOut.Group), err)
 	}
 	src.snaps, src.handOvers = snaps, handOvers
 	return src, nil
@@ -464,7 +465,7 @@ func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 // fence and snapshot age.
 func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Config, src sources, memberStream string, p int, now time.Time) (Partition, error) {
 	group := cfg.ScaleOut.Group
-	member := config.ScaleOutMember(p)
+	member := layout.Member(p)
 	part := Partition{Partition: p}
 	if src.handOvers != nil {
 		e, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return src.handOvers.Get(ctx, member) },
@@ -481,7 +482,7 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 			part.LastHandOver = &h
 		}
 	}
-	consumer := config.ScaleOutMemberConsumer(group, p)
+	consumer := layout.MemberConsumer(group, p)
 	ci, err := consumerInfo(ctx, js, memberStream, consumer)
 	if err != nil {
 		return part, err
@@ -517,12 +518,12 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 	part.State, part.Waiting = classify(part.PinID != "", oldest, active, HandOverTime(cfg, part.LastHandOver), now)
 	if src.snaps != nil {
 		info, err := ask(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) {
-			return src.snaps.GetInfo(ctx, config.ScaleOutSnapshotObject(p))
+			return src.snaps.GetInfo(ctx, layout.SnapshotObject(p))
 		}, jetstream.ErrObjectNotFound)
 		switch {
 		case errors.Is(err, jetstream.ErrObjectNotFound):
 		case err != nil:
-			return part, fmt.Errorf("status: snapshot %s/%s: %w", cfg.ScaleOutSnapshotBucket(), member, err)
+			return part, fmt.Errorf("status: snapshot %s/%s: %w", layout.SnapshotBucket(cfg.ScaleOut.Group), member, err)
 		default:
 			age := Duration(now.Sub(info.ModTime))
 			part.SnapshotAge = &age
@@ -606,7 +607,7 @@ func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group str
 // liveInstances lists the keys of the group's presence bucket, nil when
 // the bucket does not exist.
 func liveInstances(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]string, error) {
-	bucket, _, _ := cfg.ScaleOutPresence()
+	bucket, _, _ := layout.Presence(cfg.ScaleOut.Group, cfg.Input.AckWait.D())
 	kv, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, bucket) },
 		jetstream.ErrBucketNotFound)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {

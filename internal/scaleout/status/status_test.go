@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/status"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -123,17 +124,17 @@ func TestStatusOfAGroup(t *testing.T) {
 	natstest.PublishAll(t, js, msgs)
 	// One snapshot, of partition 0, in the bucket the stage writes them
 	// to (which it may have created already).
-	obs, err := js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+	obs, err := js.ObjectStore(ctx, layout.SnapshotBucket(cfg.ScaleOut.Group))
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		obs, err = js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: cfg.ScaleOutSnapshotBucket()})
+		obs, err = js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: layout.SnapshotBucket(cfg.ScaleOut.Group)})
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			obs, err = js.ObjectStore(ctx, cfg.ScaleOutSnapshotBucket())
+			obs, err = js.ObjectStore(ctx, layout.SnapshotBucket(cfg.ScaleOut.Group))
 		}
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := obs.PutBytes(ctx, config.ScaleOutSnapshotObject(0), []byte("snapshot")); err != nil {
+	if _, err := obs.PutBytes(ctx, layout.SnapshotObject(0), []byte("snapshot")); err != nil {
 		t.Fatal(err)
 	}
 
