@@ -89,7 +89,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 	if p.filter != nil {
 		p.filter.Advance(now)
 	}
-	b := &batch{inBatch: make(map[string]Record, len(recs))}
+	b := &batch{inBatch: make(map[string]Record, len(recs)), at: make(map[string]int, len(recs))}
 	rtxn := p.db.NewTransaction(false)
 	defer rtxn.Discard()
 	for i, r := range recs {
