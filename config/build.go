@@ -23,6 +23,7 @@ func (c Config) StateOptions(w window.Window) state.Options {
 	so.SyncWrites = c.StateSyncWrites()
 	so.GCInterval = c.State.GCInterval.D()
 	so.SnapshotInterval = c.State.SnapshotInterval.D()
+	so.RefreshOnRepeat = c.Window.RefreshOnRepeat
 	if c.Totals.Enabled {
 		so.TotalsBucket = c.Totals.Bucket.D()
 	}

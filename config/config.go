@@ -368,6 +368,11 @@ type Window struct {
 	// NearFraction: a repeat caught at an age of at least NearFraction*W is
 	// counted as near the end of the window. Default 0.8.
 	NearFraction float64 `yaml:"near_fraction"`
+	// RefreshOnRepeat makes the window slide: a repeat moves its key's
+	// window end to the repeat's time + W, so a source that retries for
+	// as long as it is not answered stays deduplicated. Default false: a
+	// key's window ends at its first-seen time + W.
+	RefreshOnRepeat bool `yaml:"refresh_on_repeat"`
 }
 
 // Path is one named slow path.

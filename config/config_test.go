@@ -455,6 +455,8 @@ func TestEnvOverridesFile(t *testing.T) {
 		"DEDUPE_EMBEDDED_SYSTEM_ACCOUNT":  "true",
 		"DEDUPE_EMBEDDED_SYSTEM_PASSWORD": "esp",
 		"DEDUPE_KEY_HEADER":               "Order-Id",
+		"DEDUPE_KEY_VERSION_HEADER":       "Order-Version",
+		"DEDUPE_WINDOW_REFRESH_ON_REPEAT": "true",
 
 		"DEDUPE_TOTALS_POSTGRES_DSN": "postgres://env/db",
 		"DEDUPE_HTTP_INSPECT":        "false",
@@ -469,7 +471,7 @@ func TestEnvOverridesFile(t *testing.T) {
 	want := mustParse(t, "nats: {url: 'nats://env:4222', context: prod, user: u, password: p, token: t, creds_file: /c.creds, nkey_seed_file: /s.nk, create_streams: true,\n"+
 		"  tls: {cert_file: /c.crt, key_file: /c.key, ca_file: /ca.pem, handshake_first: true}, jetstream_domain: hub, jetstream_api_prefix: '$JS.x.API', connect_timeout: 9s,\n"+
 		"  embedded: {host: 0.0.0.0, port: 14222, monitor_port: 18222, user: eu, password: ep, token: et, system_account: true, system_password: esp}}\n"+
-		"key: {source: header, header: Order-Id}\n"+
+		"key: {source: header, header: Order-Id, version: {source: header, header: Order-Version}}\nwindow: {refresh_on_repeat: true}\n"+
 		"state: {partitions: 16, data_dir: /env, sync_writes: false}\nhttp: {addr: ':9999', inspect: false, inspect_addr: '127.0.0.1:9465'}\nlog: {level: debug, format: json}\n"+
 		"input: {stream: IN}\noutput: {stream: OUT}\ntotals: {sinks: {postgres: {dsn: 'postgres://env/db'}}}\n"+
 		"scale_out: {enabled: true, group: g, instance: i1}\n")

@@ -129,6 +129,8 @@ var envVars = []envVar{
 	{"DEDUPE_EMBEDDED_SYSTEM_ACCOUNT", "nats.embedded.system_account", setBool(func(c *Config) *bool { return &c.NATS.Embedded.SystemAccount })},
 	{"DEDUPE_EMBEDDED_SYSTEM_PASSWORD", "nats.embedded.system_password", setString(func(c *Config) *string { return &c.NATS.Embedded.SystemPassword })},
 	{"DEDUPE_KEY_HEADER", "key.header", func(c *Config, v string) error { c.Key.Field = keyHeader(v); return nil }},
+	{"DEDUPE_KEY_VERSION_HEADER", "key.version.header", func(c *Config, v string) error { c.Key.Version = keyHeader(v); return nil }},
+	{"DEDUPE_WINDOW_REFRESH_ON_REPEAT", "window.refresh_on_repeat", setBool(func(c *Config) *bool { return &c.Window.RefreshOnRepeat })},
 	{"DEDUPE_INPUT_STREAM", "input.stream", setString(func(c *Config) *string { return &c.Input.Stream })},
 	{"DEDUPE_OUTPUT_STREAM", "output.stream", setString(func(c *Config) *string { return &c.Output.Stream })},
 	{"DEDUPE_DATA_DIR", "state.data_dir", setString(func(c *Config) *string { return &c.State.DataDir })},

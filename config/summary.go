@@ -31,6 +31,9 @@ func (c Config) Summary() string {
 	} else {
 		line("window", "W %v", w)
 		more("repeats caught after %v (near_fraction %v of W) count as near the end of the window", Duration(time.Duration(w.NearFraction*float64(w.W))), w.NearFraction)
+		if c.Window.RefreshOnRepeat {
+			more("sliding (refresh_on_repeat): each repeat moves its key's window end to the repeat's time + W")
+		}
 	}
 	line("key", "%v", c.Key)
 

@@ -482,6 +482,10 @@ type KeyConfig struct {
 	// MaxLength is the longest final key accepted, in bytes; 0 means
 	// DefaultMaxLength (256). At most MaxMaxLength.
 	MaxLength int `yaml:"max_length"`
+	// Version, when enabled, is read from a header or a JSON path: an
+	// integer that orders the copies of a key (version-wins, see
+	// Versioner). It is not part of the key. Default: unused.
+	Version FieldSpec `yaml:"version"`
 }
 
 // DefaultKeyConfig returns the default: the key is the Nats-Msg-Id header,
@@ -501,7 +505,7 @@ func (c KeyConfig) Validate(field string) error {
 	if !c.Field.Enabled() {
 		errs = append(errs, specErr(join(field, "source"), "empty, want header, json or subject"))
 	}
-	errs = append(errs, c.Field.Validate(field), c.Scope.Validate(join(field, "scope")))
+	errs = append(errs, c.Field.Validate(field), c.Scope.Validate(join(field, "scope")), validVersionSpec(c.Version, join(field, "version")))
 	if c.MaxLength < 0 || c.MaxLength > MaxMaxLength {
 		errs = append(errs, specErr(join(field, "max_length"), "%d, want 1..%d (0 = default %d)", c.MaxLength, MaxMaxLength, DefaultMaxLength))
 	}
@@ -515,10 +519,14 @@ func (c KeyConfig) String() string {
 	if max == 0 {
 		max = DefaultMaxLength
 	}
+	s := fmt.Sprintf("%s, at most %d bytes", c.Field, max)
 	if c.Scope.Enabled() {
-		return fmt.Sprintf("%s scoped by %s, at most %d bytes", c.Field, c.Scope, max)
+		s = fmt.Sprintf("%s scoped by %s, at most %d bytes", c.Field, c.Scope, max)
 	}
-	return fmt.Sprintf("%s, at most %d bytes", c.Field, max)
+	if c.Version.Enabled() {
+		s += fmt.Sprintf(", version from %s", c.Version)
+	}
+	return s
 }
 
 // KeyFunc builds the final key of a message from a KeyConfig. It is safe for

@@ -414,6 +414,9 @@ func TestKeyConfigYAML(t *testing.T) {
 		{"subject", `{source: subject, subject_token: -1}`, KeyConfig{Field: FieldSpec{Source: SourceSubject, SubjectToken: -1}, MaxLength: 256}, ""},
 		{"unknown field", `{source: header, header: X, jsonpath: id}`, KeyConfig{}, "field jsonpath not found"},
 		{"unknown scope field", "scope: {source: header, hdr: X}", KeyConfig{}, "field hdr not found"},
+		{"version keeps the key field", "version: {source: json, json_path: meta.v}",
+			KeyConfig{Field: DefaultKeyConfig().Field, Version: FieldSpec{Source: SourceJSON, JSONPath: "meta.v"}, MaxLength: 256}, ""},
+		{"unknown version field", "version: {source: header, hdr: X}", KeyConfig{}, "field hdr not found"},
 		{"not a mapping", `[1]`, KeyConfig{}, "want a mapping"},
 		{"bad type", `max_length: lots`, KeyConfig{}, "cannot unmarshal"},
 	}

@@ -11,7 +11,7 @@ var fieldSpecNames = map[string]bool{"source": true, "header": true, "json_path"
 
 // UnmarshalYAML decodes a key configuration over c (normally
 // DefaultKeyConfig), replacing a field spec named in the mapping as a whole
-// (max_length is kept unless given): `key: {json_path: id}` is refused for
+// (the key's, the scope's, the version's; max_length is kept unless given): `key: {json_path: id}` is refused for
 // its missing source rather than keeping the default header source with a
 // stray path. Unknown names are errors; merge keys ("<<") are not supported.
 func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
@@ -23,7 +23,7 @@ func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 	}
 	var errs []string
 	fieldGiven := false
-	var scopeNode *yaml.Node
+	var scopeNode, versionNode *yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		switch {
@@ -31,13 +31,17 @@ func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 			fieldGiven = true
 		case k.Value == "scope":
 			scopeNode = v
+		case k.Value == "version":
+			versionNode = v
 		case k.Value == "max_length":
 		default:
 			errs = append(errs, fmt.Sprintf("line %d: field %s not found in type keys.KeyConfig", k.Line, k.Value))
 		}
 	}
-	if scopeNode != nil {
-		s := scopeNode
+	for _, s := range []*yaml.Node{scopeNode, versionNode} {
+		if s == nil {
+			continue
+		}
 		if s.Kind == yaml.AliasNode && s.Alias != nil {
 			s = s.Alias
 		}
@@ -59,6 +63,9 @@ func (c *KeyConfig) UnmarshalYAML(n *yaml.Node) error {
 	}
 	if scopeNode != nil {
 		out.Scope = FieldSpec{}
+	}
+	if versionNode != nil {
+		out.Version = FieldSpec{}
 	}
 	if err := n.Decode(&out); err != nil {
 		return err

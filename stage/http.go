@@ -27,7 +27,9 @@ type Inspection struct {
 	// Forgotten is when an operator forgot the key (Stage.Forget): its
 	// next copy is forwarded, and InsideWindow is false.
 	Forgotten *time.Time `json:"forgotten_at,omitempty"`
-	Window    string     `json:"window"`
+	// Version is the key's recorded version, with key.version set.
+	Version *uint64 `json:"version,omitempty"`
+	Window  string  `json:"window"`
 }
 
 // Inspect tells whether key is inside the window, when it was first seen
@@ -53,9 +55,13 @@ func (st *Health) Inspect(key string) (Inspection, error) {
 	in := Inspection{Key: key, Found: found, Window: win.W.String()}
 	if found {
 		now := clock.Now()
-		first, leaves := rec.FirstSeen.UTC(), win.ExpiresAt(rec.FirstSeen).UTC()
+		first, leaves := rec.FirstSeen.UTC(), win.ExpiresAt(rec.WindowStart()).UTC()
 		in.Partition, in.FirstSeen, in.LeavesAt = p, &first, &leaves
-		in.InsideWindow = rec.Forgotten.IsZero() && win.Inside(rec.FirstSeen, now)
+		in.InsideWindow = rec.Forgotten.IsZero() && win.Inside(rec.WindowStart(), now)
+		if rec.HasVersion {
+			v := rec.Version
+			in.Version = &v
+		}
 		if !rec.Forgotten.IsZero() {
 			f := rec.Forgotten.UTC()
 			in.Forgotten = &f

@@ -12,6 +12,7 @@ import (
 const (
 	outcomeNew        = "new"
 	outcomeRepeat     = "repeat"
+	outcomeStale      = "stale" // key.version: a repeat whose version is not greater than the key's
 	outcomeDeadLetter = "dead_letter"
 )
 

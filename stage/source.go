@@ -120,9 +120,9 @@ func (in *intake) reject(msg jetstream.Msg, detail string) {
 	in.dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted, detail: detail}
 }
 
-// deliver judges what can be judged of a without state (limits, key) and
-// routes it to its partition: a.p, or the partition of its key (or group)
-// when a.p is -1. It waits while that partition's queue is full.
+// deliver judges what can be judged of a without state (limits, key,
+// version) and routes it to its partition: a.p, or the partition of its
+// key (or group) when a.p is -1. It waits while that partition's queue is full.
 func (in *intake) deliver(a arrival) {
 	s, msg := in.s, a.msg
 	data := msg.Data()
@@ -154,6 +154,15 @@ func (in *intake) deliver(a arrival) {
 	if subject == "" {
 		subject = msg.Subject()
 	}
+	var version uint64
+	if s.version != nil {
+		var err error
+		if version, err = s.version.Version(msg.Subject(), msg.Headers(), data); err != nil {
+			reason, detail := deadletter.KeyReason(err, deadletter.ReasonBadVersion)
+			in.dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
+			return
+		}
+	}
 	route := key
 	var tot state.Contribution
 	if s.totals != nil {
@@ -169,7 +178,8 @@ func (in *intake) deliver(a arrival) {
 	if p < 0 {
 		p = state.PartitionOf(route, len(in.parts))
 	}
-	in.parts[p] <- item{msg: msg, key: key, fp: fingerprint(data), tot: tot, pin: a.pin, subject: a.subject}
+	in.parts[p] <- item{msg: msg, key: key, fp: fingerprint(data), tot: tot, pin: a.pin, subject: a.subject,
+		version: version, versioned: s.version != nil}
 }
 
 // offer queues a, an input whose key a.key the source already read and

@@ -68,6 +68,7 @@ type Stage struct {
 	src     source // where the messages come from: one consumer, or a scale-out group
 	store   *state.Store
 	keyFn   *keys.KeyFunc
+	version *keys.Versioner // key.version; nil when versions are off
 	metrics *Metrics
 	status  *Health
 	totals  *totals // nil when totals are off
@@ -76,6 +77,7 @@ type Stage struct {
 	ackWait            time.Duration
 	shutdownTimeout    time.Duration
 	fpMismatchIsRepeat bool // treat fingerprint mismatches as repeats instead of dead-lettering them
+	refresh            bool // window.refresh_on_repeat: a repeat moves its key's window
 
 	atomicOutput bool // publish the output as atomic batches (outputPublish)
 	// atomicDeadLetters: publish dead letters as atomic batches
@@ -113,6 +115,12 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if s.keyFn, err = keys.NewKeyFunc(cfg.Key); err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
+	if cfg.Key.Version.Enabled() {
+		if s.version, err = keys.NewVersioner(cfg.Key.Version); err != nil {
+			return nil, fmt.Errorf("key.version: %w", err)
+		}
+	}
+	s.refresh = cfg.Window.RefreshOnRepeat
 	s.js, err = cfg.NATS.NewJetStream(s.nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.Pipeline.MaxPublishInFlight),
 		jetstream.WithPublishAsyncTimeout(10*time.Second))
@@ -261,6 +269,9 @@ type item struct {
 	// subject is the input subject its source recorded for a copy
 	// (arrival.subject); "" means msg.Subject().
 	subject string
+	// version is the message's version (key.version) when versioned.
+	version   uint64
+	versioned bool
 }
 
 // inputSubject returns the subject the message had in the input stream.

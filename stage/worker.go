@@ -19,6 +19,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -33,6 +34,7 @@ func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan 
 	w.owner = s.src.owner(p)
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
+	w.stale = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeStale}
 	w.dropped = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeDropped}
 	batcher.Run(in, s.cfg.PartitionBatch(), s.cfg.Pipeline.BatchLinger.D(), func(batch []item) {
 		w.process(ctx, batch)
@@ -48,12 +50,14 @@ type worker struct {
 	health retry.Reporter // reports this partition's lookup, publish, commit
 
 	// This partition's dedupe_messages_total of each outcome.
-	newKeys, repeats, dropped lazyCounter
+	newKeys, repeats, stale, dropped lazyCounter
 
 	// per batch, reused
-	firstIdx    map[string]int // key -> index in the batch of the copy forwarded
+	firstIdx    map[string]int      // key -> index in the batch of the copy forwarded
+	seen        map[string]struct{} // segment's keys, with key.version
 	newIdx      []int
 	laterCopies [][2]int // {copy, first}: a key new in this batch, seen again in it
+	refreshIdx  []int    // repeats whose window the commit moves (window.refresh_on_repeat), acked after it
 	acks        []int
 	out         []*nats.Msg
 	res         []forward.Result
@@ -83,18 +87,51 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	case leaveBatch:
 		return
 	}
-	w.reset(len(batch))
-	now := s.clock.Now()
-	if !w.judge(ctx, batch, now) {
-		return
+	for len(batch) > 0 {
+		seg := batch[:w.segment(batch)]
+		if !w.judgeSegment(ctx, seg) {
+			return
+		}
+		batch = batch[len(seg):]
 	}
-	if len(w.newIdx) > 0 && !w.forwardNew(ctx, batch, now) {
-		return
+}
+
+// judgeSegment judges seg, a segment of a batch, forwards and commits its
+// new keys and acks it. It returns false when seg is left unacked.
+func (w *worker) judgeSegment(ctx context.Context, batch []item) bool {
+	w.reset(len(batch))
+	now := w.s.clock.Now()
+	if !w.judge(ctx, batch, now) {
+		return false
+	}
+	if (len(w.newIdx) > 0 || len(w.refreshIdx) > 0) && !w.forwardNew(ctx, batch, now) {
+		return false
 	}
 	w.settleLaterCopies(batch, now)
 	for _, i := range w.acks {
 		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
 	}
+	return true
+}
+
+// segment returns the length of the batch's first segment: the whole
+// batch, or with key.version, up to the second copy of a key, so that
+// each copy is judged against the version its predecessor recorded.
+func (w *worker) segment(batch []item) int {
+	if w.s.version == nil || len(batch) < 2 {
+		return len(batch)
+	}
+	if w.seen == nil {
+		w.seen = make(map[string]struct{}, len(batch))
+	}
+	clear(w.seen)
+	for i := range batch {
+		if _, ok := w.seen[string(batch[i].key)]; ok {
+			return i
+		}
+		w.seen[string(batch[i].key)] = struct{}{}
+	}
+	return len(batch)
 }
 
 // reset clears the worker's per-batch state for a batch of n messages.
@@ -103,7 +140,7 @@ func (w *worker) reset(n int) {
 		w.firstIdx = make(map[string]int, n)
 	}
 	clear(w.firstIdx)
-	w.newIdx, w.laterCopies, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.acks[:0], w.out[:0]
+	w.newIdx, w.laterCopies, w.refreshIdx, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.refreshIdx[:0], w.acks[:0], w.out[:0]
 }
 
 // judge looks up every key of the batch and sorts its messages: a repeat
@@ -136,14 +173,14 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 			w.deadLetter(it, deadletter.ReasonStateRejected, fmt.Sprintf("the state store cannot look up key %q: %v", it.key, err))
 			continue
 		}
-		if res.Found {
-			w.repeat(i, batch, res.Record, now)
+		if res.Found && (!it.versioned || !res.Record.OlderThan(it.version)) {
+			w.repeat(i, batch, res.Record, now, s.refresh)
 			continue
 		}
 		if w.late(i, batch, now) {
 			continue
 		}
-		id := string(it.key) // made once: the copy's Nats-Msg-Id and the key in w.firstIdx
+		id := outputID(it) // made once: the copy's Nats-Msg-Id and, without versions, the key in w.firstIdx
 		if forwarded == nil {
 			// One allocation for the batch's copies instead of two per
 			// copy. Its capacity is never exceeded, so the pointers into it
@@ -161,7 +198,11 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 			w.deadLetter(it, deadletter.ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
 			continue
 		}
-		w.firstIdx[id] = i
+		if it.versioned {
+			w.firstIdx[string(it.key)] = i
+		} else {
+			w.firstIdx[id] = i
+		}
 		w.newIdx = append(w.newIdx, i)
 		w.out = append(w.out, m)
 	}
@@ -188,24 +229,37 @@ func (w *worker) late(i int, batch []item, now time.Time) bool {
 }
 
 // forwardNew publishes the batch's new messages (w.out), dead-letters
-// those the output refused for good, and commits the claims of the rest.
+// those the output refused for good, and commits the claims of the rest
+// with the refreshes of its repeats (w.refreshIdx).
 // It returns false when the batch is left unacked.
 func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bool {
-	if w.s.beforePublish != nil {
-		w.s.beforePublish(w.p.Index(), len(batch))
+	w.res = w.res[:0]
+	if len(w.out) > 0 {
+		if w.s.beforePublish != nil {
+			w.s.beforePublish(w.p.Index(), len(batch))
+		}
+		if !w.publish(ctx, batch) {
+			return false
+		}
 	}
-	if !w.publish(ctx, batch) {
-		return false
-	}
-	claims := make([]state.Claim, 0, len(w.newIdx))
+	claims := make([]state.Claim, 0, len(w.newIdx)+len(w.refreshIdx))
+	idx := make([]int, 0, cap(claims)) // each claim's message in the batch
 	for k, i := range w.newIdx {
 		if err := w.res[k].Err; err != nil {
 			w.deadLetter(&batch[i], deadletter.ReasonOutputRejected, "the output stream refused the forward: "+deadletter.Describe(err))
 			continue
 		}
-		claims = append(claims, state.Claim{Key: batch[i].key, Fingerprint: batch[i].fp, Total: batch[i].tot})
+		it := &batch[i]
+		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Total: it.tot, Versioned: it.versioned, Version: it.version})
+		idx = append(idx, i)
 	}
-	return w.commit(ctx, batch, claims, now)
+	forwarded := len(claims)
+	for _, i := range w.refreshIdx {
+		it := &batch[i]
+		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Versioned: it.versioned, Version: it.version})
+		idx = append(idx, i)
+	}
+	return w.commit(ctx, batch, claims, idx, forwarded, now)
 }
 
 // settleLaterCopies judges each later copy of a key new in this batch: a
@@ -218,7 +272,7 @@ func (w *worker) settleLaterCopies(batch []item, now time.Time) {
 			w.deadLetter(&batch[i], deadletter.ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+deadletter.Describe(w.res[k].Err))
 			continue
 		}
-		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now)
+		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now, false)
 	}
 }
 
@@ -270,12 +324,15 @@ func (w *worker) fallback(messages int, err error) {
 		"partition", w.label, "messages", messages, "err", deadletter.Describe(err))
 }
 
-// commit claims the forwarded keys in one transaction (as the owner
+// commit claims the forwarded keys, claims[:forwarded], and the repeats
+// whose window moves, claims[forwarded:], in one transaction (as the owner
 // commits them, with now the time the forwarded records say), retrying
-// transient failures, and queues their acks. When the store refuses the transaction
-// permanently, each claim is tried alone and the ones it refuses are
-// dead-lettered. It returns false when ctx ended first.
-func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, now time.Time) bool {
+// transient failures, and queues their acks; idx[k] is claim k's message
+// in the batch. When the store refuses the transaction permanently, each
+// claim is tried alone and the ones it refuses are dead-lettered (a
+// repeat's refusal only leaves its window where it was). It returns false
+// when ctx ended first.
+func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, idx []int, forwarded int, now time.Time) bool {
 	s := w.s
 	if len(claims) == 0 {
 		return true
@@ -290,11 +347,10 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim,
 		w.stopping(batch, err)
 		return false
 	}
-	// w.firstIdx maps each claim's key to its message in the batch.
 	if err != nil {
 		s.logs.Error("commit_refused", "the state store refused a batch's claims; claiming them one by one", "partition", w.label, "claims", len(claims), "err", err)
 		results = results[:0]
-		for _, c := range claims {
+		for k, c := range claims {
 			var r []state.ClaimResult
 			err := retry.Do(ctx, CompCommit, func() (err error) {
 				r, err = w.p.Claim([]state.Claim{c})
@@ -302,20 +358,23 @@ func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim,
 			}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 			switch {
 			case err == nil:
-				results = append(results, r[0])
-				w.acks = append(w.acks, w.firstIdx[string(c.Key)])
+				if k < forwarded {
+					results = append(results, r[0])
+				}
+				w.acks = append(w.acks, idx[k])
 			case !retry.IsPermanent(err) || errors.Is(err, state.ErrClosed):
 				w.stopping(batch, err)
 				return false
+			case k >= forwarded:
+				w.acks = append(w.acks, idx[k]) // a repeat all the same; its window stays where it was
 			default:
-				w.deadLetter(&batch[w.firstIdx[string(c.Key)]], deadletter.ReasonStateRejected,
+				w.deadLetter(&batch[idx[k]], deadletter.ReasonStateRejected,
 					fmt.Sprintf("forwarded to the output, but the state store refused the claim of key %q: %v; a later copy of the key is forwarded again", c.Key, err))
 			}
 		}
 	} else {
-		for _, c := range claims {
-			w.acks = append(w.acks, w.firstIdx[string(c.Key)])
-		}
+		results = results[:forwarded]
+		w.acks = append(w.acks, idx...)
 	}
 	s.metrics.CommitSeconds.Observe(time.Since(t).Seconds())
 	for k, r := range results {
@@ -373,15 +432,17 @@ func giveBack(batch []item) {
 	}
 }
 
-// repeat handles a message whose key the window already holds.
-func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
+// repeat handles a message whose key the window already holds: a stale
+// one with key.version. With refresh, its ack waits for the commit that
+// moves its key's window.
+func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time, refresh bool) {
 	s, it := w.s, &batch[i]
-	age := s.win.Age(rec.FirstSeen, now)
+	age := s.win.Age(rec.WindowStart(), now)
 	s.metrics.RepeatAge.Observe(age.Seconds())
 	if s.win.Near(age) {
 		s.metrics.NearWindowEnd.Inc()
 	}
-	if rec.Fingerprint != it.fp {
+	if rec.Fingerprint != it.fp && (!it.versioned || rec.Version == it.version) {
 		s.metrics.FingerprintMismatch.Inc()
 		if !s.fpMismatchIsRepeat {
 			w.deadLetter(it, deadletter.ReasonFingerprintMismatch,
@@ -391,7 +452,15 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time) {
 		}
 		s.logs.Warn("fingerprint_mismatch", "fingerprint mismatch treated as a repeat", "key", string(it.key), "first_seen", rec.FirstSeen)
 	}
-	w.repeats.get().Inc()
+	if it.versioned {
+		w.stale.get().Inc()
+	} else {
+		w.repeats.get().Inc()
+	}
+	if refresh {
+		w.refreshIdx = append(w.refreshIdx, i)
+		return
+	}
 	w.acks = append(w.acks, i)
 }
 
@@ -422,6 +491,25 @@ func (w *worker) keepAlive(batch []item) {
 		_ = batch[i].msg.InProgress()
 	}
 	w.lastSignal = time.Now()
+}
+
+// Headers of a forwarded copy with key.version, whose Nats-Msg-Id is not
+// the key alone (see outputID).
+const (
+	// HeaderKey is the copy's key.
+	HeaderKey = "Dedupe-Key"
+	// HeaderVersion is the copy's version, in decimal.
+	HeaderVersion = "Dedupe-Version"
+)
+
+// outputID is the Nats-Msg-Id of it's forwarded copy: its key, or with
+// key.version "<key>:v<version>", so that the output stream's duplicate
+// window tells the versions of a key apart.
+func outputID(it *item) string {
+	if !it.versioned {
+		return string(it.key)
+	}
+	return string(it.key) + ":v" + keys.FormatVersion(it.version)
 }
 
 // outCopy is a forwarded copy and the value of its Nats-Msg-Id header,
@@ -457,6 +545,10 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	}
 	c.id[0] = id
 	h[jetstream.MsgIDHeader] = c.id[:]
+	if it.versioned {
+		h.Set(HeaderKey, string(it.key))
+		h.Set(HeaderVersion, keys.FormatVersion(it.version))
+	}
 	c.msg = nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 	return &c.msg
 }

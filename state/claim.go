@@ -24,8 +24,16 @@ type Claim struct {
 	// time decided once, at judge time, and carried by the forwarded
 	// message, so that a record restored from it on another instance
 	// equals this one. Whether the key is still inside the window is
-	// judged by the clock's now either way. Zero: the clock's now.
+	// judged by the clock's now either way. Zero: the clock's now. A
+	// repeat refreshed (Options.RefreshOnRepeat) takes it as its Refreshed
+	// time too.
 	FirstSeen time.Time
+	// Versioned makes the claim version-wins: it is New when the key's
+	// unexpired record carries no version or one smaller than Version
+	// (the record is then replaced), and a Stale repeat otherwise.
+	Versioned bool
+	// Version is the copy's version, when Versioned.
+	Version uint64
 }
 
 // ClaimResult is the outcome of one Claim.
@@ -38,6 +46,12 @@ type ClaimResult struct {
 	// Total is the absolute total of the claim's (group, bucket) after its
 	// contribution, when New and the claim carried one; 0 otherwise.
 	Total int64
+	// Stale is true for a repeat of a Versioned claim: the key's record
+	// carries the claim's version or a greater one.
+	Stale bool
+	// Refreshed is true for a repeat whose key's window this claim moved
+	// (Options.RefreshOnRepeat): Existing is the record as it was before.
+	Refreshed bool
 }
 
 // Claim records the keys of claims that are not yet seen, in one Badger
@@ -46,6 +60,10 @@ type ClaimResult struct {
 // commits in several, and a failed later one leaves the earlier committed
 // (a retry sees them as repeats). With too little disk it writes nothing and
 // returns an error wrapping ErrDiskFull. docs/state.md gives the record's TTL.
+// A Versioned claim is New over a record OlderThan its version, and a
+// Stale repeat otherwise; with Options.RefreshOnRepeat a repeat rewrites
+// its record's Refreshed (and TTL) in the same transaction
+// (docs/state.md, "Policies").
 func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
 	return p.ClaimWithCursor(claims, 0)
 }
@@ -86,7 +104,12 @@ func (p *Partition) ClaimWithCursor(claims []Claim, cursor uint64) ([]ClaimResul
 			return nil, p.wrap(err)
 		}
 	}
-	claimsNew := len(b.claimed)
+	claimsNew := 0
+	for _, r := range b.results {
+		if r.New {
+			claimsNew++
+		}
+	}
 	if cursor > 0 {
 		b.claimed = append(b.claimed, p.cursorWrites(cursor))
 	}
@@ -104,10 +127,13 @@ type batch struct {
 	// inBatch maps each key claimed so far in the batch to its record: the
 	// one found in the store, or the one this batch writes.
 	inBatch map[string]Record
-	// claimed holds the writes of each New claim, in claim order. A
-	// claim's writes commit whole: they never straddle two commits of a
-	// split batch.
+	// claimed holds the writes of each New or refreshed claim, in claim
+	// order. A claim's writes commit whole: they never straddle two
+	// commits of a split batch.
 	claimed []claimWrites
+	// at maps each key whose record b writes to its index in claimed, so
+	// that a later version of the key in the batch replaces that write.
+	at map[string]int
 	// totals maps the Badger key of each total the batch wrote to its new
 	// absolute value.
 	totals map[string]int64
@@ -144,8 +170,11 @@ type write struct {
 // as the key's record.
 func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.Time) error {
 	if rec, ok := b.inBatch[string(c.Key)]; ok {
-		b.results[i] = ClaimResult{Existing: rec}
-		return nil
+		if !c.Versioned || !rec.OlderThan(c.Version) {
+			b.results[i] = ClaimResult{Existing: rec, Stale: c.Versioned}
+			return nil
+		}
+		return p.claimNew(rtxn, b, i, c, now, bloom.Hash{})
 	}
 	var h bloom.Hash // hashed once: tested now, added after the commit
 	if p.filter != nil {
@@ -157,13 +186,23 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 		if err != nil {
 			return fmt.Errorf("claim %d: %w", i, err)
 		}
-		if ok && rec.holds(p.win, now) {
-			b.results[i] = ClaimResult{Existing: rec}
+		if ok && rec.holds(p.win, now) && (!c.Versioned || !rec.OlderThan(c.Version)) {
+			b.results[i] = ClaimResult{Existing: rec, Stale: c.Versioned}
 			b.inBatch[string(c.Key)] = rec
+			if p.refresh {
+				p.refreshRecord(b, i, c, rec, h, now)
+			}
 			return nil
 		}
 	}
-	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint}
+	return p.claimNew(rtxn, b, i, c, now, h)
+}
+
+// claimNew records claim i of batch b as New, h its key's filter hash if
+// the claim tested it. A record of the key that b already writes (an
+// older version in the same batch) is replaced: its write is dropped.
+func (p *Partition) claimNew(rtxn *badger.Txn, b *batch, i int, c Claim, now time.Time, h bloom.Hash) error {
+	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint, Version: c.Version, HasVersion: c.Versioned}
 	if !c.FirstSeen.IsZero() {
 		rec.FirstSeen = c.FirstSeen
 	}
@@ -184,8 +223,43 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 		cw.total = string(w.key)
 		b.results[i].Total = v
 	}
-	b.claimed = append(b.claimed, cw)
+	b.add(c.Key, cw)
 	return nil
+}
+
+// refreshRecord rewrites rec, the unexpired record claim i repeats, with
+// Refreshed at the claim's time, and marks the result Refreshed.
+func (p *Partition) refreshRecord(b *batch, i int, c Claim, rec Record, h bloom.Hash, now time.Time) {
+	at := now
+	if !c.FirstSeen.IsZero() {
+		at = c.FirstSeen
+	}
+	if !at.After(rec.WindowStart()) {
+		return // the window already runs from at or later
+	}
+	rec.Refreshed = at
+	b.inBatch[string(c.Key)] = rec
+	b.results[i].Refreshed = true
+	b.add(c.Key, claimWrites{
+		key:       c.Key,
+		hash:      h,
+		firstSeen: at,
+		writes:    []write{{key: p.ks.record(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
+	})
+}
+
+// add appends cw, the writes of a claim of key, to b. When b already
+// writes a record of key, that write is dropped (cw's record replaces it;
+// a total the earlier claim added stays).
+func (b *batch) add(key []byte, cw claimWrites) {
+	if b.at == nil {
+		b.at = make(map[string]int)
+	}
+	if j, ok := b.at[string(key)]; ok {
+		b.claimed[j].key, b.claimed[j].hash, b.claimed[j].writes = nil, bloom.Hash{}, b.claimed[j].writes[1:]
+	}
+	b.at[string(key)] = len(b.claimed)
+	b.claimed = append(b.claimed, cw)
 }
 
 // commit writes b's claimed writes in as few transactions as Badger accepts

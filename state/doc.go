@@ -24,9 +24,13 @@
 // A record is stored under keyspace+'k'+key (other one-byte prefixes are reserved
 // for other record kinds, such as totals, written in the same transaction)
 // as 17 bytes: version 1, FirstSeen in Unix nanoseconds and the
-// fingerprint, both big endian. Claim records a batch of keys in one Badger
-// transaction (one fsync with SyncWrites): copies inside the batch resolve
-// to one New claim, keys with an unexpired record are repeats.
+// fingerprint, both big endian; one that carries a refresh or a version
+// is version 2 (docs/state.md, "Policies"). Claim records a batch of keys
+// in one Badger transaction (one fsync with SyncWrites): copies inside the
+// batch resolve to one New claim, keys with an unexpired record are
+// repeats. With Options.RefreshOnRepeat a repeat moves its key's window to
+// Record.WindowStart()+W; a Versioned claim is New only over an older
+// version (version-wins).
 //
 // # Hand-over: first-seen times, the cursor, Restore
 //

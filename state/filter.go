@@ -189,8 +189,8 @@ func scanInto(ctx context.Context, db *badger.DB, ks keyspace, f *bloom.Filter, 
 			added++
 			continue
 		}
-		if win.Inside(rec.FirstSeen, now) {
-			f.Add(key, rec.FirstSeen)
+		if start := rec.WindowStart(); win.Inside(start, now) {
+			f.Add(key, start)
 			added++
 		}
 	}

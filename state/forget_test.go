@@ -96,13 +96,15 @@ func TestForgottenRecordRoundTrip(t *testing.T) {
 	for _, r := range []Record{
 		{FirstSeen: time.Unix(0, 12345), Fingerprint: 9},
 		{FirstSeen: time.Unix(0, 12345), Fingerprint: 9, Forgotten: time.Unix(0, 67890)},
+		{FirstSeen: time.Unix(0, 12345), Fingerprint: 9, Refreshed: time.Unix(0, 2e5), Version: 7, HasVersion: true, Forgotten: time.Unix(0, 3e5)},
 	} {
 		got, err := decodeRecord(encodeRecord(r))
-		if err != nil || !got.FirstSeen.Equal(r.FirstSeen) || got.Fingerprint != r.Fingerprint || !got.Forgotten.Equal(r.Forgotten) {
+		if err != nil || !got.FirstSeen.Equal(r.FirstSeen) || got.Fingerprint != r.Fingerprint || !got.Forgotten.Equal(r.Forgotten) ||
+			!got.Refreshed.Equal(r.Refreshed) || got.Version != r.Version || got.HasVersion != r.HasVersion {
 			t.Errorf("round trip of %+v = %+v, %v", r, got, err)
 		}
 	}
-	if _, err := decodeRecord([]byte{forgottenVersion, 0, 0}); err == nil {
+	if _, err := decodeRecord([]byte{recordVersion2, flagForgotten, 0, 0}); err == nil {
 		t.Error("a short forgotten record decoded")
 	}
 }

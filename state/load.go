@@ -100,20 +100,21 @@ func (l *Loader) Add(recs []Restored) error {
 		if r.Total.Group != "" {
 			return p.wrap(fmt.Errorf("load %d (key %q): %w: a load carries no totals", l.added+i, r.Key, ErrBadRestore))
 		}
-		if !p.win.Inside(r.FirstSeen, l.now) {
+		rec := r.record()
+		if !p.win.Inside(rec.WindowStart(), l.now) {
 			continue
 		}
 		key := p.ks.record(r.Key)
 		if l.last != nil && bytes.Compare(key, l.last) <= 0 {
 			return p.wrap(fmt.Errorf("load %d (key %q): %w: not after the key before it", l.added+i, r.Key, ErrBadRestore))
 		}
-		e := badger.NewEntry(key, encodeRecord(Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}))
+		e := badger.NewEntry(key, encodeRecord(rec))
 		e.ExpiresAt = l.expires
 		if err := l.wb.SetEntry(e); err != nil {
 			return p.wrap(fmt.Errorf("load: write: %w", err))
 		}
 		if p.filter != nil {
-			p.filter.Add(r.Key, r.FirstSeen)
+			p.filter.Add(r.Key, rec.WindowStart())
 		}
 		l.last = key
 	}

@@ -60,6 +60,11 @@ type Options struct {
 	// Clock decides logical expiry and the first-seen time of new records.
 	// Default window.SystemClock{}.
 	Clock window.Clock
+	// RefreshOnRepeat makes a repeat move its key's window: Claim rewrites
+	// the record with Refreshed = the claim's time, so the key stays a
+	// repeat until that time + W (a sliding window). Default false: the
+	// window ends at FirstSeen + W whatever comes after.
+	RefreshOnRepeat bool
 
 	// Pre-check filter.
 

@@ -81,6 +81,8 @@ type Partition struct {
 	ttl   time.Duration
 	fopts bloom.Options // the partition's filter options
 
+	refresh bool // Options.RefreshOnRepeat
+
 	minFree int64 // Options.MinFreeBytes; 0 = not checked
 
 	progressEvery time.Duration        // Options.FilterProgressInterval
@@ -138,7 +140,7 @@ func (p *Partition) version() uint64 {
 // Lookup reports whether the partition holds an unexpired record of key.
 // It advances the filter to the clock's now and tests it: "definitely not"
 // returns Found=false without reading Badger; "maybe" reads Badger. A
-// record with window.Inside(FirstSeen, now) false is not Found even while
+// record with window.Inside(WindowStart(), now) false is not Found even while
 // Badger still holds it. Lookup on a closed store returns ErrClosed; a
 // record that cannot be decoded returns an error wrapping ErrCorruptRecord.
 func (p *Partition) Lookup(key []byte) (LookupResult, error) {
@@ -172,7 +174,7 @@ func (p *Partition) Lookup(key []byte) (LookupResult, error) {
 		res.Found, res.Record = true, rec
 		return res, nil
 	}
-	if ok && !rec.Forgotten.IsZero() && p.win.Inside(rec.FirstSeen, now) {
+	if ok && !rec.Forgotten.IsZero() && p.win.Inside(rec.WindowStart(), now) {
 		res.Forgotten = rec.Forgotten
 		return res, nil
 	}

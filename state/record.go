@@ -125,11 +125,20 @@ func decodeCursor(b []byte) (uint64, error) {
 // Record is what the store keeps for a key.
 type Record struct {
 	// FirstSeen is when the key was first claimed (by the store's Clock,
-	// or as the Claim gave it), with nanosecond precision. It is logically expired from FirstSeen+W on.
+	// or as the Claim gave it), with nanosecond precision. It is logically
+	// expired from WindowStart()+W on.
 	FirstSeen time.Time
 	// Fingerprint is the payload fingerprint given with the first claim; a
 	// later copy with another fingerprint is a copy that differs.
 	Fingerprint uint64
+	// Refreshed is when a repeat last moved the key's window
+	// (Options.RefreshOnRepeat); zero when none did.
+	Refreshed time.Time
+	// Version is the key's version, from the claim that recorded it
+	// (Claim.Versioned), when HasVersion.
+	Version uint64
+	// HasVersion is true when the record carries a Version.
+	HasVersion bool
 	// Forgotten is when an operator forgot the key (Partition.Forget);
 	// zero when never. A forgotten record holds nothing: the key's next
 	// copy is New.
@@ -137,58 +146,134 @@ type Record struct {
 }
 
 // holds reports whether r makes a copy of its key a repeat at now: it is
-// not forgotten and inside the window.
+// not forgotten and its window has not ended.
 func (r Record) holds(win window.Window, now time.Time) bool {
-	return r.Forgotten.IsZero() && win.Inside(r.FirstSeen, now)
+	return r.Forgotten.IsZero() && win.Inside(r.WindowStart(), now)
 }
 
+// WindowStart is where the key's window starts: the later of FirstSeen and
+// Refreshed. The key is a repeat until WindowStart()+W.
+func (r Record) WindowStart() time.Time {
+	if r.Refreshed.After(r.FirstSeen) {
+		return r.Refreshed
+	}
+	return r.FirstSeen
+}
+
+// OlderThan reports whether a copy with version v wins over r
+// (version-wins): r carries no version, or a smaller one. A false means
+// the copy is stale.
+func (r Record) OlderThan(v uint64) bool { return !r.HasVersion || r.Version < v }
+
+// Record encodings. Version 1 (17 bytes) is a record with no refresh,
+// version or forget, as every record was before those existed, so a store
+// that uses none keeps writing what older releases read; version 2 adds a
+// flags byte and the fields it names.
 const (
-	recordVersion    = 1
-	recordLen        = 1 + 8 + 8
-	forgottenVersion = 2
-	forgottenLen     = recordLen + 8
+	recordVersion  = 1
+	recordLen      = 1 + 8 + 8
+	recordVersion2 = 2
+
+	flagRefreshed byte = 1 << 0 // Refreshed follows, Unix nanoseconds
+	flagVersion   byte = 1 << 1 // Version follows
+	flagForgotten byte = 1 << 2 // Forgotten follows, Unix nanoseconds
+	flagsKnown         = flagRefreshed | flagVersion | flagForgotten
 )
 
-// encodeRecord encodes r as version byte 1, FirstSeen as Unix nanoseconds
-// (int64 big endian) and the fingerprint (uint64 big endian); a forgotten
-// record as version byte 2 and the same fields followed by Forgotten in
-// Unix nanoseconds.
+// encodeRecord encodes r. Without Refreshed, HasVersion and Forgotten: version byte 1,
+// FirstSeen as Unix nanoseconds (int64 big endian) and the fingerprint
+// (uint64 big endian). Otherwise: version byte 2, a flags byte, FirstSeen,
+// the fingerprint, then Refreshed (flagRefreshed), Version (flagVersion) and
+// Forgotten (flagForgotten), each 8 bytes big endian.
 func encodeRecord(r Record) []byte {
-	n, v := recordLen, byte(recordVersion)
-	if !r.Forgotten.IsZero() {
-		n, v = forgottenLen, forgottenVersion
+	var flags byte
+	if !r.Refreshed.IsZero() {
+		flags |= flagRefreshed
 	}
-	b := make([]byte, n)
-	b[0] = v
-	binary.BigEndian.PutUint64(b[1:9], uint64(r.FirstSeen.UnixNano()))
-	binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
-	if v == forgottenVersion {
-		binary.BigEndian.PutUint64(b[17:25], uint64(r.Forgotten.UnixNano()))
+	if r.HasVersion {
+		flags |= flagVersion
+	}
+	if !r.Forgotten.IsZero() {
+		flags |= flagForgotten
+	}
+	if flags == 0 {
+		b := make([]byte, recordLen)
+		b[0] = recordVersion
+		binary.BigEndian.PutUint64(b[1:9], uint64(r.FirstSeen.UnixNano()))
+		binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
+		return b
+	}
+	b := make([]byte, 2, 2+8*5)
+	b[0], b[1] = recordVersion2, flags
+	b = binary.BigEndian.AppendUint64(b, uint64(r.FirstSeen.UnixNano()))
+	b = binary.BigEndian.AppendUint64(b, r.Fingerprint)
+	if flags&flagRefreshed != 0 {
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Refreshed.UnixNano()))
+	}
+	if flags&flagVersion != 0 {
+		b = binary.BigEndian.AppendUint64(b, r.Version)
+	}
+	if flags&flagForgotten != 0 {
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Forgotten.UnixNano()))
 	}
 	return b
 }
 
-// decodeRecord decodes a value written by encodeRecord. Any other length or
-// version is an error wrapping ErrCorruptRecord.
+// decodeRecord decodes a value written by encodeRecord. Any other length,
+// version or flags is an error wrapping ErrCorruptRecord.
 func decodeRecord(b []byte) (Record, error) {
-	want := recordLen
-	if len(b) > 0 && b[0] == forgottenVersion {
-		want = forgottenLen
+	if len(b) == 0 {
+		return Record{}, fmt.Errorf("%w: empty value", ErrCorruptRecord)
 	}
-	if len(b) != want {
-		return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), want)
+	switch b[0] {
+	case recordVersion:
+		if len(b) != recordLen {
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), recordLen)
+		}
+		return Record{
+			FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
+			Fingerprint: binary.BigEndian.Uint64(b[9:17]),
+		}, nil
+	case recordVersion2:
+		if len(b) < 2 {
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want a flags byte", ErrCorruptRecord, len(b))
+		}
+		flags := b[1]
+		if flags == 0 || flags&^flagsKnown != 0 {
+			return Record{}, fmt.Errorf("%w: version 2 with flags %#x", ErrCorruptRecord, flags)
+		}
+		want := 2 + 16
+		if flags&flagRefreshed != 0 {
+			want += 8
+		}
+		if flags&flagVersion != 0 {
+			want += 8
+		}
+		if flags&flagForgotten != 0 {
+			want += 8
+		}
+		if len(b) != want {
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), want)
+		}
+		r := Record{
+			FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[2:10]))),
+			Fingerprint: binary.BigEndian.Uint64(b[10:18]),
+		}
+		rest := b[18:]
+		if flags&flagRefreshed != 0 {
+			r.Refreshed = time.Unix(0, int64(binary.BigEndian.Uint64(rest)))
+			rest = rest[8:]
+		}
+		if flags&flagVersion != 0 {
+			r.Version, r.HasVersion = binary.BigEndian.Uint64(rest), true
+			rest = rest[8:]
+		}
+		if flags&flagForgotten != 0 {
+			r.Forgotten = time.Unix(0, int64(binary.BigEndian.Uint64(rest)))
+		}
+		return r, nil
 	}
-	if b[0] != recordVersion && b[0] != forgottenVersion {
-		return Record{}, fmt.Errorf("%w: version %d, want %d or %d", ErrCorruptRecord, b[0], recordVersion, forgottenVersion)
-	}
-	r := Record{
-		FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
-		Fingerprint: binary.BigEndian.Uint64(b[9:17]),
-	}
-	if b[0] == forgottenVersion {
-		r.Forgotten = time.Unix(0, int64(binary.BigEndian.Uint64(b[17:25])))
-	}
-	return r, nil
+	return Record{}, fmt.Errorf("%w: version %d, want %d or %d", ErrCorruptRecord, b[0], recordVersion, recordVersion2)
 }
 
 func checkKey(key []byte) error {

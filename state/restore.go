@@ -57,12 +57,23 @@ type Restored struct {
 	// Seq is the record's output stream sequence. Within one Restore call
 	// the records come in stream order; 0 means unknown.
 	Seq uint64
+	// Refreshed is when a repeat last moved the key's window; zero: never.
+	Refreshed time.Time
+	// Version is the key's version when HasVersion (version-wins).
+	Version uint64
+	// HasVersion is true when the record carries a Version.
+	HasVersion bool
+}
+
+// record is the Record r restores.
+func (r Restored) record() Record {
+	return Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion}
 }
 
 // Restore puts records read back from the partition's changelog into the
 // partition, with their keys in the filter and their totals added, and
 // stores cursor (when not 0) with the last of them. A record adds nothing
-// when the partition holds its key as early, so restoring the same records
+// when the partition holds its key as early (or at a greater version), so restoring the same records
 // again, or again from the stored cursor + 1 after a failure, changes
 // nothing. docs/state.md says which records are stored and which only counted.
 func (p *Partition) Restore(recs []Restored, cursor uint64) error {
@@ -78,13 +89,12 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 	if p.filter != nil {
 		p.filter.Advance(now)
 	}
-	b := &batch{inBatch: make(map[string]Record, len(recs))}
-	at := make(map[string]int, len(recs)) // key -> index in b.claimed
+	b := &batch{inBatch: make(map[string]Record, len(recs)), at: make(map[string]int, len(recs))}
 	rtxn := p.db.NewTransaction(false)
 	defer rtxn.Discard()
 	for i, r := range recs {
-		rec := Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint}
-		if !p.win.Inside(r.FirstSeen, now) {
+		rec := r.record()
+		if !p.win.Inside(rec.WindowStart(), now) {
 			cw, err := p.restoreExpired(rtxn, b, r, rec, now)
 			if err != nil {
 				return p.wrap(fmt.Errorf("restore %d: %w", i, err))
@@ -106,7 +116,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		cw := claimWrites{
 			key:       r.Key,
 			hash:      h,
-			firstSeen: rec.FirstSeen,
+			firstSeen: rec.WindowStart(),
 			writes:    []write{{key: p.ks.record(r.Key), value: encodeRecord(rec), ttl: p.ttl}},
 		}
 		if r.Total.Group != "" {
@@ -117,14 +127,10 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			cw.writes = append(cw.writes, w)
 			cw.total = string(w.key)
 		}
-		if j, ok := at[k]; ok {
-			// A later record of a key this call writes: it replaces the
-			// earlier one's record, in stream order (its total write, if
-			// any, holds both contributions).
-			b.claimed[j].key, b.claimed[j].hash, b.claimed[j].writes = nil, bloom.Hash{}, b.claimed[j].writes[1:]
-		}
-		at[k] = len(b.claimed)
-		b.claimed = append(b.claimed, cw)
+		// A later record of a key this call writes replaces the earlier
+		// one's record, in stream order (its total write, if any, holds
+		// both contributions).
+		b.add(r.Key, cw)
 	}
 	if cursor > 0 {
 		b.claimed = append(b.claimed, p.cursorWrites(cursor))
@@ -136,14 +142,14 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 }
 
 // alreadyHolds reports whether the partition, or b (the records of this
-// Restore call before), holds key with rec's FirstSeen or a later one: rec
-// then adds nothing. It returns key's filter hash when it tested the
+// Restore call before), holds key with a record that supersedes rec (see
+// supersedes): rec then adds nothing. It returns key's filter hash when it tested the
 // filter (zero otherwise), hashed once for the test and the add. A corrupt
 // stored record is replaced by rec.
 func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, bool, error) {
 	var h bloom.Hash
 	if have, ok := b.inBatch[string(key)]; ok {
-		return h, !have.FirstSeen.Before(rec.FirstSeen), nil
+		return h, supersedes(have, rec), nil
 	}
 	if p.filter != nil {
 		if h = p.filter.Hash(key); !p.filter.TestHash(h) {
@@ -154,11 +160,21 @@ func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Rec
 	if err != nil && !errors.Is(err, ErrCorruptRecord) {
 		return h, false, err
 	}
-	if err == nil && ok && !have.FirstSeen.Before(rec.FirstSeen) {
+	if err == nil && ok && supersedes(have, rec) {
 		b.inBatch[string(key)] = have
 		return h, true, nil
 	}
 	return h, false, nil
+}
+
+// supersedes reports whether have, a record held, makes rec, one restored,
+// add nothing: both carry versions and have's is greater, or else have
+// was first seen at rec's FirstSeen or later and carries its refresh.
+func supersedes(have, rec Record) bool {
+	if have.HasVersion && rec.HasVersion && have.Version != rec.Version {
+		return have.Version > rec.Version
+	}
+	return !have.FirstSeen.Before(rec.FirstSeen) && !have.WindowStart().Before(rec.WindowStart())
 }
 
 // checkRestored refuses recs, whole, when one of them has a bad key, no

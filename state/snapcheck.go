@@ -39,7 +39,7 @@ func snapshotHolds(db *badger.DB, ks keyspace, f *bloom.Filter, meta uint64, win
 			rec, derr = decodeRecord(v)
 			return derr
 		})
-		if err != nil || !win.Inside(rec.FirstSeen, now) {
+		if err != nil || !win.Inside(rec.WindowStart(), now) {
 			continue
 		}
 		checked++

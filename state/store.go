@@ -260,8 +260,10 @@ func openPartition(ctx context.Context, opts Options, db *badger.DB, i int) (*Pa
 		clock: opts.Clock,
 		win:   opts.Window,
 		ttl:   opts.recordTTL(),
-		fopts: opts.partitionFilterOptions(),
-		build: FilterBuild{Source: SourceDisabled},
+
+		refresh: opts.RefreshOnRepeat,
+		fopts:   opts.partitionFilterOptions(),
+		build:   FilterBuild{Source: SourceDisabled},
 
 		minFree: opts.MinFreeBytes,
 
@@ -388,7 +390,7 @@ func (s *Store) Window() window.Window { return s.opts.Window }
 // Find looks for key's record in every partition, in order, and returns the
 // first one found with its partition. found reports whether Badger still
 // holds a record, whatever its logical expiry: judge it with
-// Window().Inside(rec.FirstSeen, now). It bypasses the filters and does
+// Window().Inside(rec.WindowStart(), now). It bypasses the filters and does
 // not count in Stats. It is meant for inspection.
 func (s *Store) Find(key []byte) (rec Record, partition int, found bool, err error) {
 	if err := checkKey(key); err != nil {

@@ -29,6 +29,10 @@ const (
 	ReasonBadScope Reason = keys.ReasonBadScope
 	// ReasonKeyTooLong: the final key is longer than the configured maximum (keys.ReasonKeyTooLong).
 	ReasonKeyTooLong Reason = keys.ReasonKeyTooLong
+	// ReasonNoVersion: key.version is configured and the message does not carry it (keys.ReasonNoVersion).
+	ReasonNoVersion Reason = keys.ReasonNoVersion
+	// ReasonBadVersion: the version is not a decimal integer from 0 to 18446744073709551615 (keys.ReasonBadVersion).
+	ReasonBadVersion Reason = keys.ReasonBadVersion
 )
 
 // Reasons of the stage's dispatch, forward and state paths.
