@@ -483,7 +483,9 @@ func (r *run) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, er
 	defer cancel()
 	var ack *jetstream.PubAck
 	err := retry.Do(ctx, "redrive", func() error {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		// An attempt under way is not cut by ctx: the stream may store the
+		// copy, and its mark must then be written.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attemptTimeout)
 		defer cancel()
 		var err error
 		ack, err = r.js.PublishMsg(actx, msg)
