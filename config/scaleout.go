@@ -206,9 +206,7 @@ func (c Config) validateScaleOut(v *validator) {
 	checkName(v, "scale_out.group", s.Group)
 	if name := s.InstanceName(); name == "" {
 		v.add("scale_out.instance", "empty and the host name is unknown; set a name unique among the live instances")
-	} else if strings.ContainsFunc(name, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_=.", r))
-	}) || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".") {
+	} else if !validInstanceName(name) {
 		v.add("scale_out.instance", "%q: want letters, digits and - _ = . only (it is a key in the presence bucket), not starting or ending with '.'", name)
 	}
 	if s.Replicas < 1 || s.Replicas > MaxScaleOutReplicas {
@@ -246,6 +244,21 @@ func (c Config) validateScaleOut(v *validator) {
 	if c.Output.Limits.MaxBytes > 0 {
 		v.add("output.max_bytes", "%v with scale_out.enabled, want 0: a full output stream would drop records inside the window that a new owner restores from", c.Output.Limits.MaxBytes)
 	}
+	c.validateScaleOutRoute(v)
+}
+
+// validInstanceName reports whether name can be a key in the presence
+// bucket: letters, digits and - _ = . only, not starting or ending with '.'.
+func validInstanceName(name string) bool {
+	return !strings.ContainsFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_=.", r))
+	}) && !strings.HasPrefix(name, ".") && !strings.HasSuffix(name, ".")
+}
+
+// validateScaleOutRoute checks scale_out.route and, when keys are routed,
+// the routed stream and subject.
+func (c Config) validateScaleOutRoute(v *validator) {
+	s := c.ScaleOut
 	switch s.Route {
 	case RouteAuto, RouteAlways:
 	case RouteNever:
