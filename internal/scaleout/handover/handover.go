@@ -414,27 +414,31 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 		}
 		last = seq
 		read++
-		if seq > upTo {
-			return st, nil
-		}
-		if m.Subject() == fenceSubject {
-			if seq == upTo {
-				return st, nil
-			}
-			continue // an earlier owner's fence
-		}
-		r, err := Decode(m)
-		if err != nil {
-			return st, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
-		}
-		if err := fn(r, seq); err != nil {
-			return st, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
-		}
-		st.Records++
-		if seq == upTo {
-			return st, nil
+		if done, err := rd.deliver(m, seq, upTo, fn, &st); done || err != nil {
+			return st, err
 		}
 	}
+}
+
+// deliver passes the message m at sequence seq to fn when it is a record
+// at or below upTo, and reports whether the restore is done: at the fence
+// upTo, or past it. Fence messages below upTo are earlier owners'.
+func (r *reader) deliver(m jetstream.Msg, seq, upTo uint64, fn func(r Record, seq uint64) error, st *RestoreStats) (done bool, err error) {
+	if seq > upTo {
+		return true, nil
+	}
+	if m.Subject() == r.fenceSubject {
+		return seq == upTo, nil
+	}
+	rec, err := Decode(m)
+	if err != nil {
+		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)
+	}
+	if err := fn(rec, seq); err != nil {
+		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)
+	}
+	st.Records++
+	return seq == upTo, nil
 }
 
 // reader is Restore's reader of one partition, which Restore replaces when
