@@ -100,10 +100,8 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
 			subjects := append(slices.Clone(oc.Subjects), control)
 			fix := fmt.Sprintf("nats stream edit %s --subjects '%s' --force", oc.Name, strings.Join(subjects, ","))
-			return finding.WithFix(fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
-				"the group keeps its fences on %s, apart from the messages under %s.>, so that their consumers see data only "+
-				"(fix: %s)",
-				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, fix), fix)
+			return finding.WithFix(fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; add %s (fix: %s)",
+				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, fix), fix)
 		}
 	}
 	return nil

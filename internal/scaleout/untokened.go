@@ -28,8 +28,8 @@ func checkUntokened(ctx context.Context, js jetstream.JetStream, o Options) erro
 		return fmt.Errorf("scale-out: input stream %s: count the messages without a partition token: %w", name, err)
 	}
 	if n > 0 {
-		return fmt.Errorf("scale-out: input stream %s holds %d messages without a partition token (stored before its subject transform put the partition first): no member of the group consumes them. "+
-			"Judge them first with scale-out off, or republish them and remove them (nats stream purge %s --subject <subject>, for each of %s), or let the route step partition the input (scale_out.route: always)",
+		return fmt.Errorf("scale-out: input stream %s holds %d messages without a partition token; judge them with scale-out off, "+
+			"republish and purge them (nats stream purge %s --subject, for %s), or set scale_out.route: always",
 			name, n, name, strings.Join(o.InputSubjects, ", "))
 	}
 	return nil
