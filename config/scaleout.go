@@ -12,16 +12,8 @@ import (
 )
 
 // ScaleOut runs N instances of the stage on one input over a JetStream
-// cluster (docs/scale-out.md). Off by default: one instance, embedded or
-// not, exactly as without this section.
-//
-// With scale-out on, the input stream's subject transform puts the
-// partition (nats-server's FNV-1a 32-bit hash of the key token, mod
-// state.partitions) in front of every subject; a static consumer group
-// named Group has one member per partition and every instance consumes for
-// every member; the server's pinned client decides which instance owns a
-// partition, and a per-partition fence in the output stream refuses the
-// batches of an owner that lost it.
+// cluster, each owning whole partitions (docs/scale-out.md). Off by
+// default: one instance, embedded or not, exactly as without this section.
 type ScaleOut struct {
 	// Enabled turns scale-out on. Default false. It needs an external
 	// NATS server (nats.url), preferably a cluster.
@@ -143,16 +135,10 @@ func (c Config) PartitionField() (field keys.FieldSpec, name string) {
 	return c.Key.Field, "key"
 }
 
-// OutputRetention is how long the output stream must keep messages with
-// scale-out on, given the window w: it is the changelog a new owner
-// restores a partition from, reading back w (every key still inside the
-// window) plus the longest redelivery after a crash (MinDuplicateWindow:
-// input.ack_wait + output.restart_margin), the margin for a restore that
-// starts late. With totals it also reads back totals.bucket (a bucket is
-// open until its end + W, so it holds events first seen up to a bucket
-// before W), and with totals.time scale_out.max_event_time_ahead (an
-// event counted in a bucket may have been first seen that long before
-// the bucket starts).
+// OutputRetention is how long the output stream, the changelog a new owner
+// restores from, must keep messages with scale-out on, given the window w:
+// the terms named by OutputRetentionTerms, each explained in
+// docs/scale-out.md §8.
 func (c Config) OutputRetention(w time.Duration) time.Duration {
 	r := w + c.MinDuplicateWindow()
 	if c.Totals.Enabled {

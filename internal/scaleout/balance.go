@@ -21,18 +21,10 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
-// Balance (docs/scale-out.md §4.2). The server pins a partition to
-// whichever instance asks first, so without a rule the first instance up
-// owns every partition. Each instance keeps a key in the presence bucket;
-// K is the number of live keys, and an instance owning more than its
-// quota (⌊N/K⌋+1 for the first N mod K instances by name, ⌊N/K⌋ for the
-// others) releases the partitions it ranks lowest: it stops consuming
-// them, unpins them, and stands by for them again only after a cooldown,
-// so that an instance waiting on them gets them. The rank is a rendezvous
-// hash of (partition, instance), so partitions tend to go back to the same
-// instance and its local store. Balance decides who asks first, never who
-// may write: the fence does that, so a wrong count costs a move, never a
-// duplicate.
+// Balance (docs/scale-out.md §4.2): an instance owning more than its quota
+// of the live instances' share releases the partitions it ranks lowest.
+// Balance decides who asks first, never who may write: the fence does that,
+// so a wrong count costs a move, never a duplicate.
 
 // quota is how many of n partitions instance self may own when live
 // (sorted by name) are the live instances: the first n mod k of them

@@ -36,20 +36,9 @@ func checkUntokened(ctx context.Context, js jetstream.JetStream, o Options) erro
 }
 
 // countUntokened counts the input's messages whose subject does not start
-// with a partition token, with a consumer of its own that it deletes at
-// once (its inactivity threshold removes it should the delete be lost), so
-// that no consumer of the check lingers on the input stream. Messages keep
-// arriving while an instance joins a group, and they arrive with a token:
-//   - when no input subject pattern can match a partitioned subject (each
-//     begins with a literal token that is not a number, as "events.>"),
-//     the consumer filters on the patterns themselves and counts exactly
-//     the messages stored before the transform;
-//   - otherwise it counts the partitioned messages and subtracts them from
-//     the stream's count read before it, so that a message stored in
-//     between raises only what is subtracted (a stream that also removes
-//     messages meanwhile, by a limit or a work queue, can make the count
-//     too high; the refusal says so by its number, and a start again
-//     counts anew).
+// with a partition token, with a consumer of its own deleted at once; while
+// messages keep arriving the count can only be too high (docs/scale-out.md,
+// "Code notes").
 func countUntokened(ctx context.Context, st jetstream.Stream, o Options) (uint64, error) {
 	count := func(filters []string) (uint64, error) {
 		c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,
