@@ -242,16 +242,9 @@ type Output struct {
 	// split. At most the server's max_batch_size. Default 1000 (the
 	// server's default).
 	BatchMax int `yaml:"batch_max"`
-	// AtomicMinBatch: when the output is published as atomic batches, a
-	// batch of fewer messages is published one message at a time instead,
-	// all in flight together, unless scale-out fences it. An atomic batch
-	// costs about one sync of the server's store, staged first (4 ms for
-	// one message on an R1 file stream that fsyncs every write, 3 ms for
-	// 10 or 100), where a message alone costs about 0.2-0.4 ms: below about
-	// 16 messages one at a time is quicker (internal/forward
-	// BenchmarkBatchLatency). At low load batches are small, so their
-	// latency follows JetStream's own; under load they grow and go atomic.
-	// 1: every batch atomic. Default 16.
+	// AtomicMinBatch: with atomic batches, a batch of fewer messages is
+	// published one message at a time, which is quicker below about 16
+	// (configs/README.md has the costs). 1: every batch atomic. Default 16.
 	AtomicMinBatch int `yaml:"atomic_min_batch"`
 	// MaxBatchesInFlight bounds the atomic batches the stage has open on
 	// the output stream at once, across its partitions. At most the
@@ -282,16 +275,11 @@ const (
 // does not allow atomic publish.
 var ErrAtomicNotAllowed = errors.New("output.publish is atomic, but the output stream does not allow atomic publish")
 
-// PublishAtomic tells whether the stage publishes its output as atomic
-// batches, given whether the output stream allows atomic publish
-// (AllowAtomicPublish). output.publish atomic: true, or ErrAtomicNotAllowed
-// when the stream does not allow it; async: false; auto: true when the
-// stream allows it and the server is the embedded one with sync_always (a
-// server that fsyncs every write, where an atomic batch costs one sync
-// instead of one per message), false otherwise (with an external server
-// the stage cannot tell how it syncs; without fsync, plain asynchronous
-// publishes are as fast or faster). With scale_out.enabled, auto is
-// atomic: every output batch carries its partition's fence check.
+// PublishAtomic tells whether the output is published as atomic batches,
+// given whether the stream allows them: atomic and, with scale-out, auto
+// yes (ErrAtomicNotAllowed when it does not); async no; otherwise auto only
+// when the server is known to sync every write, where a batch costs one
+// sync instead of one per message (configs/README.md, output.publish).
 func (c Config) PublishAtomic(streamAllowsAtomic bool) (bool, error) {
 	publish := c.Output.Publish
 	if c.ScaleOut.Enabled && publish == PublishAuto {

@@ -38,20 +38,11 @@ var contextKeysUsed = []string{
 	"name", "description", "color_scheme", "jetstream_event_prefix",
 }
 
-// ApplyContext fills the connection fields that the file, the environment
-// and the flags left empty from the nats CLI context named by nats.context
-// (nothing when it is empty): the lowest layer, below the file. It reads
-// $XDG_CONFIG_HOME/nats/context/NAME.json, else
-// $HOME/.config/nats/context/NAME.json, or the file when the name is an
-// absolute path; getenv (normally os.Getenv) gives those variables. The
-// context's fields fill in groups, each only when no field of the group
-// is set: the URL (nats.DefaultURL when the context has none, as for the
-// nats CLI), the authentication (user and password, creds, NKey seed or
-// token: one), the client certificate and key, the CA, TLS handshake
-// first, and the JetStream domain or API prefix. A context that asks for
-// something the stage cannot do (a SOCKS proxy, an nsc lookup, an inbox
-// prefix, a user JWT or seed, a Windows certificate store, a key the stage
-// does not know) is an error wrapping ErrContext, not a setting ignored.
+// ApplyContext fills the connection fields the file, the environment and
+// the flags left empty from the nats CLI context named by nats.context, as
+// configs/README.md "Connecting as the nats CLI does" describes; getenv
+// (normally os.Getenv) locates the context directory. A context asking for
+// what the stage cannot do is an error wrapping ErrContext, not ignored.
 func (c *Config) ApplyContext(getenv func(string) string) (ContextUse, error) {
 	n := &c.NATS
 	use := ContextUse{Name: n.Context}

@@ -176,20 +176,10 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 	return errors.Join(errs...)
 }
 
-// RegisterFlags defines flags on fs that write straight into c: the
-// connection's (see registerConnFlags), and
-//
-//	--data-dir, --http-addr, --partitions, --log-level,
-//	--log-format, --input-stream, --output-stream, --create-streams,
-//	--sync-writes, --key-header, --scale-out, --scale-out-group,
-//	--instance, and the embedded server's
-//	--embedded-host, --embedded-port, --embedded-monitor-port,
-//	--embedded-user, --embedded-password, --embedded-token,
-//	--embedded-system-account, --embedded-system-password
-//
-// The flags' defaults are c's current values, so call it after Load and
-// ApplyEnv and then fs.Parse: flags given on the command line win. c must
-// stay alive (and not be copied) until fs.Parse returns.
+// RegisterFlags defines on fs the flags that write straight into c (the
+// list is in configs/README.md, "Flags"), with c's current values as their
+// defaults: call it after Load and ApplyEnv, then fs.Parse, so that flags
+// win. c must stay alive and uncopied until fs.Parse returns.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.registerConnFlags(fs)
 	fs.StringVar(&c.State.DataDir, "data-dir", c.State.DataDir, "data directory for state and the embedded server (state.data_dir, $DEDUPE_DATA_DIR)")

@@ -12,16 +12,8 @@ import (
 )
 
 // ScaleOut runs N instances of the stage on one input over a JetStream
-// cluster (docs/scale-out.md). Off by default: one instance, embedded or
-// not, exactly as without this section.
-//
-// With scale-out on, the input stream's subject transform puts the
-// partition (nats-server's FNV-1a 32-bit hash of the key token, mod
-// state.partitions) in front of every subject; a static consumer group
-// named Group has one member per partition and every instance consumes for
-// every member; the server's pinned client decides which instance owns a
-// partition, and a per-partition fence in the output stream refuses the
-// batches of an owner that lost it.
+// cluster, each owning whole partitions (docs/scale-out.md). Off by
+// default: one instance, embedded or not, exactly as without this section.
 type ScaleOut struct {
 	// Enabled turns scale-out on. Default false. It needs an external
 	// NATS server (nats.url), preferably a cluster.
@@ -143,16 +135,10 @@ func (c Config) PartitionField() (field keys.FieldSpec, name string) {
 	return c.Key.Field, "key"
 }
 
-// OutputRetention is how long the output stream must keep messages with
-// scale-out on, given the window w: it is the changelog a new owner
-// restores a partition from, reading back w (every key still inside the
-// window) plus the longest redelivery after a crash (MinDuplicateWindow:
-// input.ack_wait + output.restart_margin), the margin for a restore that
-// starts late. With totals it also reads back totals.bucket (a bucket is
-// open until its end + W, so it holds events first seen up to a bucket
-// before W), and with totals.time scale_out.max_event_time_ahead (an
-// event counted in a bucket may have been first seen that long before
-// the bucket starts).
+// OutputRetention is how long the output stream, the changelog a new owner
+// restores from, must keep messages with scale-out on, given the window w:
+// the terms named by OutputRetentionTerms, each explained in
+// docs/scale-out.md §8.
 func (c Config) OutputRetention(w time.Duration) time.Duration {
 	r := w + c.MinDuplicateWindow()
 	if c.Totals.Enabled {
@@ -206,9 +192,7 @@ func (c Config) validateScaleOut(v *validator) {
 	checkName(v, "scale_out.group", s.Group)
 	if name := s.InstanceName(); name == "" {
 		v.add("scale_out.instance", "empty and the host name is unknown; set a name unique among the live instances")
-	} else if strings.ContainsFunc(name, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_=.", r))
-	}) || strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".") {
+	} else if !validInstanceName(name) {
 		v.add("scale_out.instance", "%q: want letters, digits and - _ = . only (it is a key in the presence bucket), not starting or ending with '.'", name)
 	}
 	if s.Replicas < 1 || s.Replicas > MaxScaleOutReplicas {
@@ -252,6 +236,21 @@ func (c Config) validateScaleOut(v *validator) {
 	if c.Output.Limits.MaxBytes > 0 {
 		v.add("output.max_bytes", "%v with scale_out.enabled, want 0: a full output stream would drop records inside the window that a new owner restores from", c.Output.Limits.MaxBytes)
 	}
+	c.validateScaleOutRoute(v)
+}
+
+// validInstanceName reports whether name can be a key in the presence
+// bucket: letters, digits and - _ = . only, not starting or ending with '.'.
+func validInstanceName(name string) bool {
+	return !strings.ContainsFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_=.", r))
+	}) && !strings.HasPrefix(name, ".") && !strings.HasSuffix(name, ".")
+}
+
+// validateScaleOutRoute checks scale_out.route and, when keys are routed,
+// the routed stream and subject.
+func (c Config) validateScaleOutRoute(v *validator) {
+	s := c.ScaleOut
 	switch s.Route {
 	case RouteAuto, RouteAlways:
 	case RouteNever:

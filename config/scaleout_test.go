@@ -92,7 +92,7 @@ func TestScaleOutValidate(t *testing.T) {
 			c.Totals.Group = keys.FieldSpec{Source: keys.SourceHeader, Header: "Group"}
 			c.Totals.Sinks.KV.Bucket = "t"
 			c.ScaleOut.Route = RouteNever
-		}, []string{"totals.group: totals.group is header", "partition keys from headers or JSON need the route step"}},
+		}, []string{"totals.group: totals.group is header", "other keys need the route step"}},
 		{"totals, max_event_time_ahead negative", func(c *Config) {
 			c.Totals.Enabled = true
 			c.Totals.Group = keys.FieldSpec{Source: keys.SourceHeader, Header: "Group"}

@@ -46,34 +46,11 @@ func ParseDuration(s string) (Duration, error) {
 	// survives a round trip.
 	var total uint64
 	for rest != "" {
-		i := 0
-		for i < len(rest) && (rest[i] == '.' || (rest[i] >= '0' && rest[i] <= '9')) {
-			i++
-		}
-		j := i
-		for j < len(rest) && rest[j] != '.' && (rest[j] < '0' || rest[j] > '9') {
-			j++
-		}
-		num, unit := rest[:i], rest[i:j]
-		rest = rest[j:]
-		if num == "" {
-			return bad("missing number")
-		}
-		if unit == "" {
-			return bad("missing unit")
-		}
-		var v time.Duration
-		var err error
-		if unit == "d" {
-			if v, err = time.ParseDuration(num + "h"); err != nil {
-				return bad("bad number " + strconv.Quote(num))
-			}
-			if v > math.MaxInt64/24 {
-				return bad("out of range")
-			}
-			v *= 24
-		} else if v, err = time.ParseDuration(num + unit); err != nil {
-			return bad("bad component " + strconv.Quote(num+unit))
+		var num, unit string
+		num, unit, rest = nextComponent(rest)
+		v, why := componentValue(num, unit)
+		if why != "" {
+			return bad(why)
 		}
 		total += uint64(v)
 		if total > 1<<63 || (!neg && total > math.MaxInt64) {
@@ -84,6 +61,46 @@ func ParseDuration(s string) (Duration, error) {
 		return Duration(-int64(total-1) - 1), nil // -(total) without overflow at 1<<63
 	}
 	return Duration(total), nil
+}
+
+// nextComponent splits the first number-and-unit component ("1.5d", "30m")
+// off s, returning the number, the unit and what follows.
+func nextComponent(s string) (num, unit, rest string) {
+	i := 0
+	for i < len(s) && (s[i] == '.' || (s[i] >= '0' && s[i] <= '9')) {
+		i++
+	}
+	j := i
+	for j < len(s) && s[j] != '.' && (s[j] < '0' || s[j] > '9') {
+		j++
+	}
+	return s[:i], s[i:j], s[j:]
+}
+
+// componentValue is the duration of one component, or why it is invalid:
+// "d" counts 24h, any other unit is Go's.
+func componentValue(num, unit string) (v time.Duration, why string) {
+	if num == "" {
+		return 0, "missing number"
+	}
+	if unit == "" {
+		return 0, "missing unit"
+	}
+	if unit != "d" {
+		v, err := time.ParseDuration(num + unit)
+		if err != nil {
+			return 0, "bad component " + strconv.Quote(num+unit)
+		}
+		return v, ""
+	}
+	v, err := time.ParseDuration(num + "h")
+	if err != nil {
+		return 0, "bad number " + strconv.Quote(num)
+	}
+	if v > math.MaxInt64/24 {
+		return 0, "out of range"
+	}
+	return v * 24, ""
 }
 
 // String formats d for YAML and messages: whole days as "Nd", the rest in Go

@@ -321,46 +321,63 @@ func (c Config) validateOutput(v *validator) bool {
 // validateSubjectOverlaps checks that the output, dead-letter and control
 // subjects overlap neither each other nor the input's subjects.
 func (c Config) validateSubjectOverlaps(v *validator, inputs []string, prefixOK bool) {
-	out, dl := c.Output, c.DeadLetter
-	outputs := out.Subjects()
 	if prefixOK {
-		for _, s := range inputs {
-			if subjectsOverlap(outputs, s) {
-				v.add("output.subject_prefix", "%q: output subjects %q overlap input subject %q", out.SubjectPrefix, outputs, s)
-			}
+		c.validateOutputOverlaps(v, inputs)
+	}
+	c.validateDeadLetterOverlaps(v, inputs, prefixOK)
+}
+
+// validateOutputOverlaps checks that the output subjects, and with
+// scale-out the group's control subjects, overlap no input subject (nor
+// the dead-letter subjects, for the control subjects).
+func (c Config) validateOutputOverlaps(v *validator, inputs []string) {
+	out := c.Output
+	outputs := out.Subjects()
+	for _, s := range inputs {
+		if subjectsOverlap(outputs, s) {
+			v.add("output.subject_prefix", "%q: output subjects %q overlap input subject %q", out.SubjectPrefix, outputs, s)
 		}
-		if c.ScaleOut.Enabled {
-			control := layout.ControlSubjects(out.SubjectPrefix)
-			for _, s := range append(slices.Clone(inputs), dl.Subjects()) {
-				if subjectsOverlap(control, s) {
-					v.add("output.subject_prefix", "%q: the group's control subjects %q overlap subject %q of another stream", out.SubjectPrefix, control, s)
-				}
+	}
+	if c.ScaleOut.Enabled {
+		control := layout.ControlSubjects(out.SubjectPrefix)
+		for _, s := range append(slices.Clone(inputs), c.DeadLetter.Subjects()) {
+			if subjectsOverlap(control, s) {
+				v.add("output.subject_prefix", "%q: the group's control subjects %q overlap subject %q of another stream", out.SubjectPrefix, control, s)
 			}
 		}
 	}
+}
+
+// validateDeadLetterOverlaps checks dead_letter.subject, and that the
+// dead-letter subjects, and with scale-out their fence subjects, overlap no
+// input or output subject; output subjects count only when prefixOK.
+func (c Config) validateDeadLetterOverlaps(v *validator, inputs []string, prefixOK bool) {
+	out, dl := c.Output, c.DeadLetter
 	if msg := checkSubject(dl.Subject, false); msg != "" {
 		v.add("dead_letter.subject", "%q: %s", dl.Subject, msg)
-	} else {
-		dead := dl.Subjects()
-		for _, s := range inputs {
-			if subjectsOverlap(dead, s) {
-				v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap input subject %q", dl.Subject, dead, s)
-			}
+		return
+	}
+	outputs := out.Subjects()
+	dead := dl.Subjects()
+	for _, s := range inputs {
+		if subjectsOverlap(dead, s) {
+			v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap input subject %q", dl.Subject, dead, s)
 		}
-		if prefixOK && subjectsOverlap(dead, outputs) {
-			v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap output subjects %q", dl.Subject, dead, outputs)
-		}
-		if c.ScaleOut.Enabled {
-			control := layout.ControlSubjects(dl.Subject)
-			others := append(slices.Clone(inputs), outputs)
-			if prefixOK {
-				others = append(others, layout.ControlSubjects(out.SubjectPrefix))
-			}
-			for _, s := range others {
-				if subjectsOverlap(control, s) {
-					v.add("dead_letter.subject", "%q: the group's dead-letter fence subjects %q overlap subject %q of another stream", dl.Subject, control, s)
-				}
-			}
+	}
+	if prefixOK && subjectsOverlap(dead, outputs) {
+		v.add("dead_letter.subject", "%q: dead-letter subjects %q overlap output subjects %q", dl.Subject, dead, outputs)
+	}
+	if !c.ScaleOut.Enabled {
+		return
+	}
+	control := layout.ControlSubjects(dl.Subject)
+	others := append(slices.Clone(inputs), outputs)
+	if prefixOK {
+		others = append(others, layout.ControlSubjects(out.SubjectPrefix))
+	}
+	for _, s := range others {
+		if subjectsOverlap(control, s) {
+			v.add("dead_letter.subject", "%q: the group's dead-letter fence subjects %q overlap subject %q of another stream", dl.Subject, control, s)
 		}
 	}
 }

@@ -16,17 +16,10 @@ import (
 // deadLetterBatch is the most dead letters the worker publishes together.
 const deadLetterBatch = 256
 
-// deadLetterWorker publishes dead letters, the ones queued together as one
-// batch (forward.Batch: atomic batches when the dead-letter stream allows
-// them and config.Config.SideStreamAtomic says so, else asynchronous
-// publishes), waiting for the stream to store each, then acks the
-// originals. Transient failures are retried until they succeed or ctx is
-// cancelled (an unpublished dead letter stays unacked). A dead letter the
-// server refuses permanently, or that cannot fit its limits, is shrunk (no
-// payload, the input's headers cut) and published again on its own; if
-// that is refused too, it is counted in dedupe_dead_letters_unstorable_total,
-// logged with the input's stream and sequence, and the input is acked: it
-// stays in its stream.
+// deadLetterWorker publishes the dead letters queued together as one batch
+// (forward.Batch), waits for the stream to store each, then acks the
+// originals; what it does on each failure (retry, shrink, count as
+// unstorable) is in docs/failures.md, "Dead letter".
 func (s *Stage) deadLetterWorker(ctx context.Context, in <-chan deadLetter) {
 	health := s.reporter("")
 	var msgs, send []*nats.Msg

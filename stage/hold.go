@@ -3,18 +3,10 @@ package stage
 import "time"
 
 // hold passes items from in to out in order, and never keeps in's sender
-// waiting on out. In scale-out the sender is a group member's message
-// callback, and nats.go pulls again only when that callback returns: a
-// callback blocked behind a partition busy restoring sends no pull, the
-// pin's TTL (input.ack_wait) passes, and the server hands the partition
-// to another instance in the middle of the takeover. What hold keeps is
-// bounded by the server: a member's consumer has at most
-// input.max_ack_pending messages delivered and unacked (on the routed
-// stream, bundles of up to scale_out.route_bundle_max inputs each, all
-// held as items of their own). An item held for
-// every is told to the server as in progress, again every every, so that
-// it is not redelivered while it waits. When in is closed, hold hands out
-// what it keeps, then closes out.
+// waiting on out, so that a group member's callback returns and the pin does
+// not expire mid-takeover (docs/scale-out.md, "Code notes"). An item held
+// for every is told to the server as in progress, again every every; when
+// in is closed, hold hands out what it keeps, then closes out.
 func hold(in <-chan item, out chan<- item, every time.Duration) {
 	type held struct {
 		it    item

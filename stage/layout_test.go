@@ -21,7 +21,7 @@ func TestPartitionCountChangeSaysWhatToDo(t *testing.T) {
 		t.Fatalf("New with another partition count: %v, want ErrLayout", err)
 	}
 	for _, want := range []string{"made with 4 partitions", "2 were asked for", "state.partitions", "--partitions",
-		"new, empty data dir", "state.data_dir", "no migration tool", "forwarded again"} {
+		"new, empty data dir", "state.data_dir", "Changing the partition count"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)
 		}

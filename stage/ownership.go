@@ -24,16 +24,11 @@ const (
 	leaveBatch
 )
 
-// ownership is what a partition's worker asks of its partition's
-// ownership while it judges a batch: may this instance judge the batch
-// (Own), what a forwarded copy adds (Annotate), which fence the output
-// batch expects (Fence), what a fence loss means (Lost), how the claims
-// are committed (Claim) and which fence a dead letter expects
-// (DeadLetterFence). The worker reads the same with one instance or many:
-// soleOwner is the single instance, which owns every partition and does
-// nothing; groupOwner (group.go) is one partition of a scale-out group
-// (docs/scale-out.md). An ownership belongs to one worker and is not safe
-// for concurrent use.
+// ownership is what a partition's worker asks of its partition's ownership
+// while it judges a batch, so the worker reads the same with one instance or
+// many: soleOwner owns every partition and does nothing, groupOwner
+// (group.go) is one partition of a scale-out group. An ownership belongs to
+// one worker and is not safe for concurrent use.
 type ownership interface {
 	// Own is called before a batch of n messages is judged; pin is the
 	// pin its last message came under, and keepAlive tells the server the

@@ -233,12 +233,8 @@ func (s *Stage) openState(ctx context.Context, reg prometheus.Registerer, progre
 	var err error
 	if s.store, err = state.Open(ctx, stateOpts); err != nil {
 		if errors.Is(err, state.ErrLayout) {
-			return fmt.Errorf("%w.\nstate.partitions (--partitions, $DEDUPE_PARTITIONS) is %d, and the partition count is fixed per data dir: "+
-				"a key's partition is its hash modulo the count, so another count would look keys up in the wrong partition. "+
-				"Either set state.partitions back to the count the data dir was made with, or start with the new count on a new, empty "+
-				"data dir (state.data_dir, --data-dir) and keep the old one. There is no migration tool: for one window (W = %v) after "+
-				"the switch, a copy of a key first seen before it is forwarded again unless the output stream's duplicate window drops it; "+
-				"until then the old data dir (with its old count) is the way back", err, stateOpts.Partitions, s.win.W)
+			return fmt.Errorf("%w; set state.partitions (--partitions) back to the data dir's count, or start on a new, empty data dir "+
+				"(state.data_dir, --data-dir): see configs/README.md, \"Changing the partition count\"", err)
 		}
 		return fmt.Errorf("state: %w", err)
 	}

@@ -148,8 +148,7 @@ func checkStreamsExist(ctx context.Context, js jetstream.JetStream, cfg config.C
 	for _, w := range wanted {
 		_, err := js.Stream(ctx, w.Config.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("%w: %s stream %q (%s.stream) does not exist on the server; create it (subjects %v), "+
-				"or start with --create-streams (nats.create_streams: true, $DEDUPE_CREATE_STREAMS=true) to have the stage create the missing streams",
+			return fmt.Errorf("%w: %s stream %q (%s.stream) does not exist; create it (subjects %v) or start with --create-streams (nats.create_streams: true)",
 				ErrStreamMissing, strings.ReplaceAll(w.Field, "_", "-"), w.Config.Name, w.Field, w.Config.Subjects)
 		}
 		if err != nil {
@@ -214,7 +213,8 @@ func checkDuplicateWindow(ctx context.Context, js jetstream.JetStream, cfg confi
 	// The fix asks for the window the stage creates the stream with, which
 	// leaves a margin over the bare requirement.
 	fix := fmt.Sprintf("nats stream edit %s --dupe-window %v --force", cfg.Output.Stream, max(need, cfg.OutputDuplicateWindow()))
-	err = finding.WithFix(fmt.Errorf("%w: stream %s drops re-published ids for %v, but a message can come back %v after a crash (consumer ack_wait %v and backoff %v, plus output.restart_margin %v); raise the stream's duplicate window (%s), or lower input.ack_wait, or set output.allow_short_duplicate_window to run anyway",
+	err = finding.WithFix(fmt.Errorf("%w: stream %s keeps ids %v, but a copy can come back %v after a crash (ack_wait %v, backoff %v, restart_margin %v); "+
+		"run %s, lower input.ack_wait, or set output.allow_short_duplicate_window",
 		ErrDuplicateWindow, cfg.Output.Stream, have, need, consumerCfg.AckWait, consumerCfg.BackOff, cfg.Output.RestartMargin.D(), fix), fix)
 	if cfg.Output.AllowShortDuplicateWindow {
 		log.Warn("RUNNING WITH A SHORT DUPLICATE WINDOW: a crash between publish and commit can forward a message twice", "err", err)

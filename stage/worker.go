@@ -519,19 +519,12 @@ type outCopy struct {
 	id  [1]string
 }
 
-// outputMsg builds in c the forwarded copy of it: the input's subject under
-// the output prefix, its headers and payload, and id (the key) carried as
-// Nats-Msg-Id. It returns &c.msg. A routed message's copy is the same as
-// its input's would be: the headers the route step adds to a copy alone
-// (the source's copyHeader) are left out.
-//
-// The copy takes over the input's header map instead of copying it: the
-// input's publish directives (forward.IsDirective: Nats-Expected-*, the
-// batch headers of an input published in an atomic batch, the pin, ...)
-// and the route step's headers are deleted and Nats-Msg-Id is set in
-// place. Nothing reads the input's headers as the input's after this except
-// its dead letter (deadletter.Build, Shrink), and that leaves out every Nats-
-// header, so it is the same either way.
+// outputMsg builds in c the forwarded copy of it and returns &c.msg: the
+// input's subject under the output prefix, its headers and payload, and id
+// (the key) as Nats-Msg-Id; a routed message's copy is its input's.
+// The copy takes over the input's header map, deleting its publish
+// directives (forward.IsDirective) and the route step's headers: only its
+// dead letter reads them after this, and that leaves out every Nats- header.
 func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	h := it.msg.Headers()
 	if h == nil {

@@ -21,18 +21,10 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 )
 
-// Balance (docs/scale-out.md §4.2). The server pins a partition to
-// whichever instance asks first, so without a rule the first instance up
-// owns every partition. Each instance keeps a key in the presence bucket;
-// K is the number of live keys, and an instance owning more than its
-// quota (⌊N/K⌋+1 for the first N mod K instances by name, ⌊N/K⌋ for the
-// others) releases the partitions it ranks lowest: it stops consuming
-// them, unpins them, and stands by for them again only after a cooldown,
-// so that an instance waiting on them gets them. The rank is a rendezvous
-// hash of (partition, instance), so partitions tend to go back to the same
-// instance and its local store. Balance decides who asks first, never who
-// may write: the fence does that, so a wrong count costs a move, never a
-// duplicate.
+// Balance (docs/scale-out.md §4.2): an instance owning more than its quota
+// of the live instances' share releases the partitions it ranks lowest.
+// Balance decides who asks first, never who may write: the fence does that,
+// so a wrong count costs a move, never a duplicate.
 
 // quota is how many of n partitions instance self may own when live
 // (sorted by name) are the live instances: the first n mod k of them
@@ -189,51 +181,62 @@ func (pr *presence) watch(ctx context.Context) error {
 	pr.mu.Lock()
 	pr.watching = true
 	pr.mu.Unlock()
-	go func() {
-		defer func() {
-			_ = w.Stop()
-			pr.mu.Lock()
-			pr.watching = false
-			pr.mu.Unlock()
-		}()
-		for {
-			select {
-			case <-ctx.Done():
+	go pr.follow(ctx, w)
+	return nil
+}
+
+// follow applies the watch's updates until ctx is done or the watch ends.
+func (pr *presence) follow(ctx context.Context, w jetstream.KeyWatcher) {
+	defer func() {
+		_ = w.Stop()
+		pr.mu.Lock()
+		pr.watching = false
+		pr.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
 				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil { // the initial values are all in
-					pr.mu.Lock()
-					pr.synced = true
-					pr.mu.Unlock()
-					select { // balance counts again, and the bundle gate opens now if it may
-					case pr.joined <- struct{}{}:
-					default:
-					}
-					continue
-				}
+			}
+			if e == nil { // the initial values are all in
 				pr.mu.Lock()
-				_, had := pr.seen[e.Key()]
-				if e.Operation() == jetstream.KeyValuePut {
-					pr.seen[e.Key()] = e.Created()
-					pr.forms[e.Key()] = readsForms(e.Value())
-				} else {
-					delete(pr.seen, e.Key())
-					delete(pr.forms, e.Key())
-				}
+				pr.synced = true
 				pr.mu.Unlock()
-				if !had && e.Operation() == jetstream.KeyValuePut && e.Key() != pr.self {
-					select {
-					case pr.joined <- struct{}{}:
-					default:
-					}
-				}
+				pr.signalJoined() // balance counts again, and the bundle gate opens now if it may
+				continue
+			}
+			if pr.apply(e) {
+				pr.signalJoined()
 			}
 		}
-	}()
-	return nil
+	}
+}
+
+// apply records one key's put or delete, and reports whether it is another
+// instance joining.
+func (pr *presence) apply(e jetstream.KeyValueEntry) (joined bool) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	_, had := pr.seen[e.Key()]
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(pr.seen, e.Key())
+		delete(pr.forms, e.Key())
+		return false
+	}
+	pr.seen[e.Key()] = e.Created()
+	pr.forms[e.Key()] = readsForms(e.Value())
+	return !had && e.Key() != pr.self
+}
+
+// signalJoined wakes whoever waits on joined, without blocking.
+func (pr *presence) signalJoined() {
+	select {
+	case pr.joined <- struct{}{}:
+	default:
+	}
 }
 
 // refresh puts this instance's key and returns the live instances (with

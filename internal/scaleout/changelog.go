@@ -15,16 +15,9 @@ import (
 )
 
 // ErrChangelog means the output stream does not keep what a new owner
-// restores a partition from (docs/scale-out.md §3.3): a limit that drops
-// records (retention, max_age, max_msgs_per_subject, max_msgs or
-// max_bytes with discard old), or records the restore needs are already
-// gone (a purge, a deleted message, a limit lowered for a while). Taking a
-// partition then would restore it short, and copies of the keys it lost
-// would be forwarded again. The stage refuses to start on a stream
-// configured so; a takeover refused so leaves its batch unacked (it comes
-// back after ack_wait and the check runs again) and counts
-// dedupe_partition_refused_total. The error names the stream field and the
-// `nats stream edit` command that fixes it.
+// restores a partition from (docs/scale-out.md §8): the partition would be
+// restored short, and copies of the keys it lost forwarded again. The error
+// names the stream field and the nats stream edit command that fixes it.
 var ErrChangelog = errors.New("the output stream does not keep what a restore needs")
 
 // Reasons a takeover is refused, the reason label of
@@ -100,10 +93,8 @@ func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions i
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
 			subjects := append(slices.Clone(oc.Subjects), control)
 			fix := fmt.Sprintf("nats stream edit %s --subjects '%s' --force", oc.Name, strings.Join(subjects, ","))
-			return finding.WithFix(fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; "+
-				"the group keeps its fences on %s, apart from the messages under %s.>, so that their consumers see data only "+
-				"(fix: %s)",
-				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, prefix, fix), fix)
+			return finding.WithFix(fmt.Errorf("scale-out: %w: stream %s has subjects %v, none of which holds %s, the fence of partition %d; add %s (fix: %s)",
+				ErrControlSubjects, oc.Name, oc.Subjects, fence, p, control, fix), fix)
 		}
 	}
 	return nil
@@ -121,18 +112,9 @@ func (g *Group) restoreStart(cursor, lastSeq uint64, now time.Time) (from uint64
 }
 
 // checkReach checks that the output stream, in state st, still holds every
-// record a restore from sequence from (a cursor restore) or time since
-// needs. Only MaxAge removes messages from a stream that passes
-// checkChangelog, and only those older than the retention, which no
-// restore needs. So when the stream's first message is past the restore's
-// start and younger than now - retention (or the stream holds nothing and
-// its last message was that young), messages the restore needs may have
-// been removed: by a purge, a delete, or a limit lowered for a while.
-//
-// It cannot tell a removal from a stream that was quiet around the
-// retention's edge; such a refusal ends once that edge passes the first
-// message. Messages removed from the middle (a purge of some subjects) do
-// not move the first message and are not seen.
+// record a restore of p from sequence from (a cursor restore) or the
+// retention's start needs, by where its first message is; it misses
+// removals from the middle (docs/scale-out.md, "Code notes").
 func (g *Group) checkReach(st jetstream.StreamState, p int, from uint64, now time.Time) error {
 	edge := now.Add(-g.retention)
 	first, firstTime := st.FirstSeq, st.FirstTime

@@ -285,23 +285,11 @@ func (g *Group) runRoute(ctx context.Context, local func(msg jetstream.Msg, p in
 	}
 }
 
-// Run consumes every member of the group until ctx is done, handing each
-// message the server delivers for partition p to deliver(msg, p), which
-// must not wait long: the server pins a partition's messages to the one
-// instance it pins the partition to. Beside it run the route step, when
-// on, balance, and the snapshots of the partitions it owns in store. When
-// ctx is done it gives the partitions back (giveBackAll) and returns; the
-// stage then finishes its workers and calls ReleaseAll.
-//
-// The route step hands an input of a partition this instance owns to
-// local, with its key, instead of routing a copy through the routed
-// stream (the local path): local queues it for the partition's worker,
-// with LocalPin, without waiting, and reports whether it did; false (say,
-// the partition's queue is full) routes a copy, so that one slow partition
-// never holds up the route step. The worker judges it only under the
-// tenure it holds, so the output's fence keeps it exact as on the member
-// path; without a tenure the batch is given back and the input comes back
-// to the route step.
+// Run consumes every member of the group until ctx is done, handing what the
+// server delivers for partition p to deliver(msg, p), which must not wait
+// long; beside it run the route step, balance and the snapshots. The route
+// step hands an input of a partition this instance owns to local, and
+// routes a copy when local returns false (docs/scale-out.md, "Code notes").
 func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg jetstream.Msg, p int), local func(msg jetstream.Msg, p int, key []byte) bool) {
 	g.log.Info("judging messages of the partitions the server pins to this instance", "stream", g.opts.InputStream,
 		"group", g.name, "instance", g.instance, "output_stream", g.outStream,

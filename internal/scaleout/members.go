@@ -31,16 +31,10 @@ type member struct {
 	cancel context.CancelFunc
 }
 
-// join consumes partition p's member, retrying until ctx is done.
-//
-// The member runs on a context of its own, which ctx cancels only while
-// StaticConsume runs and leave cancels once the member is stopped:
-// pcgroups watches the group's configuration on the context it was given,
-// nats.go unsubscribes that watch when the context ends, and the
-// library's watch loop then spins on the closed channel until Stop. Joined
-// on ctx, every member spun at full speed from the end of Run's ctx to its
-// leave, while the clean stop's batches in flight finished and its
-// partitions were unpinned.
+// join consumes partition p's member, retrying until ctx is done. The
+// member runs on a context of its own that leave cancels once it is
+// stopped, since the library's watch loop spins from its context's end
+// until Stop (docs/scale-out.md, "Code notes").
 func (m *members) join(ctx context.Context, p int) {
 	g := m.g
 	b := retry.NewBackoff()

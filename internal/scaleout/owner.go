@@ -98,20 +98,10 @@ func (o *Owner) Lost(ctx context.Context, err error) bool {
 	return true
 }
 
-// Claim commits claims, the batch's forwarded keys, in p: each claim's first-seen time is now, as the
-// forwarded record says, and the claims commit with the partition's
-// cursor: the highest output sequence the batch stored, up to which the
-// partition's changelog is in the store (this instance alone has written
-// it since its fence, batch after batch).
-//
-// A duplicate's sequence does not count: it is where the stream already
-// held the key's record, and a clustered stream answers a duplicate
-// before it checks the fence, so that record may be another owner's,
-// written after this one's fence moved
-// (forward's TestZombieDuplicatesPassAMovedFenceOnR3). Counted, it would
-// move the cursor past records this store never held, and a restore from
-// that cursor would skip them. A batch of duplicates alone leaves the
-// cursor where it was.
+// Claim commits claims, the batch's forwarded keys, in p with first-seen
+// time now, and with them the partition's cursor: the highest output
+// sequence the batch stored, not counting duplicates, whose record may be
+// another owner's (docs/scale-out.md, "Code notes").
 func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error) {
 	for i := range claims {
 		claims[i].FirstSeen = now

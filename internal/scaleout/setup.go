@@ -217,9 +217,8 @@ func checkTransform(ctx context.Context, js jetstream.JetStream, o Options) erro
 		if tr != nil {
 			have = fmt.Sprintf("%q -> %q", tr.Source, tr.Destination)
 		}
-		return finding.WithFix(fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q: the server must put each key's partition "+
-			"(of state.partitions = %d) first in the stored subject; edit the stream, create it with the stage (nats.create_streams), "+
-			"or have the route step partition it (scale_out.route always)",
+		return finding.WithFix(fmt.Errorf("scale-out: input stream %s has subject transform %s, want %q -> %q (%d partitions); "+
+			"edit the stream, create it with nats.create_streams, or set scale_out.route always",
 			name, have, src, dest, o.Partitions),
 			fmt.Sprintf("nats stream edit %s --transform-source '%s' --transform-destination '%s' --force", name, src, dest))
 	}

@@ -371,15 +371,8 @@ func (o *Owner) snapshotSink() (put func([]state.Restored) error, finish func(cu
 
 // loadOne waits until no other partition of this instance loads its
 // snapshot, keeping the batch alive meanwhile, and returns what ends this
-// one's turn. Object store reads that share one connection stalled each
-// other when they went through jetstream.ObjectStore.Get (a push consumer
-// each, up to 32 MiB ahead; objectReader reads at most 2 MiB ahead): on a
-// 3-node cluster, one 60 MiB object came in 90-160 ms; four
-// read side by side on one connection took 5.4 s from five of the six
-// pairs of client node and bucket replicas tried (0.4 s from the sixth),
-// and four on four connections (R1) 0.3-0.6 s. One at a time, each read
-// runs at the first figure, and the loads it feeds are bound by CPU
-// anyway.
+// one's turn: object reads side by side on one connection stall each other
+// (docs/scale-out.md, "Code notes").
 func (o *Owner) loadOne(ctx context.Context, keepAlive func()) (release func(), err error) {
 	fetch := o.g.snaps.fetch
 	tick := time.NewTicker(o.g.consumer.AckWait / 3)
@@ -396,22 +389,12 @@ func (o *Owner) loadOne(ctx context.Context, keepAlive func()) (release func(), 
 	}
 }
 
-// loadSnapshot restores the worker's partition from its newest snapshot
-// when that is usable, and returns the output stream sequence the snapshot
-// covers (the changelog is replayed from the next one) and the records it
-// loaded. out is the output stream as read before the fence was taken;
-// cursor the local store's cursor. The snapshot is usable when it is whole
-// (every block's checksum, the count and the whole stream's checksum), in
-// a known version, of this group, partition and number of partitions, for
-// a window at least W, of this very output stream (its creation time), and
-// covers a sequence past the local cursor (when that is valid), at most
-// the stream's last, whose successors the stream still holds
-// (checkReach). Otherwise it returns an error wrapping
-// errSnapshotUnusable, and whatever it loaded before is dropped (a bulk
-// load into an empty partition) or leaves the cursor where it was (records
-// the snapshot's writer held, checked block by block, merged into a
-// partition that held some): the changelog restore from there is as exact
-// as without it.
+// loadSnapshot restores the worker's partition from its newest snapshot when
+// that is usable (docs/scale-out.md, "Code notes"), and returns the output
+// sequence it covers (the changelog is replayed from the next one) and the
+// records it loaded; out is the output stream as read before the fence was
+// taken, cursor the local store's. An unusable one gives an error wrapping
+// errSnapshotUnusable, and the changelog restore is as exact as without it.
 func (o *Owner) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cursor uint64, keepAlive func()) (uint64, int, error) {
 	g := o.g
 	sn, p := g.snaps, o.p.Index()

@@ -28,28 +28,17 @@ func checkUntokened(ctx context.Context, js jetstream.JetStream, o Options) erro
 		return fmt.Errorf("scale-out: input stream %s: count the messages without a partition token: %w", name, err)
 	}
 	if n > 0 {
-		return fmt.Errorf("scale-out: input stream %s holds %d messages without a partition token (stored before its subject transform put the partition first): no member of the group consumes them. "+
-			"Judge them first with scale-out off, or republish them and remove them (nats stream purge %s --subject <subject>, for each of %s), or let the route step partition the input (scale_out.route: always)",
+		return fmt.Errorf("scale-out: input stream %s holds %d messages without a partition token; judge them with scale-out off, "+
+			"republish and purge them (nats stream purge %s --subject, for %s), or set scale_out.route: always",
 			name, n, name, strings.Join(o.InputSubjects, ", "))
 	}
 	return nil
 }
 
 // countUntokened counts the input's messages whose subject does not start
-// with a partition token, with a consumer of its own that it deletes at
-// once (its inactivity threshold removes it should the delete be lost), so
-// that no consumer of the check lingers on the input stream. Messages keep
-// arriving while an instance joins a group, and they arrive with a token:
-//   - when no input subject pattern can match a partitioned subject (each
-//     begins with a literal token that is not a number, as "events.>"),
-//     the consumer filters on the patterns themselves and counts exactly
-//     the messages stored before the transform;
-//   - otherwise it counts the partitioned messages and subtracts them from
-//     the stream's count read before it, so that a message stored in
-//     between raises only what is subtracted (a stream that also removes
-//     messages meanwhile, by a limit or a work queue, can make the count
-//     too high; the refusal says so by its number, and a start again
-//     counts anew).
+// with a partition token, with a consumer of its own deleted at once; while
+// messages keep arriving the count can only be too high (docs/scale-out.md,
+// "Code notes").
 func countUntokened(ctx context.Context, st jetstream.Stream, o Options) (uint64, error) {
 	count := func(filters []string) (uint64, error) {
 		c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubjects: filters, AckPolicy: jetstream.AckNonePolicy,

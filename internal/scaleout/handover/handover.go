@@ -172,16 +172,12 @@ type fenceBody struct {
 	Time     time.Time `json:"time"`
 }
 
-// Take takes a partition's fence for instance: it reads the last sequence
-// of fenceSubject in stream (0 when the subject holds no message), then
-// publishes a fence message expecting that sequence, and returns the
-// sequence the new fence message got. From then on, the server refuses
-// every publish that expects an earlier fence (retry.ErrFenced in
-// internal/forward). When another writer moves the fence between the read
-// and the write (the server refuses with 10071), Take reads again and
-// tries again, at most 10 times; then it returns an error for which
-// retry.IsFenced is true. Transient failures are retried for StepBound at
-// most, all attempts together.
+// Take takes a partition's fence for instance: it publishes a fence message
+// on fenceSubject expecting the subject's last sequence (0 when none) and
+// returns the new one; from then on the server refuses every publish that
+// expects an earlier fence. A race with another writer (10071) is tried
+// again up to 10 times, then gives an error for which retry.IsFenced is
+// true; transient failures are retried for StepBound at most.
 func Take(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, instance string) (uint64, error) {
 	ctx, cancel := boundStep(ctx)
 	defer cancel()
@@ -339,30 +335,12 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	return from, err
 }
 
-// Restore reads the records of one partition back from stream: the
-// messages on filter (PartitionFilter) from sequence from when from > 0,
-// otherwise from the first one stored at or after since (all of them when
-// since is zero too), up to and including sequence upTo, the sequence of
-// the caller's fence message on fenceSubject (FenceSubject). It calls fn
-// for each record in stream order, with the message's stream sequence, and
-// says how many it passed to fn.
-//
-// Restore reads the fence subject along with filter and returns only once
-// it has read a message at or past upTo: the fence message itself, or a
-// record at upTo. The server places the reader (an R1 ordered consumer) on
-// any replica of the stream, and a replica that is catching up (just
-// restarted, or behind after a leader change) counts and delivers only the
-// messages it has applied: a restore that ended when the reader's replica
-// had nothing more to deliver would end short of records stored before the
-// fence, and their keys would be forwarded again. Fence messages below upTo
-// are skipped. A reader that delivers nothing for restoreReopen is
-// replaced by a new one from the message after the last read (it may be
-// placed on another replica); no message for restoreStall ends Restore
-// with a transient error.
-//
-// A message on filter that is not a record (Decode) ends Restore with that
-// permanent error; so does an error from fn, wrapped. Restore uses ordered
-// consumers, so it needs no consumer of its own in the stream.
+// Restore reads partition records back from stream on filter, from sequence
+// from (else from the first stored at or after since, else all), up to and
+// including upTo, the caller's fence on fenceSubject, passing each to fn
+// with its stream sequence. It ends only at a message at or past upTo, as
+// the reader's replica may be catching up (docs/scale-out.md, "Code notes");
+// a non-record or fn's error ends it permanently, a stall transiently.
 func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject string, from uint64, since time.Time, upTo uint64,
 	fn func(r Record, seq uint64) error) (RestoreStats, error) {
 	var st RestoreStats
@@ -418,27 +396,31 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 		}
 		last = seq
 		read++
-		if seq > upTo {
-			return st, nil
-		}
-		if m.Subject() == fenceSubject {
-			if seq == upTo {
-				return st, nil
-			}
-			continue // an earlier owner's fence
-		}
-		r, err := Decode(m)
-		if err != nil {
-			return st, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
-		}
-		if err := fn(r, seq); err != nil {
-			return st, fmt.Errorf("handover: restore %s: sequence %d: %w", filter, seq, err)
-		}
-		st.Records++
-		if seq == upTo {
-			return st, nil
+		if done, err := rd.deliver(m, seq, upTo, fn, &st); done || err != nil {
+			return st, err
 		}
 	}
+}
+
+// deliver passes the message m at sequence seq to fn when it is a record
+// at or below upTo, and reports whether the restore is done: at the fence
+// upTo, or past it. Fence messages below upTo are earlier owners'.
+func (r *reader) deliver(m jetstream.Msg, seq, upTo uint64, fn func(r Record, seq uint64) error, st *RestoreStats) (done bool, err error) {
+	if seq > upTo {
+		return true, nil
+	}
+	if m.Subject() == r.fenceSubject {
+		return seq == upTo, nil
+	}
+	rec, err := Decode(m)
+	if err != nil {
+		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)
+	}
+	if err := fn(rec, seq); err != nil {
+		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)
+	}
+	st.Records++
+	return seq == upTo, nil
 }
 
 // reader is Restore's reader of one partition, which Restore replaces when

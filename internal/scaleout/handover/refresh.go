@@ -15,21 +15,12 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
 
-// Refresh writes a partition's fence again for the instance that holds it,
-// so that the fence does not age out of an output stream with a max_age
-// while its owner holds it (docs/scale-out.md §3.4): a fence message on
-// fenceSubject expecting seq, the sequence of the owner's own last fence
-// message. It returns the new message's sequence, which the owner's
-// publishes expect from then on; nothing else changes (no other writer
-// stored anything between the two, or the write would be refused, so no
-// restore is needed). When another writer moved the fence, Refresh returns
-// an error for which retry.IsFenced is true: the owner's tenure is over.
-// Transient failures are retried for StepBound at most; before a write
-// that got no answer is sent again, the fence subject's last message is
-// read, and if it is the one written, its sequence is returned. When
-// Refresh gives up after a write that did land, the owner's next publish
-// expects the old sequence and is refused as fenced: its tenure ends, and
-// while it is still pinned it takes the fence again.
+// Refresh writes a partition's fence again, expecting seq (the owner's own
+// last fence), so that it does not age out of an output stream with a
+// max_age (docs/scale-out.md §3.4), and returns the new sequence. A fence
+// another writer moved gives an error for which retry.IsFenced is true;
+// transient failures are retried for StepBound at most, never writing twice
+// (docs/scale-out.md, "Code notes").
 func Refresh(ctx context.Context, js jetstream.JetStream, stream, fenceSubject, instance string, seq uint64) (uint64, error) {
 	ctx, cancel := boundStep(ctx)
 	defer cancel()

@@ -100,12 +100,12 @@ func (pt Partitioning) Transform() (src, dest string, err error) {
 	src = pt.Subjects[0]
 	k, name := pt.Field, pt.FieldName
 	if k.Source != keys.SourceSubject || k.SubjectToken < 1 {
-		return "", "", fmt.Errorf("%s is %v; scale-out needs the partition key to be a subject token counted from the start (%s.source: subject, %s.subject_token >= 1), "+
-			"which the server hashes into the partition; partition keys from headers or JSON need the route step (scale_out.route auto or always)", name, k, name, name)
+		return "", "", fmt.Errorf("%s is %v; the server partitions on a subject token counted from the start (%s.source: subject, %s.subject_token >= 1): "+
+			"other keys need the route step (scale_out.route auto or always)", name, k, name, name)
 	}
 	toks := strings.Split(src, ".")
 	if k.SubjectToken > len(toks) || toks[k.SubjectToken-1] != "*" {
-		return "", "", fmt.Errorf("%s.subject_token %d is not a '*' token of input.subjects[0] %q; scale-out needs the partition key's token to be a single-token wildcard of the input subject, so that the server can hash it into the partition",
+		return "", "", fmt.Errorf("%s.subject_token %d is not a '*' token of input.subjects[0] %q; the server can partition on a single-token wildcard only",
 			name, k.SubjectToken, src)
 	}
 	wild, keyWild := 0, 0

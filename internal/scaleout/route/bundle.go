@@ -16,34 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// A bundle is one routed message that carries the routed copies of
-// several inputs of one partition, made in one route batch: the batch's
-// copies then cost one replicated write, one delivery and one ack per
-// partition instead of one per input (docs/scale-out.md §3.2).
-//
-// A bundle's subject is the routed subject of its first copy
-// (Subject(p, routed subject, first input subject)); HeaderBundle says
-// which form its payload has; its Nats-Msg-Id is BundleID of the inputs it
-// carries. The payload, form 1:
-//
-//	byte 1, uvarint count, then count entries of
-//	uvarint len, input subject; headers; uvarint len, payload.
-//
-// where headers are: uvarint header keys, then per key: uvarint len, key,
-// uvarint values, per value: uvarint len, value. Each entry's headers are
-// those of the routed copy the route step would have published alone
-// (its own Nats-Msg-Id, MsgID of the input, among them).
-//
-// Form 2 carries each input's own headers (its publish directives left
-// out, its Nats-Msg-Id kept) and what the route step adds as fields, not
-// headers, so that neither side builds or parses them per input:
-//
-//	byte 2, uvarint len, input stream, uvarint count, then count entries of
-//	uvarint len, input subject; uvarint input sequence; varint input
-//	time (Unix nanoseconds); uvarint len, key; headers; uvarint len, payload.
-//
-// A member reads either form (Unbundle, OriginOfMsg); ReadBundle gives the
-// copies of either as the route step would have published them alone.
+// A bundle is one routed message carrying the routed copies of several
+// inputs of one partition, so that they cost one write, delivery and ack
+// (docs/scale-out.md §3.2); its payload forms 1 and 2 are specified in
+// docs/scale-out.md, "Code notes".
 const (
 	// HeaderBundle marks a routed message that is a bundle; its value is
 	// the payload's form, "1" or "2".
@@ -410,17 +386,11 @@ func ReadBundle(subject string, h nats.Header, data []byte) ([]Copy, error) {
 // that adding them does not grow the map.
 const partRoom = 3
 
-// Unbundle returns the inputs a bundle carries, each as a message of its
-// own: its headers are its entry's (form 1: the routed copy's; form 2:
-// the input's own, and OriginOfMsg reads what the route step adds) with
-// every header the server added to the bundle on delivery (a pinned
-// consumer's Nats-Pin-Id), and its metadata is the bundle's. Settling
-// them settles the bundle: it is acked once every part is acked or
-// terminated, and nakked at the first nak (the parts acked before come
-// back with it and are judged repeats). InProgress goes to the bundle. A
-// part left unsettled (its partition lost) leaves the bundle unacked: it
-// comes back after ack_wait to the partition's next owner. It fails,
-// permanently (ErrNotABundle), when the bundle cannot be read.
+// Unbundle returns the inputs a bundle carries, each as a message with its
+// entry's headers, those the server added to the bundle and the bundle's
+// metadata; settling the parts settles the bundle (docs/scale-out.md, "Code
+// notes"). It fails, permanently (ErrNotABundle), when the bundle cannot be
+// read.
 func Unbundle(msg jetstream.Msg) ([]jetstream.Msg, error) {
 	bh := msg.Headers()
 	es, stream, prefix, form, err := readBundle(msg.Subject(), bh, msg.Data(), len(bh)+partRoom)

@@ -133,22 +133,9 @@ func StreamSubjects(routedSubject string, partitions int) []string {
 }
 
 // StreamConfig returns the configuration to create the routed stream with,
-// the one place that decides it:
-//
-//   - work-queue retention: each routed message is consumed once, by the
-//     owner of its partition, and deleted on its ack; the server refuses
-//     two consumers whose filters overlap, so partitions cannot be read
-//     twice;
-//   - subjects StreamSubjects(routedSubject, partitions);
-//   - the duplicate window streams.DuplicateWindow(ackWait,
-//     restartMargin), ackWait being the route consumer's: a copy routed
-//     again after a redelivery is dropped, as on the output stream;
-//   - file storage and the given replicas (0 means 1), as the input's;
-//   - atomic publish allowed: Run publishes each batch's copies as one
-//     atomic batch, one replicated proposal and one acknowledgement (and,
-//     on a server that syncs every write, one fsync) instead of one per
-//     copy.
-//
+// the one place that decides it (why each setting: docs/scale-out.md, "Code
+// notes"): a work queue on StreamSubjects, the duplicate window of the route
+// consumer's ackWait, file storage, replicas (0 means 1) and atomic publish.
 // CheckStream accepts it.
 func StreamConfig(name, routedSubject string, partitions, replicas int, ackWait, restartMargin time.Duration) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
