@@ -202,7 +202,12 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer func() {
+		nc.Close()
+		// Here rather than in the connection's handler, which runs on
+		// another goroutine and may not before the process exits.
+		log.Debug("nats connection closed")
+	}()
 
 	st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: reg, Logger: log, Health: status})
 	if err != nil {

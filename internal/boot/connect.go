@@ -25,9 +25,8 @@ func Connect(cfg config.NATS, embedded *server.Server, log *slog.Logger) (*nats.
 		nats.Timeout(cfg.ConnectTimeout.D()),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			// A nil error is the connection being closed on purpose (a clean
-			// stop): nothing to warn about.
+			// stop), which the closer logs.
 			if err == nil {
-				log.Debug("nats connection closed")
 				return
 			}
 			log.Warn("nats disconnected", "err", err)
