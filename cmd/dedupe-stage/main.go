@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -145,6 +146,14 @@ func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
+// closeConn closes nc and logs it here rather than in the connection's
+// handler, which runs on another goroutine and may not before the process
+// exits.
+func closeConn(nc *nats.Conn, log *slog.Logger) {
+	nc.Close()
+	log.Debug("nats connection closed")
+}
+
 func runCmd(args []string, stderr io.Writer) (err error) {
 	l, err := loadConfig("run", args, nil, false, stderr)
 	if err != nil {
@@ -202,12 +211,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		nc.Close()
-		// Here rather than in the connection's handler, which runs on
-		// another goroutine and may not before the process exits.
-		log.Debug("nats connection closed")
-	}()
+	defer closeConn(nc, log)
 
 	st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: reg, Logger: log, Health: status})
 	if err != nil {
