@@ -22,6 +22,10 @@ func TestPolicies(t *testing.T) {
 	}
 
 	so := scaleOutOn()
+	so.Key.Version = keys.FieldSpec{Source: keys.SourceHeader, Header: "Order-Version"}
+	if err := so.Validate(); err != nil {
+		t.Fatalf("version-wins in a group: %v", err)
+	}
 	so.Window.RefreshOnRepeat = true
 	if err := so.Validate(); err == nil || !strings.Contains(err.Error(), "window.refresh_on_repeat: true with scale_out.enabled") {
 		t.Fatalf("sliding window in a group: %v", err)

@@ -205,9 +205,6 @@ func (c Config) validateScaleOut(v *validator) {
 	if c.NATS.IsEmbedded() {
 		v.add("scale_out.enabled", "true with the embedded server (nats.url empty); scale-out needs a JetStream shared by every instance, preferably a cluster: set nats.url")
 	}
-	if c.Key.Version.Enabled() {
-		v.add("key.version.source", "%q with scale_out.enabled; a group's changelog and snapshots do not carry a key's version yet, so a new owner would forward an older version: turn one of them off", string(c.Key.Version.Source))
-	}
 	if c.Window.RefreshOnRepeat {
 		v.add("window.refresh_on_repeat", "true with scale_out.enabled; a group's changelog does not carry a repeat's refresh yet, so a new owner would end the window early: turn one of them off")
 	}

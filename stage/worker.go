@@ -19,7 +19,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
-	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -494,12 +493,12 @@ func (w *worker) keepAlive(batch []item) {
 }
 
 // Headers of a forwarded copy with key.version, whose Nats-Msg-Id is not
-// the key alone (see outputID).
+// the key alone (see outputID); handover owns them.
 const (
 	// HeaderKey is the copy's key.
-	HeaderKey = "Dedupe-Key"
+	HeaderKey = handover.HeaderKey
 	// HeaderVersion is the copy's version, in decimal.
-	HeaderVersion = "Dedupe-Version"
+	HeaderVersion = handover.HeaderVersion
 )
 
 // outputID is the Nats-Msg-Id of it's forwarded copy: its key, or with
@@ -509,7 +508,7 @@ func outputID(it *item) string {
 	if !it.versioned {
 		return string(it.key)
 	}
-	return string(it.key) + ":v" + keys.FormatVersion(it.version)
+	return handover.VersionedID(string(it.key), it.version)
 }
 
 // outCopy is a forwarded copy and the value of its Nats-Msg-Id header,
@@ -539,8 +538,7 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	c.id[0] = id
 	h[jetstream.MsgIDHeader] = c.id[:]
 	if it.versioned {
-		h.Set(HeaderKey, string(it.key))
-		h.Set(HeaderVersion, keys.FormatVersion(it.version))
+		handover.AnnotateVersion(h, string(it.key), it.version)
 	}
 	c.msg = nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 	return &c.msg

@@ -349,7 +349,8 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 	st, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p), r.from, since, f,
 		func(rec handover.Record, seq uint64) error {
 			recs = append(recs, state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
-				Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq})
+				Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq,
+				Version: rec.Version, HasVersion: rec.HasVersion})
 			if len(recs) == restoreChunk {
 				return flush(seq)
 			}

@@ -260,7 +260,8 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 				Seq: c, StreamCreated: created, Window: sn.window, Taken: time.Now()})
 			return err
 		}, func(key []byte, r state.Record) error {
-			return w.Add(snapshot.Record{Key: key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint})
+			return w.Add(snapshot.Record{Key: key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
+				Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion})
 		})
 		if err == nil {
 			n, err = w.Close()
@@ -441,7 +442,8 @@ func (o *Owner) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cur
 			return unusable("object %s after %d records: %v", snapshotObject(p), n, err)
 		}
 		if !done {
-			recs = append(recs, state.Restored{Key: bytes.Clone(rec.Key), FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint})
+			recs = append(recs, state.Restored{Key: bytes.Clone(rec.Key), FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
+				Refreshed: rec.Refreshed, Version: rec.Version, HasVersion: rec.HasVersion})
 		}
 		if len(recs) == restoreChunk || done {
 			err := put(recs)

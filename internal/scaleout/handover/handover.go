@@ -33,6 +33,11 @@ const (
 	// HeaderValue is what the forward added to that total: a decimal
 	// integer >= 0.
 	HeaderValue = "Dedupe-Value"
+	// HeaderKey is the key of a forward whose Nats-Msg-Id is not the key
+	// alone (with key.version, VersionedID), and of a key-state record.
+	HeaderKey = "Dedupe-Key"
+	// HeaderVersion is a versioned forward's version, in decimal.
+	HeaderVersion = "Dedupe-Version"
 )
 
 // Record is one partition record read back from the changelog: a key, as
@@ -51,6 +56,10 @@ type Record struct {
 	Bucket time.Time
 	// Value is what the forward added to the total.
 	Value int64
+	// Version is the key's version when HasVersion (key.version).
+	Version uint64
+	// HasVersion is true when the forward carried a version.
+	HasVersion bool
 }
 
 // ErrNotARecord means a message read from a partition's subjects does not
@@ -100,6 +109,7 @@ func DecodeHeader(h nats.Header) (Record, error) {
 	if !ok || id == "" {
 		return fail("%s %q does not end in %s %q", jetstream.MsgIDHeader, h.Get(jetstream.MsgIDHeader), HeaderForgotten, h.Get(HeaderForgotten))
 	}
+	key, version, versioned := versionOf(h, id)
 	fs := h.Get(HeaderFirstSeen)
 	ns, perr := strconv.ParseInt(fs, 10, 64)
 	if perr != nil || ns <= 0 {
@@ -110,7 +120,7 @@ func DecodeHeader(h nats.Header) (Record, error) {
 	if perr != nil || len(fp) != 16 {
 		return fail("%s %q is not 16 hexadecimal digits", HeaderFingerprint, fp)
 	}
-	r := Record{Key: []byte(id), FirstSeen: time.Unix(0, ns), Fingerprint: v}
+	r := Record{Key: []byte(key), FirstSeen: time.Unix(0, ns), Fingerprint: v, Version: version, HasVersion: versioned}
 	if vals := h.Values(HeaderGroup); len(vals) > 0 {
 		if vals[0] == "" {
 			return fail("empty %s", HeaderGroup)
@@ -128,6 +138,38 @@ func DecodeHeader(h nats.Header) (Record, error) {
 		r.Group, r.Bucket, r.Value = vals[0], time.Unix(secs, 0).UTC(), n
 	}
 	return r, nil
+}
+
+// VersionedID returns the Nats-Msg-Id of a forward of key at version:
+// "<key>:v<version>", so that the output stream's duplicate window tells
+// the versions of a key apart. Such a forward also carries HeaderKey and
+// HeaderVersion (AnnotateVersion).
+func VersionedID(key string, version uint64) string {
+	return key + ":v" + strconv.FormatUint(version, 10)
+}
+
+// AnnotateVersion sets HeaderKey and HeaderVersion on h, the headers of a
+// forward whose id is VersionedID(key, version).
+func AnnotateVersion(h nats.Header, key string, version uint64) {
+	h.Set(HeaderKey, key)
+	h.Set(HeaderVersion, strconv.FormatUint(version, 10))
+}
+
+// versionOf returns the key and version of a forward with id (its
+// Nats-Msg-Id without a forget's suffix) and headers h: those of
+// HeaderKey and HeaderVersion when id is their VersionedID, else id and
+// no version. A message's own headers of these names, on a forward
+// without key.version, leave its id the key.
+func versionOf(h nats.Header, id string) (key string, version uint64, ok bool) {
+	key, vs := h.Get(HeaderKey), h.Get(HeaderVersion)
+	if key == "" || vs == "" {
+		return id, 0, false
+	}
+	v, err := strconv.ParseUint(vs, 10, 64)
+	if err != nil || VersionedID(key, v) != id {
+		return id, 0, false
+	}
+	return key, v, true
 }
 
 // controlRoot is the first token of every control record's subject.

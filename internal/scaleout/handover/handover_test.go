@@ -175,6 +175,47 @@ func TestDecode(t *testing.T) {
 	}
 }
 
+// TestDecodeVersioned reads a versioned forward's key and version from
+// HeaderKey and HeaderVersion, also when it is the first forward after a
+// forget; headers of those names on a forward whose id is not their
+// VersionedID (a message's own) leave the id the key.
+func TestDecodeVersioned(t *testing.T) {
+	first := time.Unix(1_767_000_000, 5)
+	forgotten := first.Add(-time.Second)
+	for _, tc := range []struct {
+		name, id, key, version string
+		forgotten              bool
+		wantKey                string
+		wantVersion            uint64
+		wantHas                bool
+	}{
+		{name: "versioned", id: handover.VersionedID("order-1", 7), key: "order-1", version: "7", wantKey: "order-1", wantVersion: 7, wantHas: true},
+		{name: "key with :v", id: handover.VersionedID("a:v1", 18446744073709551615), key: "a:v1", version: "18446744073709551615",
+			wantKey: "a:v1", wantVersion: 18446744073709551615, wantHas: true},
+		{name: "after a forget", id: handover.ForwardID(handover.VersionedID("order-1", 3), forgotten), key: "order-1", version: "3",
+			forgotten: true, wantKey: "order-1", wantVersion: 3, wantHas: true},
+		{name: "not its id", id: "order-1", key: "order-1", version: "7", wantKey: "order-1"},
+		{name: "version not a number", id: "order-1:vx", key: "order-1", version: "x", wantKey: "order-1:vx"},
+		{name: "no version header", id: "order-1:v7", key: "order-1", wantKey: "order-1:v7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := nats.Header{jetstream.MsgIDHeader: {tc.id}}
+			handover.Annotate(h, first, 1)
+			h.Set(handover.HeaderKey, tc.key)
+			if tc.version != "" {
+				h.Set(handover.HeaderVersion, tc.version)
+			}
+			if tc.forgotten {
+				handover.AnnotateForgotten(h, forgotten)
+			}
+			r, err := handover.DecodeHeader(h)
+			if err != nil || string(r.Key) != tc.wantKey || r.Version != tc.wantVersion || r.HasVersion != tc.wantHas {
+				t.Errorf("DecodeHeader = key %q version %d (%v), %v; want %q %d (%v)", r.Key, r.Version, r.HasVersion, err, tc.wantKey, tc.wantVersion, tc.wantHas)
+			}
+		})
+	}
+}
+
 func FuzzDecodeHeader(f *testing.F) {
 	f.Add("k", int64(1), uint64(0))
 	f.Add("key with spaces", int64(1_767_000_000_123_456_789), ^uint64(0))

@@ -13,7 +13,12 @@
 //
 // A record in a block's body is uvarint key length, the key, the first-seen
 // time as a zigzag varint of nanoseconds relative to Header.Taken, and the
-// fingerprint (8 bytes, LE): a 20-byte key takes about 35 bytes. The
+// fingerprint (8 bytes, LE): a 20-byte key takes about 35 bytes. Format
+// version 2 adds a flags byte after the fingerprint and the fields it
+// names, in this order: the refresh time and the forget time (zigzag
+// varints relative to Header.Taken) and the key's version (uvarint); a
+// record with none of them costs one byte more than in version 1. The
+// reader reads both versions; the writer writes version 2. The
 // Bloom filter is not stored: loading the records adds their keys to the
 // new owner's filter, which costs less than the filter's bytes would, and
 // leaves the new owner's filter options its own.
@@ -57,8 +62,20 @@ var (
 	ErrBadRecord = errors.New("snapshot: bad record")
 )
 
-// Version is the format version this package writes and reads.
-const Version = 1
+// Version is the format version this package writes. It reads this one
+// and version 1 (a record without flags).
+const Version = 2
+
+// version1 is the first format version: no flags byte in a record.
+const version1 = 1
+
+// Record flags (format version 2): which optional fields follow.
+const (
+	flagRefreshed byte = 1 << 0
+	flagForgotten byte = 1 << 1
+	flagVersion   byte = 1 << 2
+	flagsKnown         = flagRefreshed | flagForgotten | flagVersion
+)
 
 // MaxKeySize is the longest key a snapshot holds, in bytes.
 const MaxKeySize = 65535
@@ -74,7 +91,7 @@ const maxHeader = maxGroup + 8*binary.MaxVarintLen64
 const blockSize = 64 << 10
 
 // maxBlock is the largest block body the reader accepts.
-const maxBlock = blockSize + MaxKeySize + 3*binary.MaxVarintLen64 + 8
+const maxBlock = blockSize + MaxKeySize + 6*binary.MaxVarintLen64 + 8 + 1
 
 var magic = [4]byte{'D', 'D', 'S', 'N'}
 
@@ -111,6 +128,29 @@ type Record struct {
 	FirstSeen time.Time
 	// Fingerprint is the payload fingerprint stored with the key.
 	Fingerprint uint64
+	// Refreshed is when a repeat last moved the key's window; zero: never.
+	Refreshed time.Time
+	// Forgotten is when an operator forgot the key; zero: never.
+	Forgotten time.Time
+	// Version is the key's version, when HasVersion.
+	Version uint64
+	// HasVersion is true when the record carries a Version.
+	HasVersion bool
+}
+
+// flags returns r's format version 2 flags.
+func (r Record) flags() byte {
+	var f byte
+	if !r.Refreshed.IsZero() {
+		f |= flagRefreshed
+	}
+	if !r.Forgotten.IsZero() {
+		f |= flagForgotten
+	}
+	if r.HasVersion {
+		f |= flagVersion
+	}
+	return f
 }
 
 // Writer writes one snapshot to an io.Writer. It is not safe for
@@ -185,7 +225,19 @@ func (w *Writer) Add(r Record) error {
 	b := binary.AppendUvarint(w.block, uint64(len(r.Key)))
 	b = append(b, r.Key...)
 	b = binary.AppendVarint(b, r.FirstSeen.UnixNano()-w.base)
-	w.block = binary.LittleEndian.AppendUint64(b, r.Fingerprint)
+	b = binary.LittleEndian.AppendUint64(b, r.Fingerprint)
+	flags := r.flags()
+	b = append(b, flags)
+	if flags&flagRefreshed != 0 {
+		b = binary.AppendVarint(b, r.Refreshed.UnixNano()-w.base)
+	}
+	if flags&flagForgotten != 0 {
+		b = binary.AppendVarint(b, r.Forgotten.UnixNano()-w.base)
+	}
+	if flags&flagVersion != 0 {
+		b = binary.AppendUvarint(b, r.Version)
+	}
+	w.block = b
 	w.n++
 	if len(w.block) >= blockSize {
 		return w.flushBlock()
@@ -239,6 +291,7 @@ func (w *Writer) Close() (uint64, error) {
 type Reader struct {
 	r      *bufio.Reader
 	h      Header
+	format byte   // the snapshot's format version
 	crc    uint32 // of every byte read so far
 	base   int64
 	block  []byte // the current block's unread records
@@ -260,9 +313,10 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if [4]byte(pre[:4]) != magic {
 		return nil, fmt.Errorf("%w: magic %q, want %q", ErrCorrupt, pre[:4], magic[:])
 	}
-	if pre[4] != Version {
-		return nil, fmt.Errorf("%w: version %d, this build reads %d", ErrVersion, pre[4], Version)
+	if pre[4] != Version && pre[4] != version1 {
+		return nil, fmt.Errorf("%w: version %d, this build reads %d and %d", ErrVersion, pre[4], version1, Version)
 	}
+	sr.format = pre[4]
 	n, err := sr.uvarint()
 	if err != nil {
 		return nil, err
@@ -335,6 +389,13 @@ func (r *Reader) Next() (Record, error) {
 	key := d.bytes(int(kl))
 	ns := d.varint()
 	fp := d.bytes(8)
+	rec := Record{Key: key, FirstSeen: time.Unix(0, r.base+ns), Fingerprint: binary.LittleEndian.Uint64(fp)}
+	if r.format != version1 {
+		if err := r.optional(&d, &rec); err != nil {
+			r.failed = err
+			return Record{}, err
+		}
+	}
 	if d.err {
 		r.failed = fmt.Errorf("%w: record %d is cut short", ErrCorrupt, r.total)
 		return Record{}, r.failed
@@ -346,7 +407,30 @@ func (r *Reader) Next() (Record, error) {
 		r.failed = fmt.Errorf("%w: %d bytes after a block's last record", ErrCorrupt, len(r.block))
 		return Record{}, r.failed
 	}
-	return Record{Key: key, FirstSeen: time.Unix(0, r.base+ns), Fingerprint: binary.LittleEndian.Uint64(fp)}, nil
+	return rec, nil
+}
+
+// optional reads a format version 2 record's flags and the fields they
+// name into rec.
+func (r *Reader) optional(d *decoder, rec *Record) error {
+	fb := d.bytes(1)
+	if d.err {
+		return nil // cut short: Next says so
+	}
+	flags := fb[0]
+	if flags&^flagsKnown != 0 {
+		return fmt.Errorf("%w: record %d: flags %#x", ErrCorrupt, r.total, flags)
+	}
+	if flags&flagRefreshed != 0 {
+		rec.Refreshed = time.Unix(0, r.base+d.varint())
+	}
+	if flags&flagForgotten != 0 {
+		rec.Forgotten = time.Unix(0, r.base+d.varint())
+	}
+	if flags&flagVersion != 0 {
+		rec.Version, rec.HasVersion = d.uvarint(), true
+	}
+	return nil
 }
 
 // nextBlock reads and checks the next block, or the end.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 )
@@ -28,6 +29,30 @@ func testRecords(n int) []Record {
 		}
 	}
 	return recs
+}
+
+// withPolicies gives some of recs a refresh, a forget or a version, as
+// the per-key policies store them.
+func withPolicies(recs []Record) []Record {
+	for i := range recs {
+		r := &recs[i]
+		if i%3 == 0 {
+			r.Refreshed = r.FirstSeen.Add(time.Duration(i) * time.Millisecond)
+		}
+		if i%5 == 0 {
+			r.Version, r.HasVersion = uint64(i)*1_000_003, true
+		}
+		if i%7 == 0 {
+			r.Forgotten = r.FirstSeen.Add(time.Second)
+		}
+	}
+	return recs
+}
+
+// same reports whether a and b are the same record.
+func same(a, b Record) bool {
+	return bytes.Equal(a.Key, b.Key) && a.FirstSeen.Equal(b.FirstSeen) && a.Fingerprint == b.Fingerprint &&
+		a.Refreshed.Equal(b.Refreshed) && a.Forgotten.Equal(b.Forgotten) && a.Version == b.Version && a.HasVersion == b.HasVersion
 }
 
 func encode(tb testing.TB, h Header, recs []Record) []byte {
@@ -75,7 +100,7 @@ func decode(b []byte) (Header, []Record, error) {
 func TestRoundTrip(t *testing.T) {
 	for _, n := range []int{0, 1, 5000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			want := testRecords(n)
+			want := withPolicies(testRecords(n))
 			b := encode(t, testHeader, want)
 			h, got, err := decode(b)
 			if err != nil {
@@ -89,7 +114,7 @@ func TestRoundTrip(t *testing.T) {
 				t.Fatalf("%d records, want %d", len(got), len(want))
 			}
 			for i := range want {
-				if !bytes.Equal(got[i].Key, want[i].Key) || !got[i].FirstSeen.Equal(want[i].FirstSeen) || got[i].Fingerprint != want[i].Fingerprint {
+				if !same(got[i], want[i]) {
 					t.Fatalf("record %d = %+v, want %+v", i, got[i], want[i])
 				}
 			}
@@ -97,6 +122,35 @@ func TestRoundTrip(t *testing.T) {
 				t.Logf("%d records of 20-byte keys: %d bytes, %.1f bytes/key", n, len(b), float64(len(b))/float64(n))
 			}
 		})
+	}
+}
+
+// TestReadsVersion1 reads a snapshot an earlier release wrote (format
+// version 1, testdata/v1.snap: testHeader and testRecords(3)): a new owner
+// still loads it after an upgrade.
+func TestReadsVersion1(t *testing.T) {
+	b, err := os.ReadFile("testdata/v1.snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b[4] != 1 {
+		t.Fatalf("testdata/v1.snap is format version %d, want 1", b[4])
+	}
+	h, got, err := decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := testRecords(3)
+	if h != testHeader && (h.Seq != testHeader.Seq || !h.Taken.Equal(testHeader.Taken)) {
+		t.Fatalf("header %+v, want %+v", h, testHeader)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d records, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !same(got[i], want[i]) {
+			t.Fatalf("record %d = %+v, want %+v", i, got[i], want[i])
+		}
 	}
 }
 
@@ -113,7 +167,7 @@ func TestCompact(t *testing.T) {
 // is ErrCorrupt (or ErrVersion), never a clean end, and every record
 // returned before the error is one that was written.
 func TestCorruptDetected(t *testing.T) {
-	want := testRecords(3000) // several blocks
+	want := withPolicies(testRecords(3000)) // several blocks
 	b := encode(t, testHeader, want)
 	written := make(map[string]Record, len(want))
 	for _, r := range want {
@@ -127,7 +181,7 @@ func TestCorruptDetected(t *testing.T) {
 		}
 		for _, r := range got {
 			w, ok := written[string(r.Key)]
-			if !ok || !w.FirstSeen.Equal(r.FirstSeen) || w.Fingerprint != r.Fingerprint {
+			if !ok || !same(w, r) {
 				t.Fatalf("%s: returned a record never written: %+v", name, r)
 			}
 		}
@@ -166,6 +220,11 @@ func FuzzReader(f *testing.F) {
 	f.Add(encode(f, testHeader, testRecords(3)))
 	f.Add(encode(f, Header{}, nil))
 	f.Add([]byte("DDSN\x01"))
+	f.Add(encode(f, testHeader, withPolicies(testRecords(8))))
+	f.Add([]byte("DDSN\x02"))
+	if v1, err := os.ReadFile("testdata/v1.snap"); err == nil {
+		f.Add(v1)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 1<<20 {
 			return
@@ -184,7 +243,7 @@ func FuzzReader(f *testing.F) {
 			t.Fatalf("round trip: %+v with %d records, want %+v with %d", h2, len(recs2), h, len(recs))
 		}
 		for i := range recs {
-			if !bytes.Equal(recs[i].Key, recs2[i].Key) || !recs[i].FirstSeen.Equal(recs2[i].FirstSeen) || recs[i].Fingerprint != recs2[i].Fingerprint {
+			if !same(recs[i], recs2[i]) {
 				t.Fatalf("round trip: record %d = %+v, want %+v", i, recs2[i], recs[i])
 			}
 		}
