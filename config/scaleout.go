@@ -205,9 +205,6 @@ func (c Config) validateScaleOut(v *validator) {
 	if c.NATS.IsEmbedded() {
 		v.add("scale_out.enabled", "true with the embedded server (nats.url empty); scale-out needs a JetStream shared by every instance, preferably a cluster: set nats.url")
 	}
-	if c.Window.RefreshOnRepeat {
-		v.add("window.refresh_on_repeat", "true with scale_out.enabled; a group's changelog does not carry a repeat's refresh yet, so a new owner would end the window early: turn one of them off")
-	}
 	if c.Output.Publish == PublishAsync {
 		v.add("output.publish", "%q with scale_out.enabled; scale-out publishes every output batch as one atomic batch checked against its partition's fence: use atomic or auto", c.Output.Publish)
 	}

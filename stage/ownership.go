@@ -42,6 +42,12 @@ type ownership interface {
 	// instance; the partition's subject and the record's headers in a
 	// group.
 	Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contribution, now time.Time)
+	// RefreshRecord returns the changelog record of a repeat that moves
+	// the window of key, whose record is rec, to at
+	// (window.refresh_on_repeat), for the batch's output publish: nil for
+	// a single instance; in a group, a key-state record, so that a new
+	// owner restores the moved window.
+	RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg
 	// Fence is the fence the batch's output publish expects, nil for none.
 	Fence() *forward.Fence
 	// Lost handles a publish refused because the partition's fence moved
@@ -70,6 +76,9 @@ func nothingToRelease() {}
 
 // Annotate implements ownership: the copy is left as it is.
 func (soleOwner) Annotate(*nats.Msg, string, uint64, state.Contribution, time.Time) {}
+
+// RefreshRecord implements ownership: a single instance has no changelog.
+func (soleOwner) RefreshRecord([]byte, state.Record, time.Time) *nats.Msg { return nil }
 
 // Fence implements ownership: there is no fence.
 func (soleOwner) Fence() *forward.Fence { return nil }

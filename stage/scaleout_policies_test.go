@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -75,4 +76,69 @@ func TestScaleOutVersionAcrossHandOver(t *testing.T) {
 	if n := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "stale"}); n != 1 {
 		t.Errorf("b judged %v copies stale, want 1 (version 2)", n)
 	}
+}
+
+// slidingGroup is policyGroup with a window of w that repeats slide.
+func slidingGroup(t *testing.T, w time.Duration) (ea, eb *env) {
+	return policyGroup(t, func(e *env) {
+		e.cfg.Window.Paths = []config.Path{{Name: "retry", Max: config.Duration(w)}}
+		e.cfg.Window.Margin = 0
+		e.cfg.Window.RefreshOnRepeat = true
+	})
+}
+
+// TestScaleOutRefreshAcrossHandOver: repeats keep a key's window alive
+// past its first-seen time + W on owner a, a is killed, and b, which
+// restores the partition from the changelog, still judges a copy a
+// repeat after first-seen + W: the refreshes reached the changelog as
+// key-state records. Without them b would forward the copy again.
+func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
+	const w = 8 * time.Second
+	ea, eb := slidingGroup(t, w)
+	a := ea.start()
+	first := time.Now()
+	ea.publishOrder("s1", nil)
+	ea.scaleOutDrained(30 * time.Second)
+	for _, at := range []time.Duration{w / 3, 2 * w / 3, w - w/8} {
+		time.Sleep(time.Until(first.Add(at)))
+		ea.publishOrder("s1", nil)
+		ea.scaleOutDrained(30 * time.Second)
+	}
+	if got := counter(t, a.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got != 3 {
+		t.Fatalf("a judged %v repeats, want 3", got)
+	}
+	a.kill(t, ea.nc)
+
+	b := eb.start()
+	time.Sleep(time.Until(first.Add(w + time.Second))) // past first-seen + W, inside the window the last repeat moved
+	eb.publishOrder("s1", nil)
+	eb.scaleOutDrained(30 * time.Second)
+	if time.Since(first) > w+w-w/8 {
+		t.Fatalf("the copy was judged %v after the first, past the last repeat's window: the test ran too slowly to tell", time.Since(first))
+	}
+	if ids := eb.forwardIDs(); len(ids) != 1 {
+		t.Errorf("output ids %q, want s1 once", ids)
+	}
+	if got := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got != 1 {
+		t.Errorf("b judged %v repeats, want 1: the copy after first-seen + W", got)
+	}
+	if got := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != 0 {
+		t.Errorf("b judged %v copies new, want none (the output's duplicate window hides a second forward)", got)
+	}
+	if n := len(eb.keyStateRecords(partitionOf("s1", 4))); n != 4 {
+		t.Errorf("%d key-state records in the changelog, want 4 refreshes (a's 3, b's 1)", n)
+	}
+}
+
+// keyStateRecords returns partition p's key-state records in the output
+// stream.
+func (e *env) keyStateRecords(p int) []natstest.Message {
+	e.t.Helper()
+	var out []natstest.Message
+	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.Output.Stream) {
+		if m.Subject == handover.KeyStateSubject(e.cfg.Output.SubjectPrefix, p) {
+			out = append(out, m)
+		}
+	}
+	return out
 }

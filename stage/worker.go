@@ -55,8 +55,9 @@ type worker struct {
 	firstIdx    map[string]int      // key -> index in the batch of the copy forwarded
 	seen        map[string]struct{} // segment's keys, with key.version
 	newIdx      []int
-	laterCopies [][2]int // {copy, first}: a key new in this batch, seen again in it
-	refreshIdx  []int    // repeats whose window the commit moves (window.refresh_on_repeat), acked after it
+	laterCopies [][2]int    // {copy, first}: a key new in this batch, seen again in it
+	refreshIdx  []int       // repeats whose window the commit moves (window.refresh_on_repeat), acked after it
+	refreshOut  []*nats.Msg // in a group, refreshIdx's changelog records (ownership.RefreshRecord), published after w.out
 	acks        []int
 	out         []*nats.Msg
 	res         []forward.Result
@@ -140,6 +141,7 @@ func (w *worker) reset(n int) {
 	}
 	clear(w.firstIdx)
 	w.newIdx, w.laterCopies, w.refreshIdx, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.refreshIdx[:0], w.acks[:0], w.out[:0]
+	w.refreshOut = w.refreshOut[:0]
 }
 
 // judge looks up every key of the batch and sorts its messages: a repeat
@@ -227,12 +229,15 @@ func (w *worker) late(i int, batch []item, now time.Time) bool {
 	return false
 }
 
-// forwardNew publishes the batch's new messages (w.out), dead-letters
-// those the output refused for good, and commits the claims of the rest
-// with the refreshes of its repeats (w.refreshIdx).
+// forwardNew publishes the batch's new messages (w.out) and, in a group,
+// its refresh records (w.refreshOut) in the same fenced publish,
+// dead-letters the new messages the output refused for good, and commits
+// the claims of the rest with the refreshes of its repeats (w.refreshIdx).
 // It returns false when the batch is left unacked.
 func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bool {
 	w.res = w.res[:0]
+	forwards := len(w.out)
+	w.out = append(w.out, w.refreshOut...)
 	if len(w.out) > 0 {
 		if w.s.beforePublish != nil {
 			w.s.beforePublish(w.p.Index(), len(batch))
@@ -253,8 +258,12 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 		idx = append(idx, i)
 	}
 	forwarded := len(claims)
-	for _, i := range w.refreshIdx {
+	for k, i := range w.refreshIdx {
 		it := &batch[i]
+		if len(w.refreshOut) > 0 && w.res[forwards+k].Err != nil {
+			w.acks = append(w.acks, i) // a repeat all the same; without its changelog record, its window stays where it was
+			continue
+		}
 		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Versioned: it.versioned, Version: it.version})
 		idx = append(idx, i)
 	}
@@ -458,6 +467,9 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time, re
 	}
 	if refresh {
 		w.refreshIdx = append(w.refreshIdx, i)
+		if m := w.owner.RefreshRecord(it.key, rec, now); m != nil {
+			w.refreshOut = append(w.refreshOut, m)
+		}
 		return
 	}
 	w.acks = append(w.acks, i)

@@ -79,6 +79,15 @@ func (o *Owner) Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contr
 	}
 }
 
+// RefreshRecord returns the key-state record of a repeat that moves the
+// window of key, whose record is rec, to at: published with the batch's
+// forwards, expecting the tenure's fence, so that a new owner restores
+// the moved window (handover.RefreshMsg).
+func (o *Owner) RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg {
+	return handover.RefreshMsg(handover.KeyStateSubject(o.g.prefix, o.p.Index()), handover.Record{Key: key, FirstSeen: rec.FirstSeen,
+		Fingerprint: rec.Fingerprint, Version: rec.Version, HasVersion: rec.HasVersion}, at)
+}
+
 // Fence is the fence the batch's output publish expects: the tenure's fence in the output stream.
 func (o *Owner) Fence() *forward.Fence {
 	if o.tenure == nil {
@@ -346,11 +355,10 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 		keepAlive()
 		return nil
 	}
-	st, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p), r.from, since, f,
+	st, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p),
+		handover.KeyStateSubject(g.prefix, p), r.from, since, f,
 		func(rec handover.Record, seq uint64) error {
-			recs = append(recs, state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
-				Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq,
-				Version: rec.Version, HasVersion: rec.HasVersion})
+			recs = append(recs, restored(rec, seq))
 			if len(recs) == restoreChunk {
 				return flush(seq)
 			}
@@ -367,6 +375,15 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 		}
 	}
 	return r, nil
+}
+
+// restored is the state record of rec, read back from the changelog at
+// sequence seq: a forward's record, or a refresh's (its record with the
+// window start it moved to).
+func restored(rec handover.Record, seq uint64) state.Restored {
+	return state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
+		Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq,
+		Refreshed: rec.WindowStart, Version: rec.Version, HasVersion: rec.HasVersion}
 }
 
 // fenced handles an output batch the server refused because the

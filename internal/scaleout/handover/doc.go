@@ -18,7 +18,13 @@
 //	<prefix>.<p>.<input subject>   a forwarded message of partition p (PartitionSubject)
 //	<prefix>.<p>.>                 all of partition p's records (PartitionFilter)
 //	_dedupe.<prefix>.fence.<p>     partition p's fence (FenceSubject)
+//	_dedupe.<prefix>.key.<p>       partition p's key-state records: refreshes and forgets (KeyStateSubject)
 //	_dedupe.<prefix>.>             every control record (ControlSubjects)
+//
+// A key-state record (KeyStateSubject, DecodeKeyState) is what changes a
+// key's record without a forward: a repeat that moved its window, an
+// operator's forget. The owner writes it expecting the partition's fence,
+// and Restore passes it on in stream order with the records.
 //
 // Control records have a subject root of their own in the output stream,
 // so that a consumer of <prefix>.> receives forwarded messages only; one
@@ -28,7 +34,8 @@
 // Use, on taking partition p:
 //
 //	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject("out", p), instance)
-//	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), handover.FenceSubject("out", p), cursor+1, time.Time{}, f,
+//	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter("out", p), handover.FenceSubject("out", p),
+//		handover.KeyStateSubject("out", p), cursor+1, time.Time{}, f,
 //		func(r handover.Record, seq uint64) error { ... })
 //	// then publish with forward.Options{Fence: &forward.Fence{Subject: handover.FenceSubject("out", p), Seq: f}}
 //

@@ -69,7 +69,7 @@ func (o *owner) take(t *testing.T, js jetstream.JetStream) int {
 		t.Fatal(err)
 	}
 	var recs []state.Restored
-	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, part), subj, cursor+1, time.Time{}, f,
+	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, part), subj, handover.KeyStateSubject(prefix, part), cursor+1, time.Time{}, f,
 		func(r handover.Record, _ uint64) error {
 			recs = append(recs, state.Restored{Key: r.Key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint})
 			return nil

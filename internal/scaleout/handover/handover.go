@@ -60,6 +60,12 @@ type Record struct {
 	Version uint64
 	// HasVersion is true when the forward carried a version.
 	HasVersion bool
+	// WindowStart, on a refresh (DecodeKeyState), is where a repeat moved
+	// the key's window to; zero on a forward.
+	WindowStart time.Time
+	// Forgotten, on a forget (DecodeKeyState), is when the key was
+	// forgotten: the record holds the key only. Zero otherwise.
+	Forgotten time.Time
 }
 
 // ErrNotARecord means a message read from a partition's subjects does not
@@ -93,51 +99,63 @@ func Decode(m jetstream.Msg) (Record, error) {
 }
 
 // DecodeHeader reads a record from a message's headers: the key from
-// Nats-Msg-Id (KeyOf), the first-seen time and the fingerprint from the headers
-// Annotate sets, and the contribution from those AnnotateTotal sets when
-// HeaderGroup is present. It returns an error wrapping ErrNotARecord,
-// permanent, when one of them is missing or malformed.
+// Nats-Msg-Id (KeyOf; with key.version, HeaderKey and HeaderVersion), the
+// first-seen time and the fingerprint from the headers Annotate sets, and
+// the contribution from those AnnotateTotal sets when HeaderGroup is
+// present. It returns an error wrapping ErrNotARecord, permanent, when one
+// of them is missing or malformed.
 func DecodeHeader(h nats.Header) (Record, error) {
-	fail := func(format string, args ...any) (Record, error) {
-		return Record{}, retry.MarkPermanent(fmt.Errorf("%w: "+format, append([]any{ErrNotARecord}, args...)...))
-	}
 	id := h.Get(jetstream.MsgIDHeader)
 	if id == "" {
-		return fail("no %s", jetstream.MsgIDHeader)
+		return notARecord("no %s", jetstream.MsgIDHeader)
 	}
 	id, ok := KeyOf(h, id)
 	if !ok || id == "" {
-		return fail("%s %q does not end in %s %q", jetstream.MsgIDHeader, h.Get(jetstream.MsgIDHeader), HeaderForgotten, h.Get(HeaderForgotten))
+		return notARecord("%s %q does not end in %s %q", jetstream.MsgIDHeader, h.Get(jetstream.MsgIDHeader), HeaderForgotten, h.Get(HeaderForgotten))
 	}
 	key, version, versioned := versionOf(h, id)
-	fs := h.Get(HeaderFirstSeen)
-	ns, perr := strconv.ParseInt(fs, 10, 64)
-	if perr != nil || ns <= 0 {
-		return fail("%s %q is not positive Unix nanoseconds", HeaderFirstSeen, fs)
+	r, err := decodeRecord(h, key)
+	if err != nil {
+		return r, err
 	}
-	fp := h.Get(HeaderFingerprint)
-	v, perr := strconv.ParseUint(fp, 16, 64)
-	if perr != nil || len(fp) != 16 {
-		return fail("%s %q is not 16 hexadecimal digits", HeaderFingerprint, fp)
-	}
-	r := Record{Key: []byte(key), FirstSeen: time.Unix(0, ns), Fingerprint: v, Version: version, HasVersion: versioned}
+	r.Version, r.HasVersion = version, versioned
 	if vals := h.Values(HeaderGroup); len(vals) > 0 {
 		if vals[0] == "" {
-			return fail("empty %s", HeaderGroup)
+			return notARecord("empty %s", HeaderGroup)
 		}
 		b := h.Get(HeaderBucket)
 		secs, err := strconv.ParseInt(b, 10, 64)
 		if err != nil {
-			return fail("%s %q is not Unix seconds", HeaderBucket, b)
+			return notARecord("%s %q is not Unix seconds", HeaderBucket, b)
 		}
 		val := h.Get(HeaderValue)
 		n, err := strconv.ParseInt(val, 10, 64)
 		if err != nil || n < 0 {
-			return fail("%s %q is not an integer >= 0", HeaderValue, val)
+			return notARecord("%s %q is not an integer >= 0", HeaderValue, val)
 		}
 		r.Group, r.Bucket, r.Value = vals[0], time.Unix(secs, 0).UTC(), n
 	}
 	return r, nil
+}
+
+// notARecord returns a permanent error wrapping ErrNotARecord.
+func notARecord(format string, args ...any) (Record, error) {
+	return Record{}, retry.MarkPermanent(fmt.Errorf("%w: "+format, append([]any{ErrNotARecord}, args...)...))
+}
+
+// decodeRecord reads key's record from the headers Annotate sets.
+func decodeRecord(h nats.Header, key string) (Record, error) {
+	fs := h.Get(HeaderFirstSeen)
+	ns, err := strconv.ParseInt(fs, 10, 64)
+	if err != nil || ns <= 0 {
+		return notARecord("%s %q is not positive Unix nanoseconds", HeaderFirstSeen, fs)
+	}
+	fp := h.Get(HeaderFingerprint)
+	v, err := strconv.ParseUint(fp, 16, 64)
+	if err != nil || len(fp) != 16 {
+		return notARecord("%s %q is not 16 hexadecimal digits", HeaderFingerprint, fp)
+	}
+	return Record{Key: []byte(key), FirstSeen: time.Unix(0, ns), Fingerprint: v}, nil
 }
 
 // VersionedID returns the Nats-Msg-Id of a forward of key at version:
@@ -377,13 +395,15 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	return from, err
 }
 
-// Restore reads partition records back from stream on filter, from sequence
-// from (else from the first stored at or after since, else all), up to and
-// including upTo, the caller's fence on fenceSubject, passing each to fn
-// with its stream sequence. It ends only at a message at or past upTo, as
+// Restore reads partition records back from stream on filter, and the
+// partition's key-state records on keySubject (KeyStateSubject; "" for
+// none), from sequence from (else from the first stored at or after
+// since, else all), up to and including upTo, the caller's fence on
+// fenceSubject, passing each to fn with its stream sequence, in stream
+// order (a key-state record has WindowStart or Forgotten set). It ends only at a message at or past upTo, as
 // the reader's replica may be catching up (docs/scale-out.md, "Code notes");
 // a non-record or fn's error ends it permanently, a stall transiently.
-func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject string, from uint64, since time.Time, upTo uint64,
+func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject, keySubject string, from uint64, since time.Time, upTo uint64,
 	fn func(r Record, seq uint64) error) (RestoreStats, error) {
 	var st RestoreStats
 	if upTo == 0 || from > upTo {
@@ -394,11 +414,19 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 		if from, err = firstSince(ctx, js, stream, filter, since); err != nil {
 			return st, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
 		}
+		if keySubject != "" {
+			// Each subject alone, for the reason firstSince gives.
+			keyFrom, err := firstSince(ctx, js, stream, keySubject, since)
+			if err != nil {
+				return st, fmt.Errorf("handover: restore %s from stream %s: %w", keySubject, stream, err)
+			}
+			from = min(from, keyFrom)
+		}
 		if from > upTo {
 			return st, nil
 		}
 	}
-	rd := &reader{ctx: ctx, js: js, stream: stream, filter: filter, fenceSubject: fenceSubject}
+	rd := &reader{ctx: ctx, js: js, stream: stream, filter: filter, fenceSubject: fenceSubject, keySubject: keySubject}
 	pending, err := rd.open(from)
 	if err != nil {
 		return st, err
@@ -454,7 +482,11 @@ func (r *reader) deliver(m jetstream.Msg, seq, upTo uint64, fn func(r Record, se
 	if m.Subject() == r.fenceSubject {
 		return seq == upTo, nil
 	}
-	rec, err := Decode(m)
+	decode := Decode
+	if r.keySubject != "" && m.Subject() == r.keySubject {
+		decode = func(m jetstream.Msg) (Record, error) { return DecodeKeyState(m.Headers()) }
+	}
+	rec, err := decode(m)
 	if err != nil {
 		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)
 	}
@@ -468,9 +500,9 @@ func (r *reader) deliver(m jetstream.Msg, seq, upTo uint64, fn func(r Record, se
 // reader is Restore's reader of one partition, which Restore replaces when
 // it falls silent.
 type reader struct {
-	ctx                          context.Context
-	js                           jetstream.JetStream
-	stream, filter, fenceSubject string
+	ctx                                      context.Context
+	js                                       jetstream.JetStream
+	stream, filter, fenceSubject, keySubject string
 
 	it     jetstream.MessagesContext // nil when closed
 	stop   func() bool               // ends the ctx.Done hook that stops it
@@ -480,7 +512,7 @@ type reader struct {
 // open opens a reader from sequence from (restoreReader) and returns how
 // many messages it had pending.
 func (r *reader) open(from uint64) (uint64, error) {
-	it, pending, err := restoreReader(r.ctx, r.js, r.stream, r.filter, r.fenceSubject, from)
+	it, pending, err := restoreReader(r.ctx, r.js, r.stream, r.filter, r.fenceSubject, r.keySubject, from)
 	if err != nil {
 		return 0, err
 	}
@@ -517,10 +549,14 @@ func (r *reader) close() {
 }
 
 // restoreReader opens Restore's reader: an ordered consumer of the
-// partition's records and fences from sequence from, and how many
-// messages it had pending when it was created.
-func restoreReader(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject string, from uint64) (jetstream.MessagesContext, uint64, error) {
+// partition's records, fences and key-state records (keySubject, when not
+// "") from sequence from, and how many messages it had pending when it
+// was created.
+func restoreReader(ctx context.Context, js jetstream.JetStream, stream, filter, fenceSubject, keySubject string, from uint64) (jetstream.MessagesContext, uint64, error) {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter, fenceSubject}}
+	if keySubject != "" {
+		cfg.FilterSubjects = append(cfg.FilterSubjects, keySubject)
+	}
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
 	}

@@ -78,7 +78,7 @@ func restore(t *testing.T, js jetstream.JetStream, p int, from uint64, since tim
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []record
-	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, 1), from, since, upTo,
+	st, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, 1), handover.KeyStateSubject(prefix, p), from, since, upTo,
 		func(r handover.Record, seq uint64) error {
 			got = append(got, asRecord(r, seq))
 			return nil
@@ -385,13 +385,13 @@ func TestRestore(t *testing.T) {
 	if _, err := js.Publish(ctx, handover.PartitionSubject(prefix, 5, "e"), []byte("no record")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 5), handover.FenceSubject(prefix, 5), 0, time.Time{}, 1<<40,
+	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 5), handover.FenceSubject(prefix, 5), handover.KeyStateSubject(prefix, 5), 0, time.Time{}, 1<<40,
 		func(handover.Record, uint64) error { return nil })
 	if !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
 		t.Errorf("restore of a message without a record: %v, want a permanent ErrNotARecord", err)
 	}
 	stop := errors.New("stop")
-	rs, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), 0, time.Time{}, f1b,
+	rs, err := handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), handover.KeyStateSubject(prefix, 1), 0, time.Time{}, f1b,
 		func(handover.Record, uint64) error { return stop })
 	if !errors.Is(err, stop) || rs.Records != 0 {
 		t.Errorf("restore whose fn fails: %d, %v; want 0 and fn's error", rs.Records, err)
@@ -440,7 +440,7 @@ func startHalted(ctx context.Context, js jetstream.JetStream, p int, fenceSeq ui
 	h := &haltedRestore{halted: make(chan struct{}), resume: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(h.done)
-		h.st, h.err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, p), 0, time.Time{}, fenceSeq,
+		h.st, h.err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, p), handover.FenceSubject(prefix, p), handover.KeyStateSubject(prefix, p), 0, time.Time{}, fenceSeq,
 			func(r handover.Record, seq uint64) error {
 				h.got = append(h.got, asRecord(r, seq))
 				if len(h.got) == at {
@@ -541,7 +541,7 @@ func TestTakeoverStepsGiveUp(t *testing.T) {
 	fence := handover.FenceSubject(prefix, 1)
 	restore := func(from uint64, since time.Time) func(context.Context) error {
 		return func(ctx context.Context) error {
-			_, err := handover.Restore(ctx, nowhere, "OUT", handover.PartitionFilter(prefix, 1), fence, from, since, 10,
+			_, err := handover.Restore(ctx, nowhere, "OUT", handover.PartitionFilter(prefix, 1), fence, handover.KeyStateSubject(prefix, 1), from, since, 10,
 				func(handover.Record, uint64) error { return nil })
 			return err
 		}

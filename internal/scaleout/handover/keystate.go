@@ -1,0 +1,106 @@
+package handover
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Key-state records are the changes to a key's record that no forward
+// shows: a repeat that moved the key's window (window.refresh_on_repeat)
+// and an operator's forget. Each is a header-only message on the
+// partition's KeyStateSubject, written by the owner in a publish that
+// expects its fence, and applied by a restore in stream order.
+const (
+	// HeaderOp is a key-state record's operation: OpRefresh or OpForget.
+	HeaderOp = "Dedupe-Op"
+	// HeaderWindowStart is a refresh's new window start: Unix nanoseconds,
+	// in decimal.
+	HeaderWindowStart = "Dedupe-Window-Start"
+
+	// OpRefresh moves a key's window start to HeaderWindowStart. The
+	// record also carries the key's record (HeaderFirstSeen,
+	// HeaderFingerprint, HeaderVersion), so that a restore that no longer
+	// holds the key (its first-seen time is past the window) restores it.
+	OpRefresh = "refresh"
+	// OpForget marks a key forgotten at HeaderForgotten.
+	OpForget = "forget"
+)
+
+// KeyStateSubject returns partition p's key-state subject in an output
+// stream whose forwarded messages are under outputPrefix:
+// "_dedupe.<outputPrefix>.key.<p>". It is one of ControlSubjects.
+func KeyStateSubject(outputPrefix string, p int) string {
+	return controlRoot + "." + outputPrefix + ".key." + strconv.Itoa(p)
+}
+
+// RefreshMsg returns the key-state record on subject (KeyStateSubject) of
+// a repeat that moved the window of r.Key, whose record is r, to
+// windowStart.
+func RefreshMsg(subject string, r Record, windowStart time.Time) *nats.Msg {
+	h := nats.Header{}
+	h.Set(HeaderOp, OpRefresh)
+	h.Set(HeaderKey, string(r.Key))
+	h.Set(HeaderWindowStart, strconv.FormatInt(windowStart.UnixNano(), 10))
+	Annotate(h, r.FirstSeen, r.Fingerprint)
+	if r.HasVersion {
+		h.Set(HeaderVersion, strconv.FormatUint(r.Version, 10))
+	}
+	return &nats.Msg{Subject: subject, Header: h}
+}
+
+// ForgetMsg returns the key-state record (a tombstone) on subject
+// (KeyStateSubject) of an operator's forget of key at forgotten.
+func ForgetMsg(subject, key string, forgotten time.Time) *nats.Msg {
+	h := nats.Header{}
+	h.Set(HeaderOp, OpForget)
+	h.Set(HeaderKey, key)
+	AnnotateForgotten(h, forgotten)
+	return &nats.Msg{Subject: subject, Header: h}
+}
+
+// DecodeKeyState reads a key-state record from a message's headers: a
+// refresh (Record.WindowStart set, with the key's record) or a forget
+// (Record.Forgotten set, the key only). It returns an error wrapping
+// ErrNotARecord, permanent, when the operation is unknown or a header it
+// needs is missing or malformed.
+func DecodeKeyState(h nats.Header) (Record, error) {
+	fail := func(format string, args ...any) (Record, error) {
+		return notARecord("key-state record: "+format, args...)
+	}
+	key := h.Get(HeaderKey)
+	if key == "" {
+		return fail("no %s", HeaderKey)
+	}
+	switch op := h.Get(HeaderOp); op {
+	case OpRefresh:
+		ws := h.Get(HeaderWindowStart)
+		ns, err := strconv.ParseInt(ws, 10, 64)
+		if err != nil || ns <= 0 {
+			return fail("%s %q is not positive Unix nanoseconds", HeaderWindowStart, ws)
+		}
+		r, err := decodeRecord(h, key)
+		if err != nil {
+			return r, err
+		}
+		if vs := h.Get(HeaderVersion); vs != "" {
+			v, err := strconv.ParseUint(vs, 10, 64)
+			if err != nil {
+				return fail("%s %q is not a decimal integer", HeaderVersion, vs)
+			}
+			r.Version, r.HasVersion = v, true
+		}
+		r.WindowStart = time.Unix(0, ns)
+		return r, nil
+	case OpForget:
+		f := h.Get(HeaderForgotten)
+		ns, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || ns <= 0 {
+			return fail("%s %q is not positive Unix nanoseconds", HeaderForgotten, f)
+		}
+		return Record{Key: []byte(key), Forgotten: time.Unix(0, ns)}, nil
+	default:
+		return fail("%s %q, want %s or %s", HeaderOp, op, OpRefresh, OpForget)
+	}
+}

@@ -1,0 +1,101 @@
+package handover_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+)
+
+func TestKeyStateSubject(t *testing.T) {
+	if got := handover.KeyStateSubject("out", 7); got != "_dedupe.out.key.7" {
+		t.Errorf("KeyStateSubject = %q", got)
+	}
+}
+
+// TestDecodeKeyState reads back what RefreshMsg and ForgetMsg write, and
+// refuses, permanently, a key-state record it cannot read.
+func TestDecodeKeyState(t *testing.T) {
+	first, at := time.Unix(1_767_000_000, 1), time.Unix(1_767_000_060, 2)
+	m := handover.RefreshMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, Version: 4, HasVersion: true}, at)
+	if len(m.Data) != 0 || m.Header.Get("Nats-Msg-Id") != "" {
+		t.Errorf("refresh record %+v: want headers only, no Nats-Msg-Id", m)
+	}
+	r, err := handover.DecodeKeyState(m.Header)
+	if err != nil || string(r.Key) != "k" || !r.FirstSeen.Equal(first) || r.Fingerprint != 9 || !r.WindowStart.Equal(at) ||
+		r.Version != 4 || !r.HasVersion || !r.Forgotten.IsZero() {
+		t.Errorf("refresh decoded as %+v, %v", r, err)
+	}
+	f := handover.ForgetMsg("s", "k", at)
+	r, err = handover.DecodeKeyState(f.Header)
+	if err != nil || string(r.Key) != "k" || !r.Forgotten.Equal(at) || !r.WindowStart.IsZero() || !r.FirstSeen.IsZero() {
+		t.Errorf("forget decoded as %+v, %v", r, err)
+	}
+	for name, h := range map[string]nats.Header{
+		"no op":                 {handover.HeaderKey: {"k"}},
+		"unknown op":            {handover.HeaderOp: {"rename"}, handover.HeaderKey: {"k"}},
+		"no key":                {handover.HeaderOp: {handover.OpForget}, handover.HeaderForgotten: {"1"}},
+		"forget without a time": {handover.HeaderOp: {handover.OpForget}, handover.HeaderKey: {"k"}},
+		"refresh without start": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderFirstSeen: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}},
+		"refresh without first": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}},
+		"refresh bad version": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"},
+			handover.HeaderFirstSeen: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}, handover.HeaderVersion: {"-1"}},
+	} {
+		if _, err := handover.DecodeKeyState(h); !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
+			t.Errorf("%s: %v, want a permanent ErrNotARecord", name, err)
+		}
+	}
+}
+
+// TestRestoreReadsKeyState: Restore passes a partition's key-state records
+// on, in stream order among its forwards, and not another partition's.
+func TestRestoreReadsKeyState(t *testing.T) {
+	js := outStream(t)
+	ctx := context.Background()
+	recs := publishRecords(t, js, 1, 0, 2)
+	at := recs[0].firstSeen.Add(time.Minute)
+	publish := func(m *nats.Msg) {
+		t.Helper()
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(handover.RefreshMsg(handover.KeyStateSubject(prefix, 1), handover.Record{Key: []byte(recs[0].key), FirstSeen: recs[0].firstSeen, Fingerprint: recs[0].fp}, at))
+	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 2), "other", at))
+	publishRecords(t, js, 1, 2, 1)
+	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 1), recs[1].key, at))
+	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject(prefix, 1), "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), handover.KeyStateSubject(prefix, 1), 0, time.Time{}, f,
+		func(r handover.Record, _ uint64) error {
+			switch {
+			case !r.WindowStart.IsZero():
+				got = append(got, "refresh "+string(r.Key))
+			case !r.Forgotten.IsZero():
+				got = append(got, "forget "+string(r.Key))
+			default:
+				got = append(got, string(r.Key))
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"1-0", "1-1", "refresh 1-0", "1-2", "forget 1-1"}
+	if len(got) != len(want) {
+		t.Fatalf("restored %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("restored %q, want %q", got, want)
+		}
+	}
+}
