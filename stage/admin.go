@@ -38,10 +38,9 @@ func (t turns) wait(ctx context.Context, p int) (func(), error) {
 	}
 }
 
-// ErrForgetInGroup is returned by Stage.Forget with scale-out on: a
-// forget there must also reach the partition's changelog, which is not
-// built yet (docs/admin.md).
-var ErrForgetInGroup = errors.New("stage: forget is not available with scale-out yet")
+// errNotOwner means this instance does not own the key's partition: the
+// forget is the owner's to apply, and this instance answers Owner false.
+var errNotOwner = errors.New("stage: not the partition's owner")
 
 // Forgot is what Stage.Forget did.
 type Forgot struct {
@@ -51,6 +50,11 @@ type Forgot struct {
 	// window, not forgotten before) and forgot it; false means nothing
 	// changed.
 	Held bool `json:"held"`
+	// Owner is true when this instance owns the key's partition and so
+	// decided the forget: always for a single instance; in a group, when
+	// the key was found in a partition this instance holds now. Another
+	// instance's answer changes nothing.
+	Owner bool `json:"owner"`
 	// Partition is the key's partition, when Held.
 	Partition *int `json:"partition,omitempty"`
 	// FirstSeen is when the forgotten record's key was first seen, when
@@ -64,30 +68,34 @@ type Forgot struct {
 // Forget makes the next copy of key (the full key as stored, with its
 // scope prefix) be forwarded again: the owner of the key's partition marks
 // its record forgotten between two of the partition's batches, and the
-// forget holds after a restart (state.Partition.Forget). A key the stage
-// does not hold is answered Held false. With scale-out it returns
-// ErrForgetInGroup.
+// forget holds after a restart (state.Partition.Forget). In a group the
+// owner first writes a tombstone to the partition's changelog, expecting
+// its fence, so that a new owner restores the forget (docs/admin.md). A
+// key the stage does not hold is answered Held false; an instance of a
+// group that does not own the key's partition answers Owner false.
 func (s *Stage) Forget(ctx context.Context, key string) (Forgot, error) {
-	if err := s.src.forgetRefused(); err != nil {
-		return Forgot{}, err
-	}
 	if err := checkAdminKey(key); err != nil {
 		return Forgot{}, err
 	}
-	out := Forgot{Key: key}
+	out := Forgot{Key: key, Owner: s.src.holds(-1)}
 	_, p, found, err := s.store.Find([]byte(key))
 	if err != nil {
 		return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
 	}
-	if found {
+	if found && s.src.holds(p) {
 		done, err := s.turns.wait(ctx, p)
 		if err != nil {
 			return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
 		}
 		defer done()
-		rec, held, err := s.store.Partition(p).Forget([]byte(key))
-		if err != nil {
+		rec, held, err := s.owners[p].Forget(ctx, s.store.Partition(p), []byte(key))
+		switch {
+		case errors.Is(err, errNotOwner):
+			out.Owner = false
+		case err != nil:
 			return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
+		default:
+			out.Owner = true
 		}
 		if held {
 			first := rec.FirstSeen.UTC()

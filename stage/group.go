@@ -2,6 +2,7 @@ package stage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -260,10 +261,6 @@ func (src *groupSource) deadLetterFenced(p int, pin string) { src.group.DeadLett
 // holds implements source (scaleout.Group.Holds).
 func (src *groupSource) holds(p int) bool { return src.group.Holds(p) }
 
-// forgetRefused implements source: a group's forget needs a tombstone in
-// the partition's changelog, which is not built (docs/admin.md).
-func (*groupSource) forgetRefused() error { return ErrForgetInGroup }
-
 // scaleOutStreams changes the streams StreamsToCreate returns (input,
 // output, dead letter) for scale-out: scale_out.replicas each; the input
 // stream's subject transform puts the partition first
@@ -311,4 +308,13 @@ func (o groupOwner) Own(ctx context.Context, pin string, n int, keepAlive func()
 		return release, leaveBatch
 	}
 	return release, judgeBatch
+}
+
+// Forget implements ownership (scaleout.Owner.Forget).
+func (o groupOwner) Forget(ctx context.Context, _ *state.Partition, key []byte) (state.Record, bool, error) {
+	rec, held, err := o.Owner.Forget(ctx, key)
+	if errors.Is(err, scaleout.ErrNotOwner) {
+		err = fmt.Errorf("%w: %w", errNotOwner, err)
+	}
+	return rec, held, err
 }

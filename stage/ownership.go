@@ -57,6 +57,12 @@ type ownership interface {
 	// Claim commits claims, the batch's forwarded keys, in p; res are the
 	// batch's publish results and now the time the forwarded records say.
 	Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error)
+	// Forget forgets key in p for an operator, in the partition's turn
+	// (state.Partition.Forget): a single instance marks its record; a
+	// group's owner first writes the forget to the partition's changelog.
+	// It returns an error wrapping errNotOwner when this instance does not
+	// own the partition.
+	Forget(ctx context.Context, p *state.Partition, key []byte) (rec state.Record, held bool, err error)
 	// DeadLetterFence returns the fence a dead letter decided now expects
 	// and the pin of the tenure that decides it (nil and "" for none).
 	DeadLetterFence() (*forward.Fence, string)
@@ -89,6 +95,11 @@ func (soleOwner) Lost(context.Context, error) bool { return false }
 // Claim implements ownership: the claims alone, in one transaction.
 func (soleOwner) Claim(p *state.Partition, claims []state.Claim, _ []forward.Result, _ time.Time) ([]state.ClaimResult, error) {
 	return p.Claim(claims)
+}
+
+// Forget implements ownership: the record alone is marked.
+func (soleOwner) Forget(_ context.Context, p *state.Partition, key []byte) (state.Record, bool, error) {
+	return p.Forget(key)
 }
 
 // DeadLetterFence implements ownership: dead letters are not fenced.

@@ -1,6 +1,8 @@
 package stage_test
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +143,45 @@ func (e *env) keyStateRecords(p int) []natstest.Message {
 		}
 	}
 	return out
+}
+
+// TestScaleOutForgetAcrossHandOver: an operator forgets a key on its
+// partition's owner a (an instance that does not own it answers so and
+// changes nothing), a is killed before the key's next copy, and b, which
+// restores the partition from the changelog, forwards that copy exactly
+// once, with the id a would have given it; a later copy is a repeat.
+func TestScaleOutForgetAcrossHandOver(t *testing.T) {
+	ea, eb := policyGroup(t, nil)
+	a := ea.start()
+	ea.publishOrder("f1", nil)
+	ea.scaleOutDrained(30 * time.Second)
+	if !slices.Contains(a.st.Status().Owned, partitionOf("f1", 4)) {
+		t.Fatalf("a owns partitions %v, not f1's", a.st.Status().Owned)
+	}
+	b := eb.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if r, err := b.st.Forget(ctx, "f1"); err != nil || r.Owner || r.Held {
+		t.Fatalf("forget on b, which owns nothing = %+v, %v; want not the owner, nothing held", r, err)
+	}
+	r, err := a.st.Forget(ctx, "f1")
+	if err != nil || !r.Owner || !r.Held {
+		t.Fatalf("forget on the owner a = %+v, %v; want held and forgotten", r, err)
+	}
+	a.kill(t, ea.nc)
+
+	eb.publishOrder("f1", nil)
+	eb.scaleOutDrained(30 * time.Second)
+	eb.publishOrder("f1", nil)
+	eb.scaleOutDrained(30 * time.Second)
+	got := strings.Join(eb.forwardIDs(), " ")
+	if want := "f1 " + handover.ForwardID("f1", r.Applied); got != want {
+		t.Errorf("output ids %q, want %q: the copy after the forget once, with the forget's id", got, want)
+	}
+	if n := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); n != 1 {
+		t.Errorf("b judged %v copies new, want 1", n)
+	}
+	if n := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); n != 1 {
+		t.Errorf("b judged %v copies repeats, want 1 (the copy after the forwarded one)", n)
+	}
 }

@@ -143,6 +143,3 @@ func (*singleSource) deadLetterFenced(int, string) {}
 
 // holds implements source: a single instance owns every partition.
 func (*singleSource) holds(int) bool { return true }
-
-// forgetRefused implements source: a single instance applies a forget.
-func (*singleSource) forgetRefused() error { return nil }

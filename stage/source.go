@@ -72,9 +72,6 @@ type source interface {
 	// the partition of a key no partition holds, is owned only by a
 	// single instance, which owns every partition.
 	holds(p int) bool
-	// forgetRefused returns why an operator's forget cannot be applied by
-	// this source, nil when it can.
-	forgetRefused() error
 }
 
 // sourceFor returns the source of cfg, not yet bound.

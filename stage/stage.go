@@ -87,6 +87,7 @@ type Stage struct {
 
 	beforePublish func(partition, batchLen int) // test hook
 	turns         turns                         // a partition's batches and its operator actions, one at a time
+	owners        []ownership                   // each partition's, used in its turn: by its worker, or an operator's forget
 
 	running   atomic.Bool
 	closeOnce sync.Once
@@ -142,6 +143,10 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	s.log.Info("server limits", "max_payload", s.nc.MaxPayload(), "max_header_bytes", retry.MaxHeaderBytes)
 	if err := s.openState(ctx, reg, opts.FilterProgressInterval); err != nil {
 		return nil, err
+	}
+	s.owners = make([]ownership, s.store.Partitions())
+	for i := range s.owners {
+		s.owners[i] = s.src.owner(s.store.Partition(i))
 	}
 	return s, nil
 }

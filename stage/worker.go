@@ -30,7 +30,7 @@ func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
 func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
-	w.owner = s.src.owner(p)
+	w.owner = s.owners[p.Index()]
 	w.newKeys = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeNew}
 	w.repeats = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeRepeat}
 	w.stale = lazyCounter{vec: s.metrics.Messages, partition: label, outcome: outcomeStale}

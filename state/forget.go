@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -17,6 +18,13 @@ import (
 // claim of the key replaces it. It commits in one transaction, fsynced
 // with Options.SyncWrites, so a forget holds after a restart.
 func (p *Partition) Forget(key []byte) (rec Record, held bool, err error) {
+	return p.ForgetAt(key, time.Time{})
+}
+
+// ForgetAt is Forget with the forget's time at (zero: the clock's now). A
+// scale-out group's owner publishes the forget's tombstone with that time
+// before it marks its own record (docs/admin.md).
+func (p *Partition) ForgetAt(key []byte, at time.Time) (rec Record, held bool, err error) {
 	if err := checkKey(key); err != nil {
 		return Record{}, false, p.wrap(err)
 	}
@@ -26,6 +34,9 @@ func (p *Partition) Forget(key []byte) (rec Record, held bool, err error) {
 		return Record{}, false, ErrClosed
 	}
 	now := p.clock.Now()
+	if at.IsZero() {
+		at = now
+	}
 	rec, ok, err := p.get(key)
 	if err != nil {
 		return Record{}, false, p.wrap(err)
@@ -34,7 +45,7 @@ func (p *Partition) Forget(key []byte) (rec Record, held bool, err error) {
 		return rec, false, nil
 	}
 	forgotten := rec
-	forgotten.Forgotten = now
+	forgotten.Forgotten = at
 	err = p.db.Update(func(txn *badger.Txn) error {
 		return txn.SetEntry(badger.NewEntry(p.ks.record(key), encodeRecord(forgotten)).WithTTL(p.ttl))
 	})
@@ -43,4 +54,23 @@ func (p *Partition) Forget(key []byte) (rec Record, held bool, err error) {
 	}
 	p.commits++
 	return forgotten, true, nil
+}
+
+// Held returns key's record and whether the partition holds it: an
+// unexpired record not forgotten, which Forget would forget. A false with
+// a record means it is expired or forgotten.
+func (p *Partition) Held(key []byte) (Record, bool, error) {
+	if err := checkKey(key); err != nil {
+		return Record{}, false, p.wrap(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return Record{}, false, ErrClosed
+	}
+	rec, ok, err := p.get(key)
+	if err != nil {
+		return Record{}, false, p.wrap(err)
+	}
+	return rec, ok && rec.holds(p.win, p.clock.Now()), nil
 }

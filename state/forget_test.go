@@ -57,17 +57,17 @@ func TestForget(t *testing.T) {
 		assertForgotten(t, p, key, forgotten)
 
 		// A restore of the forward the forget undid does not bring the
-		// record back; snapshots leave the forgotten record out.
+		// record back; snapshots carry the forgotten record with its mark.
 		if err := p.Restore([]Restored{{Key: key, Fingerprint: 7, FirstSeen: first, Seq: 1}}, 1); err != nil {
 			t.Fatal(err)
 		}
 		assertForgotten(t, p, key, forgotten)
-		var scanned int
-		if err := p.ScanRecords(context.Background(), func(uint64) error { return nil }, func([]byte, Record) error {
-			scanned++
+		var scanned []Record
+		if err := p.ScanRecords(context.Background(), func(uint64) error { return nil }, func(_ []byte, r Record) error {
+			scanned = append(scanned, r)
 			return nil
-		}); err != nil || scanned != 0 {
-			t.Errorf("ScanRecords gave %d records, %v; want none", scanned, err)
+		}); err != nil || len(scanned) != 1 || !scanned[0].Forgotten.Equal(forgotten) {
+			t.Errorf("ScanRecords gave %+v, %v; want the record forgotten at %v", scanned, err, forgotten)
 		}
 
 		// The next copy is New and is held again.
@@ -107,4 +107,76 @@ func TestForgottenRecordRoundTrip(t *testing.T) {
 	if _, err := decodeRecord([]byte{recordVersion2, flagForgotten, 0, 0}); err == nil {
 		t.Error("a short forgotten record decoded")
 	}
+}
+
+// TestRestoreAppliesKeyState restores what a group's changelog holds
+// besides forwards, in stream order: a refresh moves the key's window to
+// the later start, and restores a record whose first-seen time is past the
+// window; a forget marks the key's record, or stores the mark when no
+// record is held, and a forward after it replaces the mark whatever its
+// version.
+func TestRestoreAppliesKeyState(t *testing.T) {
+	w := testWindow(t).W
+	open := func(t *testing.T) (*Partition, *window.ManualClock) {
+		opts := testOptions(t, t.TempDir(), 1)
+		clock := window.NewManualClock(time.Now())
+		opts.Clock = clock
+		return openStore(t, opts).Partition(0), clock
+	}
+	restore := func(t *testing.T, p *Partition, recs ...Restored) {
+		t.Helper()
+		if err := p.Restore(recs, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := []byte("k")
+	t.Run("refresh", func(t *testing.T) {
+		p, clock := open(t)
+		first := clock.Now()
+		fwd := Restored{Key: key, FirstSeen: first, Fingerprint: 1}
+		refresh := fwd
+		refresh.Refreshed = first.Add(w / 2)
+		restore(t, p, fwd, refresh, fwd) // the forward read again after it changes nothing
+		clock.Advance(w + time.Second)
+		if l, err := p.Lookup(key); err != nil || !l.Found || !l.Record.WindowStart().Equal(refresh.Refreshed) {
+			t.Fatalf("Lookup past first-seen + W = %+v, %v; want held, its window from the refresh", l, err)
+		}
+	})
+	t.Run("refresh of a record past the window", func(t *testing.T) {
+		p, clock := open(t)
+		first := clock.Now()
+		clock.Advance(w + time.Second)
+		fwd := Restored{Key: key, FirstSeen: first, Fingerprint: 1}
+		restore(t, p, fwd)
+		if l, _ := p.Lookup(key); l.Found {
+			t.Fatal("a record past the window is held")
+		}
+		refresh := fwd
+		refresh.Refreshed = first.Add(w / 2)
+		restore(t, p, refresh)
+		if l, err := p.Lookup(key); err != nil || !l.Found || !l.Record.FirstSeen.Equal(first) {
+			t.Fatalf("Lookup after the refresh = %+v, %v; want held, first seen %v", l, err, first)
+		}
+	})
+	t.Run("forget", func(t *testing.T) {
+		p, clock := open(t)
+		first := clock.Now()
+		fwd := Restored{Key: key, FirstSeen: first, Fingerprint: 1, Version: 5, HasVersion: true}
+		tomb := fwd
+		tomb.Forgotten = first.Add(time.Second)
+		restore(t, p, fwd, tomb, fwd)
+		assertForgotten(t, p, key, tomb.Forgotten)
+		clock.Advance(2 * time.Second)
+		after := Restored{Key: key, FirstSeen: clock.Now(), Fingerprint: 2, Version: 3, HasVersion: true}
+		restore(t, p, after, tomb)
+		if l, err := p.Lookup(key); err != nil || !l.Found || l.Record.Version != 3 || !l.Forgotten.IsZero() {
+			t.Fatalf("Lookup after a forward after the forget = %+v, %v; want held at version 3", l, err)
+		}
+	})
+	t.Run("forget with no record held", func(t *testing.T) {
+		p, clock := open(t)
+		tomb := Restored{Key: key, FirstSeen: clock.Now(), Fingerprint: 1, Forgotten: clock.Now().Add(time.Second)}
+		restore(t, p, tomb)
+		assertForgotten(t, p, key, tomb.Forgotten)
+	})
 }

@@ -63,11 +63,18 @@ type Restored struct {
 	Version uint64
 	// HasVersion is true when the record carries a Version.
 	HasVersion bool
+	// Forgotten is when an operator forgot the key (a forget's tombstone,
+	// or a forgotten record in a snapshot); zero: never. Restored after
+	// the key's record, it marks that record forgotten; with no record
+	// held, it stores the key's record marked, so that every owner gives
+	// the key's next forward the same id.
+	Forgotten time.Time
 }
 
 // record is the Record r restores.
 func (r Restored) record() Record {
-	return Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion}
+	return Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion,
+		Forgotten: r.Forgotten}
 }
 
 // Restore puts records read back from the partition's changelog into the
@@ -168,9 +175,26 @@ func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Rec
 }
 
 // supersedes reports whether have, a record held, makes rec, one restored,
-// add nothing: both carry versions and have's is greater, or else have
-// was first seen at rec's FirstSeen or later and carries its refresh.
+// add nothing. A record first seen after a forgotten have is a forward
+// after the forget, and replaces it whatever its version; a rec that
+// carries a later forget of have's record marks it, and one that forgets
+// an earlier record adds nothing. Otherwise: both carry
+// versions and have's is greater, or else have was first seen at rec's
+// FirstSeen or later and carries its refresh.
 func supersedes(have, rec Record) bool {
+	if !have.Forgotten.IsZero() && rec.FirstSeen.After(have.FirstSeen) {
+		return false
+	}
+	if !rec.Forgotten.IsZero() {
+		// A forget of have's own record marks it; one of an earlier record
+		// (read again) changes nothing.
+		if have.FirstSeen.Equal(rec.FirstSeen) {
+			return !have.Forgotten.IsZero() && !have.Forgotten.Before(rec.Forgotten)
+		}
+		if have.FirstSeen.After(rec.FirstSeen) {
+			return true
+		}
+	}
 	if have.HasVersion && rec.HasVersion && have.Version != rec.Version {
 		return have.Version > rec.Version
 	}

@@ -15,8 +15,8 @@ const scanCheckEvery = 4096
 // ScanRecords calls begin with the partition's cursor, then fn with every
 // record up to it, in key order, from one Badger read transaction taken
 // without the partition's lock; the key passed to fn is valid only during
-// the call. Records past their Badger TTL and forgotten ones (Forget) are
-// left out; some past the window may still come. A record that cannot be
+// the call. Records past their Badger TTL are left out; some past the
+// window may still come, and forgotten ones (Forget) come with their mark. A record that cannot be
 // decoded ends the scan with an error wrapping ErrCorruptRecord.
 func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) error, fn func(key []byte, r Record) error) error {
 	p.mu.Lock()
@@ -52,9 +52,6 @@ func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) e
 			return derr
 		}); err != nil {
 			return p.wrap(fmt.Errorf("scan: key %q: %w", key, err))
-		}
-		if !rec.Forgotten.IsZero() {
-			return nil // holds nothing a snapshot should carry
 		}
 		return fn(key, rec)
 	})

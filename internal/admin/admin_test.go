@@ -38,23 +38,26 @@ func (f *fakeStage) Forget(_ context.Context, key string) (stage.Forgot, error) 
 	if f.refuse != nil {
 		return stage.Forgot{}, f.refuse
 	}
+	if !f.owned[key] {
+		return stage.Forgot{Key: key, Applied: time.Now()}, nil
+	}
 	f.forgot = append(f.forgot, key)
-	return stage.Forgot{Key: key, Held: true, Applied: f.applied}, nil
+	return stage.Forgot{Key: key, Held: true, Owner: true, Applied: f.applied}, nil
 }
 
 func (f *fakeStage) Status() stage.InstanceStatus { return stage.InstanceStatus{Ready: true} }
 
 // TestClientTakesTheOwnersAnswer serves two instances of one group on a
-// real server: inspect returns the owner's answer, whichever answers
-// first; status collects both; forget returns the applied time, and a
-// refusal comes back as the instance's error.
+// real server: inspect and forget return the owner's answer, whichever
+// answers first; status collects both; forget returns the applied time,
+// and a refusal comes back as the instance's error.
 func TestClientTakesTheOwnersAnswer(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	nc, _ := natstest.Connect(t, srv.ClientURL())
 	const subject = "dedupe.admin.test"
 	applied := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	a := &fakeStage{owned: map[string]bool{"k-a": true}, applied: applied}
-	b := &fakeStage{owned: map[string]bool{"k-b": true}, refuse: fmt.Errorf("%w", stage.ErrForgetInGroup)}
+	b := &fakeStage{owned: map[string]bool{"k-b": true}, applied: applied.Add(time.Hour)}
 	for name, st := range map[string]*fakeStage{"a": a, "b": b} {
 		svc, err := Serve(Options{Conn: nc, Subject: subject, Instance: name, Stage: st})
 		if err != nil {
@@ -72,6 +75,14 @@ func TestClientTakesTheOwnersAnswer(t *testing.T) {
 			}
 		}
 	}
+	for range 5 {
+		for key, owner := range map[string]string{"k-a": "a", "k-b": "b"} {
+			r, err := c.Forget(ctx, key)
+			if err != nil || r.Instance != owner || !r.Owner || !r.Held {
+				t.Fatalf("Forget(%s) = %+v, %v; want the answer of owner %s", key, r, err, owner)
+			}
+		}
+	}
 	if st, err := c.Status(ctx); err != nil || len(st) != 2 {
 		t.Errorf("Status = %+v, %v; want both instances", st, err)
 	}
@@ -86,14 +97,15 @@ func TestClientTakesTheOwnersAnswer(t *testing.T) {
 	if r, err := ca.Forget(ctx, "k-a"); err != nil || !r.Held || !r.Applied.Equal(applied) || r.Instance != "a" {
 		t.Errorf("Forget = %+v, %v; want held, applied at %v by a", r, err, applied)
 	}
-	cb := Client{Conn: nc, Subject: subject + ".group", Timeout: 2 * time.Second}
+	cb := Client{Conn: nc, Subject: subject + ".refusing", Timeout: 2 * time.Second}
+	b.refuse = errors.New("stage: store closed")
 	svc, err = Serve(Options{Conn: nc, Subject: cb.Subject, Instance: "b", Stage: b})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Stop() })
-	if _, err := cb.Forget(ctx, "k-b"); err == nil || !strings.Contains(err.Error(), "(501)") {
-		t.Errorf("Forget on a group = %v; want the 501 refusal", err)
+	if _, err := cb.Forget(ctx, "k-b"); err == nil || !strings.Contains(err.Error(), "(503)") {
+		t.Errorf("Forget refused = %v; want the 503 refusal", err)
 	}
 	if _, err := cb.Inspect(ctx, ""); err == nil || !strings.Contains(err.Error(), "(400)") {
 		t.Errorf("Inspect of an empty key = %v; want 400", err)

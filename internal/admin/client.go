@@ -54,17 +54,29 @@ func (c Client) Inspect(ctx context.Context, key string) (InspectReply, error) {
 	return InspectReply{}, err
 }
 
-// Forget asks the owner of key's partition to forget it and returns its
-// answer: when it was applied, and whether the stage held the key.
+// Forget asks every instance to forget key and returns the answer of the
+// owner of the key's partition (the only instance, for a single one):
+// when it was applied, and whether the stage held the key. The other
+// instances of a group change nothing and answer Owner false; when none
+// says it owns it (a key no partition holds, or a hand-over in progress),
+// it returns one of their answers once the time is up.
 func (c Client) Forget(ctx context.Context, key string) (ForgetReply, error) {
-	var r ForgetReply
+	var best ForgetReply
+	var got bool
 	err := c.scatter(ctx, EndpointForget, []byte(key), func(data []byte) (bool, error) {
+		var r ForgetReply
 		if err := json.Unmarshal(data, &r); err != nil {
 			return false, fmt.Errorf("admin: forget: bad answer: %w", err)
 		}
-		return true, nil
+		if !got || r.Owner {
+			best, got = r, true
+		}
+		return r.Owner, nil
 	})
-	return r, err
+	if got && (err == nil || errors.Is(err, context.DeadlineExceeded)) {
+		return best, nil
+	}
+	return ForgetReply{}, err
 }
 
 // Status asks every instance for its status and returns the answers that

@@ -142,15 +142,12 @@ func (h handlers) status(r micro.Request) {
 	_ = r.RespondJSON(StatusReply{Instance: h.o.Instance, InstanceStatus: h.o.Stage.Status()})
 }
 
-// fail answers r with err as a micro error: 400 for a bad key, 501 for an
-// action this mode does not offer, else 503.
+// fail answers r with err as a micro error: 400 for a bad key, else 503.
 func (h handlers) fail(r micro.Request, err error) {
 	code := "503"
 	switch {
 	case errors.Is(err, stage.ErrBadInspectKey):
 		code = "400"
-	case errors.Is(err, stage.ErrForgetInGroup):
-		code = "501"
 	}
 	_ = r.Error(code, err.Error(), nil)
 }

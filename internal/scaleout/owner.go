@@ -378,12 +378,12 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 }
 
 // restored is the state record of rec, read back from the changelog at
-// sequence seq: a forward's record, or a refresh's (its record with the
-// window start it moved to).
+// sequence seq: a forward's record, a refresh's (its record with the
+// window start it moved to) or a forget's (its record marked forgotten).
 func restored(rec handover.Record, seq uint64) state.Restored {
 	return state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
 		Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq,
-		Refreshed: rec.WindowStart, Version: rec.Version, HasVersion: rec.HasVersion}
+		Refreshed: rec.WindowStart, Version: rec.Version, HasVersion: rec.HasVersion, Forgotten: rec.Forgotten}
 }
 
 // fenced handles an output batch the server refused because the

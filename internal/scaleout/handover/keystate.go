@@ -24,7 +24,9 @@ const (
 	// HeaderFingerprint, HeaderVersion), so that a restore that no longer
 	// holds the key (its first-seen time is past the window) restores it.
 	OpRefresh = "refresh"
-	// OpForget marks a key forgotten at HeaderForgotten.
+	// OpForget marks a key forgotten at HeaderForgotten (a tombstone); it
+	// carries the key's record too, and HeaderWindowStart when a repeat
+	// moved its window.
 	OpForget = "forget"
 )
 
@@ -39,68 +41,80 @@ func KeyStateSubject(outputPrefix string, p int) string {
 // a repeat that moved the window of r.Key, whose record is r, to
 // windowStart.
 func RefreshMsg(subject string, r Record, windowStart time.Time) *nats.Msg {
+	r.WindowStart = windowStart
+	return keyStateMsg(subject, OpRefresh, r)
+}
+
+// ForgetMsg returns the key-state record (a tombstone) on subject
+// (KeyStateSubject) of an operator's forget at forgotten of r.Key, whose
+// record is r (its window start in r.WindowStart when a repeat moved it).
+// It carries the record so that an owner that does not hold the key marks
+// it as the old owner did, with the same window.
+func ForgetMsg(subject string, r Record, forgotten time.Time) *nats.Msg {
+	r.Forgotten = forgotten
+	return keyStateMsg(subject, OpForget, r)
+}
+
+// keyStateMsg returns the header-only key-state record of op on subject
+// carrying r.
+func keyStateMsg(subject, op string, r Record) *nats.Msg {
 	h := nats.Header{}
-	h.Set(HeaderOp, OpRefresh)
+	h.Set(HeaderOp, op)
 	h.Set(HeaderKey, string(r.Key))
-	h.Set(HeaderWindowStart, strconv.FormatInt(windowStart.UnixNano(), 10))
 	Annotate(h, r.FirstSeen, r.Fingerprint)
 	if r.HasVersion {
 		h.Set(HeaderVersion, strconv.FormatUint(r.Version, 10))
 	}
+	if !r.WindowStart.IsZero() {
+		h.Set(HeaderWindowStart, strconv.FormatInt(r.WindowStart.UnixNano(), 10))
+	}
+	if !r.Forgotten.IsZero() {
+		AnnotateForgotten(h, r.Forgotten)
+	}
 	return &nats.Msg{Subject: subject, Header: h}
 }
 
-// ForgetMsg returns the key-state record (a tombstone) on subject
-// (KeyStateSubject) of an operator's forget of key at forgotten.
-func ForgetMsg(subject, key string, forgotten time.Time) *nats.Msg {
-	h := nats.Header{}
-	h.Set(HeaderOp, OpForget)
-	h.Set(HeaderKey, key)
-	AnnotateForgotten(h, forgotten)
-	return &nats.Msg{Subject: subject, Header: h}
-}
-
-// DecodeKeyState reads a key-state record from a message's headers: a
-// refresh (Record.WindowStart set, with the key's record) or a forget
-// (Record.Forgotten set, the key only). It returns an error wrapping
-// ErrNotARecord, permanent, when the operation is unknown or a header it
-// needs is missing or malformed.
+// DecodeKeyState reads a key-state record from a message's headers: the
+// key's record, with Record.WindowStart set on a refresh (and on a forget
+// of a record a repeat moved) and Record.Forgotten on a forget. It returns
+// an error wrapping ErrNotARecord, permanent, when the operation is
+// unknown or a header it needs is missing or malformed.
 func DecodeKeyState(h nats.Header) (Record, error) {
 	fail := func(format string, args ...any) (Record, error) {
 		return notARecord("key-state record: "+format, args...)
 	}
-	key := h.Get(HeaderKey)
+	key, op := h.Get(HeaderKey), h.Get(HeaderOp)
 	if key == "" {
 		return fail("no %s", HeaderKey)
 	}
-	switch op := h.Get(HeaderOp); op {
-	case OpRefresh:
-		ws := h.Get(HeaderWindowStart)
+	if op != OpRefresh && op != OpForget {
+		return fail("%s %q, want %s or %s", HeaderOp, op, OpRefresh, OpForget)
+	}
+	r, err := decodeRecord(h, key)
+	if err != nil {
+		return r, err
+	}
+	if vs := h.Get(HeaderVersion); vs != "" {
+		v, err := strconv.ParseUint(vs, 10, 64)
+		if err != nil {
+			return fail("%s %q is not a decimal integer", HeaderVersion, vs)
+		}
+		r.Version, r.HasVersion = v, true
+	}
+	ws, f := h.Get(HeaderWindowStart), h.Get(HeaderForgotten)
+	if ws != "" || op == OpRefresh {
 		ns, err := strconv.ParseInt(ws, 10, 64)
 		if err != nil || ns <= 0 {
 			return fail("%s %q is not positive Unix nanoseconds", HeaderWindowStart, ws)
 		}
-		r, err := decodeRecord(h, key)
-		if err != nil {
-			return r, err
-		}
-		if vs := h.Get(HeaderVersion); vs != "" {
-			v, err := strconv.ParseUint(vs, 10, 64)
-			if err != nil {
-				return fail("%s %q is not a decimal integer", HeaderVersion, vs)
-			}
-			r.Version, r.HasVersion = v, true
-		}
 		r.WindowStart = time.Unix(0, ns)
-		return r, nil
-	case OpForget:
-		f := h.Get(HeaderForgotten)
+	}
+	if op == OpForget {
 		ns, err := strconv.ParseInt(f, 10, 64)
 		if err != nil || ns <= 0 {
 			return fail("%s %q is not positive Unix nanoseconds", HeaderForgotten, f)
 		}
-		return Record{Key: []byte(key), Forgotten: time.Unix(0, ns)}, nil
-	default:
-		return fail("%s %q, want %s or %s", HeaderOp, op, OpRefresh, OpForget)
+		r.Forgotten = time.Unix(0, ns)
 	}
+	return r, nil
 }

@@ -31,16 +31,22 @@ func TestDecodeKeyState(t *testing.T) {
 		r.Version != 4 || !r.HasVersion || !r.Forgotten.IsZero() {
 		t.Errorf("refresh decoded as %+v, %v", r, err)
 	}
-	f := handover.ForgetMsg("s", "k", at)
+	f := handover.ForgetMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9}, at)
 	r, err = handover.DecodeKeyState(f.Header)
-	if err != nil || string(r.Key) != "k" || !r.Forgotten.Equal(at) || !r.WindowStart.IsZero() || !r.FirstSeen.IsZero() {
+	if err != nil || string(r.Key) != "k" || !r.Forgotten.Equal(at) || !r.WindowStart.IsZero() || !r.FirstSeen.Equal(first) || r.HasVersion {
 		t.Errorf("forget decoded as %+v, %v", r, err)
+	}
+	f = handover.ForgetMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, WindowStart: at}, at.Add(time.Second))
+	r, err = handover.DecodeKeyState(f.Header)
+	if err != nil || !r.Forgotten.Equal(at.Add(time.Second)) || !r.WindowStart.Equal(at) {
+		t.Errorf("forget of a refreshed record decoded as %+v, %v", r, err)
 	}
 	for name, h := range map[string]nats.Header{
 		"no op":                 {handover.HeaderKey: {"k"}},
 		"unknown op":            {handover.HeaderOp: {"rename"}, handover.HeaderKey: {"k"}},
 		"no key":                {handover.HeaderOp: {handover.OpForget}, handover.HeaderForgotten: {"1"}},
-		"forget without a time": {handover.HeaderOp: {handover.OpForget}, handover.HeaderKey: {"k"}},
+		"forget without a time": {handover.HeaderOp: {handover.OpForget}, handover.HeaderKey: {"k"}, handover.HeaderFirstSeen: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}},
+		"forget without record": {handover.HeaderOp: {handover.OpForget}, handover.HeaderKey: {"k"}, handover.HeaderForgotten: {"1"}},
 		"refresh without start": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderFirstSeen: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}},
 		"refresh without first": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}},
 		"refresh bad version": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"},
@@ -66,9 +72,9 @@ func TestRestoreReadsKeyState(t *testing.T) {
 		}
 	}
 	publish(handover.RefreshMsg(handover.KeyStateSubject(prefix, 1), handover.Record{Key: []byte(recs[0].key), FirstSeen: recs[0].firstSeen, Fingerprint: recs[0].fp}, at))
-	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 2), "other", at))
+	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 2), handover.Record{Key: []byte("other"), FirstSeen: at, Fingerprint: 1}, at))
 	publishRecords(t, js, 1, 2, 1)
-	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 1), recs[1].key, at))
+	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 1), handover.Record{Key: []byte(recs[1].key), FirstSeen: recs[1].firstSeen, Fingerprint: recs[1].fp}, at))
 	f, err := handover.Take(ctx, js, "OUT", handover.FenceSubject(prefix, 1), "B")
 	if err != nil {
 		t.Fatal(err)
