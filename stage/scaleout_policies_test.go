@@ -185,3 +185,58 @@ func TestScaleOutForgetAcrossHandOver(t *testing.T) {
 		t.Errorf("b judged %v copies repeats, want 1 (the copy after the forwarded one)", n)
 	}
 }
+
+// TestScaleOutForgetByAZombieRefused: an owner whose partition's fence
+// another instance took (a zombie) cannot forget: its tombstone, which
+// expects its old fence, is refused, it answers as a non-owner, and the
+// key stays held in its store.
+func TestScaleOutForgetByAZombieRefused(t *testing.T) {
+	ea, _ := policyGroup(t, nil)
+	a := ea.start()
+	ea.publishOrder("z1", nil)
+	ea.scaleOutDrained(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := partitionOf("z1", 4)
+	if _, err := handover.Take(ctx, ea.js, ea.cfg.Output.Stream, handover.FenceSubject(ea.cfg.Output.SubjectPrefix, p), "other"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.st.Forget(ctx, "z1")
+	if err != nil || r.Owner || r.Held {
+		t.Fatalf("forget by the zombie = %+v, %v; want not the owner, nothing forgotten", r, err)
+	}
+	if n := len(ea.keyStateRecords(p)); n != 0 {
+		t.Errorf("%d key-state records in the changelog, want none", n)
+	}
+	if in, err := a.st.Inspect("z1"); err != nil || !in.InsideWindow || in.Forgotten != nil {
+		t.Errorf("inspect z1 on the zombie = %+v, %v; want held, not forgotten", in, err)
+	}
+}
+
+// TestScaleOutVersionThroughSnapshot: a partition snapshot carries a key's
+// version, so an owner that loads it (with nothing after it to replay)
+// judges an older version stale.
+func TestScaleOutVersionThroughSnapshot(t *testing.T) {
+	ea, eb := policyGroup(t, func(e *env) {
+		e.cfg.Key.Version = keys.FieldSpec{Source: keys.SourceHeader, Header: "Order-Version"}
+		e.cfg.ScaleOut.SnapshotInterval = config.Duration(time.Hour) // written by the test
+	})
+	a := ea.start()
+	ea.publishOrder("o1", nats.Header{"Order-Version": {"3"}})
+	ea.scaleOutDrained(30 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if n, err := a.st.WriteSnapshots(ctx); err != nil || n != 1 {
+		t.Fatalf("write snapshots: %d, %v; want o1's partition", n, err)
+	}
+	a.kill(t, ea.nc)
+	b := eb.start()
+	eb.publishOrder("o1", nats.Header{"Order-Version": {"2"}})
+	eb.scaleOutDrained(30 * time.Second)
+	if got := strings.Join(eb.forwardIDs(), " "); got != "o1:v3" {
+		t.Errorf("output ids %q, want o1:v3 alone", got)
+	}
+	if n := counter(t, b.reg, "dedupe_restore_path_total", map[string]string{"path": "snapshot"}); n != 1 {
+		t.Errorf("%v takeovers restored from a snapshot, want 1", n)
+	}
+}
