@@ -63,14 +63,9 @@ func (p *Partition) Held(key []byte) (Record, bool, error) {
 	if err := checkKey(key); err != nil {
 		return Record{}, false, p.wrap(err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return Record{}, false, ErrClosed
+	rec, ok, err := p.find(key)
+	if err != nil || !ok {
+		return rec, false, err
 	}
-	rec, ok, err := p.get(key)
-	if err != nil {
-		return Record{}, false, p.wrap(err)
-	}
-	return rec, ok && rec.holds(p.win, p.clock.Now()), nil
+	return rec, rec.holds(p.win, p.clock.Now()), nil
 }

@@ -395,6 +395,24 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 	return from, err
 }
 
+// startSince returns the sequence at which a restore of the records on
+// filter and on keySubject ("" for none) stored at or after since starts:
+// the earlier of each subject's own start (firstSince).
+func startSince(ctx context.Context, js jetstream.JetStream, stream, filter, keySubject string, since time.Time) (uint64, error) {
+	from, err := firstSince(ctx, js, stream, filter, since)
+	if err != nil {
+		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
+	}
+	if keySubject == "" {
+		return from, nil
+	}
+	keyFrom, err := firstSince(ctx, js, stream, keySubject, since)
+	if err != nil {
+		return 0, fmt.Errorf("handover: restore %s from stream %s: %w", keySubject, stream, err)
+	}
+	return min(from, keyFrom), nil
+}
+
 // Restore reads partition records back from stream on filter, and the
 // partition's key-state records on keySubject (KeyStateSubject; "" for
 // none), from sequence from (else from the first stored at or after
@@ -411,16 +429,8 @@ func Restore(ctx context.Context, js jetstream.JetStream, stream, filter, fenceS
 	}
 	if from == 0 && !since.IsZero() {
 		var err error
-		if from, err = firstSince(ctx, js, stream, filter, since); err != nil {
-			return st, fmt.Errorf("handover: restore %s from stream %s: %w", filter, stream, err)
-		}
-		if keySubject != "" {
-			// Each subject alone, for the reason firstSince gives.
-			keyFrom, err := firstSince(ctx, js, stream, keySubject, since)
-			if err != nil {
-				return st, fmt.Errorf("handover: restore %s from stream %s: %w", keySubject, stream, err)
-			}
-			from = min(from, keyFrom)
+		if from, err = startSince(ctx, js, stream, filter, keySubject, since); err != nil {
+			return st, err
 		}
 		if from > upTo {
 			return st, nil

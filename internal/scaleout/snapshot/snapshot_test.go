@@ -106,18 +106,7 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h.Group != testHeader.Group || h.Partition != 3 || h.Partitions != 8 || h.Seq != 123456 ||
-				!h.StreamCreated.Equal(testHeader.StreamCreated) || h.Window != time.Hour || !h.Taken.Equal(testHeader.Taken) {
-				t.Fatalf("header %+v, want %+v", h, testHeader)
-			}
-			if len(got) != len(want) {
-				t.Fatalf("%d records, want %d", len(got), len(want))
-			}
-			for i := range want {
-				if !same(got[i], want[i]) {
-					t.Fatalf("record %d = %+v, want %+v", i, got[i], want[i])
-				}
-			}
+			checkDecoded(t, h, got, want)
 			if n > 0 {
 				t.Logf("%d records of 20-byte keys: %d bytes, %.1f bytes/key", n, len(b), float64(len(b))/float64(n))
 			}
@@ -140,8 +129,14 @@ func TestReadsVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := testRecords(3)
-	if h != testHeader && (h.Seq != testHeader.Seq || !h.Taken.Equal(testHeader.Taken)) {
+	checkDecoded(t, h, got, testRecords(3))
+}
+
+// checkDecoded fails unless h is testHeader and got equals want.
+func checkDecoded(t *testing.T, h Header, got, want []Record) {
+	t.Helper()
+	if h.Group != testHeader.Group || h.Partition != 3 || h.Partitions != 8 || h.Seq != 123456 ||
+		!h.StreamCreated.Equal(testHeader.StreamCreated) || h.Window != time.Hour || !h.Taken.Equal(testHeader.Taken) {
 		t.Fatalf("header %+v, want %+v", h, testHeader)
 	}
 	if len(got) != len(want) {
