@@ -16,8 +16,9 @@ const scanCheckEvery = 4096
 // record up to it, in key order, from one Badger read transaction taken
 // without the partition's lock; the key passed to fn is valid only during
 // the call. Records past their Badger TTL are left out; some past the
-// window may still come, and forgotten ones (Forget) come with their mark. A record that cannot be
-// decoded ends the scan with an error wrapping ErrCorruptRecord.
+// window may still come, and forgotten ones (Forget) come with their
+// mark. A record that cannot be decoded ends the scan with an error
+// wrapping ErrCorruptRecord.
 func (p *Partition) ScanRecords(ctx context.Context, begin func(cursor uint64) error, fn func(key []byte, r Record) error) error {
 	p.mu.Lock()
 	if p.closed {

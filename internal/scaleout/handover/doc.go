@@ -41,8 +41,8 @@
 //
 // # Restore ends at the fence message
 //
-// Restore reads the partition's records and its fence subject with one
-// ordered consumer and ends only on the message at the fence's sequence.
+// Restore reads the partition's records, its key-state subject and its
+// fence subject with one ordered consumer and ends only on the message at the fence's sequence.
 // The reader is an R1 consumer that the server may place on any replica of
 // the output stream, and a replica catching up after a restart or a leader
 // change counts and delivers only what it has applied, so "nothing pending"
