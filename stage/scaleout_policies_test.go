@@ -123,6 +123,12 @@ func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
 	}
 	if got := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got != 1 {
 		t.Errorf("b judged %v repeats, want 1: the copy after first-seen + W", got)
+		for _, m := range natstest.ReadAll(t, eb.js, eb.cfg.DeadLetter.Stream) {
+			t.Logf("dead letter: %s %s", m.Header.Get("Dedupe-Reason"), m.Header.Get("Dedupe-Detail"))
+		}
+		for _, m := range natstest.ReadAll(t, eb.js, eb.cfg.Output.Stream) {
+			t.Logf("output %d %s %v", m.Seq, m.Subject, m.Header)
+		}
 	}
 	if got := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != 0 {
 		t.Errorf("b judged %v copies new, want none (the output's duplicate window hides a second forward)", got)

@@ -25,10 +25,18 @@ var ErrNotOwner = errors.New("scale-out: this instance does not own the partitio
 // expecting the tenure's fence, so that a zombie owner's is refused and a
 // new owner restores the forget, then marks its own record forgotten at
 // the tombstone's time (state.Partition.ForgetAt). It returns ErrNotOwner
-// without a tenure, or when the fence moved (the tenure then ends).
+// without a tenure, or when the fence moved (the tenure then ends); any
+// other failure leaves the key as it was, and the forget can be tried
+// again.
 func (o *Owner) Forget(ctx context.Context, key []byte) (state.Record, bool, error) {
-	if o.tenure == nil || !o.refreshFence(ctx) || o.tenure == nil {
+	if o.tenure == nil {
 		return state.Record{}, false, fmt.Errorf("forget %q in partition %d: %w", key, o.p.Index(), ErrNotOwner)
+	}
+	if !o.refreshFence(ctx) {
+		if o.tenure == nil { // the fence moved
+			return state.Record{}, false, fmt.Errorf("forget %q in partition %d: %w", key, o.p.Index(), ErrNotOwner)
+		}
+		return state.Record{}, false, fmt.Errorf("forget %q in partition %d: the partition's fence could not be written again; try again", key, o.p.Index())
 	}
 	rec, held, err := o.p.Held(key)
 	if err != nil || !held {
