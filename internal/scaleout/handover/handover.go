@@ -60,11 +60,13 @@ type Record struct {
 	Version uint64
 	// HasVersion is true when the forward carried a version.
 	HasVersion bool
-	// WindowStart, on a refresh (DecodeKeyState), is where a repeat moved
-	// the key's window to; zero on a forward.
+	// WindowStart, on a key-state record (DecodeKeyState), is where a
+	// repeat moved the key's window to: a refresh's, or the forgotten
+	// record's when a repeat had moved it. Zero on a forward.
 	WindowStart time.Time
 	// Forgotten, on a forget (DecodeKeyState), is when the key was
-	// forgotten: the record holds the key only. Zero otherwise.
+	// forgotten; the rest is the key's record as the forget found it. Zero
+	// otherwise.
 	Forgotten time.Time
 }
 
