@@ -9,6 +9,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -33,6 +34,9 @@ func (c Config) Summary() string {
 		more("repeats caught after %v (near_fraction %v of W) count as near the end of the window", Duration(time.Duration(w.NearFraction*float64(w.W))), w.NearFraction)
 		if c.Window.RefreshOnRepeat {
 			more("sliding (refresh_on_repeat): each repeat moves its key's window end to the repeat's time + W")
+			if c.ScaleOut.Enabled {
+				more("with scale-out each refreshed repeat also writes a key-state record to the output stream, under %s", layout.ControlSubjects(c.Output.SubjectPrefix))
+			}
 		}
 	}
 	line("key", "%v", c.Key)
