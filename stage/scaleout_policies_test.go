@@ -2,6 +2,7 @@ package stage_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -35,6 +36,18 @@ func (e *env) publishOrder(key string, h nats.Header) {
 	natstest.PublishAll(e.t, e.js, []*nats.Msg{{Subject: "orders." + key, Header: h, Data: []byte(`{"k":"` + key + `"}`)}})
 }
 
+// judgedBy waits until r has judged n messages since it started (every
+// outcome), then until the group's consumers have nothing pending: a
+// consumer's pending count can lag a message just stored, so the drained
+// wait alone may pass before the message is delivered.
+func (e *env) judgedBy(r *running, n float64) {
+	e.t.Helper()
+	natstest.WaitFor(e.t, 30*time.Second, fmt.Sprintf("%v messages judged", n), func() bool {
+		return counter(e.t, r.reg, "dedupe_messages_total", nil) >= n
+	})
+	e.scaleOutDrained(30 * time.Second)
+}
+
 // forwardIDs returns the Nats-Msg-Id of every forward in the output stream
 // (not its control records), in stream order.
 func (e *env) forwardIDs() []string {
@@ -61,16 +74,16 @@ func TestScaleOutVersionAcrossHandOver(t *testing.T) {
 	version := func(v string) nats.Header { return nats.Header{"Order-Version": {v}} }
 	a := ea.start()
 	ea.publishOrder("o1", version("1"))
-	ea.scaleOutDrained(30 * time.Second)
+	ea.judgedBy(a, 1)
 	ea.publishOrder("o1", version("3"))
-	ea.scaleOutDrained(30 * time.Second)
+	ea.judgedBy(a, 2)
 	a.kill(t, ea.nc)
 
 	b := eb.start()
 	eb.publishOrder("o1", version("2"))
-	eb.scaleOutDrained(30 * time.Second)
+	eb.judgedBy(b, 1)
 	eb.publishOrder("o1", version("4"))
-	eb.scaleOutDrained(30 * time.Second)
+	eb.judgedBy(b, 2)
 	got := strings.Join(eb.forwardIDs(), " ")
 	if want := "o1:v1 o1:v3 o1:v4"; got != want {
 		t.Errorf("output ids %q, want %q", got, want)
@@ -100,11 +113,11 @@ func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
 	a := ea.start()
 	first := time.Now()
 	ea.publishOrder("s1", nil)
-	ea.scaleOutDrained(30 * time.Second)
-	for _, at := range []time.Duration{w / 3, 2 * w / 3, w - w/8} {
+	ea.judgedBy(a, 1)
+	for i, at := range []time.Duration{w / 3, 2 * w / 3, w - w/8} {
 		time.Sleep(time.Until(first.Add(at)))
 		ea.publishOrder("s1", nil)
-		ea.scaleOutDrained(30 * time.Second)
+		ea.judgedBy(a, float64(2+i))
 	}
 	if got := counter(t, a.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got != 3 {
 		t.Fatalf("a judged %v repeats, want 3", got)
@@ -114,7 +127,7 @@ func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
 	b := eb.start()
 	time.Sleep(time.Until(first.Add(w + time.Second))) // past first-seen + W, inside the window the last repeat moved
 	eb.publishOrder("s1", nil)
-	eb.scaleOutDrained(30 * time.Second)
+	eb.judgedBy(b, 1)
 	if time.Since(first) > w+w-w/8 {
 		t.Fatalf("the copy was judged %v after the first, past the last repeat's window: the test ran too slowly to tell", time.Since(first))
 	}
@@ -160,7 +173,7 @@ func TestScaleOutForgetAcrossHandOver(t *testing.T) {
 	ea, eb := policyGroup(t, nil)
 	a := ea.start()
 	ea.publishOrder("f1", nil)
-	ea.scaleOutDrained(30 * time.Second)
+	ea.judgedBy(a, 1)
 	if !slices.Contains(a.st.Status().Owned, partitionOf("f1", 4)) {
 		t.Fatalf("a owns partitions %v, not f1's", a.st.Status().Owned)
 	}
@@ -177,9 +190,9 @@ func TestScaleOutForgetAcrossHandOver(t *testing.T) {
 	a.kill(t, ea.nc)
 
 	eb.publishOrder("f1", nil)
-	eb.scaleOutDrained(30 * time.Second)
+	eb.judgedBy(b, 1)
 	eb.publishOrder("f1", nil)
-	eb.scaleOutDrained(30 * time.Second)
+	eb.judgedBy(b, 2)
 	got := strings.Join(eb.forwardIDs(), " ")
 	if want := "f1 " + handover.ForwardID("f1", r.Applied); got != want {
 		t.Errorf("output ids %q, want %q: the copy after the forget once, with the forget's id", got, want)
@@ -200,7 +213,7 @@ func TestScaleOutForgetByAZombieRefused(t *testing.T) {
 	ea, _ := policyGroup(t, nil)
 	a := ea.start()
 	ea.publishOrder("z1", nil)
-	ea.scaleOutDrained(30 * time.Second)
+	ea.judgedBy(a, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := partitionOf("z1", 4)
@@ -229,7 +242,7 @@ func TestScaleOutVersionThroughSnapshot(t *testing.T) {
 	})
 	a := ea.start()
 	ea.publishOrder("o1", nats.Header{"Order-Version": {"3"}})
-	ea.scaleOutDrained(30 * time.Second)
+	ea.judgedBy(a, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if n, err := a.st.WriteSnapshots(ctx); err != nil || n != 1 {
@@ -238,7 +251,7 @@ func TestScaleOutVersionThroughSnapshot(t *testing.T) {
 	a.kill(t, ea.nc)
 	b := eb.start()
 	eb.publishOrder("o1", nats.Header{"Order-Version": {"2"}})
-	eb.scaleOutDrained(30 * time.Second)
+	eb.judgedBy(b, 1)
 	if got := strings.Join(eb.forwardIDs(), " "); got != "o1:v3" {
 		t.Errorf("output ids %q, want o1:v3 alone", got)
 	}
