@@ -372,7 +372,9 @@ func GroupLate(wl *Workload, firstSeen func(key int32) time.Time, width time.Dur
 // after the main phase and is updated. It returns the forwards per key of
 // the late phase (added to forwards), how many copies were forwarded
 // again, and how many repeats were caught at an age of at least
-// nearFraction*W.
+// nearFraction*W. With refresh the stage may count more of those: repeats
+// of one key in one batch are each aged from the window as it was before
+// the batch, here from the first one's move.
 func JudgeLate(groups []LateGroup, w time.Duration, nearFraction float64, refresh bool, windowStart map[int32]time.Time, forwards []uint8) (again, near int) {
 	for _, g := range groups {
 		for _, e := range g.Events {
