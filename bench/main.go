@@ -6,7 +6,9 @@
 //  2. jetstream: the same loop with Nats-Msg-Id = key into an output
 //     stream whose duplicate window is W (JetStream's own dedupe);
 //  3. stage-bloom: dedupe-stage with the Bloom pre-check;
-//  4. stage-nofilter: dedupe-stage with the pre-check off.
+//  4. stage-nofilter: dedupe-stage with the pre-check off;
+//  5. stage-refresh (only when --configs names it): stage-bloom with
+//     window.refresh_on_repeat, the sliding window.
 //
 // It prints a table, writes a JSON file and an SVG chart next to it, and
 // exits non-zero when any configuration lost or duplicated an event. With
@@ -171,7 +173,7 @@ func defineWorkloadFlags(fs *flag.FlagSet, f *flags) {
 
 // defineRunFlags defines the flags of the configurations run, the server, the stage and the measurements.
 func defineRunFlags(fs *flag.FlagSet, f *flags) {
-	fs.StringVar(&f.configs, "configs", "raw,raw-atomic,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order; empty with --scale runs only the scale mode")
+	fs.StringVar(&f.configs, "configs", "raw,raw-atomic,jetstream,stage-bloom,stage-nofilter", "configurations to run, in order (stage-refresh, stage-bloom with window.refresh_on_repeat, is not in the default); empty with --scale runs only the scale mode")
 	fs.IntVar(&f.rounds, "rounds", 1, "run every configuration this many times, interleaved, the order rotated each round (round 2 starts with the second configuration), and report each one's median round by events/s; with --scaleout, every row that many times, in rounds of all rows, with each round's ratios and their medians (at most 20)")
 	fs.IntVar(&f.warmup, "warmup", 20_000, "events of an untimed warm-up run of the first configuration before the measured ones (0: none)")
 	fs.IntVar(&f.latencyEvents, "latency-events", 20_000, "events of the paced latency phase after each drain (0: none)")
@@ -248,7 +250,7 @@ func parseKinds(f *flags) ([]Kind, error) {
 			found = found || a == k
 		}
 		if !found {
-			return nil, fmt.Errorf("--configs: unknown %q (want raw, raw-atomic, jetstream, stage-bloom, stage-nofilter)", c)
+			return nil, fmt.Errorf("--configs: unknown %q (want raw, raw-atomic, jetstream, stage-bloom, stage-nofilter, stage-refresh)", c)
 		}
 		kinds = append(kinds, k)
 	}
@@ -318,6 +320,11 @@ type Headline struct {
 	// RAMRatioMarginal uses the stage's marginal RAM per key from the
 	// scale mode instead (0 without --scale).
 	RAMRatioMarginal float64 `json:"jetstream_over_stage_marginal_ram_per_key,omitempty"`
+	// RefreshVsBloom is stage-refresh events/s over stage-bloom events/s,
+	// and RefreshCPUPerRepeat the CPU µs stage-refresh spent beyond
+	// stage-bloom per repeat of the timed backlog (issue 43).
+	RefreshVsBloom      float64 `json:"stage_refresh_vs_stage_bloom,omitempty"`
+	RefreshCPUPerRepeat float64 `json:"stage_refresh_cpu_us_per_repeat,omitempty"`
 	// AllCorrect is true when no configuration lost, duplicated or
 	// dead-lettered anything.
 	AllCorrect bool `json:"all_correct"`
@@ -712,7 +719,20 @@ func headline(res *Results) *Headline {
 			h.RAMRatioMarginal = js.RAMPerKey / m
 		}
 	}
+	refreshCost(h, sb, by[string(KindStageRefresh)], res.Workload)
 	return h
+}
+
+// refreshCost fills h's figures of stage-refresh (rf) against stage-bloom
+// (sb), when both ran.
+func refreshCost(h *Headline, sb, rf *Result, wi *WorkloadInfo) {
+	if sb == nil || rf == nil || sb.EventsPerSec <= 0 || wi == nil {
+		return
+	}
+	h.RefreshVsBloom = rf.EventsPerSec / sb.EventsPerSec
+	if repeats := wi.MainEvents - wi.Keys; repeats > 0 {
+		h.RefreshCPUPerRepeat = (rf.CPUMicrosPerEvent - sb.CPUMicrosPerEvent) * float64(wi.MainEvents) / float64(repeats)
+	}
 }
 
 // writeOutputs writes the JSON results and the SVG chart next to them.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -27,7 +26,8 @@ import (
 // Kind is one of the configurations compared.
 type Kind string
 
-// The configurations, in the order they run by default.
+// The configurations, in the order they run by default (stage-refresh only
+// when --configs names it).
 const (
 	// KindRaw is the pass-through loop without dedupe: the ceiling.
 	KindRaw Kind = "raw"
@@ -42,9 +42,12 @@ const (
 	KindStageBloom Kind = "stage-bloom"
 	// KindStageNoFilter is dedupe-stage with the pre-check off.
 	KindStageNoFilter Kind = "stage-nofilter"
+	// KindStageRefresh is stage-bloom with window.refresh_on_repeat: each
+	// repeat moves its key's window, a write in the batch's commit.
+	KindStageRefresh Kind = "stage-refresh"
 )
 
-var allKinds = []Kind{KindRaw, KindRawAtomic, KindJetStream, KindStageBloom, KindStageNoFilter}
+var allKinds = []Kind{KindRaw, KindRawAtomic, KindJetStream, KindStageBloom, KindStageNoFilter, KindStageRefresh}
 
 func (k Kind) token() string {
 	switch k {
@@ -56,12 +59,20 @@ func (k Kind) token() string {
 		return "js"
 	case KindStageBloom:
 		return "bloom"
+	case KindStageRefresh:
+		return "refresh"
 	default:
 		return "nofilter"
 	}
 }
 
-func (k Kind) isStage() bool { return k == KindStageBloom || k == KindStageNoFilter }
+func (k Kind) isStage() bool {
+	return k == KindStageBloom || k == KindStageNoFilter || k == KindStageRefresh
+}
+
+// filtered reports whether k is a stage configuration with the Bloom
+// pre-check on.
+func (k Kind) filtered() bool { return k == KindStageBloom || k == KindStageRefresh }
 
 // isRaw reports whether k is a loop without dedupe (it forwards every copy).
 func (k Kind) isRaw() bool { return k == KindRaw || k == KindRawAtomic }
@@ -76,6 +87,8 @@ func (k Kind) describe() string {
 		return "the same loop, Nats-Msg-Id = key, output duplicate window = W"
 	case KindStageBloom:
 		return "dedupe-stage, Bloom pre-check on"
+	case KindStageRefresh:
+		return "dedupe-stage, Bloom pre-check on, window.refresh_on_repeat (each repeat moves its key's window)"
 	default:
 		return "dedupe-stage, pre-check off (every lookup reads Badger)"
 	}
@@ -249,7 +262,8 @@ func (r *runner) stageConfig(kind Kind, n streamNames) config.Config {
 	cfg.State.DataDir = filepath.Join(r.dir, string(kind))
 	cfg.State.Partitions = r.f.partitions
 	cfg.State.SyncWrites = &r.f.syncWrites
-	cfg.Filter.Enabled = kind == KindStageBloom
+	cfg.Filter.Enabled = kind.filtered()
+	cfg.Window.RefreshOnRepeat = kind == KindStageRefresh
 	cfg.Filter.ExpectedKeys = max(cfg.Filter.ExpectedKeys, uint64(r.thr.Keys+r.lat.Keys))
 	cfg.HTTP.Addr = ""
 	cfg.Output.Publish = r.publishMode(cfg)
@@ -275,9 +289,10 @@ type sut struct {
 	clock     *window.ManualClock
 	loopStats *loop.Stats
 	// Ground truth of the stage's late phase: forwards per backlog key,
-	// and each key's last forward.
+	// and each late key's window start (its last forward, or with
+	// window.refresh_on_repeat its last repeat if later).
 	forwards    []uint8
-	lastForward map[int32]time.Time
+	windowStart map[int32]time.Time
 }
 
 // runConfig runs one configuration: pre-publish the backlog, time its
@@ -531,9 +546,10 @@ func (r *runner) runLate(ctx context.Context, kind Kind, s *sut, pub *publisher,
 	if end.After(s.clock.Now()) {
 		s.clock.Set(end)
 	}
-	s.lastForward = make(map[int32]time.Time)
+	s.windowStart = make(map[int32]time.Time)
+	firstSeen := make(map[int32]time.Time)
 	for _, e := range r.thr.Late {
-		if _, ok := s.lastForward[e.Key]; ok {
+		if _, ok := s.windowStart[e.Key]; ok {
 			continue
 		}
 		rec, _, found, err := s.st.Store().Find([]byte(r.thr.Key(int(e.Key))))
@@ -543,9 +559,10 @@ func (r *runner) runLate(ctx context.Context, kind Kind, s *sut, pub *publisher,
 		if !found {
 			return last, fmt.Errorf("key %s was not recorded in the main phase", r.thr.Key(int(e.Key)))
 		}
-		s.lastForward[e.Key] = rec.FirstSeen
+		// With refresh, the main phase's repeats moved the window at the
+		// lagging clock: the store has where they moved it to.
+		firstSeen[e.Key], s.windowStart[e.Key] = rec.FirstSeen, rec.WindowStart()
 	}
-	firstSeen := maps.Clone(s.lastForward)
 	groups := GroupLate(r.thr, func(k int32) time.Time { return firstSeen[k] }, time.Duration(lateWidth*float64(r.thr.W)), s.clock.Now())
 	res.LateGroups = len(groups)
 	prog := startProgress(string(kind)+" late copies", uint64(len(r.thr.Late)), r.f.progressEvery, nil)
@@ -564,7 +581,7 @@ func (r *runner) runLate(ctx context.Context, kind Kind, s *sut, pub *publisher,
 		prog.done.Store(uint64(sent))
 	}
 	s.forwards = slicesRepeat(1, r.thr.Keys)
-	res.ForwardedAgain, res.NearExpected = JudgeLate(groups, r.thr.W, r.nearFraction(), s.lastForward, s.forwards)
+	res.ForwardedAgain, res.NearExpected = JudgeLate(groups, r.thr.W, r.nearFraction(), kind == KindStageRefresh, s.windowStart, s.forwards)
 	return last, nil
 }
 
@@ -706,23 +723,24 @@ func (r *runner) measureStage(ctx context.Context, res *Result, s *sut, cfg conf
 	res.Stage = stageInternals(s.reg)
 	res.TrackedKeys = r.thr.Keys + r.lat.Keys
 
-	// The late copies forwarded again must carry the group's clock as
-	// their first-seen time; the others keep their first one.
+	// The late copies forwarded again (or, with refresh, repeated) must
+	// have moved their key's window start to the group's clock; the
+	// others keep theirs.
 	mismatch := 0
-	for k, want := range s.lastForward {
+	for k, want := range s.windowStart {
 		rec, _, found, err := st.Store().Find([]byte(r.thr.Key(int(k))))
-		if err != nil || !found || !rec.FirstSeen.Equal(want) {
+		if err != nil || !found || !rec.WindowStart().Equal(want) {
 			mismatch++
 		}
 	}
 	if mismatch > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d of %d late keys have another first-seen time than the ground truth", mismatch, len(s.lastForward)))
+		res.Notes = append(res.Notes, fmt.Sprintf("%d of %d late keys have another window start than the ground truth", mismatch, len(s.windowStart)))
 	}
 	// Clock lag of the drain, on keys the late phase did not touch.
 	step := max(1, r.thr.Keys/max(1, r.f.lagSample))
 	var maxLag time.Duration
 	for i := 0; i < r.thr.Keys; i += step {
-		if _, late := s.lastForward[int32(i)]; late {
+		if _, late := s.windowStart[int32(i)]; late {
 			continue
 		}
 		rec, _, found, err := st.Store().Find([]byte(r.thr.Key(i)))

@@ -34,7 +34,8 @@ const (
 	// window, past its near-end fraction (0.8 by default).
 	ClassNear
 	// ClassPast copies come 1.12W to 1.20W after the first: past the
-	// window, so the stage must forward them again.
+	// window, so the stage must forward them again (with
+	// window.refresh_on_repeat, unless a repeat moved the window).
 	ClassPast
 	numClasses
 )
@@ -364,24 +365,31 @@ func GroupLate(wl *Workload, firstSeen func(key int32) time.Time, width time.Dur
 }
 
 // JudgeLate is the ground truth for the late groups: a copy is forwarded
-// when its key's last forward is at least W before the group's time (the
-// stage's window.Inside), and then that forward becomes the key's last.
-// lastForward starts at the recorded first-seen times and is updated. It
-// returns the forwards per key of the late phase (added to forwards), how
-// many copies were forwarded again, and how many repeats were caught at an
-// age of at least nearFraction*W.
-func JudgeLate(groups []LateGroup, w time.Duration, nearFraction float64, lastForward map[int32]time.Time, forwards []uint8) (again, near int) {
+// when its key's window start is at least W before the group's time (the
+// stage's window.Inside), and the group's time then becomes the key's
+// window start; with refresh (window.refresh_on_repeat) a repeat moves it
+// there too. windowStart starts at the window starts the store recorded
+// after the main phase and is updated. It returns the forwards per key of
+// the late phase (added to forwards), how many copies were forwarded
+// again, and how many repeats were caught at an age of at least
+// nearFraction*W. With refresh the stage may count more of those: repeats
+// of one key in one batch are each aged from the window as it was before
+// the batch, here from the first one's move.
+func JudgeLate(groups []LateGroup, w time.Duration, nearFraction float64, refresh bool, windowStart map[int32]time.Time, forwards []uint8) (again, near int) {
 	for _, g := range groups {
 		for _, e := range g.Events {
-			age := g.At.Sub(lastForward[e.Key])
+			age := g.At.Sub(windowStart[e.Key])
 			if age >= w {
 				forwards[e.Key]++
-				lastForward[e.Key] = g.At
+				windowStart[e.Key] = g.At
 				again++
 				continue
 			}
 			if float64(age) >= nearFraction*float64(w) {
 				near++
+			}
+			if refresh && g.At.After(windowStart[e.Key]) {
+				windowStart[e.Key] = g.At
 			}
 		}
 	}

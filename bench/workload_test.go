@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/xml"
+	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -169,7 +171,7 @@ func TestLateGroundTruth(t *testing.T) {
 	}
 	last := map[int32]time.Time{0: first(0), 1: first(1)}
 	forwards := []uint8{1, 1}
-	again, near := JudgeLate(groups, w, 0.8, last, forwards)
+	again, near := JudgeLate(groups, w, 0.8, false, last, forwards)
 	if again != 1 || near != 1 || forwards[0] != 1 || forwards[1] != 2 {
 		t.Fatalf("again %d, near %d, forwards %v; want 1, 1, [1 2]", again, near, forwards)
 	}
@@ -182,6 +184,115 @@ func TestLateGroundTruth(t *testing.T) {
 		if g.At.Before(t0.Add(3 * time.Hour)) {
 			t.Fatalf("group at %v before notBefore", g.At)
 		}
+	}
+}
+
+// TestLateGroundTruthRefresh checks the late judgement with and without
+// window.refresh_on_repeat on the same copies: a repeat moves its key's
+// window only with refresh, so a past copy after a near one, or after a
+// main-phase repeat the store recorded, is a repeat then (key 1's, caught
+// near the end of the moved window).
+func TestLateGroundTruthRefresh(t *testing.T) {
+	w := time.Hour
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// Key 0: a near copy, then a past one. Key 1: a past copy only, whose
+	// window a main-phase repeat moved 2m on. Key 2: a past copy, then a
+	// near copy of the re-forward.
+	wl := &Workload{Spec: Spec{W: w}, First: []time.Duration{0, 0, 0}}
+	wl.Late = []Event{
+		{Key: 0, Class: ClassNear, At: 50 * time.Minute},
+		{Key: 1, Class: ClassPast, At: 61 * time.Minute},
+		{Key: 2, Class: ClassPast, At: 62 * time.Minute},
+		{Key: 0, Class: ClassPast, At: 70 * time.Minute},
+		{Key: 2, Class: ClassNear, At: 112 * time.Minute},
+	}
+	first := func(int32) time.Time { return t0 }
+	cases := []struct {
+		refresh     bool
+		again, near int
+		forwards    []uint8
+		start       []time.Duration // each key's window start afterwards, from t0
+	}{
+		{refresh: false, again: 3, near: 2, forwards: []uint8{2, 2, 2}, start: []time.Duration{70 * time.Minute, 61 * time.Minute, 62 * time.Minute}},
+		{refresh: true, again: 1, near: 3, forwards: []uint8{1, 1, 2}, start: []time.Duration{70 * time.Minute, 61 * time.Minute, 112 * time.Minute}},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("refresh=%v", tc.refresh), func(t *testing.T) {
+			groups := GroupLate(wl, first, 30*time.Second, t0)
+			start := map[int32]time.Time{0: t0, 1: t0, 2: t0}
+			if tc.refresh {
+				start[1] = t0.Add(2 * time.Minute)
+			}
+			forwards := []uint8{1, 1, 1}
+			again, near := JudgeLate(groups, w, 0.8, tc.refresh, start, forwards)
+			if again != tc.again || near != tc.near || !slices.Equal(forwards, tc.forwards) {
+				t.Fatalf("again %d, near %d, forwards %v; want %d, %d, %v", again, near, forwards, tc.again, tc.near, tc.forwards)
+			}
+			for k, d := range tc.start {
+				if want := t0.Add(d); !start[int32(k)].Equal(want) {
+					t.Errorf("key %d window start %v, want %v", k, start[int32(k)], want)
+				}
+			}
+		})
+	}
+}
+
+// TestStageRefreshIsStageBloomWithRefresh checks that stage-refresh differs
+// from stage-bloom by window.refresh_on_repeat alone, and that the default
+// --configs leaves it out.
+func TestStageRefreshIsStageBloomWithRefresh(t *testing.T) {
+	r := &runner{f: &flags{partitions: 4, publish: "async"}, nats: &natsEnv{}, thr: &Workload{Spec: Spec{Keys: 10}}, lat: &Workload{}, dir: t.TempDir()}
+	n := namesFor(KindStageRefresh)
+	bloom, refresh := r.stageConfig(KindStageBloom, n), r.stageConfig(KindStageRefresh, n)
+	if bloom.Window.RefreshOnRepeat || !refresh.Window.RefreshOnRepeat {
+		t.Fatalf("refresh_on_repeat: stage-bloom %v, stage-refresh %v; want false, true", bloom.Window.RefreshOnRepeat, refresh.Window.RefreshOnRepeat)
+	}
+	refresh.Window.RefreshOnRepeat = false
+	refresh.State.DataDir = bloom.State.DataDir
+	if !reflect.DeepEqual(bloom, refresh) {
+		t.Fatalf("stage-refresh differs from stage-bloom beyond refresh_on_repeat:\n%+v\n%+v", refresh, bloom)
+	}
+	if namesFor(KindStageRefresh) == namesFor(KindStageBloom) {
+		t.Fatal("stage-refresh shares stage-bloom's streams")
+	}
+
+	def, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(def.kinds, KindStageRefresh) {
+		t.Fatalf("default --configs runs %v; want no stage-refresh", def.kinds)
+	}
+	f, err := parseFlags([]string{"--configs", "stage-bloom,stage-refresh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(f.kinds, []Kind{KindStageBloom, KindStageRefresh}) {
+		t.Fatalf("--configs stage-bloom,stage-refresh runs %v", f.kinds)
+	}
+}
+
+// TestRefreshHeadline checks the cost of window.refresh_on_repeat as the
+// headline states it, and that ratios of configurations not run are left
+// out.
+func TestRefreshHeadline(t *testing.T) {
+	res := &Results{
+		Workload: &WorkloadInfo{MainEvents: 20_000, Keys: 10_000},
+		Results: []*Result{
+			{Config: "stage-bloom", EventsPerSec: 5000, CPUMicrosPerEvent: 100, Correctness: Correct{OK: true}},
+			{Config: "stage-refresh", EventsPerSec: 4000, CPUMicrosPerEvent: 110, Correctness: Correct{OK: true}},
+		},
+	}
+	h := headline(res)
+	// 10 µs more per event, 20,000 events, 10,000 of them repeats.
+	if math.Abs(h.RefreshVsBloom-0.8) > 1e-9 || math.Abs(h.RefreshCPUPerRepeat-20) > 1e-9 {
+		t.Fatalf("stage-refresh %vx stage-bloom, %v µs per repeat; want 0.8x, 20", h.RefreshVsBloom, h.RefreshCPUPerRepeat)
+	}
+	var b strings.Builder
+	printHeadline(&b, h)
+	if got := b.String(); !strings.Contains(got, "stage-refresh 0.80x stage-bloom events/s; +20.0 CPU µs per repeat") ||
+		strings.Contains(got, "raw") || strings.Contains(got, "jetstream") {
+		t.Fatalf("headline:\n%s", got)
 	}
 }
 
