@@ -30,6 +30,9 @@
 //     cluster nodes killed (docs/scale-out.md §9);
 //   - TestScaleOutGroupStart: three instances started at the same moment
 //     on fresh clusters, ten rounds; every partition taken within 2 s;
+//   - TestPolicyGroupOwnerKilled: version-wins, the sliding window and
+//     dedupe-stage forget in a group, the keys' owner SIGKILLed between
+//     the forget and the keys' next copies;
 //   - TestStatusAsACheck: dedupe-stage status on an idle, a drained and a
 //     stalled group, and its exit codes.
 //

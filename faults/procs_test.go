@@ -193,6 +193,7 @@ type stageConfig struct {
 	MaxMessageBytes  int
 	BatchSize        int
 	Publish          string // output.publish; "" keeps the default (auto)
+	KeyVersion       string // key.version's header (version-wins); "" leaves it off
 	Extra            string // YAML appended as is: sections the fields above do not cover
 }
 
@@ -218,13 +219,17 @@ func defaultStageConfig(tb testing.TB, natsURL string) stageConfig {
 }
 
 func (c stageConfig) yaml() string {
+	version := ""
+	if c.KeyVersion != "" {
+		version = fmt.Sprintf("  version: {source: header, header: %s}\n", c.KeyVersion)
+	}
 	return fmt.Sprintf(`nats:
   url: %s
   create_streams: true
 key:
   source: header
   header: Event-Id
-input:
+%sinput:
   ack_wait: %s
 output:
   duplicate_window: %s
@@ -244,7 +249,7 @@ http:
   addr: %s
 log:
   format: json
-%s`, c.NATSURL, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
+%s`, c.NATSURL, version, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
 		c.SnapshotInterval, c.ExpectedKeys, c.BatchSize, c.MaxMessageBytes, c.HTTPAddr, c.Extra)
 }
 

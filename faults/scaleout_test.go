@@ -73,11 +73,18 @@ const totalsExtra = `totals:
 // configuration.
 func scaleOutGroup(t *testing.T, n int, w *workload, extra string) (*natstest.Cluster, []*stage, jetstream.JetStream) {
 	t.Helper()
+	return scaleOutGroupWith(t, n, w, func(c *stageConfig) { c.Extra += extra })
+}
+
+// scaleOutGroupWith is scaleOutGroup with each instance's configuration
+// changed by edit.
+func scaleOutGroupWith(t *testing.T, n int, w *workload, edit func(*stageConfig)) (*natstest.Cluster, []*stage, jetstream.JetStream) {
+	t.Helper()
 	cl := natstest.StartCluster(t, 3)
 	stages := make([]*stage, n)
 	for i := range stages {
 		c := scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i))
-		c.Extra += extra
+		edit(&c)
 		stages[i] = newStage(t, c)
 		stages[i].startReady()
 	}

@@ -93,6 +93,39 @@ func TestScaleOutVersionAcrossHandOver(t *testing.T) {
 	}
 }
 
+// TestScaleOutVersionOnTheLocalPath: with a header key the route step
+// hands the owner of a partition its inputs to judge where they are (the
+// local path), and those copies keep their version: versions 1, 3, 2 and
+// 4 of a key give the forwards v1, v3 and v4, and 2 is stale.
+func TestScaleOutVersionOnTheLocalPath(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Input.AckWait = config.Duration(2 * time.Second)
+	e.cfg.ScaleOut.Enabled = true
+	e.cfg.ScaleOut.Replicas = 1
+	e.cfg.Key.Version = keys.FieldSpec{Source: keys.SourceHeader, Header: "Order-Version"}
+	a := e.as("a").start()
+	publish := func(v string) {
+		natstest.PublishAll(t, e.js, []*nats.Msg{{Subject: "events.orders",
+			Header: nats.Header{"Event-Id": {"o1"}, "Order-Version": {v}}, Data: []byte(`{"v":` + v + `}`)}})
+	}
+	publish("1")
+	e.judgedBy(a, 1)
+	local := counter(t, a.reg, "dedupe_route_messages_total", map[string]string{"outcome": "local"})
+	for i, v := range []string{"3", "2", "4"} {
+		publish(v)
+		e.judgedBy(a, float64(2+i))
+	}
+	if got := counter(t, a.reg, "dedupe_route_messages_total", map[string]string{"outcome": "local"}) - local; got != 3 {
+		t.Fatalf("%v copies judged on the local path, want the 3 after the first", got)
+	}
+	if got, want := strings.Join(e.forwardIDs(), " "), "o1:v1 o1:v3 o1:v4"; got != want {
+		t.Errorf("output ids %q, want %q", got, want)
+	}
+	if n := counter(t, a.reg, "dedupe_messages_total", map[string]string{"outcome": "stale"}); n != 1 {
+		t.Errorf("%v copies judged stale, want 1 (version 2)", n)
+	}
+}
+
 // slidingGroup is policyGroup with a window of w that repeats slide.
 func slidingGroup(t *testing.T, w time.Duration) (ea, eb *env) {
 	return policyGroup(t, func(e *env) {

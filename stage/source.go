@@ -181,13 +181,21 @@ func (in *intake) deliver(a arrival) {
 
 // offer queues a, an input whose key a.key the source already read and
 // checked the size of, for partition a.p without waiting; the input
-// itself, not a copy, is judged and acked. It reports false, taking
-// nothing, when the partition's queue is full, or when the totals cannot
-// read the input (its dead letter would wait on the dead-letter queue):
-// the source then hands it on another way.
+// itself, not a copy, is judged and acked, with its version as deliver
+// reads it. It reports false, taking nothing, when the partition's queue
+// is full, or when the version or the totals cannot be read (its dead
+// letter would wait on the dead-letter queue): the source then hands it on
+// another way.
 func (in *intake) offer(a arrival) bool {
 	s, msg := in.s, a.msg
 	it := item{msg: msg, key: bytes.Clone(a.key), fp: fingerprint(msg.Data()), pin: a.pin}
+	if s.version != nil {
+		v, err := s.version.Version(msg.Subject(), msg.Headers(), msg.Data())
+		if err != nil {
+			return false
+		}
+		it.version, it.versioned = v, true
+	}
 	if s.totals != nil {
 		var dl *deadLetter
 		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), time.Time{}); dl != nil {
