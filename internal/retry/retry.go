@@ -83,6 +83,9 @@ const (
 	CodeHeaderTooLarge jetstream.ErrorCode = 10097
 	// CodeStreamSealed: the stream is sealed (JSStreamSealedErr).
 	CodeStreamSealed jetstream.ErrorCode = 10109
+	// CodeStreamNotMatch: the subject is stored by a stream other than the
+	// one the publish expects (Nats-Expected-Stream; JSStreamNotMatchErr).
+	CodeStreamNotMatch jetstream.ErrorCode = 10060
 	// CodeStoreFailed: the store refused the message, for example a
 	// stream at max_msgs or max_bytes with discard new
 	// (JSStreamStoreFailedF); it clears when the stream has room again.
@@ -213,7 +216,7 @@ func Classify(err error) Class {
 			return Fenced
 		case CodeWrongLastSequenceConstant, CodeNoSuitablePeers:
 			return Transient
-		case CodeMessageTooLarge, CodeHeaderTooLarge, CodeStreamSealed:
+		case CodeMessageTooLarge, CodeHeaderTooLarge, CodeStreamSealed, CodeStreamNotMatch:
 			return Permanent
 		}
 		// 400 is the server's "bad request": the request itself is at

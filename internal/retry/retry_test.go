@@ -74,6 +74,7 @@ func TestClassifyRealServerErrors(t *testing.T) {
 		{"headers larger than the server's max_payload", &nats.Msg{Subject: "plain.a", Header: nats.Header{"X": {strings.Repeat("h", 9000)}}}, retry.Permanent, 0, nats.ErrMaxPayload},
 		{"stream at max_msgs, discard new", &nats.Msg{Subject: "full.a", Data: []byte("x")}, retry.Transient, retry.CodeStoreFailed, nil},
 		{"stream at max_bytes, discard new", &nats.Msg{Subject: "fullbytes.a", Data: make([]byte, 500)}, retry.Transient, retry.CodeStoreFailed, nil},
+		{"a stream other than the one expected (Nats-Expected-Stream)", &nats.Msg{Subject: "plain.a", Header: nats.Header{jetstream.ExpectedStreamHeader: {"OTHER"}}, Data: []byte("x")}, retry.Permanent, retry.CodeStreamNotMatch, nil},
 		{"no stream (deleted, or its leader moving)", &nats.Msg{Subject: "nostream.a", Data: []byte("x")}, retry.Transient, 0, jetstream.ErrNoStreamResponse},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
