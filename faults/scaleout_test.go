@@ -261,14 +261,25 @@ func outputGrows(t *testing.T, js jetstream.JetStream, n uint64, what string) {
 }
 
 // lateCopiesThenCheck publishes late copies of w's first keys once the
-// output's duplicate window has passed, waits until the group judged them,
-// and checks the end state: every key of w once in the output, and the
-// dead letters exactly w's bad inputs.
+// output's duplicate window has passed since it stored the last of them,
+// waits until the group judged them, and checks the end state: every key
+// of w once in the output, and the dead letters exactly w's bad inputs.
 func lateCopiesThenCheck(t *testing.T, js jetstream.JetStream, w *workload, partitions int) {
 	t.Helper()
+	const n = 300
+	first := map[string]bool{}
+	for _, k := range w.keys[:min(n, len(w.keys))] {
+		first[k] = true
+	}
+	var last time.Time
+	for _, m := range natstest.ReadAll(t, js, outputStream) {
+		if first[m.Header.Get(jetstream.MsgIDHeader)] && m.Time.After(last) {
+			last = m.Time
+		}
+	}
 	// A sleep on purpose: the copies must come after the duplicate window.
-	time.Sleep(scaleOutDup + time.Second)
-	mustPublish(t, js, w.lateCopies(300), "late")
+	time.Sleep(time.Until(last.Add(scaleOutDup + time.Second)))
+	mustPublish(t, js, w.lateCopies(n), "late")
 	scaleOutDrained(t, js, partitions, 60*time.Second)
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)
