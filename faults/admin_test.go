@@ -19,6 +19,7 @@ import (
 // lists the key's partition as owned), and `forget` is refused with
 // scale-out (501), leaving the key held.
 func TestInspectAnyInstanceOfAGroup(t *testing.T) {
+	t.Parallel()
 	w := newWorkload(71, "adm", 4096)
 	cl, stages, js := scaleOutGroup(t, 3, w, "")
 	scaleOutDrained(t, js, stages[0].cfg.Partitions, takeoverWait)
