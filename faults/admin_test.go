@@ -18,6 +18,7 @@ import (
 // lists the key's partition as owned), and `forget` through any instance
 // is applied and answered by the owner.
 func TestInspectAnyInstanceOfAGroup(t *testing.T) {
+	t.Parallel()
 	w := newWorkload(71, "adm", 4096)
 	cl, stages, js := scaleOutGroup(t, 3, w, "")
 	scaleOutDrained(t, js, stages[0].cfg.Partitions, takeoverWait)

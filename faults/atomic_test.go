@@ -27,13 +27,13 @@ const logAtomicRefused = `"msg":"output refused an atomic batch; publishing its 
 func TestKillBetweenAtomicPublishAndCommit(t *testing.T) {
 	t.Parallel()
 	const (
-		events   = 12_000
-		rate     = 1_000 // inputs per second
+		events   = 6_000
+		rate     = 1_000 // inputs per second: ~6s of publishing, a dozen kills
 		maxKills = 25
 	)
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 12))
-	srv := startNATS(t)
+	srv := startNATSUnsynced(t)
 	cfg := defaultStageConfig(t, srv.URL())
 	cfg.Publish = "atomic"
 	w := newWorkload(seed, "atomic", cfg.MaxMessageBytes)

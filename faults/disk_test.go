@@ -78,7 +78,7 @@ func TestDataDirFull(t *testing.T) {
 	t.Parallel()
 	seed := testSeed(t)
 	disk := smallDisk(t, "128m")
-	srv := startNATS(t)
+	srv := startNATSUnsynced(t)
 	cfg := defaultStageConfig(t, srv.URL())
 	cfg.DataDir = filepath.Join(disk, "data")
 	js := publisherJS(t, srv.URL())

@@ -1,10 +1,11 @@
 // Package faults holds black-box fault tests of dedupe-stage: each test runs
 // the real binary (cmd/dedupe-stage, built by TestMain) as a subprocess with
 // a YAML configuration, against a real nats-server process (built from the
-// nats-server module, JetStream with sync_interval: always, restartable on
-// the same port and store), breaks something underneath it, and checks the
-// two promises at the end: every key is in the output stream exactly once,
-// and the dead letters are exactly the bad inputs.
+// nats-server module, JetStream with sync_interval: always where a test
+// kills the server, restartable on the same port and store), breaks
+// something underneath it, and checks the two promises at the end: every
+// key is in the output stream exactly once, and the dead letters are
+// exactly the bad inputs.
 //
 // The faults:
 //

@@ -206,7 +206,7 @@ func TestScaleOutLeaderKills(t *testing.T) {
 	scaleOutDrained(t, js, parts, 60*time.Second)
 	// Copies of the first keys after the window: the stage's store and the
 	// partitions' restored state catch them, not the stream.
-	time.Sleep(leaderKillDup + time.Second)
+	waitWindowPassed(t, js, w.keys[:min(300, len(w.keys))], leaderKillDup)
 	mustPublish(t, js, w.lateCopies(300), "late")
 	scaleOutDrained(t, js, parts, 60*time.Second)
 	checkOutput(t, js, w.forward)

@@ -78,7 +78,7 @@ func checkNothingAckedUnforwarded(t *testing.T, js jetstream.JetStream, events [
 func TestOutputRefusesPublishes(t *testing.T) {
 	t.Parallel()
 	seed := testSeed(t)
-	srv := startNATS(t)
+	srv := startNATSUnsynced(t)
 	cfg := defaultStageConfig(t, srv.URL())
 	nc, _ := natstest.Connect(t, srv.URL())
 	js, err := jetstream.New(nc)

@@ -102,9 +102,7 @@ func crashReport(log string) string {
 }
 
 // natsServer is a nats-server process with JetStream, restartable on the
-// same port and store directory. Every write is synced before it is
-// acknowledged (sync_interval: always), so a SIGKILL of the server loses
-// nothing it acknowledged.
+// same port and store directory.
 type natsServer struct {
 	tb       testing.TB
 	port     int
@@ -114,13 +112,33 @@ type natsServer struct {
 	starts   int
 }
 
-// startNATS starts a nats-server on a free loopback port; it is stopped when
-// the test ends.
+// startNATS starts a nats-server on a free loopback port that syncs every
+// write before it acknowledges it (sync_interval: always), so that a SIGKILL
+// of the server loses nothing it acknowledged; it is stopped when the test
+// ends.
 func startNATS(tb testing.TB) *natsServer {
+	tb.Helper()
+	return startNATSWith(tb, true)
+}
+
+// startNATSUnsynced is startNATS with nats-server's default sync interval,
+// for a test that never kills the server: a server that lives to the end
+// loses no write it did not sync, and a sync per write (a millisecond or
+// more on a CI disk) was most of such a test's time.
+func startNATSUnsynced(tb testing.TB) *natsServer {
+	tb.Helper()
+	return startNATSWith(tb, false)
+}
+
+func startNATSWith(tb testing.TB, syncAlways bool) *natsServer {
 	tb.Helper()
 	dir := tb.TempDir()
 	n := &natsServer{tb: tb, port: proctest.Port(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
-	conf := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n", n.port, n.storeDir)
+	sync := ""
+	if syncAlways {
+		sync = "  sync_interval: always\n"
+	}
+	conf := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n%s}\n", n.port, n.storeDir, sync)
 	if err := os.WriteFile(n.conf, []byte(conf), 0o644); err != nil {
 		tb.Fatal(err)
 	}

@@ -267,15 +267,33 @@ func outputGrows(t *testing.T, js jetstream.JetStream, n uint64, what string) {
 	})
 }
 
+// waitWindowPassed sleeps until the output's duplicate window (and a
+// second) has passed since the output stored the last of keys, so that
+// copies published next are caught by the stage, never by the stream.
+func waitWindowPassed(t *testing.T, js jetstream.JetStream, keys []string, window time.Duration) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, k := range keys {
+		want[k] = true
+	}
+	var last time.Time
+	for _, m := range natstest.ReadAll(t, js, outputStream) {
+		if want[m.Header.Get(jetstream.MsgIDHeader)] && m.Time.After(last) {
+			last = m.Time
+		}
+	}
+	time.Sleep(time.Until(last.Add(window + time.Second))) // on purpose: the window must pass
+}
+
 // lateCopiesThenCheck publishes late copies of w's first keys once the
-// output's duplicate window has passed, waits until the group judged them,
-// and checks the end state: every key of w once in the output, and the
-// dead letters exactly w's bad inputs.
+// output's duplicate window has passed since it stored the last of them,
+// waits until the group judged them, and checks the end state: every key
+// of w once in the output, and the dead letters exactly w's bad inputs.
 func lateCopiesThenCheck(t *testing.T, js jetstream.JetStream, w *workload, partitions int) {
 	t.Helper()
-	// A sleep on purpose: the copies must come after the duplicate window.
-	time.Sleep(scaleOutDup + time.Second)
-	mustPublish(t, js, w.lateCopies(300), "late")
+	const n = 300
+	waitWindowPassed(t, js, w.keys[:min(n, len(w.keys))], scaleOutDup)
+	mustPublish(t, js, w.lateCopies(n), "late")
 	scaleOutDrained(t, js, partitions, 60*time.Second)
 	checkOutput(t, js, w.forward)
 	checkDeadLetters(t, js, w.dead)

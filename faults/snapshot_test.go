@@ -61,7 +61,7 @@ func TestFilterSnapshotCorruptOrMissing(t *testing.T) {
 	t.Parallel()
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 5))
-	srv := startNATS(t)
+	srv := startNATSUnsynced(t)
 	cfg := defaultStageConfig(t, srv.URL())
 	// Every run ends with a clean stop, so nothing waits on a redelivery;
 	// a 10s AckWait keeps a slow ack on a loaded machine from being

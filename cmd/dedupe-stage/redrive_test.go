@@ -190,7 +190,7 @@ func TestRedriveStoppedMidwayDoesNotDouble(t *testing.T) {
 }
 
 func redriveStoppedMidway(t *testing.T, sig syscall.Signal) {
-	const n = 5000
+	const n = 2000 // about 2s of redrive here; the stop comes after a tenth
 	srv := natstest.RunServer(t, "")
 	url := srv.ClientURL()
 	_, js := natstest.Connect(t, url)

@@ -77,6 +77,7 @@ type Message struct {
 	Subject string
 	Header  nats.Header
 	Data    []byte
+	Time    time.Time // when the stream stored it
 }
 
 // maxNoResponders bounds the "no responders" answers Read waits
@@ -145,7 +146,7 @@ func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 		var out []Message
 		_, err := Read(ctx, js, stream, func(m jetstream.Msg) {
 			md, _ := m.Metadata()
-			out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), Time: md.Timestamp})
 		})
 		if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
 			// A cluster's consumer can stay unanswered through an
