@@ -198,7 +198,10 @@ func TestScaleOutLeaderKills(t *testing.T) {
 		time.Sleep(leaderKillDup + time.Second)
 		t.Logf("round %d (%v): starting node %d again", round, time.Since(start).Round(time.Millisecond), node)
 		cl.nodes[node].start()
-		waitQuorum(t, js, parts, 30*time.Second)
+		// How long a restarted node takes to catch up is the server's and
+		// the machine's: 30s ran out once with three test lanes on two
+		// cores. The stage's part is judged by the checks after the rounds.
+		waitQuorum(t, js, parts, 90*time.Second)
 		t.Logf("round %d (%v): every replica current again", round, time.Since(start).Round(time.Millisecond))
 	}
 	wait()
