@@ -34,6 +34,10 @@ type Claim struct {
 	Versioned bool
 	// Version is the copy's version, when Versioned.
 	Version uint64
+	// OutputSeq is the output stream sequence of the key's forward (its
+	// PubAck's), which a New claim's record keeps for inspection; 0 when
+	// unknown.
+	OutputSeq uint64
 }
 
 // ClaimResult is the outcome of one Claim.
@@ -202,7 +206,7 @@ func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.T
 // the claim tested it. A record of the key that b already writes (an
 // older version in the same batch) is replaced: its write is dropped.
 func (p *Partition) claimNew(rtxn *badger.Txn, b *batch, i int, c Claim, now time.Time, h bloom.Hash) error {
-	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint, Version: c.Version, HasVersion: c.Versioned}
+	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint, Version: c.Version, HasVersion: c.Versioned, OutputSeq: c.OutputSeq}
 	if !c.FirstSeen.IsZero() {
 		rec.FirstSeen = c.FirstSeen
 	}

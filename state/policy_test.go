@@ -176,3 +176,47 @@ func claimOne(tb testing.TB, p *Partition, c Claim, wantNew bool) ClaimResult {
 	}
 	return res[0]
 }
+
+// TestOutputSeqKept: a record keeps the output sequence of its key's
+// forward through a repeat that moves its window, is replaced with a newer
+// version's, and survives a restore of a key-state record that carries
+// none (the record of the same forward keeps its own).
+func TestOutputSeqKept(t *testing.T) {
+	opts := testOptions(t, t.TempDir(), 1)
+	clock := window.NewManualClock(time.Now())
+	opts.Clock = clock
+	opts.RefreshOnRepeat = true
+	p := openStore(t, opts).Partition(0)
+	seqOf := func(key string) uint64 {
+		t.Helper()
+		r, err := p.Lookup([]byte(key))
+		if err != nil || !r.Found {
+			t.Fatalf("Lookup(%s) = %+v, %v", key, r, err)
+		}
+		return r.Record.OutputSeq
+	}
+	claimOne(t, p, Claim{Key: []byte("a"), OutputSeq: 41}, true)
+	clock.Advance(time.Second)
+	if res := claimOne(t, p, Claim{Key: []byte("a"), OutputSeq: 99}, false); !res.Refreshed {
+		t.Fatalf("the repeat did not move the window: %+v", res)
+	}
+	if got := seqOf("a"); got != 41 {
+		t.Errorf("after a refreshed repeat: output seq %d, want 41, the forward's", got)
+	}
+	claimOne(t, p, Claim{Key: []byte("v"), Versioned: true, Version: 1, OutputSeq: 50}, true)
+	claimOne(t, p, Claim{Key: []byte("v"), Versioned: true, Version: 2, OutputSeq: 60}, true)
+	if got := seqOf("v"); got != 60 {
+		t.Errorf("after version 2: output seq %d, want 60, version 2's forward", got)
+	}
+
+	first := clock.Now()
+	if err := p.Restore([]Restored{{Key: []byte("r"), FirstSeen: first, Fingerprint: 1, OutputSeq: 7}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Restore([]Restored{{Key: []byte("r"), FirstSeen: first, Fingerprint: 1, Refreshed: first.Add(time.Second)}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := p.Lookup([]byte("r")); err != nil || r.Record.OutputSeq != 7 || !r.Record.Refreshed.Equal(first.Add(time.Second)) {
+		t.Errorf("after a refresh without an output seq: %+v, %v; want the refresh applied and output seq 7 kept", r, err)
+	}
+}

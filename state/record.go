@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/window"
@@ -143,6 +144,10 @@ type Record struct {
 	// zero when never. A forgotten record holds nothing: the key's next
 	// copy is New.
 	Forgotten time.Time
+	// OutputSeq is the output stream sequence of the key's forward (the
+	// PubAck's, Claim.OutputSeq), or of the forward a restore read back;
+	// 0 when unknown (a record written before it was kept).
+	OutputSeq uint64
 }
 
 // holds reports whether r makes a copy of its key a repeat at now: it is
@@ -166,9 +171,9 @@ func (r Record) WindowStart() time.Time {
 func (r Record) OlderThan(v uint64) bool { return !r.HasVersion || r.Version < v }
 
 // Record encodings. Version 1 (17 bytes) is a record with no refresh,
-// version or forget, as every record was before those existed, so a store
-// that uses none keeps writing what older releases read; version 2 adds a
-// flags byte and the fields it names.
+// version, forget or output sequence, as every record was before those
+// existed; version 2 adds a flags byte and the fields it names. A record
+// whose forward's sequence is known is version 2.
 const (
 	recordVersion  = 1
 	recordLen      = 1 + 8 + 8
@@ -177,14 +182,16 @@ const (
 	flagRefreshed byte = 1 << 0 // Refreshed follows, Unix nanoseconds
 	flagVersion   byte = 1 << 1 // Version follows
 	flagForgotten byte = 1 << 2 // Forgotten follows, Unix nanoseconds
-	flagsKnown         = flagRefreshed | flagVersion | flagForgotten
+	flagOutputSeq byte = 1 << 3 // OutputSeq follows
+	flagsKnown         = flagRefreshed | flagVersion | flagForgotten | flagOutputSeq
 )
 
-// encodeRecord encodes r. Without Refreshed, HasVersion and Forgotten: version byte 1,
-// FirstSeen as Unix nanoseconds (int64 big endian) and the fingerprint
-// (uint64 big endian). Otherwise: version byte 2, a flags byte, FirstSeen,
-// the fingerprint, then Refreshed (flagRefreshed), Version (flagVersion) and
-// Forgotten (flagForgotten), each 8 bytes big endian.
+// encodeRecord encodes r. Without Refreshed, HasVersion, Forgotten and
+// OutputSeq: version byte 1, FirstSeen as Unix nanoseconds (int64 big
+// endian) and the fingerprint (uint64 big endian). Otherwise: version byte
+// 2, a flags byte, FirstSeen, the fingerprint, then Refreshed
+// (flagRefreshed), Version (flagVersion), Forgotten (flagForgotten) and
+// OutputSeq (flagOutputSeq), each 8 bytes big endian.
 func encodeRecord(r Record) []byte {
 	var flags byte
 	if !r.Refreshed.IsZero() {
@@ -196,6 +203,9 @@ func encodeRecord(r Record) []byte {
 	if !r.Forgotten.IsZero() {
 		flags |= flagForgotten
 	}
+	if r.OutputSeq != 0 {
+		flags |= flagOutputSeq
+	}
 	if flags == 0 {
 		b := make([]byte, recordLen)
 		b[0] = recordVersion
@@ -203,7 +213,7 @@ func encodeRecord(r Record) []byte {
 		binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
 		return b
 	}
-	b := make([]byte, 2, 2+8*5)
+	b := make([]byte, 2, 2+8*6)
 	b[0], b[1] = recordVersion2, flags
 	b = binary.BigEndian.AppendUint64(b, uint64(r.FirstSeen.UnixNano()))
 	b = binary.BigEndian.AppendUint64(b, r.Fingerprint)
@@ -215,6 +225,9 @@ func encodeRecord(r Record) []byte {
 	}
 	if flags&flagForgotten != 0 {
 		b = binary.BigEndian.AppendUint64(b, uint64(r.Forgotten.UnixNano()))
+	}
+	if flags&flagOutputSeq != 0 {
+		b = binary.BigEndian.AppendUint64(b, r.OutputSeq)
 	}
 	return b
 }
@@ -242,16 +255,7 @@ func decodeRecord(b []byte) (Record, error) {
 		if flags == 0 || flags&^flagsKnown != 0 {
 			return Record{}, fmt.Errorf("%w: version 2 with flags %#x", ErrCorruptRecord, flags)
 		}
-		want := 2 + 16
-		if flags&flagRefreshed != 0 {
-			want += 8
-		}
-		if flags&flagVersion != 0 {
-			want += 8
-		}
-		if flags&flagForgotten != 0 {
-			want += 8
-		}
+		want := 2 + 16 + 8*bits.OnesCount8(flags)
 		if len(b) != want {
 			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), want)
 		}
@@ -270,6 +274,10 @@ func decodeRecord(b []byte) (Record, error) {
 		}
 		if flags&flagForgotten != 0 {
 			r.Forgotten = time.Unix(0, int64(binary.BigEndian.Uint64(rest)))
+			rest = rest[8:]
+		}
+		if flags&flagOutputSeq != 0 {
+			r.OutputSeq = binary.BigEndian.Uint64(rest)
 		}
 		return r, nil
 	}

@@ -15,15 +15,18 @@ func TestRecordRoundTrip(t *testing.T) {
 		{FirstSeen: time.Unix(10, 0), Fingerprint: 3, Refreshed: time.Unix(20, 5)},
 		{FirstSeen: time.Unix(10, 0), Fingerprint: 3, Version: 0, HasVersion: true},
 		{FirstSeen: time.Unix(10, 0), Fingerprint: 3, Refreshed: time.Unix(0, 0), Version: 1<<64 - 1, HasVersion: true},
+		{FirstSeen: time.Unix(10, 0), Fingerprint: 3, OutputSeq: 1},
+		{FirstSeen: time.Unix(10, 0), Fingerprint: 3, Refreshed: time.Unix(20, 0), Version: 2, HasVersion: true, Forgotten: time.Unix(30, 0), OutputSeq: 1<<64 - 1},
 	} {
 		b := encodeRecord(r)
 		got, err := decodeRecord(b)
 		if err != nil || !got.FirstSeen.Equal(r.FirstSeen) || got.Fingerprint != r.Fingerprint ||
-			!got.Refreshed.Equal(r.Refreshed) || got.Version != r.Version || got.HasVersion != r.HasVersion {
+			!got.Refreshed.Equal(r.Refreshed) || got.Version != r.Version || got.HasVersion != r.HasVersion ||
+			!got.Forgotten.Equal(r.Forgotten) || got.OutputSeq != r.OutputSeq {
 			t.Errorf("round trip of %+v = %+v, %v", r, got, err)
 		}
-		if plain := r.Refreshed.IsZero() && !r.HasVersion; plain != (len(b) == recordLen && b[0] == recordVersion) {
-			t.Errorf("%+v encodes as version %d, %d bytes: a record with neither a refresh nor a version must stay version 1", r, b[0], len(b))
+		if plain := r.Refreshed.IsZero() && !r.HasVersion && r.OutputSeq == 0; plain != (len(b) == recordLen && b[0] == recordVersion) {
+			t.Errorf("%+v encodes as version %d, %d bytes: a record with no refresh, version or output sequence must stay version 1", r, b[0], len(b))
 		}
 	}
 }

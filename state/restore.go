@@ -69,12 +69,17 @@ type Restored struct {
 	// held, it stores the key's record marked, so that every owner gives
 	// the key's next forward the same id.
 	Forgotten time.Time
+	// OutputSeq is the output stream sequence of the key's forward: Seq
+	// for a forward read back, the one a key-state record or a snapshot
+	// carries otherwise; 0 when unknown, and a record restored over the
+	// partition's record of the same FirstSeen then keeps that record's.
+	OutputSeq uint64
 }
 
 // record is the Record r restores.
 func (r Restored) record() Record {
 	return Record{FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint, Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion,
-		Forgotten: r.Forgotten}
+		Forgotten: r.Forgotten, OutputSeq: r.OutputSeq}
 }
 
 // Restore puts records read back from the partition's changelog into the
@@ -112,12 +117,15 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 			continue
 		}
 		k := string(r.Key)
-		h, held, err := p.alreadyHolds(rtxn, b, r.Key, rec)
+		h, have, held, err := p.alreadyHolds(rtxn, b, r.Key, rec)
 		if err != nil {
 			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
 		}
 		if held {
 			continue
+		}
+		if rec.OutputSeq == 0 && have.FirstSeen.Equal(rec.FirstSeen) {
+			rec.OutputSeq = have.OutputSeq // a key-state record of the same forward
 		}
 		b.inBatch[k] = rec
 		cw := claimWrites{
@@ -150,28 +158,32 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 
 // alreadyHolds reports whether the partition, or b (the records of this
 // Restore call before), holds key with a record that supersedes rec (see
-// supersedes): rec then adds nothing. It returns key's filter hash when it tested the
-// filter (zero otherwise), hashed once for the test and the add. A corrupt
-// stored record is replaced by rec.
-func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, bool, error) {
+// supersedes): rec then adds nothing. It returns key's filter hash when it
+// tested the filter (zero otherwise), hashed once for the test and the
+// add, and the record held (zero when none). A corrupt stored record is
+// replaced by rec.
+func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, Record, bool, error) {
 	var h bloom.Hash
 	if have, ok := b.inBatch[string(key)]; ok {
-		return h, supersedes(have, rec), nil
+		return h, have, supersedes(have, rec), nil
 	}
 	if p.filter != nil {
 		if h = p.filter.Hash(key); !p.filter.TestHash(h) {
-			return h, false, nil
+			return h, Record{}, false, nil
 		}
 	}
 	have, ok, err := readRecord(rtxn, p.ks, key)
 	if err != nil && !errors.Is(err, ErrCorruptRecord) {
-		return h, false, err
+		return h, Record{}, false, err
 	}
-	if err == nil && ok && supersedes(have, rec) {
+	if err != nil || !ok {
+		return h, Record{}, false, nil
+	}
+	if supersedes(have, rec) {
 		b.inBatch[string(key)] = have
-		return h, true, nil
+		return h, have, true, nil
 	}
-	return h, false, nil
+	return h, have, false, nil
 }
 
 // supersedes reports whether have, a record held, makes rec, one restored,
