@@ -17,8 +17,11 @@
 // version 2 adds a flags byte after the fingerprint and the fields it
 // names, in this order: the refresh time and the forget time (zigzag
 // varints relative to Header.Taken) and the key's version (uvarint); a
-// record with none of them costs one byte more than in version 1. The
-// reader reads both versions; the writer writes version 2. The
+// record with none of them costs one byte more than in version 1. Format
+// version 3 adds one more flagged field after them: the output sequence
+// of the key's forward, a zigzag varint relative to Header.Seq (a recent
+// forward's takes a few bytes). The reader reads all three versions; the
+// writer writes version 3. The
 // Bloom filter is not stored: loading the records adds their keys to the
 // new owner's filter, which costs less than the filter's bytes would, and
 // leaves the new owner's filter options its own.
@@ -63,18 +66,24 @@ var (
 )
 
 // Version is the format version this package writes. It reads this one
-// and version 1 (a record without flags).
-const Version = 2
+// and versions 1 (a record without flags) and 2 (no output sequence).
+const Version = 3
 
-// version1 is the first format version: no flags byte in a record.
-const version1 = 1
+// Earlier format versions: version1 has no flags byte in a record,
+// version2 no flagOutputSeq.
+const (
+	version1 = 1
+	version2 = 2
+)
 
-// Record flags (format version 2): which optional fields follow.
+// Record flags (format versions 2 and 3): which optional fields follow.
 const (
 	flagRefreshed byte = 1 << 0
 	flagForgotten byte = 1 << 1
 	flagVersion   byte = 1 << 2
-	flagsKnown         = flagRefreshed | flagForgotten | flagVersion
+	flagOutputSeq byte = 1 << 3 // format version 3
+	flagsKnown2        = flagRefreshed | flagForgotten | flagVersion
+	flagsKnown         = flagsKnown2 | flagOutputSeq
 )
 
 // MaxKeySize is the longest key a snapshot holds, in bytes.
@@ -136,6 +145,9 @@ type Record struct {
 	Version uint64
 	// HasVersion is true when the record carries a Version.
 	HasVersion bool
+	// OutputSeq is the output stream sequence of the key's forward; 0:
+	// unknown.
+	OutputSeq uint64
 }
 
 // flags returns r's format version 2 flags.
@@ -150,6 +162,9 @@ func (r Record) flags() byte {
 	if r.HasVersion {
 		f |= flagVersion
 	}
+	if r.OutputSeq != 0 {
+		f |= flagOutputSeq
+	}
 	return f
 }
 
@@ -159,6 +174,7 @@ type Writer struct {
 	w     *bufio.Writer
 	crc   uint32 // of every byte written so far
 	base  int64  // Header.Taken, Unix nanoseconds
+	seq   int64  // Header.Seq, the base of records' OutputSeq
 	block []byte
 	n     uint64 // records in block
 	total uint64
@@ -186,7 +202,7 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	out = binary.AppendUvarint(out, uint64(len(hb)))
 	out = append(out, hb...)
 	out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(out, castagnoli))
-	sw := &Writer{w: bufio.NewWriterSize(w, blockSize), base: unixNano(h.Taken), block: make([]byte, 0, blockSize+1024)}
+	sw := &Writer{w: bufio.NewWriterSize(w, blockSize), base: unixNano(h.Taken), seq: int64(h.Seq), block: make([]byte, 0, blockSize+1024)}
 	if err := sw.write(out); err != nil {
 		return nil, err
 	}
@@ -236,6 +252,9 @@ func (w *Writer) Add(r Record) error {
 	}
 	if flags&flagVersion != 0 {
 		b = binary.AppendUvarint(b, r.Version)
+	}
+	if flags&flagOutputSeq != 0 {
+		b = binary.AppendVarint(b, int64(r.OutputSeq)-w.seq)
 	}
 	w.block = b
 	w.n++
@@ -294,6 +313,7 @@ type Reader struct {
 	format byte   // the snapshot's format version
 	crc    uint32 // of every byte read so far
 	base   int64
+	seq    int64  // Header.Seq
 	block  []byte // the current block's unread records
 	left   uint64 // records left in block
 	total  uint64 // records returned
@@ -313,8 +333,8 @@ func NewReader(r io.Reader) (*Reader, error) {
 	if [4]byte(pre[:4]) != magic {
 		return nil, fmt.Errorf("%w: magic %q, want %q", ErrCorrupt, pre[:4], magic[:])
 	}
-	if pre[4] != Version && pre[4] != version1 {
-		return nil, fmt.Errorf("%w: version %d, this build reads %d and %d", ErrVersion, pre[4], version1, Version)
+	if pre[4] != Version && pre[4] != version1 && pre[4] != version2 {
+		return nil, fmt.Errorf("%w: version %d, this build reads %d to %d", ErrVersion, pre[4], version1, Version)
 	}
 	sr.format = pre[4]
 	n, err := sr.uvarint()
@@ -346,7 +366,7 @@ func NewReader(r io.Reader) (*Reader, error) {
 	}
 	sr.h.Partition, sr.h.Partitions, sr.h.Window = int(part), int(parts), time.Duration(win)
 	sr.h.StreamCreated, sr.h.Taken = fromNano(created), fromNano(taken)
-	sr.base = taken
+	sr.base, sr.seq = taken, int64(sr.h.Seq)
 	return sr, nil
 }
 
@@ -410,15 +430,18 @@ func (r *Reader) Next() (Record, error) {
 	return rec, nil
 }
 
-// optional reads a format version 2 record's flags and the fields they
+// optional reads a format version 2 or 3 record's flags and the fields they
 // name into rec.
 func (r *Reader) optional(d *decoder, rec *Record) error {
 	fb := d.bytes(1)
 	if d.err {
 		return nil // cut short: Next says so
 	}
-	flags := fb[0]
-	if flags&^flagsKnown != 0 {
+	flags, known := fb[0], flagsKnown
+	if r.format == version2 {
+		known = flagsKnown2
+	}
+	if flags&^known != 0 {
 		return fmt.Errorf("%w: record %d: flags %#x", ErrCorrupt, r.total, flags)
 	}
 	if flags&flagRefreshed != 0 {
@@ -429,6 +452,9 @@ func (r *Reader) optional(d *decoder, rec *Record) error {
 	}
 	if flags&flagVersion != 0 {
 		rec.Version, rec.HasVersion = d.uvarint(), true
+	}
+	if flags&flagOutputSeq != 0 {
+		rec.OutputSeq = uint64(r.seq + d.varint())
 	}
 	return nil
 }
