@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -43,12 +42,11 @@ func (o *Owner) Forget(ctx context.Context, key []byte) (state.Record, bool, err
 		return rec, false, err
 	}
 	at := o.g.clock.Now()
-	var windowStart time.Time
+	kr := keyRecord(key, rec)
 	if rec.Refreshed.After(rec.FirstSeen) {
-		windowStart = rec.Refreshed
+		kr.WindowStart = rec.Refreshed
 	}
-	m := handover.ForgetMsg(handover.KeyStateSubject(o.g.prefix, o.p.Index()), handover.Record{Key: key, FirstSeen: rec.FirstSeen,
-		Fingerprint: rec.Fingerprint, Version: rec.Version, HasVersion: rec.HasVersion, WindowStart: windowStart}, at)
+	m := handover.ForgetMsg(handover.KeyStateSubject(o.g.prefix, o.p.Index()), kr, at)
 	res := make([]forward.Result, 1)
 	err = forward.Batch(ctx, o.g.js, []*nats.Msg{m}, res, forward.Options{Component: "forget", Atomic: true, Fence: &o.tenure.fence})
 	if err == nil {

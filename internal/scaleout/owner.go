@@ -84,8 +84,15 @@ func (o *Owner) Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contr
 // forwards, expecting the tenure's fence, so that a new owner restores
 // the moved window (handover.RefreshMsg).
 func (o *Owner) RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg {
-	return handover.RefreshMsg(handover.KeyStateSubject(o.g.prefix, o.p.Index()), handover.Record{Key: key, FirstSeen: rec.FirstSeen,
-		Fingerprint: rec.Fingerprint, Version: rec.Version, HasVersion: rec.HasVersion}, at)
+	return handover.RefreshMsg(handover.KeyStateSubject(o.g.prefix, o.p.Index()), keyRecord(key, rec), at)
+}
+
+// keyRecord is the changelog record a key-state record carries of key,
+// whose state record is rec: what a restore needs to store the key when it
+// holds no record of it.
+func keyRecord(key []byte, rec state.Record) handover.Record {
+	return handover.Record{Key: key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint, Version: rec.Version,
+		HasVersion: rec.HasVersion, OutputSeq: rec.OutputSeq}
 }
 
 // Fence is the fence the batch's output publish expects: the tenure's fence in the output stream.
@@ -383,7 +390,8 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 func restored(rec handover.Record, seq uint64) state.Restored {
 	return state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
 		Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq,
-		Refreshed: rec.WindowStart, Version: rec.Version, HasVersion: rec.HasVersion, Forgotten: rec.Forgotten}
+		Refreshed: rec.WindowStart, Version: rec.Version, HasVersion: rec.HasVersion, Forgotten: rec.Forgotten,
+		OutputSeq: rec.OutputSeq}
 }
 
 // fenced handles an output batch the server refused because the

@@ -261,7 +261,7 @@ func (sn *snapshots) write(ctx context.Context, p *state.Partition, outStream st
 			return err
 		}, func(key []byte, r state.Record) error {
 			return w.Add(snapshot.Record{Key: key, FirstSeen: r.FirstSeen, Fingerprint: r.Fingerprint,
-				Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion, Forgotten: r.Forgotten})
+				Refreshed: r.Refreshed, Version: r.Version, HasVersion: r.HasVersion, Forgotten: r.Forgotten, OutputSeq: r.OutputSeq})
 		})
 		if err == nil {
 			n, err = w.Close()
@@ -443,7 +443,8 @@ func (o *Owner) loadSnapshot(ctx context.Context, out *jetstream.StreamInfo, cur
 		}
 		if !done {
 			recs = append(recs, state.Restored{Key: bytes.Clone(rec.Key), FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
-				Refreshed: rec.Refreshed, Version: rec.Version, HasVersion: rec.HasVersion, Forgotten: rec.Forgotten})
+				Refreshed: rec.Refreshed, Version: rec.Version, HasVersion: rec.HasVersion, Forgotten: rec.Forgotten,
+				OutputSeq: rec.OutputSeq})
 		}
 		if len(recs) == restoreChunk || done {
 			err := put(recs)

@@ -68,6 +68,10 @@ type Record struct {
 	// forgotten; the rest is the key's record as the forget found it. Zero
 	// otherwise.
 	Forgotten time.Time
+	// OutputSeq is the output stream sequence of the key's forward: a
+	// forward's own sequence (Restore sets it), or a key-state record's
+	// HeaderOutputSeq; 0 when unknown.
+	OutputSeq uint64
 }
 
 // ErrNotARecord means a message read from a partition's subjects does not
@@ -501,6 +505,9 @@ func (r *reader) deliver(m jetstream.Msg, seq, upTo uint64, fn func(r Record, se
 	rec, err := decode(m)
 	if err != nil {
 		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)
+	}
+	if rec.OutputSeq == 0 && m.Subject() != r.keySubject {
+		rec.OutputSeq = seq // a forward: the key's forward is this message
 	}
 	if err := fn(rec, seq); err != nil {
 		return true, fmt.Errorf("handover: restore %s: sequence %d: %w", r.filter, seq, err)

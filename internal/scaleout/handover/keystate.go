@@ -18,6 +18,9 @@ const (
 	// HeaderWindowStart is a refresh's new window start: Unix nanoseconds,
 	// in decimal.
 	HeaderWindowStart = "Dedupe-Window-Start"
+	// HeaderOutputSeq is the output stream sequence of the key's forward,
+	// in decimal, when the owner knew it.
+	HeaderOutputSeq = "Dedupe-Output-Seq"
 
 	// OpRefresh moves a key's window start to HeaderWindowStart. The
 	// record also carries the key's record (HeaderFirstSeen,
@@ -71,6 +74,9 @@ func keyStateMsg(subject, op string, r Record) *nats.Msg {
 	if !r.Forgotten.IsZero() {
 		AnnotateForgotten(h, r.Forgotten)
 	}
+	if r.OutputSeq != 0 {
+		h.Set(HeaderOutputSeq, strconv.FormatUint(r.OutputSeq, 10))
+	}
 	return &nats.Msg{Subject: subject, Header: h}
 }
 
@@ -100,6 +106,13 @@ func DecodeKeyState(h nats.Header) (Record, error) {
 			return fail("%s %q is not a decimal integer", HeaderVersion, vs)
 		}
 		r.Version, r.HasVersion = v, true
+	}
+	if s := h.Get(HeaderOutputSeq); s != "" {
+		seq, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || seq == 0 {
+			return fail("%s %q is not a positive decimal integer", HeaderOutputSeq, s)
+		}
+		r.OutputSeq = seq
 	}
 	ws, f := h.Get(HeaderWindowStart), h.Get(HeaderForgotten)
 	if ws != "" || op == OpRefresh {

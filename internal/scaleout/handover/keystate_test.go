@@ -22,18 +22,18 @@ func TestKeyStateSubject(t *testing.T) {
 // refuses, permanently, a key-state record it cannot read.
 func TestDecodeKeyState(t *testing.T) {
 	first, at := time.Unix(1_767_000_000, 1), time.Unix(1_767_000_060, 2)
-	m := handover.RefreshMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, Version: 4, HasVersion: true}, at)
+	m := handover.RefreshMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, Version: 4, HasVersion: true, OutputSeq: 12}, at)
 	if len(m.Data) != 0 || m.Header.Get("Nats-Msg-Id") != "" {
 		t.Errorf("refresh record %+v: want headers only, no Nats-Msg-Id", m)
 	}
 	r, err := handover.DecodeKeyState(m.Header)
 	if err != nil || string(r.Key) != "k" || !r.FirstSeen.Equal(first) || r.Fingerprint != 9 || !r.WindowStart.Equal(at) ||
-		r.Version != 4 || !r.HasVersion || !r.Forgotten.IsZero() {
+		r.Version != 4 || !r.HasVersion || !r.Forgotten.IsZero() || r.OutputSeq != 12 {
 		t.Errorf("refresh decoded as %+v, %v", r, err)
 	}
 	f := handover.ForgetMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9}, at)
 	r, err = handover.DecodeKeyState(f.Header)
-	if err != nil || string(r.Key) != "k" || !r.Forgotten.Equal(at) || !r.WindowStart.IsZero() || !r.FirstSeen.Equal(first) || r.HasVersion {
+	if err != nil || string(r.Key) != "k" || !r.Forgotten.Equal(at) || !r.WindowStart.IsZero() || !r.FirstSeen.Equal(first) || r.HasVersion || r.OutputSeq != 0 {
 		t.Errorf("forget decoded as %+v, %v", r, err)
 	}
 	f = handover.ForgetMsg("s", handover.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, WindowStart: at}, at.Add(time.Second))
@@ -51,6 +51,8 @@ func TestDecodeKeyState(t *testing.T) {
 		"refresh without first": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}},
 		"refresh bad version": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"},
 			handover.HeaderFirstSeen: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}, handover.HeaderVersion: {"-1"}},
+		"refresh bad output seq": {handover.HeaderOp: {handover.OpRefresh}, handover.HeaderKey: {"k"}, handover.HeaderWindowStart: {"1"},
+			handover.HeaderFirstSeen: {"1"}, handover.HeaderFingerprint: {"0000000000000001"}, handover.HeaderOutputSeq: {"0"}},
 	} {
 		if _, err := handover.DecodeKeyState(h); !errors.Is(err, handover.ErrNotARecord) || !retry.IsPermanent(err) {
 			t.Errorf("%s: %v, want a permanent ErrNotARecord", name, err)
@@ -59,7 +61,9 @@ func TestDecodeKeyState(t *testing.T) {
 }
 
 // TestRestoreReadsKeyState: Restore passes a partition's key-state records
-// on, in stream order among its forwards, and not another partition's.
+// on, in stream order among its forwards, and not another partition's; a
+// forward's OutputSeq is its own sequence, a key-state record's the one it
+// carries.
 func TestRestoreReadsKeyState(t *testing.T) {
 	js := outStream(t)
 	ctx := context.Background()
@@ -71,7 +75,7 @@ func TestRestoreReadsKeyState(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	publish(handover.RefreshMsg(handover.KeyStateSubject(prefix, 1), handover.Record{Key: []byte(recs[0].key), FirstSeen: recs[0].firstSeen, Fingerprint: recs[0].fp}, at))
+	publish(handover.RefreshMsg(handover.KeyStateSubject(prefix, 1), handover.Record{Key: []byte(recs[0].key), FirstSeen: recs[0].firstSeen, Fingerprint: recs[0].fp, OutputSeq: 77}, at))
 	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 2), handover.Record{Key: []byte("other"), FirstSeen: at, Fingerprint: 1}, at))
 	publishRecords(t, js, 1, 2, 1)
 	publish(handover.ForgetMsg(handover.KeyStateSubject(prefix, 1), handover.Record{Key: []byte(recs[1].key), FirstSeen: recs[1].firstSeen, Fingerprint: recs[1].fp}, at))
@@ -81,14 +85,23 @@ func TestRestoreReadsKeyState(t *testing.T) {
 	}
 	var got []string
 	_, err = handover.Restore(ctx, js, "OUT", handover.PartitionFilter(prefix, 1), handover.FenceSubject(prefix, 1), handover.KeyStateSubject(prefix, 1), 0, time.Time{}, f,
-		func(r handover.Record, _ uint64) error {
+		func(r handover.Record, seq uint64) error {
 			switch {
 			case !r.WindowStart.IsZero():
 				got = append(got, "refresh "+string(r.Key))
+				if r.OutputSeq != 77 {
+					t.Errorf("refresh of %s at %d: OutputSeq %d, want the 77 it carries", r.Key, seq, r.OutputSeq)
+				}
 			case !r.Forgotten.IsZero():
 				got = append(got, "forget "+string(r.Key))
+				if r.OutputSeq != 0 {
+					t.Errorf("forget of %s at %d: OutputSeq %d, want 0: it carries none", r.Key, seq, r.OutputSeq)
+				}
 			default:
 				got = append(got, string(r.Key))
+				if r.OutputSeq != seq {
+					t.Errorf("forward %s at %d: OutputSeq %d, want its own sequence", r.Key, seq, r.OutputSeq)
+				}
 			}
 			return nil
 		})
