@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dedupe-stage/dedupe-stage/internal/admin"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
@@ -15,8 +17,9 @@ import (
 // TestInspectAnyInstanceOfAGroup asks `dedupe-stage inspect` about keys of
 // a 3-instance group on a 3-node cluster through each instance's
 // configuration: every answer is the owner's (the instance whose status
-// lists the key's partition as owned), and `forget` through any instance
-// is applied and answered by the owner.
+// lists the key's partition as owned) and names the output sequence of
+// the key's forward, and `forget` through any instance is applied and
+// answered by the owner.
 func TestInspectAnyInstanceOfAGroup(t *testing.T) {
 	t.Parallel()
 	w := newWorkload(71, "adm", 4096)
@@ -36,6 +39,10 @@ func TestInspectAnyInstanceOfAGroup(t *testing.T) {
 		}
 	}
 
+	output, err := js.Stream(context.Background(), outputStream)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, key := range w.keys[:5] {
 		for _, s := range stages {
 			out, err := exec.Command(stageBin, "inspect", "--config", s.cfgPath, key).CombinedOutput()
@@ -45,6 +52,11 @@ func TestInspectAnyInstanceOfAGroup(t *testing.T) {
 			}
 			if !r.Found || !r.InsideWindow || !r.Owner || r.Instance != ownerOf[r.Partition] {
 				t.Errorf("inspect %s = %+v; want the answer of %s, the owner of partition %d", key, r, ownerOf[r.Partition], r.Partition)
+			}
+			if r.OutputSeq == nil {
+				t.Errorf("inspect %s: no output_seq", key)
+			} else if raw, err := output.GetMsg(context.Background(), *r.OutputSeq); err != nil || raw.Header.Get(jetstream.MsgIDHeader) != key {
+				t.Errorf("inspect %s: output_seq %d holds %v (%v); want the key's forward", key, *r.OutputSeq, raw, err)
 			}
 		}
 	}

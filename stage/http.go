@@ -29,7 +29,10 @@ type Inspection struct {
 	Forgotten *time.Time `json:"forgotten_at,omitempty"`
 	// Version is the key's recorded version, with key.version set.
 	Version *uint64 `json:"version,omitempty"`
-	Window  string  `json:"window"`
+	// OutputSeq is the output stream sequence of the key's forward; absent
+	// when its record predates it.
+	OutputSeq *uint64 `json:"output_seq,omitempty"`
+	Window    string  `json:"window"`
 }
 
 // Inspect tells whether key is inside the window, when it was first seen
@@ -65,6 +68,10 @@ func (st *Health) Inspect(key string) (Inspection, error) {
 		if !rec.Forgotten.IsZero() {
 			f := rec.Forgotten.UTC()
 			in.Forgotten = &f
+		}
+		if rec.OutputSeq != 0 {
+			seq := rec.OutputSeq
+			in.OutputSeq = &seq
 		}
 		in.Age = win.Age(rec.FirstSeen, now).Round(time.Millisecond).String()
 		in.Fingerprint = fmt.Sprintf("%016x", rec.Fingerprint)

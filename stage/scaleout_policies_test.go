@@ -62,6 +62,22 @@ func (e *env) forwardIDs() []string {
 	return ids
 }
 
+// outputSeqIs fails the test unless r, running, answers inspect of key
+// with the output sequence of the forward whose Nats-Msg-Id is id.
+func (e *env) outputSeqIs(r *running, key, id string) {
+	e.t.Helper()
+	var want uint64
+	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.Output.Stream) {
+		if m.Header.Get(jetstream.MsgIDHeader) == id {
+			want = m.Seq
+		}
+	}
+	in, err := r.st.Inspect(key)
+	if err != nil || want == 0 || in.OutputSeq == nil || *in.OutputSeq != want {
+		e.t.Errorf("inspect %s = %+v, %v; want output_seq %d, the sequence of forward %s", key, in, err, want, id)
+	}
+}
+
 // TestScaleOutVersionAcrossHandOver: versions 1 and 3 of a key go through
 // owner a, a is killed, and versions 2 and 4 reach b, which restores the
 // partition from the changelog: b judges 2 stale (the changelog carries
@@ -182,6 +198,7 @@ func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
 	if n := len(eb.keyStateRecords(partitionOf("s1", 4))); n != 4 {
 		t.Errorf("%d key-state records in the changelog, want 4 refreshes (a's 3, b's 1)", n)
 	}
+	eb.outputSeqIs(b, "s1", "s1") // restored with the refreshes, which carry it
 }
 
 // keyStateRecords returns partition p's key-state records in the output
@@ -291,4 +308,5 @@ func TestScaleOutVersionThroughSnapshot(t *testing.T) {
 	if n := counter(t, b.reg, "dedupe_restore_path_total", map[string]string{"path": "snapshot"}); n != 1 {
 		t.Errorf("%v takeovers restored from a snapshot, want 1", n)
 	}
+	eb.outputSeqIs(b, "o1", "o1:v3")
 }

@@ -254,7 +254,8 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 			continue
 		}
 		it := &batch[i]
-		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Total: it.tot, Versioned: it.versioned, Version: it.version})
+		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Total: it.tot, Versioned: it.versioned, Version: it.version,
+			OutputSeq: w.res[k].Seq})
 		idx = append(idx, i)
 	}
 	forwarded := len(claims)

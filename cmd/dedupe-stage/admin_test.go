@@ -38,7 +38,8 @@ func adminUsers(o *server.Options) {
 // be forwarded again (with an id of its own, which the output's duplicate
 // window does not drop) and only that one; a forget of a key not held says
 // so; the forget holds after a kill -9 and a restart; `inspect` answers
-// over NATS with the record's fields; and a user whose permissions deny
+// over NATS with the record's fields, the output sequence of the key's
+// forward among them (the newest forward's after a forget); and a user whose permissions deny
 // <prefix>.forget can inspect but not forget.
 func TestForgetThroughTheBinary(t *testing.T) {
 	srv := natstest.RunServerWith(t, adminUsers)
@@ -86,6 +87,10 @@ func TestForgetThroughTheBinary(t *testing.T) {
 	if !in.Found || !in.InsideWindow || !in.Owner || in.FirstSeen == nil || in.LeavesAt == nil || in.Forgotten != nil || in.Instance == "" {
 		t.Errorf("inspect order-1 before the forget = %+v; want found inside the window, owned, first seen and window end set", in)
 	}
+	first := natstest.ReadAll(t, js, "EVENTS_DEDUPED")[0]
+	if in.OutputSeq == nil || *in.OutputSeq != first.Seq {
+		t.Errorf("inspect order-1: output_seq %v, want %d, the sequence of its forward", in.OutputSeq, first.Seq)
+	}
 
 	before := time.Now()
 	f := forget("order-1")
@@ -112,6 +117,9 @@ func TestForgetThroughTheBinary(t *testing.T) {
 	if key, ok := handover.KeyOf(h, h.Get(jetstream.MsgIDHeader)); !ok || key != "order-1" || h.Get(handover.HeaderForgotten) == "" {
 		t.Errorf("the forward after the forget has Nats-Msg-Id %q and %s %q; want an id of key order-1",
 			h.Get(jetstream.MsgIDHeader), handover.HeaderForgotten, h.Get(handover.HeaderForgotten))
+	}
+	if in := inspect(stageURL, "order-1"); in.OutputSeq == nil || *in.OutputSeq != msgs[1].Seq {
+		t.Errorf("inspect order-1 after its forward since the forget: output_seq %v, want %d", in.OutputSeq, msgs[1].Seq)
 	}
 
 	// A forget holds after a kill -9 and a restart.
