@@ -19,7 +19,9 @@ import (
 // configuration: every answer is the owner's (the instance whose status
 // lists the key's partition as owned) and names the output sequence of
 // the key's forward, and `forget` through any instance is applied and
-// answered by the owner.
+// answered by the owner. Inspect and forget of a key no instance holds
+// answer not found and not held once the three instances have answered
+// (their owned partitions cover every partition), well before --timeout.
 func TestInspectAnyInstanceOfAGroup(t *testing.T) {
 	t.Parallel()
 	w := newWorkload(71, "adm", 4096)
@@ -73,6 +75,22 @@ func TestInspectAnyInstanceOfAGroup(t *testing.T) {
 	r, err := c.Inspect(context.Background(), key)
 	if err != nil || r.InsideWindow || r.Forgotten == nil {
 		t.Errorf("inspect %s after the forget = %+v, %v; want forgotten", key, r, err)
+	}
+
+	const timeout = 30 * time.Second
+	start := time.Now()
+	out, err = exec.Command(stageBin, "inspect", "--config", stages[1].cfgPath, "--timeout", timeout.String(), "never-seen").CombinedOutput()
+	var none admin.InspectReply
+	if err != nil || json.Unmarshal(out, &none) != nil || none.Found || none.Owner {
+		t.Errorf("inspect of a key no instance holds: %v\n%s\nwant not found", err, out)
+	}
+	out, err = exec.Command(stageBin, "forget", "--config", stages[2].cfgPath, "--timeout", timeout.String(), "never-seen").CombinedOutput()
+	var nothing admin.ForgetReply
+	if err != nil || json.Unmarshal(out, &nothing) != nil || nothing.Held || nothing.Owner {
+		t.Errorf("forget of a key no instance holds: %v\n%s\nwant nothing held", err, out)
+	}
+	if took := time.Since(start); took >= timeout/2 {
+		t.Errorf("inspect and forget of a key no instance holds took %v; want them answered once every instance has, not at the %v timeout", took, timeout)
 	}
 	if !slices.ContainsFunc(st, func(s admin.StatusReply) bool { return s.Ready }) {
 		t.Errorf("no instance says it is ready: %+v", st)

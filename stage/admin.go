@@ -63,6 +63,21 @@ type Forgot struct {
 	// Applied is when the forget was applied (the stage's clock): the
 	// first copy judged after it is forwarded.
 	Applied time.Time `json:"applied_at"`
+	Coverage
+}
+
+// Coverage says which partitions an instance owned when it answered, so
+// that a client asking every instance of a group knows when the owners of
+// all partitions have answered: once they have, and none holds the key,
+// no instance does (admin.Client).
+type Coverage struct {
+	// Partitions is the partition count; 0 from an instance that does not
+	// say (an older version).
+	Partitions int `json:"partitions"`
+	// Owned lists the partitions this instance owned when it answered: all
+	// of them for a single instance, none for an instance of a group that
+	// owns nothing yet.
+	Owned []int `json:"owned"`
 }
 
 // Forget makes the next copy of key (the full key as stored, with its
@@ -78,6 +93,7 @@ func (s *Stage) Forget(ctx context.Context, key string) (Forgot, error) {
 		return Forgot{}, err
 	}
 	out := Forgot{Key: key, Owner: s.src.holds(-1)}
+	lost := -1 // a partition whose tenure the forget found ended
 	_, p, found, err := s.store.Find([]byte(key))
 	if err != nil {
 		return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
@@ -91,7 +107,7 @@ func (s *Stage) Forget(ctx context.Context, key string) (Forgot, error) {
 		rec, held, err := s.owners[p].Forget(ctx, s.store.Partition(p), []byte(key))
 		switch {
 		case errors.Is(err, errNotOwner):
-			out.Owner = false
+			out.Owner, lost = false, p
 		case err != nil:
 			return Forgot{}, fmt.Errorf("forget %q: %w", key, err)
 		default:
@@ -100,12 +116,26 @@ func (s *Stage) Forget(ctx context.Context, key string) (Forgot, error) {
 		if held {
 			first := rec.FirstSeen.UTC()
 			out.Held, out.Partition, out.FirstSeen, out.Applied = true, &p, &first, rec.Forgotten.UTC()
+			out.Coverage = s.coverage(lost)
 			s.log.Info("key forgotten by an operator; its next copy is forwarded", "key", key, "partition", p, "first_seen", first)
 			return out, nil
 		}
 	}
 	out.Applied = s.clock.Now().UTC()
+	out.Coverage = s.coverage(lost)
 	return out, nil
+}
+
+// coverage returns the partitions this instance owns now, leaving out
+// lost, a partition whose tenure it found ended (-1: none).
+func (s *Stage) coverage(lost int) Coverage {
+	c := Coverage{Partitions: s.store.Partitions(), Owned: []int{}}
+	for p := range c.Partitions {
+		if p != lost && s.src.holds(p) {
+			c.Owned = append(c.Owned, p)
+		}
+	}
+	return c
 }
 
 // checkAdminKey refuses a key the store cannot hold, as ErrBadInspectKey.
@@ -116,18 +146,20 @@ func checkAdminKey(key string) error {
 	return nil
 }
 
-// Answer is one instance's answer about a key: the inspection of its store
-// and whether it owns the key's partition.
+// Answer is one instance's answer about a key: the inspection of its store,
+// whether it owns the key's partition, and which partitions it owns.
 type Answer struct {
 	Inspection
 	// Owner is true when this instance owns the key's partition: always
 	// for a single instance; in a group, when the key was found in a
 	// partition this instance holds now.
 	Owner bool `json:"owner"`
+	Coverage
 }
 
 // Inspect inspects key in the stage's store (Health.Inspect) and says
-// whether this instance owns the key's partition.
+// whether this instance owns the key's partition, and which partitions it
+// owns.
 func (s *Stage) Inspect(key string) (Answer, error) {
 	if err := checkAdminKey(key); err != nil {
 		return Answer{}, err
@@ -140,7 +172,7 @@ func (s *Stage) Inspect(key string) (Answer, error) {
 	if in.Found {
 		p = in.Partition
 	}
-	return Answer{Inspection: in, Owner: s.src.holds(p)}, nil
+	return Answer{Inspection: in, Owner: s.src.holds(p), Coverage: s.coverage(-1)}, nil
 }
 
 // InstanceStatus is an instance's status as the admin service reports it.
@@ -164,15 +196,11 @@ type InstanceStatus struct {
 
 // Status returns the instance's status.
 func (s *Stage) Status() InstanceStatus {
-	st := InstanceStatus{Ready: s.status.Ready(), Window: s.win.W.String(), Partitions: s.store.Partitions(),
-		Restoring: s.status.Restoring(), KeysInFilters: s.store.Stats().FilterKeys, Owned: []int{}}
+	c := s.coverage(-1)
+	st := InstanceStatus{Ready: s.status.Ready(), Window: s.win.W.String(), Partitions: c.Partitions,
+		Restoring: s.status.Restoring(), KeysInFilters: s.store.Stats().FilterKeys, Owned: c.Owned}
 	if err := s.status.Healthy(); err != nil {
 		st.Problem = err.Error()
-	}
-	for p := range st.Partitions {
-		if s.src.holds(p) {
-			st.Owned = append(st.Owned, p)
-		}
 	}
 	return st
 }

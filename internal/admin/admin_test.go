@@ -9,15 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // fakeStage answers as one instance of a group that owns the keys in
-// owned, and holds them. For tests only.
+// owned, and holds them, and says it owns the partitions in cover. For
+// tests only.
 type fakeStage struct {
 	mu      sync.Mutex
 	owned   map[string]bool
+	cover   stage.Coverage
 	forgot  []string
 	refuse  error // Forget's error
 	applied time.Time
@@ -29,7 +33,8 @@ func (f *fakeStage) Inspect(key string) (stage.Answer, error) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return stage.Answer{Inspection: stage.Inspection{Key: key, Found: true, InsideWindow: true}, Owner: f.owned[key]}, nil
+	held := f.owned[key]
+	return stage.Answer{Inspection: stage.Inspection{Key: key, Found: held, InsideWindow: held}, Owner: held, Coverage: f.cover}, nil
 }
 
 func (f *fakeStage) Forget(_ context.Context, key string) (stage.Forgot, error) {
@@ -39,10 +44,10 @@ func (f *fakeStage) Forget(_ context.Context, key string) (stage.Forgot, error) 
 		return stage.Forgot{}, f.refuse
 	}
 	if !f.owned[key] {
-		return stage.Forgot{Key: key, Applied: time.Now()}, nil
+		return stage.Forgot{Key: key, Applied: time.Now(), Coverage: f.cover}, nil
 	}
 	f.forgot = append(f.forgot, key)
-	return stage.Forgot{Key: key, Held: true, Owner: true, Applied: f.applied}, nil
+	return stage.Forgot{Key: key, Held: true, Owner: true, Applied: f.applied, Coverage: f.cover}, nil
 }
 
 func (f *fakeStage) Status() stage.InstanceStatus { return stage.InstanceStatus{Ready: true} }
@@ -122,5 +127,95 @@ func TestClientWithNoInstance(t *testing.T) {
 	_, err := c.Inspect(context.Background(), "k")
 	if !errors.Is(err, ErrNoAnswer) || !strings.Contains(err.Error(), "nothing subscribes") {
 		t.Fatalf("Inspect with no instance = %v, want ErrNoAnswer saying nothing subscribes", err)
+	}
+}
+
+// serve serves st as instance name on subject until the test ends.
+func serve(t *testing.T, nc *nats.Conn, subject, name string, st Stage) {
+	t.Helper()
+	svc, err := Serve(Options{Conn: nc, Subject: subject, Instance: name, Stage: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+}
+
+// TestClientAnswersOnceEveryPartitionsOwnerHas asks a group of two
+// instances, which own two of four partitions each, about a key neither
+// holds: inspect and forget answer not found and not held as soon as both
+// have answered, long before the client's timeout. A group with an
+// instance that does not say which partitions it owns (an older version)
+// answers the same once the timeout is up.
+func TestClientAnswersOnceEveryPartitionsOwnerHas(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	nc, _ := natstest.Connect(t, srv.ClientURL())
+	const subject = "dedupe.admin.cover"
+	serve(t, nc, subject, "a", &fakeStage{owned: map[string]bool{"k-a": true}, cover: stage.Coverage{Partitions: 4, Owned: []int{0, 2}}})
+	serve(t, nc, subject, "b", &fakeStage{owned: map[string]bool{"k-b": true}, cover: stage.Coverage{Partitions: 4, Owned: []int{1, 3}}})
+	const timeout = 30 * time.Second
+	c := Client{Conn: nc, Subject: subject, Timeout: timeout}
+	ctx := context.Background()
+	for range 5 {
+		start := time.Now()
+		r, err := c.Inspect(ctx, "never-seen")
+		if err != nil || r.Found || r.Owner {
+			t.Fatalf("Inspect(never-seen) = %+v, %v; want not found", r, err)
+		}
+		f, err := c.Forget(ctx, "never-seen")
+		if err != nil || f.Held || f.Owner {
+			t.Fatalf("Forget(never-seen) = %+v, %v; want not held", f, err)
+		}
+		if took := time.Since(start); took >= timeout/2 {
+			t.Fatalf("inspect and forget of a key no instance holds took %v; want them answered once both instances have, not at the %v timeout", took, timeout)
+		}
+		if r, err := c.Inspect(ctx, "k-b"); err != nil || !r.Found || !r.Owner || r.Instance != "b" {
+			t.Fatalf("Inspect(k-b) = %+v, %v; want found by its owner b", r, err)
+		}
+	}
+
+	old := Client{Conn: nc, Subject: subject + ".old", Timeout: 300 * time.Millisecond}
+	serve(t, nc, old.Subject, "a", &fakeStage{cover: stage.Coverage{Partitions: 4, Owned: []int{0, 1, 2}}})
+	serve(t, nc, old.Subject, "b", &fakeStage{}) // says nothing of partition 3
+	start := time.Now()
+	r, err := old.Inspect(ctx, "never-seen")
+	if err != nil || r.Found {
+		t.Fatalf("Inspect(never-seen) of a group with an older instance = %+v, %v; want not found", r, err)
+	}
+	if took := time.Since(start); took < old.Timeout {
+		t.Errorf("Inspect(never-seen) of a group with an older instance answered after %v, before its %v timeout: partition 3 has no answer", took, old.Timeout)
+	}
+}
+
+// TestCoverage: the union of the partitions the answers own completes
+// once it holds every partition with one partition count; a count that
+// disagrees keeps it incomplete, and an answer with no count adds nothing.
+func TestCoverage(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		answers []stage.Coverage
+		want    bool
+	}{
+		{"no answer", nil, false},
+		{"one instance owns all", []stage.Coverage{{Partitions: 3, Owned: []int{0, 1, 2}}}, true},
+		{"union of two", []stage.Coverage{{Partitions: 4, Owned: []int{0, 3}}, {Partitions: 4, Owned: []int{1, 2}}}, true},
+		{"and one that owns nothing", []stage.Coverage{{Partitions: 2, Owned: []int{}}, {Partitions: 2, Owned: []int{1}}, {Partitions: 2, Owned: []int{0}}}, true},
+		{"a partition nobody owns", []stage.Coverage{{Partitions: 4, Owned: []int{0, 1}}, {Partitions: 4, Owned: []int{3}}}, false},
+		{"two claim one partition", []stage.Coverage{{Partitions: 3, Owned: []int{0, 1}}, {Partitions: 3, Owned: []int{1}}}, false},
+		{"counts disagree", []stage.Coverage{{Partitions: 2, Owned: []int{0, 1}}, {Partitions: 4, Owned: []int{2, 3}}}, false},
+		{"counts disagree after complete", []stage.Coverage{{Partitions: 2, Owned: []int{0}}, {Partitions: 3, Owned: []int{0, 1, 2}}, {Partitions: 2, Owned: []int{1}}}, false},
+		{"no list from an older instance", []stage.Coverage{{}, {}}, false},
+		{"an older instance beside owners of all", []stage.Coverage{{}, {Partitions: 2, Owned: []int{0, 1}}}, true},
+		{"a partition out of range", []stage.Coverage{{Partitions: 2, Owned: []int{0, 2}}}, false},
+		{"a partition listed twice", []stage.Coverage{{Partitions: 2, Owned: []int{0, 0}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c coverage
+			for _, a := range tc.answers {
+				c.add(a)
+			}
+			if got := c.complete(); got != tc.want {
+				t.Errorf("complete after %+v = %v, want %v", tc.answers, got, tc.want)
+			}
+		})
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // ErrNoAnswer means no instance answered a request: none runs with the
@@ -32,12 +34,16 @@ type Client struct {
 
 // Inspect asks every instance about key and returns the answer of the
 // instance that owns the key's partition (the only one, for a single
-// instance); when none says it owns it (a key no partition holds, or a
-// hand-over in progress), the answer of an instance that holds the key,
-// else any answer, once the time is up.
+// instance). When none says it owns it, it returns an answer Found false as
+// soon as the answers cover every partition (the owners of all partitions
+// answered, and none found the key: no instance holds it); else, once the
+// time is up, the answer of an instance that found the key, or any answer
+// (a hand-over in progress, a partition no instance owns yet, or an
+// instance that does not say which partitions it owns).
 func (c Client) Inspect(ctx context.Context, key string) (InspectReply, error) {
 	var best InspectReply
-	var got bool
+	var got, found bool
+	var cov coverage
 	err := c.scatter(ctx, EndpointInspect, []byte(key), func(data []byte) (bool, error) {
 		var r InspectReply
 		if err := json.Unmarshal(data, &r); err != nil {
@@ -46,7 +52,9 @@ func (c Client) Inspect(ctx context.Context, key string) (InspectReply, error) {
 		if !got || r.Owner || (r.Found && !best.Found) {
 			best, got = r, true
 		}
-		return r.Owner, nil
+		found = found || r.Found
+		cov.add(r.Coverage)
+		return r.Owner || (!found && cov.complete()), nil
 	})
 	if got && (err == nil || errors.Is(err, context.DeadlineExceeded)) {
 		return best, nil
@@ -57,12 +65,14 @@ func (c Client) Inspect(ctx context.Context, key string) (InspectReply, error) {
 // Forget asks every instance to forget key and returns the answer of the
 // owner of the key's partition (the only instance, for a single one):
 // when it was applied, and whether the stage held the key. The other
-// instances of a group change nothing and answer Owner false; when none
-// says it owns it (a key no partition holds, or a hand-over in progress),
-// it returns one of their answers once the time is up.
+// instances of a group change nothing and answer Owner false. When none
+// says it owns it, it returns one of their answers (Held false) as soon as
+// the answers cover every partition, as Inspect does; else once the time
+// is up.
 func (c Client) Forget(ctx context.Context, key string) (ForgetReply, error) {
 	var best ForgetReply
-	var got bool
+	var got, held bool
+	var cov coverage
 	err := c.scatter(ctx, EndpointForget, []byte(key), func(data []byte) (bool, error) {
 		var r ForgetReply
 		if err := json.Unmarshal(data, &r); err != nil {
@@ -71,13 +81,50 @@ func (c Client) Forget(ctx context.Context, key string) (ForgetReply, error) {
 		if !got || r.Owner {
 			best, got = r, true
 		}
-		return r.Owner, nil
+		held = held || r.Held
+		cov.add(r.Coverage)
+		return r.Owner || (!held && cov.complete()), nil
 	})
 	if got && (err == nil || errors.Is(err, context.DeadlineExceeded)) {
 		return best, nil
 	}
 	return ForgetReply{}, err
 }
+
+// coverage is the union of the partitions the answers to one request say
+// their instances own (stage.Coverage). It is complete once every
+// partition is in it: the owners of all partitions have answered. Answers
+// that disagree on the partition count never complete it; an answer with
+// no count (an older instance) adds nothing.
+type coverage struct {
+	owned []bool // by partition; nil before an answer with a count
+	left  int    // partitions no answer owns yet
+	mixed bool   // answers disagreed on the partition count
+}
+
+// add adds the partitions of one answer.
+func (c *coverage) add(a stage.Coverage) {
+	if a.Partitions <= 0 || c.mixed {
+		return
+	}
+	if c.owned == nil {
+		c.owned, c.left = make([]bool, a.Partitions), a.Partitions
+	}
+	if a.Partitions != len(c.owned) {
+		c.mixed = true
+		return
+	}
+	for _, p := range a.Owned {
+		if p >= 0 && p < len(c.owned) && !c.owned[p] {
+			c.owned[p] = true
+			c.left--
+		}
+	}
+}
+
+// complete reports whether the answers so far own every partition, with
+// one partition count.
+func (c *coverage) complete() bool { return c.owned != nil && !c.mixed && c.left == 0 }
 
 // Status asks every instance for its status and returns the answers that
 // came before the time was up.

@@ -13,7 +13,11 @@
 // may inspect and who may forget (allow <prefix>.inspect, deny
 // <prefix>.forget). The endpoints have no queue group: every instance of a
 // group receives each request and answers for itself, and the client takes
-// the answer of the instance that owns the key's partition. Being a micro
+// the answer of the instance that owns the key's partition. Each answer
+// also lists the partitions its instance owns (stage.Coverage), so that
+// the client answers a key no instance holds (not found, not held) as
+// soon as the owners of all partitions have answered, instead of at its
+// timeout. Being a micro
 // service, `nats micro ls`, `nats micro info dedupe-stage` and `nats micro
 // stats dedupe-stage` list the instances and count their requests.
 //
