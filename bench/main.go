@@ -208,7 +208,7 @@ func defineScaleFlags(fs *flag.FlagSet, f *flags) {
 // defineScaleOutFlags defines the flags of the scale-out mode.
 func defineScaleOutFlags(fs *flag.FlagSet, f *flags) {
 	fs.BoolVar(&f.scaleOut, "scaleout", false, "run the scale-out mode instead of --configs: a 3-node nats-server cluster, the stage as 1..N processes of the real binary (see bench/README.md)")
-	fs.StringVar(&f.soRows, "scaleout-rows", "off,header,subject", "scale-out rows: off (scale_out off, one instance: the reference), header (scale_out on, key in a header: the route step runs), subject (scale_out on, key as a subject token)")
+	fs.StringVar(&f.soRows, "scaleout-rows", "off,header,subject", "scale-out rows: off (scale_out off, one instance: the reference), header (scale_out on, key in a header: the route step runs), subject (scale_out on, key as a subject token); each followed by -refresh (subject-refresh) runs with window.refresh_on_repeat, right after the same row without it when both are given")
 	fs.StringVar(&f.soInst, "scaleout-instances", "1,2,3", "scale-out: instance counts of the header and subject rows")
 	fs.StringVar(&f.soCaps, "cpu-cap", "0,0.25", "scale-out: CPU cap per instance in cores (cgroup v1 cpu quota), one set of rows per value; 0: uncapped")
 	fs.Float64Var(&f.badRatio, "bad-ratio", 0.01, "scale-out: share of the backlog's events without a usable key (dead-lettered once each)")

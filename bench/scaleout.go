@@ -43,6 +43,11 @@ const (
 	// soSubject is scale_out on with the key as a subject token: the input
 	// stream's transform partitions, no route step.
 	soSubject = "subject"
+	// soRefresh, after a mode (subject-refresh), runs that mode's row
+	// with window.refresh_on_repeat (the sliding window): with scale_out
+	// on, each repeat the store judges writes a key-state record to the
+	// output stream in the batch's fenced publish.
+	soRefresh = "-refresh"
 )
 
 // soMaxKeyLength is key.max_length of the instances: the workload's keys
@@ -56,14 +61,15 @@ const headerBad = "Bench-Bad"
 
 // soRow is one row of the scale-out table.
 type soRow struct {
-	mode      string
+	mode      string // soOff, soHeader or soSubject
+	refresh   bool   // window.refresh_on_repeat
 	instances int
 	cap       float64 // cores per instance; 0: uncapped
 	round     int     // 1.. with --rounds above 1; 0 otherwise
 }
 
 func (r soRow) String() string {
-	s := fmt.Sprintf("%s x%d", r.mode, r.instances)
+	s := fmt.Sprintf("%s x%d", rowMode(r.mode, r.refresh), r.instances)
 	if r.cap > 0 {
 		s += fmt.Sprintf(" cap %g", r.cap)
 	}
@@ -73,12 +79,23 @@ func (r soRow) String() string {
 	return s
 }
 
-// planRows returns the rows to run: for each CPU cap, the reference (off,
-// one instance) then header and subject at each instance count; with
-// rounds above 1, all of them again in each round, so that a ratio's rows
-// run side by side in every round, the order rotated each round (round 2
-// starts with the second row), so that no row always runs first or
-// right after the largest.
+// rowMode names a row's mode as --scaleout-rows does: the mode, with
+// soRefresh after it when the row runs window.refresh_on_repeat.
+func rowMode(mode string, refresh bool) string {
+	if refresh {
+		return mode + soRefresh
+	}
+	return mode
+}
+
+// planRows returns the rows to run: for each CPU cap, the modes in the
+// order given (the reference, off, one instance; header and subject at
+// each instance count), a mode's refresh row (its name followed by
+// soRefresh) right after the same row without refresh when both are
+// given; with rounds above 1, all of them again in each round, so that a
+// ratio's rows run side by side in every round, the order rotated each
+// round (round 2 starts with the second row), so that no row always runs
+// first or right after the largest.
 func planRows(modes []string, instances []int, caps []float64, rounds int) []soRow {
 	if rounds > 1 {
 		one := planRows(modes, instances, caps, 1)
@@ -95,12 +112,20 @@ func planRows(modes []string, instances []int, caps []float64, rounds int) []soR
 	var rows []soRow
 	for _, c := range caps {
 		for _, m := range modes {
-			if m == soOff {
-				rows = append(rows, soRow{mode: m, instances: 1, cap: c})
-				continue
+			mode, refresh := strings.CutSuffix(m, soRefresh)
+			if refresh && slices.Contains(modes, mode) {
+				continue // right after the row without refresh
 			}
-			for _, n := range instances {
-				rows = append(rows, soRow{mode: m, instances: n, cap: c})
+			both := !refresh && slices.Contains(modes, m+soRefresh)
+			counts := instances
+			if mode == soOff {
+				counts = []int{1}
+			}
+			for _, n := range counts {
+				rows = append(rows, soRow{mode: mode, refresh: refresh, instances: n, cap: c})
+				if both {
+					rows = append(rows, soRow{mode: mode, refresh: true, instances: n, cap: c})
+				}
 			}
 		}
 	}
@@ -114,6 +139,9 @@ type ScaleOutRun struct {
 	Workload ScaleOutLoad    `json:"workload"`
 	Rows     []*ScaleOutRow  `json:"rows"`
 	Ratios   []ScaleOutRatio `json:"ratios,omitempty"`
+	// Refresh is window.refresh_on_repeat's cost: each refresh row
+	// against the same row without refresh.
+	Refresh []ScaleOutRefresh `json:"refresh,omitempty"`
 	// CgroupError says why the CPU caps could not be applied ("" when
 	// they were, or none was asked for).
 	CgroupError string `json:"cgroup_error,omitempty"`
@@ -132,7 +160,9 @@ type ScaleOutLoad struct {
 	// Bad is the events without a usable key (no key header; with the key
 	// as a subject token, a token longer than key.max_length): each must
 	// be dead-lettered once.
-	Bad          int    `json:"bad_events"`
+	Bad int `json:"bad_events"`
+	// Repeats is the keyed events beyond each key's first: Keyed - Keys.
+	Repeats      int    `json:"repeats"`
 	Mix          string `json:"mix"`
 	PayloadBytes int    `json:"payload_bytes"`
 	Seed         uint64 `json:"seed"`
@@ -141,8 +171,10 @@ type ScaleOutLoad struct {
 
 // ScaleOutRow is one row's result.
 type ScaleOutRow struct {
-	Row       string  `json:"row"`
-	Mode      string  `json:"mode"`
+	Row  string `json:"row"`
+	Mode string `json:"mode"`
+	// Refresh tells whether the instances ran window.refresh_on_repeat.
+	Refresh   bool    `json:"refresh_on_repeat"`
 	Instances int     `json:"instances"`
 	CPUCap    float64 `json:"cpu_cap_cores"`
 	// Round is the row's round with --rounds above 1 (1..), else 0.
@@ -228,12 +260,19 @@ type ScaleOutInternal struct {
 
 // ScaleOutCorrect compares the output and dead-letter streams with the
 // ground truth: every key of the warm-up and of the backlog once, every
-// bad input dead-lettered once, nothing else; fence messages counted
-// apart.
+// bad input dead-lettered once, nothing else; fence messages and
+// key-state records counted apart.
 type ScaleOutCorrect struct {
-	Expected   int `json:"expected_forwards"`
-	Output     int `json:"output_messages"`
-	Fences     int `json:"fence_messages"`
+	Expected int `json:"expected_forwards"`
+	// Output is the forwards in the output stream: its messages but the
+	// fences and key-state records.
+	Output int `json:"output_messages"`
+	Fences int `json:"fence_messages"`
+	// KeyState is the key-state records (handover.KeyStateSubject) in the
+	// output stream: with window.refresh_on_repeat in a group, one per
+	// repeat the store judged (a later copy of a key new in the same
+	// batch writes none).
+	KeyState   int `json:"key_state_records"`
 	Lost       int `json:"lost"`
 	Duplicated int `json:"duplicated"`
 	// DeadLetterWant is the bad inputs; DeadLetterLost and
@@ -269,6 +308,32 @@ type ScaleOutRatio struct {
 	// (target <= 2).
 	CPUHeaderVsOff  float64 `json:"cpu_per_event_header_1_vs_off"`
 	CPUSubjectVsOff float64 `json:"cpu_per_event_subject_1_vs_off"`
+}
+
+// ScaleOutRefresh is window.refresh_on_repeat's cost in one row: the row
+// with refresh (Mode, Instances, CPUCap) against the same row without,
+// run in the same round.
+type ScaleOutRefresh struct {
+	Mode      string  `json:"mode"`
+	Instances int     `json:"instances"`
+	CPUCap    float64 `json:"cpu_cap_cores"`
+	// Round is the round of both rows (1..), with --rounds above 1; 0 for
+	// a single round, or for the medians of every round's figures
+	// (MedianOf rounds).
+	Round    int `json:"round,omitempty"`
+	MedianOf int `json:"median_of_rounds,omitempty"`
+	// EventsVsWithout is events/s with refresh over without.
+	EventsVsWithout float64 `json:"events_per_sec_vs_without"`
+	// StageCPUPerRepeat and ServerCPUPerRepeat are the CPU µs the
+	// instances and the three nats-servers spent beyond the row without
+	// refresh, per repeat of the backlog.
+	StageCPUPerRepeat  float64 `json:"stage_cpu_us_per_repeat"`
+	ServerCPUPerRepeat float64 `json:"server_cpu_us_per_repeat"`
+	// KeyStatePerRepeat is the refresh row's key-state records in the
+	// output per repeat of the backlog (0 with scale_out off, which
+	// writes none; below 1 as far as repeats arrive in the same batch as
+	// their key's first copy).
+	KeyStatePerRepeat float64 `json:"key_state_records_per_repeat"`
 }
 
 // soEnv is what every row shares.
@@ -356,10 +421,11 @@ func runScaleOut(ctx context.Context, f *flags, w time.Duration, dir string) (*S
 			return run, fmt.Errorf("%s: %w", row, err)
 		}
 		c := r.Correct
-		fmt.Fprintf(logOut, "  %s: %.0f events/s; expected %d forwards, output %d (+%d fence messages), lost %d, duplicated %d; dead-lettered %d of %d bad inputs (+%d extra)\n",
-			row, r.EventsPerSec, c.Expected, c.Output, c.Fences, c.Lost, c.Duplicated, c.DeadLettered-c.DeadLetterExtra, c.DeadLetterWant, c.DeadLetterExtra)
+		fmt.Fprintf(logOut, "  %s: %.0f events/s; expected %d forwards, output %d (+%d fence messages, +%d key-state records), lost %d, duplicated %d; dead-lettered %d of %d bad inputs (+%d extra)\n",
+			row, r.EventsPerSec, c.Expected, c.Output, c.Fences, c.KeyState, c.Lost, c.Duplicated, c.DeadLettered-c.DeadLetterExtra, c.DeadLetterWant, c.DeadLetterExtra)
 	}
 	run.Ratios = scaleOutRatios(run.Rows, f.cpuCaps, f.rounds)
+	run.Refresh = refreshCosts(run.Rows, load.Repeats, f.rounds)
 	return run, nil
 }
 
@@ -381,7 +447,7 @@ func scaleOutWorkload(f *flags, w time.Duration) (*Workload, ScaleOutLoad, error
 	if len(thr.Late) > 0 {
 		return nil, ScaleOutLoad{}, errors.New("workload: the scale-out mode has no late phase (the stage runs on the wall clock)")
 	}
-	load := ScaleOutLoad{Events: f.events, Keyed: keyed, Keys: thr.Keys, Bad: bad, Mix: f.mix.String(),
+	load := ScaleOutLoad{Events: f.events, Keyed: keyed, Keys: thr.Keys, Bad: bad, Repeats: keyed - thr.Keys, Mix: f.mix.String(),
 		PayloadBytes: f.payloadSize, Seed: f.seed, Partitions: f.partitions}
 	return thr, load, nil
 }
@@ -434,9 +500,24 @@ func (e *soEnv) yaml(row soRow, n soNames, name, dataDir, addr string) string {
 	if row.mode == soSubject {
 		key = "  source: subject\n  subject_token: 3\n"
 	}
+	// The ground truth is the same with window.refresh_on_repeat. The
+	// stage runs on the wall clock and the backlog waits in paused
+	// consumers, so every copy is judged during the drain, within the
+	// drain's time of its key's first copy (the workload's ages only set
+	// the publish order; scaleOutFlags refuses ages near or past W). While
+	// the drain is shorter than W (1h10m unless --window; noted when it
+	// is not, which would break every row's truth), no copy reaches its
+	// key's window end, the one thing refresh moves: a repeat is a repeat
+	// with refresh or without.
 	window := ""
 	if e.f.window > 0 {
-		window = fmt.Sprintf("window:\n  paths: [{name: bench, max: %s}]\n  margin: 0s\n", e.f.window)
+		window = fmt.Sprintf("  paths: [{name: bench, max: %s}]\n  margin: 0s\n", e.f.window)
+	}
+	if row.refresh {
+		window += "  refresh_on_repeat: true\n"
+	}
+	if window != "" {
+		window = "window:\n" + window
 	}
 	expected := max(config.Default().Filter.ExpectedKeys, uint64(e.thr.Keys+e.warmKeys+100_000))
 	return fmt.Sprintf(`nats:
@@ -525,7 +606,7 @@ type soRowRun struct {
 func (e *soEnv) runRow(ctx context.Context, idx int, row soRow) (*ScaleOutRow, error) {
 	fmt.Fprintf(logOut, "== scale-out %s\n", row)
 	r := &soRowRun{soEnv: e, idx: idx, row: row, n: namesForRow(idx),
-		res: &ScaleOutRow{Row: row.String(), Mode: row.mode, Instances: row.instances, CPUCap: row.cap, Round: row.round}}
+		res: &ScaleOutRow{Row: row.String(), Mode: row.mode, Refresh: row.refresh, Instances: row.instances, CPUCap: row.cap, Round: row.round}}
 	if err := r.configure(); err != nil {
 		return nil, err
 	}
@@ -747,6 +828,9 @@ func (r *soRowRun) drain(ctx context.Context) error {
 	}
 	res.DrainSeconds = drain.Seconds()
 	res.EventsPerSec = float64(res.Drained) / drain.Seconds()
+	if drain >= r.thr.W {
+		res.Notes = append(res.Notes, fmt.Sprintf("the drain took %v, W is %v: a repeat may have been judged past its key's window, which the ground truth assumes none is", drain.Round(time.Second), r.thr.W))
+	}
 	cpu := make([]float64, len(sCPU1))
 	var sSum, nSum float64
 	for i := range sCPU1 {
@@ -1146,8 +1230,9 @@ func internals(s series, drain time.Duration) ScaleOutInternal {
 }
 
 // verify reads the row's output and dead-letter streams: every key of the
-// warm-up (from warmFrom) and of the backlog once, fence messages
-// (handover.ControlSubjects) apart, every bad input dead-lettered once.
+// warm-up (from warmFrom) and of the backlog once, fence messages and
+// key-state records (handover.ControlSubjects, the latter with a
+// handover.HeaderOp) apart, every bad input dead-lettered once.
 func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleOutRow) error {
 	kf, err := keys.NewKeyFunc(keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "id"}})
 	if err != nil {
@@ -1158,14 +1243,18 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 		warm    map[int]int
 		foreign int
 	)
-	fence := strings.TrimSuffix(handover.ControlSubjects(n.outPrefix), ">")
+	control := strings.TrimSuffix(handover.ControlSubjects(n.outPrefix), ">")
 	c := &res.Correct
 	*c = ScaleOutCorrect{}
 	if c.Output, err = readStreamAgain(ctx, e.js, n.output, func() {
-		thr, warm, foreign, c.Fences = make([]uint16, e.thr.Keys), map[int]int{}, 0, 0
+		thr, warm, foreign, c.Fences, c.KeyState = make([]uint16, e.thr.Keys), map[int]int{}, 0, 0, 0
 	}, func(m jetstream.Msg) {
-		if strings.HasPrefix(m.Subject(), fence) {
-			c.Fences++
+		if strings.HasPrefix(m.Subject(), control) {
+			if m.Headers().Get(handover.HeaderOp) != "" {
+				c.KeyState++
+			} else {
+				c.Fences++
+			}
 			return
 		}
 		k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
@@ -1185,7 +1274,7 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 	}); err != nil {
 		return err
 	}
-	c.Output -= c.Fences
+	c.Output -= c.Fences + c.KeyState
 	c.Expected = len(thr) + e.warmKeys - warmFrom
 	c.Lost, c.Duplicated = exact(thr, func(int) int { return 1 })
 	for i := warmFrom; i < e.warmKeys; i++ {
@@ -1199,6 +1288,15 @@ func (e *soEnv) verify(ctx context.Context, n soNames, warmFrom int, res *ScaleO
 	if foreign > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d output messages carry no key of the workload", foreign))
 		c.Duplicated += foreign
+	}
+	// Key-state records change no forward; a row that writes them
+	// without refresh, or none with refresh in a group, did not run what
+	// it says.
+	switch repeats := len(e.thr.Main) - e.thr.Keys; {
+	case !res.Refresh && c.KeyState > 0:
+		res.Notes = append(res.Notes, fmt.Sprintf("%d key-state records in the output of a row without window.refresh_on_repeat", c.KeyState))
+	case res.Refresh && res.Mode != soOff && repeats > 0 && c.KeyState == 0:
+		res.Notes = append(res.Notes, fmt.Sprintf("no key-state record in the output of a group with window.refresh_on_repeat (%d repeats)", repeats))
 	}
 
 	if err := e.verifyDeadLetters(ctx, n, c); err != nil {

@@ -76,7 +76,7 @@ func roundRatios(rows []*ScaleOutRow, caps []float64, round int) []ScaleOutRatio
 	for _, c := range caps {
 		find := func(mode string, n int) *ScaleOutRow {
 			for _, r := range rows {
-				if r.Mode == mode && r.Instances == n && r.CPUCap == c && r.Round == round {
+				if r.Mode == mode && !r.Refresh && r.Instances == n && r.CPUCap == c && r.Round == round {
 					return r
 				}
 			}
@@ -99,6 +99,73 @@ func roundRatios(rows []*ScaleOutRow, caps []float64, round int) []ScaleOutRatio
 		if r != (ScaleOutRatio{CPUCap: c, Round: round}) {
 			out = append(out, r)
 		}
+	}
+	return out
+}
+
+// refreshCosts computes window.refresh_on_repeat's cost: for each refresh
+// row, against the same row without refresh in the same round (repeats:
+// the backlog's); with rounds above 1, then, per row, the median of each
+// figure over the rounds where both ran.
+func refreshCosts(rows []*ScaleOutRow, repeats, rounds int) []ScaleOutRefresh {
+	var out []ScaleOutRefresh
+	for _, rf := range rows {
+		if !rf.Refresh {
+			continue
+		}
+		i := slices.IndexFunc(rows, func(r *ScaleOutRow) bool {
+			return !r.Refresh && r.Mode == rf.Mode && r.Instances == rf.Instances && r.CPUCap == rf.CPUCap && r.Round == rf.Round
+		})
+		if i < 0 || rows[i].EventsPerSec <= 0 {
+			continue
+		}
+		base := rows[i]
+		c := ScaleOutRefresh{Mode: rf.Mode, Instances: rf.Instances, CPUCap: rf.CPUCap, Round: rf.Round,
+			EventsVsWithout: rf.EventsPerSec / base.EventsPerSec}
+		if repeats > 0 {
+			// Per event of the drain, times the drained events: the CPU
+			// beyond the row without, over the repeats.
+			perRepeat := float64(rf.Drained) / float64(repeats)
+			c.StageCPUPerRepeat = (rf.StageCPUMicrosPerEvent - base.StageCPUMicrosPerEvent) * perRepeat
+			c.ServerCPUPerRepeat = (rf.ServerCPUMicrosPerEvent - base.ServerCPUMicrosPerEvent) * perRepeat
+			c.KeyStatePerRepeat = float64(rf.Correct.KeyState) / float64(repeats)
+		}
+		out = append(out, c)
+	}
+	if rounds <= 1 {
+		return out
+	}
+	// Sorted by round, then in the order of the rows of the first round
+	// each row ran in (rounds rotate the order).
+	slices.SortStableFunc(out, func(a, b ScaleOutRefresh) int { return a.Round - b.Round })
+	type rowKey struct {
+		mode      string
+		instances int
+		cpuCap    float64
+	}
+	var order []rowKey
+	of := map[rowKey][]ScaleOutRefresh{}
+	for _, c := range out {
+		k := rowKey{c.Mode, c.Instances, c.CPUCap}
+		if _, seen := of[k]; !seen {
+			order = append(order, k)
+		}
+		of[k] = append(of[k], c)
+	}
+	for _, k := range order {
+		cs := of[k]
+		med := func(f func(ScaleOutRefresh) float64) float64 {
+			vs := make([]float64, len(cs))
+			for i, c := range cs {
+				vs[i] = f(c)
+			}
+			return median(vs)
+		}
+		out = append(out, ScaleOutRefresh{Mode: k.mode, Instances: k.instances, CPUCap: k.cpuCap, MedianOf: len(cs),
+			EventsVsWithout:    med(func(c ScaleOutRefresh) float64 { return c.EventsVsWithout }),
+			StageCPUPerRepeat:  med(func(c ScaleOutRefresh) float64 { return c.StageCPUPerRepeat }),
+			ServerCPUPerRepeat: med(func(c ScaleOutRefresh) float64 { return c.ServerCPUPerRepeat }),
+			KeyStatePerRepeat:  med(func(c ScaleOutRefresh) float64 { return c.KeyStatePerRepeat })})
 	}
 	return out
 }
@@ -148,7 +215,7 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 		return errors.New("--scaleout-rows is empty")
 	case len(f.cpuCaps) == 0:
 		return errors.New("--cpu-cap is empty (0 for uncapped)")
-	case len(f.soInstances) == 0 && slices.ContainsFunc(f.soModes, func(m string) bool { return m != soOff }):
+	case len(f.soInstances) == 0 && slices.ContainsFunc(f.soModes, func(m string) bool { return m != soOff && m != soOff+soRefresh }):
 		return errors.New("--scaleout-instances is empty")
 	case f.badRatio < 0 || f.badRatio >= 0.5:
 		return fmt.Errorf("--bad-ratio %v: want 0 <= r < 0.5", f.badRatio)
@@ -164,14 +231,16 @@ func scaleOutFlags(f *flags, set map[string]bool) error {
 // instance counts, CPU caps) into f, each value once.
 func scaleOutLists(f *flags) error {
 	for m := range strings.SplitSeq(f.soRows, ",") {
-		switch m = strings.TrimSpace(m); m {
-		case "":
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		switch mode, _ := strings.CutSuffix(m, soRefresh); mode {
 		case soOff, soHeader, soSubject:
 			if !slices.Contains(f.soModes, m) {
 				f.soModes = append(f.soModes, m)
 			}
 		default:
-			return fmt.Errorf("--scaleout-rows: unknown %q (want off, header, subject)", m)
+			return fmt.Errorf("--scaleout-rows: unknown %q (want off, header, subject, each optionally followed by %s)", m, soRefresh)
 		}
 	}
 	for s := range strings.SplitSeq(f.soInst, ",") {
@@ -217,8 +286,8 @@ func scaleOutCorrect(so *ScaleOutRun) bool {
 // printScaleOut writes the scale-out table and the ratios.
 func printScaleOut(w io.Writer, so *ScaleOutRun) {
 	wl := so.Workload
-	fmt.Fprintf(w, "scale-out workload: %s events (%s keyed, %s keys, %s without a usable key), ages %s, payload %d B, %d partitions, seed %d; backlog published with the group's consumers paused, then the drain timed\n",
-		itoa(int64(wl.Events)), itoa(int64(wl.Keyed)), itoa(int64(wl.Keys)), itoa(int64(wl.Bad)), wl.Mix, wl.PayloadBytes, wl.Partitions, wl.Seed)
+	fmt.Fprintf(w, "scale-out workload: %s events (%s keyed, %s keys, %s repeats, %s without a usable key), ages %s, payload %d B, %d partitions, seed %d; backlog published with the group's consumers paused, then the drain timed\n",
+		itoa(int64(wl.Events)), itoa(int64(wl.Keyed)), itoa(int64(wl.Keys)), itoa(int64(wl.Repeats)), itoa(int64(wl.Bad)), wl.Mix, wl.PayloadBytes, wl.Partitions, wl.Seed)
 	if so.CgroupError != "" {
 		fmt.Fprintf(w, "CPU caps NOT applied (every instance ran uncapped): %s\n", so.CgroupError)
 	}
@@ -227,7 +296,7 @@ func printScaleOut(w io.Writer, so *ScaleOutRun) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tinst\tcap\tforwards as\tevents/s\tdrain s\tstage CPU µs/ev\tmax inst cores\tserver CPU µs/ev\tother cores\tbatch\tnew/batch\tpublish ms (p99)\tcommit ms (p99)\trouted/s\tcopies/msg\tmoves\toutput\tfences\tlost\tdup\tDLQ/bad\t")
+	fmt.Fprintln(tw, "row\tinst\tcap\tforwards as\tevents/s\tdrain s\tstage CPU µs/ev\tmax inst cores\tserver CPU µs/ev\tother cores\tbatch\tnew/batch\tpublish ms (p99)\tcommit ms (p99)\trouted/s\tcopies/msg\tmoves\toutput\tfences\tkey-state\tlost\tdup\tDLQ/bad\t")
 	for _, r := range so.Rows {
 		capS := "-"
 		if r.CPUCap > 0 {
@@ -241,10 +310,10 @@ func printScaleOut(w io.Writer, so *ScaleOutRun) {
 			most = max(most, pi.Cores)
 		}
 		s, c := r.Stage, r.Correct
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.0f\t%.1f\t%.1f\t%.2f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f (%.0f)\t%.1f (%.0f)\t%.0f\t%.1f\t%.0f\t%d\t%d\t%d\t%d\t%d/%d\t\n",
-			r.Mode, r.Instances, capS, r.Publish, r.EventsPerSec, r.DrainSeconds, r.StageCPUMicrosPerEvent, most, r.ServerCPUMicrosPerEvent, r.OtherCores,
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.0f\t%.1f\t%.1f\t%.2f\t%.1f\t%.2f\t%.1f\t%.1f\t%.1f (%.0f)\t%.1f (%.0f)\t%.0f\t%.1f\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d/%d\t\n",
+			rowMode(r.Mode, r.Refresh), r.Instances, capS, r.Publish, r.EventsPerSec, r.DrainSeconds, r.StageCPUMicrosPerEvent, most, r.ServerCPUMicrosPerEvent, r.OtherCores,
 			s.MeanBatchSize, s.NewPerBatch, s.PublishMeanMs, s.PublishP99Ms, s.CommitMeanMs, s.CommitP99Ms, s.RoutedPerSec, s.CopiesPerRouted, s.Takeovers,
-			c.Output, c.Fences, c.Lost, c.Duplicated, c.DeadLettered, c.DeadLetterWant)
+			c.Output, c.Fences, c.KeyState, c.Lost, c.Duplicated, c.DeadLettered, c.DeadLetterWant)
 	}
 	tw.Flush()
 	for _, r := range so.Rows {
@@ -259,19 +328,29 @@ func printScaleOut(w io.Writer, so *ScaleOutRun) {
 		return fmt.Sprintf("%.2f", v)
 	}
 	for _, r := range so.Ratios {
-		capS := "uncapped"
-		if r.CPUCap > 0 {
-			capS = fmt.Sprintf("cap %g core", r.CPUCap)
-		}
-		switch {
-		case r.Round > 0:
-			capS += fmt.Sprintf(", round %d", r.Round)
-		case r.MedianOf > 0:
-			capS += fmt.Sprintf(", MEDIANS of %d rounds", r.MedianOf)
-		}
+		capS := roundName(r.CPUCap, r.Round, r.MedianOf)
 		fmt.Fprintf(w, "ratios (%s): on/off 1 instance: header %s (target >= 0.5), subject %s (>= 0.8); header 2/1 %s, 3/1 %s; subject 2/1 %s, 3/1 %s (capped targets >= 1.7, >= 2.5); CPU µs/event on/off: header %s, subject %s (<= 2)\n",
 			capS, ratio(r.HeaderVsOff), ratio(r.SubjectVsOff), ratio(r.Header2v1), ratio(r.Header3v1), ratio(r.Subject2v1), ratio(r.Subject3v1),
 			ratio(r.CPUHeaderVsOff), ratio(r.CPUSubjectVsOff))
 	}
+	for _, r := range so.Refresh {
+		fmt.Fprintf(w, "refresh_on_repeat (%s): %s x%d with over without: events/s %.2f; %+.1f stage CPU µs and %+.1f server CPU µs per repeat; %.2f key-state records per repeat\n",
+			roundName(r.CPUCap, r.Round, r.MedianOf), r.Mode, r.Instances, r.EventsVsWithout, r.StageCPUPerRepeat, r.ServerCPUPerRepeat, r.KeyStatePerRepeat)
+	}
 	fmt.Fprintln(w)
+}
+
+// roundName names the cap and the round (or the medians) of a ratio.
+func roundName(cpuCap float64, round, medianOf int) string {
+	s := "uncapped"
+	if cpuCap > 0 {
+		s = fmt.Sprintf("cap %g core", cpuCap)
+	}
+	switch {
+	case round > 0:
+		s += fmt.Sprintf(", round %d", round)
+	case medianOf > 0:
+		s += fmt.Sprintf(", MEDIANS of %d rounds", medianOf)
+	}
+	return s
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,6 +121,8 @@ func TestScaleOutFlags(t *testing.T) {
 		{"--scaleout", "--scaleout-instances", "9"},
 		{"--scaleout", "--cpu-cap", "-1"},
 		{"--scaleout", "--scaleout-rows", "on"},
+		{"--scaleout", "--scaleout-rows", "refresh"},
+		{"--scaleout", "--scaleout-rows", "subject-refresh-refresh"},
 		{"--scaleout", "--scaleout-ack-wait", "1s"},
 		{"--scaleout", "--rounds", "21"},
 		{"--scaleout", "--key", "json"},
@@ -228,6 +231,12 @@ func TestScaleOutVerify(t *testing.T) {
 		msgs = append(msgs, out(KeyString("wup", e.f.seed, i), i))
 	}
 	msgs = append(msgs, &nats.Msg{Subject: handover.FenceSubject(n.outPrefix, 1), Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
+	// Two key-state records, as a group with window.refresh_on_repeat
+	// writes them: counted apart, not forwards.
+	for _, i := range []int{2, 3} {
+		msgs = append(msgs, handover.RefreshMsg(handover.KeyStateSubject(n.outPrefix, 1),
+			handover.Record{Key: []byte(e.thr.Key(i)), FirstSeen: time.Now()}, time.Now()))
+	}
 	for j := range e.bad {
 		dl := &nats.Msg{Subject: n.dlqSubj, Header: nats.Header{headerBad: []string{strconv.Itoa(j)}}}
 		switch j {
@@ -245,10 +254,13 @@ func TestScaleOutVerify(t *testing.T) {
 	if err := e.verify(ctx, n, 0, res); err != nil {
 		t.Fatal(err)
 	}
-	want := ScaleOutCorrect{Expected: e.thr.Keys + 5, Output: e.thr.Keys + 5 + 1, Fences: 1, Lost: 1, Duplicated: 2,
+	want := ScaleOutCorrect{Expected: e.thr.Keys + 5, Output: e.thr.Keys + 5 + 1, Fences: 1, KeyState: 2, Lost: 1, Duplicated: 2,
 		DeadLetterWant: e.bad, DeadLettered: e.bad + 1, DeadLetterLost: 1, DeadLetterExtra: 2}
 	if res.Correct != want {
 		t.Errorf("correctness\n got %+v\nwant %+v", res.Correct, want)
+	}
+	if len(res.Notes) != 2 || !strings.Contains(res.Notes[1], "2 key-state records in the output of a row without window.refresh_on_repeat") {
+		t.Errorf("notes %q; want the foreign message and the key-state records of a row without refresh", res.Notes)
 	}
 }
 
@@ -347,5 +359,96 @@ func TestScaleOutRounds(t *testing.T) {
 	printScaleOut(&out, &ScaleOutRun{Rows: res, Ratios: got})
 	if !strings.Contains(out.String(), "ratios (cap 0.1 core, MEDIANS of 3 rounds): on/off 1 instance: header - (target >= 0.5), subject - (>= 0.8); header 2/1 1.60, 3/1 2.50") {
 		t.Errorf("the report does not give the medians:\n%s", out.String())
+	}
+}
+
+// TestScaleOutRefreshRows checks the refresh rows: --scaleout-rows takes
+// a mode followed by -refresh, plans it right after the same row without
+// refresh, configures the instances with window.refresh_on_repeat (W
+// left as it was), leaves it out of the ratios of the rows without, and
+// reports each refresh row against the same row without in the same
+// round, and the medians over the rounds.
+func TestScaleOutRefreshRows(t *testing.T) {
+	f, err := parseFlags([]string{"--scaleout", "--scaleout-rows", "subject,subject-refresh,header-refresh,off-refresh", "--scaleout-instances", "1,2",
+		"--cpu-cap", "0", "--rounds", "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := planRows(f.soModes, f.soInstances, f.cpuCaps, 1)
+	var names []string
+	for _, r := range one {
+		names = append(names, r.String())
+	}
+	if got, want := strings.Join(names, ", "), "subject x1, subject-refresh x1, subject x2, subject-refresh x2, header-refresh x1, header-refresh x2, off-refresh x1"; got != want {
+		t.Fatalf("rows: %s\nwant %s", got, want)
+	}
+
+	e := testScaleOutEnv(t, 1000, 0.01)
+	for _, row := range []soRow{{mode: soSubject, instances: 2}, {mode: soSubject, refresh: true, instances: 2}} {
+		cfg, err := config.Parse([]byte(e.yaml(row, namesForRow(0), "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%s: the instance's configuration is invalid: %v", row, err)
+		}
+		if cfg.Window.RefreshOnRepeat != row.refresh || !cfg.ScaleOut.Enabled {
+			t.Errorf("%s: refresh_on_repeat %v, scale_out %v; want %v, true", row, cfg.Window.RefreshOnRepeat, cfg.ScaleOut.Enabled, row.refresh)
+		}
+		if def := config.Default().Window; !slices.Equal(cfg.Window.Paths, def.Paths) || cfg.Window.Margin != def.Margin {
+			t.Errorf("%s: window %+v; want the default paths and margin", row, cfg.Window)
+		}
+	}
+
+	// Three rounds of subject x2 and subject-refresh x2, 1000 repeats:
+	// events/s ratios 0.9, 0.8, 0.95; stage CPU µs/event 10 and 11 over
+	// 2000 drained events: +2 µs per repeat; key-state records 600, 700,
+	// 650.
+	rows := []*ScaleOutRow{
+		{Mode: soSubject, Instances: 2, Round: 1, EventsPerSec: 1000, StageCPUMicrosPerEvent: 10, ServerCPUMicrosPerEvent: 20, Drained: 2000},
+		{Mode: soSubject, Refresh: true, Instances: 2, Round: 1, EventsPerSec: 900, StageCPUMicrosPerEvent: 11, ServerCPUMicrosPerEvent: 22, Drained: 2000, Correct: ScaleOutCorrect{KeyState: 600}},
+		{Mode: soSubject, Instances: 2, Round: 2, EventsPerSec: 1000, StageCPUMicrosPerEvent: 10, ServerCPUMicrosPerEvent: 20, Drained: 2000},
+		{Mode: soSubject, Refresh: true, Instances: 2, Round: 2, EventsPerSec: 800, StageCPUMicrosPerEvent: 11, ServerCPUMicrosPerEvent: 21, Drained: 2000, Correct: ScaleOutCorrect{KeyState: 700}},
+		{Mode: soSubject, Refresh: true, Instances: 2, Round: 3, EventsPerSec: 950, StageCPUMicrosPerEvent: 12, ServerCPUMicrosPerEvent: 20, Drained: 2000, Correct: ScaleOutCorrect{KeyState: 650}},
+		{Mode: soSubject, Instances: 2, Round: 3, EventsPerSec: 1000, StageCPUMicrosPerEvent: 10, ServerCPUMicrosPerEvent: 20, Drained: 2000},
+		// A refresh row whose row without did not run: no figure.
+		{Mode: soHeader, Refresh: true, Instances: 1, Round: 1, EventsPerSec: 500},
+	}
+	got := refreshCosts(rows, 1000, 3)
+	if len(got) != 4 {
+		t.Fatalf("%d entries, want one per round and the medians: %+v", len(got), got)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	for i, want := range []ScaleOutRefresh{
+		{Round: 1, EventsVsWithout: 0.9, StageCPUPerRepeat: 2, ServerCPUPerRepeat: 4, KeyStatePerRepeat: 0.6},
+		{Round: 2, EventsVsWithout: 0.8, StageCPUPerRepeat: 2, ServerCPUPerRepeat: 2, KeyStatePerRepeat: 0.7},
+		{Round: 3, EventsVsWithout: 0.95, StageCPUPerRepeat: 4, ServerCPUPerRepeat: 0, KeyStatePerRepeat: 0.65},
+		{MedianOf: 3, EventsVsWithout: 0.9, StageCPUPerRepeat: 2, ServerCPUPerRepeat: 2, KeyStatePerRepeat: 0.65},
+	} {
+		g := got[i]
+		if g.Mode != soSubject || g.Instances != 2 || g.Round != want.Round || g.MedianOf != want.MedianOf || !near(g.EventsVsWithout, want.EventsVsWithout) ||
+			!near(g.StageCPUPerRepeat, want.StageCPUPerRepeat) || !near(g.ServerCPUPerRepeat, want.ServerCPUPerRepeat) || !near(g.KeyStatePerRepeat, want.KeyStatePerRepeat) {
+			t.Errorf("entry %d: %+v\nwant %+v", i, g, want)
+		}
+	}
+	// With a subject-refresh x1 but no subject x1 in each round, there is
+	// no subject 2/1 ratio: a refresh row stands for no row without.
+	with1 := slices.Clone(rows)
+	for round := 1; round <= 3; round++ {
+		with1 = append(with1, &ScaleOutRow{Mode: soSubject, Refresh: true, Instances: 1, Round: round, EventsPerSec: 500})
+	}
+	if ratios := scaleOutRatios(with1, []float64{0}, 3); len(ratios) != 0 {
+		t.Errorf("ratios %+v; want none: the refresh rows are left out of them", ratios)
+	}
+
+	var out strings.Builder
+	printScaleOut(&out, &ScaleOutRun{Rows: rows, Refresh: got})
+	for _, want := range []string{
+		"refresh_on_repeat (uncapped, MEDIANS of 3 rounds): subject x2 with over without: events/s 0.90; +2.0 stage CPU µs and +2.0 server CPU µs per repeat; 0.65 key-state records per repeat",
+		"subject-refresh  ",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, out.String())
+		}
 	}
 }
