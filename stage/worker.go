@@ -61,7 +61,7 @@ type worker struct {
 	acks        []int
 	out         []*nats.Msg
 	res         []forward.Result
-	lastSignal  time.Time // when the batch last told the server it is being worked on
+	progress    batcher.Progress // paces the batch's InProgress signals
 
 	// owner is the partition's ownership: the single instance's, or this
 	// instance's tenures in a scale-out group.
@@ -76,7 +76,7 @@ type worker struct {
 func (w *worker) process(ctx context.Context, batch []item) {
 	s := w.s
 	s.metrics.BatchMessages.Observe(float64(len(batch)))
-	w.lastSignal = time.Now()
+	w.progress.Start(time.Now())
 	defer s.turns.take(w.p.Index())() // an operator's forget waits for the batch
 	release, v := w.owner.Own(ctx, batch[len(batch)-1].pin, len(batch), func() { w.keepAlive(batch) })
 	defer release()
@@ -493,16 +493,15 @@ func (w *worker) retryOpts(batch []item, what string, retries prometheus.Counter
 	}
 }
 
-// keepAlive sends InProgress for the batch when a third of AckWait has
-// passed since the last signal.
+// keepAlive sends InProgress for the batch when it is due
+// (batcher.Progress).
 func (w *worker) keepAlive(batch []item) {
-	if time.Since(w.lastSignal) < w.s.ackWait/3 {
+	if !w.progress.Due(w.s.ackWait) {
 		return
 	}
 	for i := range batch {
 		_ = batch[i].msg.InProgress()
 	}
-	w.lastSignal = time.Now()
 }
 
 // Headers of a forwarded copy with key.version, whose Nats-Msg-Id is not

@@ -1,6 +1,8 @@
 // Package batcher gathers items from a channel into batches: the batching
 // the stage's partition workers use, shared with the benchmark's raw loop so
-// both batch the same way.
+// both batch the same way. Progress paces the InProgress signals of a
+// batch held up by retries, for the stage's workers and the route step
+// alike.
 package batcher
 
 import "time"

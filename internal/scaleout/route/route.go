@@ -334,14 +334,14 @@ type router struct {
 	maxMsgSize int32
 
 	// per batch, reused
-	out  []routedCopy
-	pub  []*nats.Msg // what is published: copies alone, or bundles of them
-	es   []entry     // the form-2 entries of the bundle group is making
-	held []int       // indexes into out, pub by pub (carried)
-	ends []int       // pub[k] carries out[held[ends[k-1]:ends[k]]]
-	res  []forward.Result
-	dls  []deadLetter
-	seen time.Time // when the batch last told the server it is being worked on
+	out      []routedCopy
+	pub      []*nats.Msg // what is published: copies alone, or bundles of them
+	es       []entry     // the form-2 entries of the bundle group is making
+	held     []int       // indexes into out, pub by pub (carried)
+	ends     []int       // pub[k] carries out[held[ends[k-1]:ends[k]]]
+	res      []forward.Result
+	dls      []deadLetter
+	progress batcher.Progress // paces the batch's InProgress signals
 }
 
 // consume pulls messages into in until ctx is done. A broken subscription
@@ -404,7 +404,8 @@ type deadLetter struct {
 // routed (beside the copies, in flight at the same time). If ctx ends while the routed stream keeps failing, the rest is
 // left unacked and comes back after AckWait.
 func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
-	r.out, r.dls, r.seen = r.out[:0], r.dls[:0], time.Now()
+	r.out, r.dls = r.out[:0], r.dls[:0]
+	r.progress.Start(time.Now())
 	maxPayload := r.o.Conn.MaxPayload()
 	for i, msg := range batch {
 		c, dl := r.routed(msg)
@@ -461,7 +462,7 @@ func (r *router) publish(ctx context.Context, batch []jetstream.Msg, bundles boo
 	r.res = append(r.res[:0], make([]forward.Result, len(r.pub))...)
 	err := forward.Batch(ctx, r.js, r.pub, r.res, forward.Options{
 		Component: CompRoute,
-		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(batch, &r.seen, r.o.AckWait) }},
+		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(batch, &r.progress, r.o.AckWait) }},
 		OnRetry: func(attempt, failed int, err error) {
 			r.logs.Warn("route_publish_retry", "routed publishes failed, retrying; nothing is acked meanwhile", "attempt", attempt, "failed", failed, "err", err)
 		},
@@ -698,15 +699,14 @@ func (r *router) ack(msg jetstream.Msg, outcome string) {
 }
 
 // keepAlive tells the server that msgs are still being worked on, once a
-// third of ackWait has passed since it last did (*seen).
-func keepAlive(msgs []jetstream.Msg, seen *time.Time, ackWait time.Duration) {
-	if time.Since(*seen) < ackWait/3 {
+// third of ackWait has passed since it last did (batcher.Progress).
+func keepAlive(msgs []jetstream.Msg, p *batcher.Progress, ackWait time.Duration) {
+	if !p.Due(ackWait) {
 		return
 	}
 	for _, m := range msgs {
 		_ = m.InProgress()
 	}
-	*seen = time.Now()
 }
 
 // fallback logs a batch of routed copies the routed stream refused as a
@@ -742,10 +742,11 @@ func (r *router) deadLetters(ctx context.Context) {
 		return
 	}
 	res := make([]forward.Result, len(msgs))
-	seen := time.Now()
+	var progress batcher.Progress
+	progress.Start(time.Now())
 	err := forward.Batch(ctx, r.js, msgs, res, forward.Options{
 		Component: CompRouteDeadLetter,
-		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(inputs, &seen, r.o.AckWait) }},
+		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(inputs, &progress, r.o.AckWait) }},
 		OnRetry: func(attempt, failed int, err error) {
 			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publishes failed, retrying; their inputs stay unacked meanwhile", "attempt", attempt, "failed", failed, "err", err)
 		},
