@@ -77,11 +77,22 @@ func benchOptions(dir string, partitions int, expected uint) Options {
 // so n keys claimed at one instant would overload one generation.
 func fill(b *testing.B, s *Store, prefix string, n int) {
 	b.Helper()
+	fillSeq(b, s, prefix, n, false)
+}
+
+// fillSeq is fill, with each claim's output sequence when withSeq (as the
+// stage claims its forwards).
+func fillSeq(b *testing.B, s *Store, prefix string, n int, withSeq bool) {
+	b.Helper()
 	clock := s.opts.Clock.(*window.ManualClock)
 	const chunk = 4096
 	step := s.opts.Window.W / 100 * 99 / time.Duration((n+chunk-1)/chunk)
 	for start := 0; start < n; start += chunk {
-		claimAll(b, s, benchKeysRange(prefix, start, min(n, start+chunk)))
+		var seq uint64
+		if withSeq {
+			seq = 1_000_000 + uint64(start)
+		}
+		claimAllSeq(b, s, benchKeysRange(prefix, start, min(n, start+chunk)), seq)
 		clock.Advance(step)
 	}
 }
@@ -282,18 +293,21 @@ func memory() (rss, heap int64) {
 // pages of its tables.
 func BenchmarkDiskBytesPerKey(b *testing.B) {
 	const n = 1_000_000
-	for _, parts := range []int{1, 8} {
-		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
+	for _, c := range []struct {
+		parts   int
+		withSeq bool
+	}{{1, false}, {8, false}, {1, true}, {8, true}} {
+		b.Run(fmt.Sprintf("partitions=%d/output_seq=%v", c.parts, c.withSeq), func(b *testing.B) {
 			var use diskUse
 			var rss, heap int64
 			for b.Loop() {
 				dir := b.TempDir()
 				rss0, heap0 := memory()
-				s, err := Open(context.Background(), benchOptions(dir, parts, n))
+				s, err := Open(context.Background(), benchOptions(dir, c.parts, n))
 				if err != nil {
 					b.Fatal(err)
 				}
-				fill(b, s, "dsk", n)
+				fillSeq(b, s, "dsk", n, c.withSeq)
 				rss1, heap1 := memory()
 				rss, heap = rss1-rss0, heap1-heap0
 				if err := s.Close(); err != nil {

@@ -91,10 +91,21 @@ func testKeys(prefix string, n int) [][]byte {
 // partition and fails unless every claim is New.
 func claimAll(tb testing.TB, s *Store, keys [][]byte) {
 	tb.Helper()
+	claimAllSeq(tb, s, keys, 0)
+}
+
+// claimAllSeq is claimAll with each claim's OutputSeq seq+i+1, as the
+// stage claims forwards; seq 0 claims without one.
+func claimAllSeq(tb testing.TB, s *Store, keys [][]byte, seq uint64) {
+	tb.Helper()
 	byPart := make([][]Claim, s.Partitions())
 	for i, k := range keys {
 		p := PartitionOf(k, s.Partitions())
-		byPart[p] = append(byPart[p], Claim{Key: k, Fingerprint: uint64(i)})
+		c := Claim{Key: k, Fingerprint: uint64(i)}
+		if seq > 0 {
+			c.OutputSeq = seq + uint64(i) + 1
+		}
+		byPart[p] = append(byPart[p], c)
 	}
 	for p, claims := range byPart {
 		for len(claims) > 0 {

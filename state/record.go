@@ -182,7 +182,7 @@ const (
 	flagRefreshed byte = 1 << 0 // Refreshed follows, Unix nanoseconds
 	flagVersion   byte = 1 << 1 // Version follows
 	flagForgotten byte = 1 << 2 // Forgotten follows, Unix nanoseconds
-	flagOutputSeq byte = 1 << 3 // OutputSeq follows
+	flagOutputSeq byte = 1 << 3 // OutputSeq follows, a uvarint, last
 	flagsKnown         = flagRefreshed | flagVersion | flagForgotten | flagOutputSeq
 )
 
@@ -190,8 +190,9 @@ const (
 // OutputSeq: version byte 1, FirstSeen as Unix nanoseconds (int64 big
 // endian) and the fingerprint (uint64 big endian). Otherwise: version byte
 // 2, a flags byte, FirstSeen, the fingerprint, then Refreshed
-// (flagRefreshed), Version (flagVersion), Forgotten (flagForgotten) and
-// OutputSeq (flagOutputSeq), each 8 bytes big endian.
+// (flagRefreshed), Version (flagVersion) and Forgotten (flagForgotten),
+// each 8 bytes big endian, and last OutputSeq (flagOutputSeq) as a uvarint
+// (5 bytes up to sequence 2^35).
 func encodeRecord(r Record) []byte {
 	var flags byte
 	if !r.Refreshed.IsZero() {
@@ -213,7 +214,7 @@ func encodeRecord(r Record) []byte {
 		binary.BigEndian.PutUint64(b[9:17], r.Fingerprint)
 		return b
 	}
-	b := make([]byte, 2, 2+8*6)
+	b := make([]byte, 2, 2+8*5+binary.MaxVarintLen64)
 	b[0], b[1] = recordVersion2, flags
 	b = binary.BigEndian.AppendUint64(b, uint64(r.FirstSeen.UnixNano()))
 	b = binary.BigEndian.AppendUint64(b, r.Fingerprint)
@@ -227,7 +228,7 @@ func encodeRecord(r Record) []byte {
 		b = binary.BigEndian.AppendUint64(b, uint64(r.Forgotten.UnixNano()))
 	}
 	if flags&flagOutputSeq != 0 {
-		b = binary.BigEndian.AppendUint64(b, r.OutputSeq)
+		b = binary.AppendUvarint(b, r.OutputSeq)
 	}
 	return b
 }
@@ -255,9 +256,12 @@ func decodeRecord(b []byte) (Record, error) {
 		if flags == 0 || flags&^flagsKnown != 0 {
 			return Record{}, fmt.Errorf("%w: version 2 with flags %#x", ErrCorruptRecord, flags)
 		}
-		want := 2 + 16 + 8*bits.OnesCount8(flags)
-		if len(b) != want {
-			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), want)
+		fixed := 2 + 16 + 8*bits.OnesCount8(flags&^flagOutputSeq)
+		switch {
+		case flags&flagOutputSeq == 0 && len(b) != fixed:
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want %d", ErrCorruptRecord, len(b), fixed)
+		case flags&flagOutputSeq != 0 && len(b) <= fixed:
+			return Record{}, fmt.Errorf("%w: value is %d bytes, want more than %d", ErrCorruptRecord, len(b), fixed)
 		}
 		r := Record{
 			FirstSeen:   time.Unix(0, int64(binary.BigEndian.Uint64(b[2:10]))),
@@ -277,7 +281,11 @@ func decodeRecord(b []byte) (Record, error) {
 			rest = rest[8:]
 		}
 		if flags&flagOutputSeq != 0 {
-			r.OutputSeq = binary.BigEndian.Uint64(rest)
+			seq, n := binary.Uvarint(rest)
+			if n != len(rest) || seq == 0 || len(binary.AppendUvarint(nil, seq)) != n { // one encoding per record
+				return Record{}, fmt.Errorf("%w: output sequence of %d bytes is malformed", ErrCorruptRecord, len(rest))
+			}
+			r.OutputSeq = seq
 		}
 		return r, nil
 	}
