@@ -74,21 +74,11 @@ func TestAtomicOutputForwardsEachKeyOnce(t *testing.T) {
 	}
 }
 
-// TestAtomicOutputAfterACrashBetweenPublishAndCommit stores some keys in
-// the output stream before the stage runs, as a run that crashed after
-// publishing them and before committing their claims leaves it. With
-// atomic publish, the batches holding them are refused whole (an id in the
-// duplicate window), published one message at a time, and every key ends
-// in the output once: the re-published ones dropped by the window, the
-// others stored.
-func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
-	e := newEnv(t)
-	e.cfg.Output.Publish = config.PublishAtomic
-	evs, unique := workload(13, 2000, 0.1)
-	// The stage creates the streams; start it once with nothing to do.
-	r, _ := e.startLogged()
-	r.stop(t)
-
+// forwardsBefore publishes to the output stream a forward of every tenth
+// key of unique, as a run that crashed after publishing them and before
+// committing their claims leaves it, and returns them.
+func (e *env) forwardsBefore(unique map[string][]byte) []*nats.Msg {
+	e.t.Helper()
 	var before []*nats.Msg
 	n := 0
 	for k, payload := range unique {
@@ -101,8 +91,28 @@ func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
 		m.Header.Set("Trace", "t-"+k)
 		before = append(before, m)
 	}
-	natstest.PublishAll(t, e.js, before)
+	natstest.PublishAll(e.t, e.js, before)
+	return before
+}
 
+// TestAtomicOutputAfterACrashBetweenPublishAndCommit stores some keys in
+// the output stream before the stage runs on a new data dir (which reads
+// nothing back: it has no watermark), as a run that crashed after
+// publishing them and before committing their claims leaves it when its
+// data dir is lost. With atomic publish, the batches holding them are
+// refused whole (an id in the duplicate window), published one message at
+// a time, and every key ends in the output once: the re-published ones
+// dropped by the window, the others stored.
+func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Output.Publish = config.PublishAtomic
+	evs, unique := workload(13, 2000, 0.1)
+	// The stage creates the streams; start it once with nothing to do.
+	r, _ := e.startLogged()
+	r.stop(t)
+	before := e.forwardsBefore(unique)
+
+	e.cfg.State.DataDir = t.TempDir()
 	r, logs := e.startLogged()
 	e.publish(evs)
 	e.drained(60 * time.Second)
@@ -112,6 +122,53 @@ func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
 	}
 	if l := logs.String(); !strings.Contains(l, "output refused an atomic batch") || !strings.Contains(l, "err_code=10201") {
 		t.Errorf("no batch was refused for an id in the duplicate window:\n%s", l)
+	}
+}
+
+// TestReadBackAfterACrashBetweenPublishAndCommit stores some keys in the
+// output stream after a run that stopped, as a run that crashed after
+// publishing them and before committing their claims leaves it. The next
+// start reads them back after the store's watermark: their copies are
+// repeats, none is published again, and every key ends in the output once,
+// whatever the output's duplicate window still holds. A start after that
+// reads nothing more.
+func TestReadBackAfterACrashBetweenPublishAndCommit(t *testing.T) {
+	for _, publish := range []string{config.PublishAsync, config.PublishAtomic} {
+		t.Run(publish, func(t *testing.T) {
+			e := newEnv(t)
+			e.cfg.Output.Publish = publish
+			evs, unique := workload(14, 2000, 0.1)
+			r, _ := e.startLogged()
+			r.stop(t)
+			before := e.forwardsBefore(unique)
+
+			r, logs := e.startLogged()
+			if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != float64(len(before)) {
+				t.Errorf("dedupe_start_restored_records_total = %v, want %d (the forwards after the watermark)", got, len(before))
+			}
+			e.publish(evs)
+			e.drained(60 * time.Second)
+			e.assertExactlyOnce(unique)
+			if got := counter(t, r.reg, "dedupe_republish_duplicates_total", nil); got != 0 {
+				t.Errorf("dedupe_republish_duplicates_total = %v, want 0: the keys read back are repeats", got)
+			}
+			if got := counter(t, r.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != float64(len(unique)-len(before)) {
+				t.Errorf("%v keys judged new, want %d", got, len(unique)-len(before))
+			}
+			if l := logs.String(); strings.Contains(l, "output refused an atomic batch") {
+				t.Errorf("a batch was refused:\n%s", l)
+			}
+			r.stop(t)
+
+			r, logs = e.startLogged()
+			if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 0 {
+				t.Errorf("after a clean stop, dedupe_start_restored_records_total = %v, want 0", got)
+			}
+			if l := logs.String(); !strings.Contains(l, "read the output back after the watermark") {
+				t.Errorf("the start does not say it read the output back:\n%s", l)
+			}
+			r.stop(t)
+		})
 	}
 }
 

@@ -131,8 +131,20 @@ func (src *singleSource) run(ctx context.Context, in *intake) {
 	}
 }
 
-// finish implements source: there is nothing to release.
-func (*singleSource) finish() {}
+// finish implements source: once every batch is committed, it stores the
+// watermark as it stands, which the last commits may have left behind
+// (each stores the value it saw, and they land in any order), so that the
+// next start reads nothing back.
+func (src *singleSource) finish() {
+	if src.wm == nil {
+		return
+	}
+	if w, ok := src.wm.settled(); ok {
+		if err := src.s.store.SetWatermark(w); err != nil {
+			src.s.log.Warn("could not store the watermark at stop; the next start reads back more of the output", "err", err)
+		}
+	}
+}
 
 // backlog implements source: the input consumer's backlog.
 func (src *singleSource) backlog(ctx context.Context) (pending, ackPending uint64, err error) {

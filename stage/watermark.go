@@ -60,6 +60,19 @@ func (m *watermark) commit(p int, res []forward.Result) {
 	m.committed = max(m.committed, storedUpTo(res))
 }
 
+// settled returns W when no partition is in flight: every forward of
+// the run is committed. ok is false while one is.
+func (m *watermark) settled() (w uint64, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, in := range m.inFlight {
+		if in {
+			return 0, false
+		}
+	}
+	return m.committed, true
+}
+
 // storedUpTo is the highest sequence at which res says a batch stored a
 // message itself, not counting duplicates (their sequence is the copy
 // the stream already held); 0 for none.
