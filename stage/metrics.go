@@ -36,7 +36,8 @@ type Metrics struct {
 	ConsumerPending          *prometheus.GaugeVec
 	WindowSeconds            prometheus.Gauge
 	// StartRestored counts the forwards read back from the output stream
-	// after the store's watermark at start and restored into the store.
+	// after the store's watermark at start whose keys the store did not
+	// hold: forwards a crash left between publish and commit.
 	StartRestored prometheus.Counter
 	// DeadLettersUnstorable counts dead letters the dead-letter stream
 	// refused even shrunk: the input was acked and stays in its stream.
@@ -112,7 +113,7 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *M
 		}, []string{"reason"}),
 		StartRestored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedupe_start_restored_records_total",
-			Help: "Forwards read back from the output stream after the store's watermark at start and restored into the store (one instance alone): forwards a crash left uncommitted, and committed ones read again (a record already held adds nothing).",
+			Help: "Forwards read back from the output stream after the store's watermark at start whose keys the store did not hold, stored (one instance alone): forwards a crash left between publish and commit.",
 		}),
 		WindowSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "dedupe_window_seconds",

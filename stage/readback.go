@@ -31,7 +31,7 @@ var (
 type readBackStats struct {
 	from, to uint64 // the sequences read, from..to; from > to: none
 	read     int    // messages read on the pipeline's output subjects
-	restored int    // records passed to state.Partition.Restore
+	restored int    // keys the store did not hold, stored (state.Partition.RestoreCounted)
 	skipped  int    // messages without a key a forward carries
 }
 
@@ -228,10 +228,11 @@ func (rs *restorer) flush(p int) error {
 	if len(rs.parts[p]) == 0 {
 		return nil
 	}
-	if err := rs.store.Partition(p).Restore(rs.parts[p], 0); err != nil {
+	n, err := rs.store.Partition(p).RestoreCounted(rs.parts[p], 0)
+	if err != nil {
 		return fmt.Errorf("read back: restore: %w", err)
 	}
-	rs.st.restored += len(rs.parts[p])
+	rs.st.restored += n
 	rs.parts[p] = rs.parts[p][:0]
 	return nil
 }
