@@ -17,6 +17,8 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // logBuffer collects a stage's logs; safe for concurrent use.
@@ -197,5 +199,59 @@ func TestAtomicOutputOnAStreamWithoutAtomicPublish(t *testing.T) {
 	e.assertExactlyOnce(unique)
 	if l := logs.String(); !strings.Contains(l, "output published one message at a time") || strings.Contains(l, "output refused an atomic batch") {
 		t.Errorf("auto on a stream without atomic publish:\n%s", l)
+	}
+}
+
+// TestReadBackKeepsAForget reads back, from the output's start, the
+// forward of a key an operator forgot after it, with the stage's clock a
+// minute behind the server's (the forward's stored time is later than its
+// record's first-seen time): the forward precedes the forget and is not
+// restored, so the key's next copy is forwarded, as the forget promised.
+func TestReadBackKeepsAForget(t *testing.T) {
+	e := newEnv(t)
+	e.clock = window.NewManualClock(time.Now().Add(-time.Minute))
+	r := e.start()
+	e.publish([]event{{key: "k1", payload: []byte("one")}, {key: "k2", payload: []byte("two")}})
+	e.drained(30 * time.Second)
+	if f, err := r.st.Forget(context.Background(), "k1"); err != nil || !f.Held {
+		t.Fatalf("Forget(k1) = %+v, %v; want it held", f, err)
+	}
+	r.stop(t)
+
+	// A watermark left behind: everything is read back.
+	win, err := e.cfg.Window.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := e.cfg.StateOptions(win)
+	opts.Clock = e.clock
+	st, err := state.Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetWatermark(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	r, logs := e.startLogged()
+	if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 0 {
+		t.Errorf("dedupe_start_restored_records_total = %v, want 0: k2 is held, k1 was forgotten after its forward", got)
+	}
+	if l := logs.String(); !strings.Contains(l, "skipped_before_forget=1") {
+		t.Errorf("the read-back does not say it skipped k1's forward:\n%s", l)
+	}
+	e.publish([]event{{key: "k1", payload: []byte("one again")}})
+	e.drained(30 * time.Second)
+	n := 0
+	for id := range e.outputByKey() {
+		if strings.HasPrefix(id, "k1.forgotten.") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("k1 forwarded %d times after its forget, want 1", n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,6 +34,9 @@ type readBackStats struct {
 	read     int    // messages read on the pipeline's output subjects
 	restored int    // keys the store did not hold, stored (state.Partition.RestoreCounted)
 	skipped  int    // messages without a key a forward carries
+	// beforeForget counts forwards of keys forgotten after them, not
+	// restored.
+	beforeForget int
 }
 
 // readBack restores into the store, before any batch is judged, every
@@ -80,7 +84,7 @@ func (src *singleSource) readBack(ctx context.Context) (uint64, error) {
 	if ok {
 		s.log.Info("read the output back after the watermark", "output_stream", cfg.Output.Stream, "watermark", w,
 			"from_seq", st.from, "to_seq", st.to, "messages_read", st.read, "records_restored", st.restored,
-			"skipped_without_key", st.skipped, "took", time.Since(started).Round(time.Millisecond))
+			"skipped_without_key", st.skipped, "skipped_before_forget", st.beforeForget, "took", time.Since(started).Round(time.Millisecond))
 	}
 	return last, nil
 }
@@ -216,11 +220,39 @@ func (rs *restorer) add(m jetstream.Msg, md *jetstream.MsgMetadata, seq uint64) 
 		return nil
 	}
 	p := state.PartitionOf(r.Key, len(rs.parts))
+	if skip, err := rs.held(p, r, m.Headers()); err != nil || skip {
+		return err
+	}
 	rs.parts[p] = append(rs.parts[p], r)
 	if len(rs.parts[p]) < readBackBatch {
 		return nil
 	}
 	return rs.flush(p)
+}
+
+// held reports whether the store needs nothing of r, the forward with
+// headers h read back into partition p: it holds r's key inside the
+// window (at r's version or a greater one), whatever the two clocks say
+// of r's first-seen time; or it holds the key forgotten after r, which
+// restored would undo the forget. A forward after a forget carries the
+// forget's time (handover.HeaderForgotten), so this needs no clock.
+func (rs *restorer) held(p int, r state.Restored, h nats.Header) (bool, error) {
+	res, err := rs.store.Partition(p).Lookup(r.Key)
+	if err != nil {
+		return false, fmt.Errorf("read back: look up key %q: %w", r.Key, err)
+	}
+	if res.Found {
+		return !r.HasVersion || !res.Record.OlderThan(r.Version), nil
+	}
+	if res.Forgotten.IsZero() {
+		return false, nil
+	}
+	ns, err := strconv.ParseInt(h.Get(handover.HeaderForgotten), 10, 64)
+	if err != nil || time.Unix(0, ns).Before(res.Forgotten) {
+		rs.st.beforeForget++
+		return true, nil
+	}
+	return false, nil
 }
 
 // flush restores partition p's records gathered.
