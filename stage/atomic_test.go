@@ -17,6 +17,8 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
+	"github.com/dedupe-stage/dedupe-stage/state"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // logBuffer collects a stage's logs; safe for concurrent use.
@@ -74,21 +76,11 @@ func TestAtomicOutputForwardsEachKeyOnce(t *testing.T) {
 	}
 }
 
-// TestAtomicOutputAfterACrashBetweenPublishAndCommit stores some keys in
-// the output stream before the stage runs, as a run that crashed after
-// publishing them and before committing their claims leaves it. With
-// atomic publish, the batches holding them are refused whole (an id in the
-// duplicate window), published one message at a time, and every key ends
-// in the output once: the re-published ones dropped by the window, the
-// others stored.
-func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
-	e := newEnv(t)
-	e.cfg.Output.Publish = config.PublishAtomic
-	evs, unique := workload(13, 2000, 0.1)
-	// The stage creates the streams; start it once with nothing to do.
-	r, _ := e.startLogged()
-	r.stop(t)
-
+// forwardsBefore publishes to the output stream a forward of every tenth
+// key of unique, as a run that crashed after publishing them and before
+// committing their claims leaves it, and returns them.
+func (e *env) forwardsBefore(unique map[string][]byte) []*nats.Msg {
+	e.t.Helper()
 	var before []*nats.Msg
 	n := 0
 	for k, payload := range unique {
@@ -101,8 +93,28 @@ func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
 		m.Header.Set("Trace", "t-"+k)
 		before = append(before, m)
 	}
-	natstest.PublishAll(t, e.js, before)
+	natstest.PublishAll(e.t, e.js, before)
+	return before
+}
 
+// TestAtomicOutputAfterACrashBetweenPublishAndCommit stores some keys in
+// the output stream before the stage runs on a new data dir (which reads
+// nothing back: it has no watermark), as a run that crashed after
+// publishing them and before committing their claims leaves it when its
+// data dir is lost. With atomic publish, the batches holding them are
+// refused whole (an id in the duplicate window), published one message at
+// a time, and every key ends in the output once: the re-published ones
+// dropped by the window, the others stored.
+func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.Output.Publish = config.PublishAtomic
+	evs, unique := workload(13, 2000, 0.1)
+	// The stage creates the streams; start it once with nothing to do.
+	r, _ := e.startLogged()
+	r.stop(t)
+	before := e.forwardsBefore(unique)
+
+	e.cfg.State.DataDir = t.TempDir()
 	r, logs := e.startLogged()
 	e.publish(evs)
 	e.drained(60 * time.Second)
@@ -112,6 +124,53 @@ func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
 	}
 	if l := logs.String(); !strings.Contains(l, "output refused an atomic batch") || !strings.Contains(l, "err_code=10201") {
 		t.Errorf("no batch was refused for an id in the duplicate window:\n%s", l)
+	}
+}
+
+// TestReadBackAfterACrashBetweenPublishAndCommit stores some keys in the
+// output stream after a run that stopped, as a run that crashed after
+// publishing them and before committing their claims leaves it. The next
+// start reads them back after the store's watermark: their copies are
+// repeats, none is published again, and every key ends in the output once,
+// whatever the output's duplicate window still holds. A start after that
+// reads nothing more.
+func TestReadBackAfterACrashBetweenPublishAndCommit(t *testing.T) {
+	for _, publish := range []string{config.PublishAsync, config.PublishAtomic} {
+		t.Run(publish, func(t *testing.T) {
+			e := newEnv(t)
+			e.cfg.Output.Publish = publish
+			evs, unique := workload(14, 2000, 0.1)
+			r, _ := e.startLogged()
+			r.stop(t)
+			before := e.forwardsBefore(unique)
+
+			r, logs := e.startLogged()
+			if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != float64(len(before)) {
+				t.Errorf("dedupe_start_restored_records_total = %v, want %d (the forwards after the watermark)", got, len(before))
+			}
+			e.publish(evs)
+			e.drained(60 * time.Second)
+			e.assertExactlyOnce(unique)
+			if got := counter(t, r.reg, "dedupe_republish_duplicates_total", nil); got != 0 {
+				t.Errorf("dedupe_republish_duplicates_total = %v, want 0: the keys read back are repeats", got)
+			}
+			if got := counter(t, r.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); got != float64(len(unique)-len(before)) {
+				t.Errorf("%v keys judged new, want %d", got, len(unique)-len(before))
+			}
+			if l := logs.String(); strings.Contains(l, "output refused an atomic batch") {
+				t.Errorf("a batch was refused:\n%s", l)
+			}
+			r.stop(t)
+
+			r, logs = e.startLogged()
+			if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 0 {
+				t.Errorf("after a clean stop, dedupe_start_restored_records_total = %v, want 0", got)
+			}
+			if l := logs.String(); !strings.Contains(l, "read the output back after the watermark") {
+				t.Errorf("the start does not say it read the output back:\n%s", l)
+			}
+			r.stop(t)
+		})
 	}
 }
 
@@ -140,5 +199,59 @@ func TestAtomicOutputOnAStreamWithoutAtomicPublish(t *testing.T) {
 	e.assertExactlyOnce(unique)
 	if l := logs.String(); !strings.Contains(l, "output published one message at a time") || strings.Contains(l, "output refused an atomic batch") {
 		t.Errorf("auto on a stream without atomic publish:\n%s", l)
+	}
+}
+
+// TestReadBackKeepsAForget reads back, from the output's start, the
+// forward of a key an operator forgot after it, with the stage's clock a
+// minute behind the server's (the forward's stored time is later than its
+// record's first-seen time): the forward precedes the forget and is not
+// restored, so the key's next copy is forwarded, as the forget promised.
+func TestReadBackKeepsAForget(t *testing.T) {
+	e := newEnv(t)
+	e.clock = window.NewManualClock(time.Now().Add(-time.Minute))
+	r := e.start()
+	e.publish([]event{{key: "k1", payload: []byte("one")}, {key: "k2", payload: []byte("two")}})
+	e.drained(30 * time.Second)
+	if f, err := r.st.Forget(context.Background(), "k1"); err != nil || !f.Held {
+		t.Fatalf("Forget(k1) = %+v, %v; want it held", f, err)
+	}
+	r.stop(t)
+
+	// A watermark left behind: everything is read back.
+	win, err := e.cfg.Window.Derive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := e.cfg.StateOptions(win)
+	opts.Clock = e.clock
+	st, err := state.Open(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetWatermark(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	r, logs := e.startLogged()
+	if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 0 {
+		t.Errorf("dedupe_start_restored_records_total = %v, want 0: k2 is held, k1 was forgotten after its forward", got)
+	}
+	if l := logs.String(); !strings.Contains(l, "skipped_before_forget=1") {
+		t.Errorf("the read-back does not say it skipped k1's forward:\n%s", l)
+	}
+	e.publish([]event{{key: "k1", payload: []byte("one again")}})
+	e.drained(30 * time.Second)
+	n := 0
+	for id := range e.outputByKey() {
+		if strings.HasPrefix(id, "k1.forgotten.") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("k1 forwarded %d times after its forget, want 1", n)
 	}
 }

@@ -165,6 +165,10 @@ func groupOptions(cfg config.Config, w time.Duration) (scaleout.Options, error) 
 	return o, nil
 }
 
+// prepare implements source: each partition restores from its cursor
+// when this instance takes it.
+func (*groupSource) prepare(context.Context) error { return nil }
+
 // queue implements source: a member's callback must never wait on its
 // partition (hold). The worker's channel is unbuffered, so that whatever
 // is not in the batch being judged is kept alive by hold.
@@ -309,6 +313,10 @@ func (o groupOwner) Own(ctx context.Context, pin string, n int, keepAlive func()
 	}
 	return release, judgeBatch
 }
+
+// Publishing implements ownership: a group's partitions restore from
+// their cursors instead.
+func (groupOwner) Publishing() {}
 
 // Forget implements ownership (scaleout.Owner.Forget).
 func (o groupOwner) Forget(ctx context.Context, _ *state.Partition, key []byte) (state.Record, bool, error) {

@@ -35,6 +35,10 @@ type Metrics struct {
 	CommitRetries            prometheus.Counter
 	ConsumerPending          *prometheus.GaugeVec
 	WindowSeconds            prometheus.Gauge
+	// StartRestored counts the forwards read back from the output stream
+	// after the store's watermark at start whose keys the store did not
+	// hold: forwards a crash left between publish and commit.
+	StartRestored prometheus.Counter
 	// DeadLettersUnstorable counts dead letters the dead-letter stream
 	// refused even shrunk: the input was acked and stays in its stream.
 	DeadLettersUnstorable *prometheus.CounterVec
@@ -107,6 +111,10 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *M
 			Name: "dedupe_dead_letters_unstorable_total",
 			Help: "Dead letters the dead-letter stream refused even without payload, by reason: logged with the input's stream and sequence, acked, and kept in the input stream.",
 		}, []string{"reason"}),
+		StartRestored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_start_restored_records_total",
+			Help: "Forwards read back from the output stream after the store's watermark at start whose keys the store did not hold, stored (one instance alone): forwards a crash left between publish and commit.",
+		}),
 		WindowSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "dedupe_window_seconds",
 			Help: "The dedupe window W derived from the configured slow paths.",
@@ -114,7 +122,7 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *M
 	}
 	reg.MustRegister(m.Messages, m.DeadLetters, m.UnpartitionedDeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
 		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
-		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable)
+		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable, m.StartRestored)
 	registerHealth(reg, st)
 	m.WindowSeconds.Set(windowSeconds)
 	return m

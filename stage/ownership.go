@@ -48,6 +48,10 @@ type ownership interface {
 	// a single instance; in a group, a key-state record, so that a new
 	// owner restores the moved window.
 	RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg
+	// Publishing is called before the batch's output publish: from then
+	// until its Claim returns without error, the batch's forwards may be
+	// in the output and not in the store.
+	Publishing()
 	// Fence is the fence the batch's output publish expects, nil for none.
 	Fence() *forward.Fence
 	// Lost handles a publish refused because the partition's fence moved
@@ -68,9 +72,15 @@ type ownership interface {
 	DeadLetterFence() (*forward.Fence, string)
 }
 
-// soleOwner is the ownership of a single instance: it owns every
-// partition, adds nothing to a forwarded copy and holds no fence.
-type soleOwner struct{}
+// soleOwner is the ownership of partition p of a single instance: it
+// owns every partition, adds nothing to a forwarded copy and holds no
+// fence. With wm, it stores the store's watermark with each commit
+// (docs/state.md, "The watermark"); wm is nil when the output is not read
+// back at start (totals on).
+type soleOwner struct {
+	p  int
+	wm *watermark
+}
 
 // Own implements ownership: every batch is this instance's.
 func (soleOwner) Own(context.Context, string, int, func()) (func(), verdict) {
@@ -86,15 +96,31 @@ func (soleOwner) Annotate(*nats.Msg, string, uint64, state.Contribution, time.Ti
 // RefreshRecord implements ownership: a single instance has no changelog.
 func (soleOwner) RefreshRecord([]byte, state.Record, time.Time) *nats.Msg { return nil }
 
+// Publishing implements ownership: the partition's batch is in flight
+// until its claims commit.
+func (o soleOwner) Publishing() {
+	if o.wm != nil {
+		o.wm.publishing(o.p)
+	}
+}
+
 // Fence implements ownership: there is no fence.
 func (soleOwner) Fence() *forward.Fence { return nil }
 
 // Lost implements ownership: with no fence, no error is a fence loss.
 func (soleOwner) Lost(context.Context, error) bool { return false }
 
-// Claim implements ownership: the claims alone, in one transaction.
-func (soleOwner) Claim(p *state.Partition, claims []state.Claim, _ []forward.Result, _ time.Time) ([]state.ClaimResult, error) {
-	return p.Claim(claims)
+// Claim implements ownership: the claims, with the store's watermark
+// when there is one, in one transaction.
+func (o soleOwner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, _ time.Time) ([]state.ClaimResult, error) {
+	if o.wm == nil {
+		return p.Claim(claims)
+	}
+	r, err := p.ClaimWithWatermark(claims, o.wm.next(o.p, res))
+	if err == nil {
+		o.wm.commit(o.p, res)
+	}
+	return r, err
 }
 
 // Forget implements ownership: the record alone is marked.

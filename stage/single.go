@@ -23,6 +23,7 @@ type singleSource struct {
 	cfg  config.Config
 	s    *Stage
 	cons jetstream.Consumer
+	wm   *watermark // the store's watermark, set by prepare; nil with totals on
 }
 
 // streams implements source: the streams as they are.
@@ -72,6 +73,25 @@ func (*singleSource) check(context.Context, jetstream.JetStream, window.Window, 
 // open implements source: there is nothing more to prepare.
 func (*singleSource) open(context.Context, *Stage, prometheus.Registerer) error { return nil }
 
+// prepare implements source: it reads the output back after the store's
+// watermark (readBack) and tracks the watermark from where it ends. With
+// totals on it reads nothing: a forward carries no contribution to a
+// total, and a copy made a repeat by its restored record would never add
+// its own (docs/state.md, "The watermark").
+func (src *singleSource) prepare(ctx context.Context) error {
+	if src.cfg.Totals.Enabled {
+		src.s.log.Info("totals on: the output is not read back at start; a crash between publish and commit relies on the output's duplicate window",
+			"output_stream", src.cfg.Output.Stream)
+		return nil
+	}
+	start, err := src.readBack(ctx)
+	if err != nil {
+		return err
+	}
+	src.wm = newWatermark(src.s.store.Partitions(), start)
+	return nil
+}
+
 // queue implements source: the worker reads the partition's queue itself.
 func (*singleSource) queue(ch chan item, _ time.Duration) <-chan item { return ch }
 
@@ -111,8 +131,20 @@ func (src *singleSource) run(ctx context.Context, in *intake) {
 	}
 }
 
-// finish implements source: there is nothing to release.
-func (*singleSource) finish() {}
+// finish implements source: once every batch is committed, it stores the
+// watermark as it stands, which the last commits may have left behind
+// (each stores the value it saw, and they land in any order), so that the
+// next start reads nothing back.
+func (src *singleSource) finish() {
+	if src.wm == nil {
+		return
+	}
+	if w, ok := src.wm.settled(); ok {
+		if err := src.s.store.SetWatermark(w); err != nil {
+			src.s.log.Warn("could not store the watermark at stop; the next start reads back more of the output", "err", err)
+		}
+	}
+}
 
 // backlog implements source: the input consumer's backlog.
 func (src *singleSource) backlog(ctx context.Context) (pending, ackPending uint64, err error) {
@@ -124,7 +156,9 @@ func (src *singleSource) backlog(ctx context.Context) (pending, ackPending uint6
 }
 
 // owner implements source: every partition is this instance's.
-func (*singleSource) owner(*state.Partition) ownership { return soleOwner{} }
+func (src *singleSource) owner(p *state.Partition) ownership {
+	return soleOwner{p: p.Index(), wm: src.wm}
+}
 
 // inputOf implements source: every message is its own input.
 func (*singleSource) inputOf(jetstream.Msg, string) (string, string, uint64, bool) {

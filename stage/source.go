@@ -42,6 +42,11 @@ type source interface {
 	// open prepares the source once the stage knows how it publishes;
 	// its metrics go on reg.
 	open(ctx context.Context, s *Stage, reg prometheus.Registerer) error
+	// prepare readies what the partitions need once the store is open,
+	// before any batch is judged: a single instance reads the output back
+	// after the store's watermark (docs/state.md, "The watermark"); a
+	// group's partitions restore as they are taken.
+	prepare(ctx context.Context) error
 	// queue returns the channel partition's worker reads from, fed by
 	// ch (the stage's queue of the partition).
 	queue(ch chan item, ackWait time.Duration) <-chan item

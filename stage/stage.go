@@ -144,6 +144,10 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 	if err := s.openState(ctx, reg, opts.FilterProgressInterval); err != nil {
 		return nil, err
 	}
+	if err := s.src.prepare(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
 	s.owners = make([]ownership, s.store.Partitions())
 	for i := range s.owners {
 		s.owners[i] = s.src.owner(s.store.Partition(i))

@@ -242,6 +242,7 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 		if w.s.beforePublish != nil {
 			w.s.beforePublish(w.p.Index(), len(batch))
 		}
+		w.owner.Publishing()
 		if !w.publish(ctx, batch) {
 			return false
 		}
@@ -344,6 +345,12 @@ func (w *worker) fallback(messages int, err error) {
 func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, idx []int, forwarded int, now time.Time) bool {
 	s := w.s
 	if len(claims) == 0 {
+		if len(w.res) > 0 {
+			// The output refused every forward: none is in flight any more.
+			// A failure leaves the partition in flight, which only holds
+			// the watermark back.
+			_, _ = w.owner.Claim(w.p, nil, w.res, now)
+		}
 		return true
 	}
 	t := time.Now()

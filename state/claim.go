@@ -79,6 +79,16 @@ func (p *Partition) Claim(claims []Claim) ([]ClaimResult, error) {
 // forwards; it is stored as given (a stream recreated from sequence 1
 // makes it go back), and 0 leaves the stored cursor as it is.
 func (p *Partition) ClaimWithCursor(claims []Claim, cursor uint64) ([]ClaimResult, error) {
+	var extra []write
+	if cursor > 0 {
+		extra = []write{{key: p.ks.cursor(), value: encodeCursor(cursor)}}
+	}
+	return p.claimWith(claims, extra)
+}
+
+// claimWith is Claim that also writes extra (a cursor, a watermark) with
+// the last transaction of the batch.
+func (p *Partition) claimWith(claims []Claim, extra []write) ([]ClaimResult, error) {
 	for i := range claims {
 		if err := checkKey(claims[i].Key); err != nil {
 			return nil, p.wrap(fmt.Errorf("claim %d: %w", i, err))
@@ -114,8 +124,8 @@ func (p *Partition) ClaimWithCursor(claims []Claim, cursor uint64) ([]ClaimResul
 			claimsNew++
 		}
 	}
-	if cursor > 0 {
-		b.claimed = append(b.claimed, p.cursorWrites(cursor))
+	if len(extra) > 0 {
+		b.claimed = append(b.claimed, claimWrites{writes: extra})
 	}
 	if err := p.commit(b); err != nil {
 		return nil, p.wrap(err)
@@ -144,7 +154,7 @@ type batch struct {
 }
 
 // claimWrites is everything one New claim writes: its record and what it
-// adds to a total; or the cursor alone (key nil).
+// adds to a total; or, with key nil, the cursor or the watermark alone.
 type claimWrites struct {
 	key       []byte     // the claim's key, added to the filter after commit; nil for the cursor
 	hash      bloom.Hash // key's filter hash if the claim tested it; zero: hash key to add it

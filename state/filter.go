@@ -124,7 +124,7 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 		if f, err = bloom.New(p.fopts, now); err != nil {
 			return fmt.Errorf("new filter: %w", err)
 		}
-		pr := p.newProgress(SourceRebuild, estimateRecords(p.db, p.ks))
+		pr := p.newProgress(SourceRebuild, estimateRecords(p.db, p.ks, p.partitions))
 		if b.Scanned, b.Added, err = scanInto(ctx, p.db, p.ks, f, 0, p.win, now, p.log, pr.tick); err != nil {
 			return fmt.Errorf("rebuild filter: %w", err)
 		}
@@ -332,8 +332,9 @@ func (pr *progress) report(scanned, added uint64, now time.Time, done bool) Filt
 // tables: about the records a full scan of the partition reads (it also
 // counts totals, the cursor and older versions, and misses what is still
 // in memtables). A table whose keys span several keyspaces counts an even
-// share of its keys for each.
-func estimateRecords(db *badger.DB, ks keyspace) uint64 {
+// share of its keys for each of the store's partitions among them (the
+// store's own keys, above them, count for its last).
+func estimateRecords(db *badger.DB, ks keyspace, partitions int) uint64 {
 	want := binary.BigEndian.Uint16(ks[:])
 	var n uint64
 	for _, t := range db.Tables() {
@@ -341,6 +342,7 @@ func estimateRecords(db *badger.DB, ks keyspace) uint64 {
 			continue
 		}
 		lo, hi := binary.BigEndian.Uint16(t.Left), binary.BigEndian.Uint16(t.Right)
+		hi = min(hi, uint16(max(partitions, 1)-1))
 		if lo <= want && want <= hi {
 			n += uint64(t.KeyCount) / uint64(hi-lo+1)
 		}

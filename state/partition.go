@@ -71,15 +71,16 @@ type Stats struct {
 // Claim and snapshots are serialised by a per-partition mutex, which is
 // uncontended when one goroutine owns the partition.
 type Partition struct {
-	index int
-	dir   string
-	db    *badger.DB // the store's, shared by every partition
-	ks    keyspace   // the prefix of every Badger key of the partition
-	log   *slog.Logger
-	clock window.Clock
-	win   window.Window
-	ttl   time.Duration
-	fopts bloom.Options // the partition's filter options
+	index      int
+	partitions int // the store's partition count
+	dir        string
+	db         *badger.DB // the store's, shared by every partition
+	ks         keyspace   // the prefix of every Badger key of the partition
+	log        *slog.Logger
+	clock      window.Clock
+	win        window.Window
+	ttl        time.Duration
+	fopts      bloom.Options // the partition's filter options
 
 	refresh bool // Options.RefreshOnRepeat
 

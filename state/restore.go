@@ -89,13 +89,21 @@ func (r Restored) record() Record {
 // again, or again from the stored cursor + 1 after a failure, changes
 // nothing. docs/state.md says which records are stored and which only counted.
 func (p *Partition) Restore(recs []Restored, cursor uint64) error {
+	_, err := p.RestoreCounted(recs, cursor)
+	return err
+}
+
+// RestoreCounted is Restore that also returns how many keys it stored a
+// record of: keys the partition did not hold as early (or at as great a
+// version) before the call.
+func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, err error) {
 	if err := p.checkRestored(recs); err != nil {
-		return err
+		return 0, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	now := p.clock.Now()
 	if p.filter != nil {
@@ -109,7 +117,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		if !p.win.Inside(rec.WindowStart(), now) {
 			cw, err := p.restoreExpired(rtxn, b, r, rec, now)
 			if err != nil {
-				return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+				return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
 			}
 			if cw != nil {
 				b.claimed = append(b.claimed, *cw)
@@ -119,7 +127,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		k := string(r.Key)
 		h, have, held, err := p.alreadyHolds(rtxn, b, r.Key, rec)
 		if err != nil {
-			return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+			return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
 		}
 		if held {
 			continue
@@ -137,7 +145,7 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		if r.Total.Group != "" {
 			_, w, err := p.addTotal(rtxn, b, r.Total, now)
 			if err != nil {
-				return p.wrap(fmt.Errorf("restore %d: %w", i, err))
+				return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
 			}
 			cw.writes = append(cw.writes, w)
 			cw.total = string(w.key)
@@ -151,9 +159,9 @@ func (p *Partition) Restore(recs []Restored, cursor uint64) error {
 		b.claimed = append(b.claimed, p.cursorWrites(cursor))
 	}
 	if err := p.commit(b); err != nil {
-		return p.wrap(fmt.Errorf("restore: %w", err))
+		return 0, p.wrap(fmt.Errorf("restore: %w", err))
 	}
-	return nil
+	return len(b.at), nil
 }
 
 // alreadyHolds reports whether the partition, or b (the records of this

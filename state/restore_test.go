@@ -361,3 +361,26 @@ func TestRestoreTotals(t *testing.T) {
 		checkTotals("regained")
 	})
 }
+
+// TestRestoreCounted counts the keys a restore stores: all of them on an
+// empty partition, none when restored again, and only the key held less
+// early than the record restored.
+func TestRestoreCounted(t *testing.T) {
+	s := openStore(t, testOptions(t, t.TempDir(), 1))
+	p := s.Partition(0)
+	at := time.Now()
+	recs := []Restored{{Key: []byte("a"), FirstSeen: at}, {Key: []byte("b"), FirstSeen: at}, {Key: []byte("a"), FirstSeen: at.Add(time.Second)}}
+	if n, err := p.RestoreCounted(recs, 0); err != nil || n != 2 {
+		t.Errorf("RestoreCounted on an empty partition = %d, %v; want 2", n, err)
+	}
+	if n, err := p.RestoreCounted(recs, 0); err != nil || n != 0 {
+		t.Errorf("RestoreCounted again = %d, %v; want 0", n, err)
+	}
+	if _, err := p.Claim([]Claim{{Key: []byte("c"), FirstSeen: at.Add(time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	more := []Restored{{Key: []byte("c"), FirstSeen: at}, {Key: []byte("b"), FirstSeen: at.Add(2 * time.Second)}}
+	if n, err := p.RestoreCounted(more, 0); err != nil || n != 1 {
+		t.Errorf("RestoreCounted of a key claimed later and a key held earlier = %d, %v; want 1", n, err)
+	}
+}

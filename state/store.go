@@ -252,14 +252,15 @@ func openPartition(ctx context.Context, opts Options, db *badger.DB, i int) (*Pa
 		return nil, fmt.Errorf("state: partition %d: dir %q is not usable: %w", i, dir, err)
 	}
 	p := &Partition{
-		index: i,
-		dir:   dir,
-		db:    db,
-		ks:    keyspaceOf(i),
-		log:   log,
-		clock: opts.Clock,
-		win:   opts.Window,
-		ttl:   opts.recordTTL(),
+		index:      i,
+		partitions: opts.Partitions,
+		dir:        dir,
+		db:         db,
+		ks:         keyspaceOf(i),
+		log:        log,
+		clock:      opts.Clock,
+		win:        opts.Window,
+		ttl:        opts.recordTTL(),
 
 		refresh: opts.RefreshOnRepeat,
 		fopts:   opts.partitionFilterOptions(),

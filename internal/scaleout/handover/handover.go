@@ -111,15 +111,10 @@ func Decode(m jetstream.Msg) (Record, error) {
 // present. It returns an error wrapping ErrNotARecord, permanent, when one
 // of them is missing or malformed.
 func DecodeHeader(h nats.Header) (Record, error) {
-	id := h.Get(jetstream.MsgIDHeader)
-	if id == "" {
-		return notARecord("no %s", jetstream.MsgIDHeader)
+	key, version, versioned, err := ForwardKey(h)
+	if err != nil {
+		return Record{}, err
 	}
-	id, ok := KeyOf(h, id)
-	if !ok || id == "" {
-		return notARecord("%s %q does not end in %s %q", jetstream.MsgIDHeader, h.Get(jetstream.MsgIDHeader), HeaderForgotten, h.Get(HeaderForgotten))
-	}
-	key, version, versioned := versionOf(h, id)
 	r, err := decodeRecord(h, key)
 	if err != nil {
 		return r, err
@@ -142,6 +137,26 @@ func DecodeHeader(h nats.Header) (Record, error) {
 		r.Group, r.Bucket, r.Value = vals[0], time.Unix(secs, 0).UTC(), n
 	}
 	return r, nil
+}
+
+// ForwardKey returns the key of a forward with headers h, and its version
+// when versioned: from its Nats-Msg-Id (KeyOf), or with key.version from
+// HeaderKey and HeaderVersion when the id is their VersionedID. It returns
+// an error wrapping ErrNotARecord, permanent, when h has no Nats-Msg-Id or
+// one KeyOf cannot read.
+func ForwardKey(h nats.Header) (key string, version uint64, versioned bool, err error) {
+	id := h.Get(jetstream.MsgIDHeader)
+	if id == "" {
+		_, err := notARecord("no %s", jetstream.MsgIDHeader)
+		return "", 0, false, err
+	}
+	id, ok := KeyOf(h, id)
+	if !ok || id == "" {
+		_, err := notARecord("%s %q does not end in %s %q", jetstream.MsgIDHeader, h.Get(jetstream.MsgIDHeader), HeaderForgotten, h.Get(HeaderForgotten))
+		return "", 0, false, err
+	}
+	key, version, versioned = versionOf(h, id)
+	return key, version, versioned, nil
 }
 
 // notARecord returns a permanent error wrapping ErrNotARecord.
