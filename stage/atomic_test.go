@@ -148,6 +148,10 @@ func TestReadBackAfterACrashBetweenPublishAndCommit(t *testing.T) {
 			if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != float64(len(before)) {
 				t.Errorf("dedupe_start_restored_records_total = %v, want %d (the forwards after the watermark)", got, len(before))
 			}
+			want := natstest.ReadAll(t, e.js, e.cfg.Output.Stream)[0].Seq // before[0]'s forward
+			if in, err := r.st.Inspect(before[0].Header.Get(jetstream.MsgIDHeader)); err != nil || in.OutputSeq == nil || *in.OutputSeq != want {
+				t.Errorf("inspect of the first key read back = %+v, %v; want output_seq %d, its forward's", in, err, want)
+			}
 			e.publish(evs)
 			e.drained(60 * time.Second)
 			e.assertExactlyOnce(unique)

@@ -288,6 +288,6 @@ func restoredOf(m jetstream.Msg, md *jetstream.MsgMetadata, seq uint64) (state.R
 	if err != nil || key == "" || len(key) > state.MaxKeySize || md.Timestamp.IsZero() {
 		return state.Restored{}, false
 	}
-	return state.Restored{Key: []byte(key), Fingerprint: fingerprint(m.Data()), FirstSeen: md.Timestamp, Seq: seq,
+	return state.Restored{Key: []byte(key), Fingerprint: fingerprint(m.Data()), FirstSeen: md.Timestamp, Seq: seq, OutputSeq: seq,
 		Version: version, HasVersion: versioned}, true
 }
