@@ -83,7 +83,8 @@ type presence struct {
 	mu       sync.Mutex
 	watching bool                 // the watch runs: seen is the count
 	synced   bool                 // the watch has delivered every key the bucket held
-	seen     map[string]time.Time // instance -> when its key was last put
+	seen     map[string]time.Time // instance -> when its key was last put (the server's time)
+	heard    map[string]time.Time // instance -> when the watch delivered its last put (this clock)
 	forms    map[string][]int     // instance -> the bundle forms its key says it reads
 	joined   chan struct{}        // signalled when another instance's key appears, and once synced
 }
@@ -165,14 +166,15 @@ func openPresence(ctx context.Context, js jetstream.JetStream, o Options, self s
 	if err != nil {
 		return nil, err
 	}
-	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, forms: map[string][]int{},
-		joined: make(chan struct{}, 1)}, nil
+	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, heard: map[string]time.Time{},
+		forms: map[string][]int{}, joined: make(chan struct{}, 1)}, nil
 }
 
 // watch follows the bucket's keys until ctx is done, so that the count
 // follows a join or a leave at once instead of at the next refresh. A
-// key that expired (its instance stopped refreshing) makes no event: it
-// is counted until ttl after its last put.
+// key that expired (its instance stopped refreshing) makes no event: live
+// counts it until ttl after its last put, a release for two refreshes at
+// most (releaseCount).
 func (pr *presence) watch(ctx context.Context) error {
 	w, err := pr.kv.WatchAll(ctx)
 	if err != nil {
@@ -223,10 +225,16 @@ func (pr *presence) apply(e jetstream.KeyValueEntry) (joined bool) {
 	_, had := pr.seen[e.Key()]
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(pr.seen, e.Key())
+		delete(pr.heard, e.Key())
 		delete(pr.forms, e.Key())
 		return false
 	}
 	pr.seen[e.Key()] = e.Created()
+	heard := time.Now()
+	if !pr.synced && e.Created().Before(heard) { // a value the bucket held before the watch: put then, not now
+		heard = e.Created()
+	}
+	pr.heard[e.Key()] = heard
 	pr.forms[e.Key()] = readsForms(e.Value())
 	return !had && e.Key() != pr.self
 }
@@ -283,6 +291,38 @@ func (pr *presence) live(ctx context.Context) ([]string, error) {
 	return live, err
 }
 
+// releaseCount returns the instances (sorted, with self) that a release
+// for balance counts (docs/scale-out.md §4.2): self, and each other
+// instance whose put was heard (heard: instance -> when) within fresh
+// before now and after took, when this instance last took a partition.
+// A crashed instance puts no more, and the partitions it held come to a
+// survivor only after its pins expired, so the survivor does not count it
+// and keeps what it took; a live instance puts every presence refresh, so
+// it counts again within one. Leaving an instance out only makes self's
+// quota larger: a release waits, none is added.
+func releaseCount(self string, heard map[string]time.Time, now, took time.Time, fresh time.Duration) []string {
+	live := []string{self}
+	for k, at := range heard {
+		if k != self && now.Sub(at) < fresh && at.After(took) {
+			live = append(live, k)
+		}
+	}
+	slices.Sort(live)
+	return live
+}
+
+// forRelease returns the instances a release for balance counts when this
+// instance last took a partition at took (releaseCount, within two
+// presence refreshes), or live when the watch does not run.
+func (pr *presence) forRelease(live []string, took time.Time) []string {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if !pr.watching {
+		return live
+	}
+	return releaseCount(pr.self, pr.heard, time.Now(), took, 2*pr.every)
+}
+
 // leave deletes this instance's key, so the others count one less at
 // once.
 func (pr *presence) leave() {
@@ -334,11 +374,12 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
 		}
 		g.setBundles(pr.commonForm(), len(live))
 		owned := g.stillOwned(ctx)
-		for _, p := range toRelease(g.instance, owned, n, live) {
+		counted := pr.forRelease(live, g.lastTake())
+		for _, p := range toRelease(g.instance, owned, n, counted) {
 			g.releaseForBalance(ctx, m, p, "balance")
 			released[p] = now
-			g.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(live),
-				"quota", quota(g.instance, live, n), "cooldown", cooldown)
+			g.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(counted),
+				"quota", quota(g.instance, counted, n), "cooldown", cooldown)
 		}
 	}
 }

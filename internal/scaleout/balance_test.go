@@ -146,3 +146,59 @@ func TestBundleFormOfAMixedGroup(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseCount checks which instances a release for balance counts:
+// this one always; another only when its put was heard within two
+// refreshes and after this instance last took a partition. A crashed
+// instance whose key has not expired yet (its TTL is three refreshes) and
+// whose partition this one took is not counted, so this one keeps it.
+func TestReleaseCount(t *testing.T) {
+	every := 2 * time.Second
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	took := now.Add(-time.Second) // this instance took a partition 1 s ago
+	cases := []struct {
+		name  string
+		heard map[string]time.Time
+		took  time.Time
+		want  []string
+	}{
+		{"alone, its own key not heard yet", nil, took, []string{"b"}},
+		{"its own key, old", map[string]time.Time{"b": now.Add(-time.Hour)}, took, []string{"b"}},
+		{"a put after the take", map[string]time.Time{"a": now.Add(-500 * time.Millisecond)}, took, []string{"a", "b"}},
+		{"the crashed owner of what it took: last put before the take", map[string]time.Time{"a": now.Add(-3 * time.Second)}, took, []string{"b"}},
+		{"the crashed owner, a take long ago: stale after two refreshes", map[string]time.Time{"a": now.Add(-4 * time.Second)}, time.Time{}, []string{"b"}},
+		{"no take yet, a put within two refreshes", map[string]time.Time{"a": now.Add(-3 * time.Second)}, time.Time{}, []string{"a", "b"}},
+		{"a live one and a crashed one", map[string]time.Time{"c": now.Add(-100 * time.Millisecond), "a": now.Add(-2500 * time.Millisecond)}, took, []string{"b", "c"}},
+		{"a newcomer heard now", map[string]time.Time{"a": now.Add(-1500 * time.Millisecond), "z": now}, took.Add(-time.Hour), []string{"a", "b", "z"}},
+	}
+	for _, c := range cases {
+		if got := releaseCount("b", c.heard, now, c.took, 2*every); !slices.Equal(got, c.want) {
+			t.Errorf("%s: counts %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestQuotaGrowsWhenUncounted checks that leaving any instance out of the
+// count never lowers another's quota, so a count that misses a live
+// instance delays a release and never adds one.
+func TestQuotaGrowsWhenUncounted(t *testing.T) {
+	for n := 1; n <= 17; n++ {
+		for k := 2; k <= 6; k++ {
+			var live []string
+			for i := range k {
+				live = append(live, fmt.Sprintf("i%d", i))
+			}
+			for _, self := range live {
+				for _, gone := range live {
+					if gone == self {
+						continue
+					}
+					fewer := slices.DeleteFunc(slices.Clone(live), func(s string) bool { return s == gone })
+					if q, qf := quota(self, live, n), quota(self, fewer, n); qf < q {
+						t.Errorf("n=%d k=%d: quota(%s) is %d, and %d without %s", n, k, self, q, qf, gone)
+					}
+				}
+			}
+		}
+	}
+}

@@ -158,6 +158,7 @@ type Group struct {
 
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
+	took  time.Time      // when this instance last took a partition it did not own (balance)
 	lost  map[int]string // partition -> the pin it was released under (balance)
 	// rechecked: partition -> when a lost pin was last checked again (recheckLost)
 	rechecked map[int]time.Time

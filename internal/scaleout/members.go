@@ -185,6 +185,14 @@ func (g *Group) divert(p int, msg jetstream.Msg) bool {
 	return ok
 }
 
+// lastTake returns when this instance last took a partition it did not
+// own (zero before the first).
+func (g *Group) lastTake() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.took
+}
+
 // stopping reports whether the instance stops, so that its workers give
 // back what they have not started judging.
 func (g *Group) stopping() bool {
@@ -193,9 +201,13 @@ func (g *Group) stopping() bool {
 	return g.givingBack
 }
 
-// setOwned records that this instance owns partition p, under pin now.
+// setOwned records that this instance owns partition p, under pin now,
+// and when it took p if it did not own it.
 func (g *Group) setOwned(p int, pin string) {
 	g.mu.Lock()
+	if _, had := g.owned[p]; !had {
+		g.took = time.Now()
+	}
 	g.owned[p] = pin
 	g.metrics.owned.Set(float64(len(g.owned)))
 	g.mu.Unlock()
