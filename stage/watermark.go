@@ -42,7 +42,7 @@ func (m *watermark) publishing(p int) {
 func (m *watermark) next(p int, res []forward.Result) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	w := max(m.committed, storedUpTo(res))
+	w := max(m.committed, forward.StoredUpTo(res))
 	for q, in := range m.inFlight {
 		if in && q != p {
 			w = min(w, m.floor[q])
@@ -57,7 +57,7 @@ func (m *watermark) commit(p int, res []forward.Result) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.inFlight[p] = false
-	m.committed = max(m.committed, storedUpTo(res))
+	m.committed = max(m.committed, forward.StoredUpTo(res))
 }
 
 // settled returns W when no partition is in flight: every forward of
@@ -71,17 +71,4 @@ func (m *watermark) settled() (w uint64, ok bool) {
 		}
 	}
 	return m.committed, true
-}
-
-// storedUpTo is the highest sequence at which res says a batch stored a
-// message itself, not counting duplicates (their sequence is the copy
-// the stream already held); 0 for none.
-func storedUpTo(res []forward.Result) uint64 {
-	var seq uint64
-	for _, r := range res {
-		if r.Done && r.Err == nil && !r.Duplicate {
-			seq = max(seq, r.Seq)
-		}
-	}
-	return seq
 }

@@ -157,6 +157,20 @@ type Result struct {
 	Seq uint64
 }
 
+// StoredUpTo is the highest sequence at which res says a batch stored a
+// message itself, 0 for none. A duplicate does not count: its sequence is
+// the copy the stream already held, which may be another writer's (a
+// group's cursor) or below what this batch made durable (a watermark).
+func StoredUpTo(res []Result) uint64 {
+	var seq uint64
+	for _, r := range res {
+		if r.Done && r.Err == nil && !r.Duplicate {
+			seq = max(seq, r.Seq)
+		}
+	}
+	return seq
+}
+
 // Batch publishes msgs through js, one by one or as atomic batches
 // (Options.Atomic), and waits until each is stored or refused for good;
 // res[i] (len(res) == len(msgs)) tells which. Transient failures are

@@ -184,3 +184,21 @@ func TestIsDirective(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredUpTo: the highest sequence stored by the batch itself; a
+// duplicate, a refusal or an unfinished publish does not count.
+func TestStoredUpTo(t *testing.T) {
+	res := []forward.Result{
+		{Done: true, Seq: 7},
+		{Done: true, Seq: 12, Duplicate: true},
+		{Done: true, Seq: 11, Err: errors.New("refused")},
+		{Seq: 13},
+		{Done: true, Seq: 9},
+	}
+	if got := forward.StoredUpTo(res); got != 9 {
+		t.Errorf("StoredUpTo = %d, want 9", got)
+	}
+	if got := forward.StoredUpTo(res[1:4]); got != 0 {
+		t.Errorf("StoredUpTo of a duplicate, a refusal and an unfinished publish = %d, want 0", got)
+	}
+}

@@ -125,20 +125,7 @@ func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Re
 	if o.tenure == nil {
 		return p.Claim(claims)
 	}
-	return p.ClaimWithCursor(claims, storedUpTo(res))
-}
-
-// storedUpTo is the highest sequence at which res says this batch stored a
-// message itself (not a duplicate), 0 for none: ClaimWithCursor then
-// leaves the cursor as it was.
-func storedUpTo(res []forward.Result) uint64 {
-	var cursor uint64
-	for _, r := range res {
-		if r.Done && r.Err == nil && !r.Duplicate {
-			cursor = max(cursor, r.Seq)
-		}
-	}
-	return cursor
+	return p.ClaimWithCursor(claims, forward.StoredUpTo(res)) // 0: the cursor stays as it was
 }
 
 // DeadLetterFence returns the fence a dead letter decided now expects,
