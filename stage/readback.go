@@ -2,9 +2,11 @@ package stage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,6 +33,7 @@ var (
 // readBackStats is what a read-back did.
 type readBackStats struct {
 	from, to uint64 // the sequences read, from..to; from > to: none
+	target   uint64 // the last sequence on the pipeline's output subjects (lastSeqOn); 0: none
 	read     int    // messages read on the pipeline's output subjects
 	restored int    // keys the store did not hold, stored (state.Partition.RestoreCounted)
 	skipped  int    // messages without a key a forward carries
@@ -83,7 +86,7 @@ func (src *singleSource) readBack(ctx context.Context) (uint64, error) {
 	s.metrics.StartRestored.Add(float64(st.restored))
 	if ok {
 		s.log.Info("read the output back after the watermark", "output_stream", cfg.Output.Stream, "watermark", w,
-			"from_seq", st.from, "to_seq", st.to, "messages_read", st.read, "records_restored", st.restored,
+			"from_seq", st.from, "to_seq", st.to, "target_seq", st.target, "messages_read", st.read, "records_restored", st.restored,
 			"skipped_without_key", st.skipped, "skipped_before_forget", st.beforeForget, "took", time.Since(started).Round(time.Millisecond))
 	}
 	return last, nil
@@ -117,10 +120,24 @@ func (src *singleSource) readSubjects(ctx context.Context) ([]string, error) {
 
 // readRange reads st.from..st.to of the output stream on the pipeline's
 // subjects with an ordered consumer and restores each forward into its
-// partition.
+// partition. It first sets st.target: the read ends when a message at or
+// past it is delivered, not when the consumer has nothing pending, since
+// the consumer may sit on a replica that has not applied every message
+// the leader stored.
 func (src *singleSource) readRange(ctx context.Context, st *readBackStats) error {
-	it, err := src.openReader(ctx, st.from)
-	if err != nil || it == nil {
+	subjects, err := src.readSubjects(ctx)
+	if err != nil {
+		return err
+	}
+	if st.target, err = lastSeqOn(ctx, src.s.js, src.cfg.Output.Stream, subjects); err != nil {
+		return err
+	}
+	if st.target < st.from {
+		return nil // nothing on the pipeline's subjects after the watermark
+	}
+	end := min(st.to, st.target)
+	it, err := src.openReader(ctx, subjects, st.from)
+	if err != nil {
 		return err
 	}
 	defer it.Stop()
@@ -134,7 +151,7 @@ func (src *singleSource) readRange(ctx context.Context, st *readBackStats) error
 		m, err := it.Next(jetstream.NextMaxWait(readBackIdle))
 		if errors.Is(err, nats.ErrTimeout) {
 			if quiet := time.Since(heard); quiet > readBackStall {
-				return fmt.Errorf("read back output stream %s: no message for %v after sequence %d of %d", stream, quiet.Round(time.Second), last, st.to)
+				return fmt.Errorf("read back output stream %s: no message for %v after sequence %d, reading to sequence %d", stream, quiet.Round(time.Second), last, end)
 			}
 			continue
 		}
@@ -151,56 +168,113 @@ func (src *singleSource) readRange(ctx context.Context, st *readBackStats) error
 			continue // read again after the ordered consumer was reset
 		}
 		last = seq
-		if seq > st.to {
+		if seq > end {
 			break
 		}
 		if err := rs.add(m, md, seq); err != nil {
 			return err
 		}
-		if seq >= st.to || md.NumPending == 0 {
+		if seq == end {
 			break
 		}
 	}
 	return rs.flushAll()
 }
 
-// openReader opens an ordered consumer of the pipeline's output subjects
-// from sequence from and its message iterator; nil when nothing on them
-// is at or after from.
-func (src *singleSource) openReader(ctx context.Context, from uint64) (jetstream.MessagesContext, error) {
+// openReader opens an ordered consumer of subjects of the output stream
+// from sequence from and its message iterator.
+func (src *singleSource) openReader(ctx context.Context, subjects []string, from uint64) (jetstream.MessagesContext, error) {
 	s := src.s
-	subjects, err := src.readSubjects(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var cons jetstream.Consumer
-	var pending uint64
 	octx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
-	err = retry.Do(octx, "read back", func() error {
+	err := retry.Do(octx, "read back", func() error {
 		c, err := s.js.OrderedConsumer(octx, src.cfg.Output.Stream, jetstream.OrderedConsumerConfig{
 			FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
 		if err != nil {
 			return err
 		}
-		info, err := c.Info(octx)
-		if err != nil {
+		if _, err := c.Info(octx); err != nil {
 			return err
 		}
-		cons, pending = c, info.NumPending
+		cons = c
 		return nil
 	}, retry.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("read back output stream %s from sequence %d: %w", src.cfg.Output.Stream, from, err)
-	}
-	if pending == 0 {
-		return nil, nil
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(readBackBatch))
 	if err != nil {
 		return nil, fmt.Errorf("read back output stream %s: %w", src.cfg.Output.Stream, err)
 	}
 	return it, nil
+}
+
+// lastSeqOn returns the highest sequence of a message on subjects
+// (wildcards allowed) in stream, as the stream's leader stores it: 0 when
+// none is. It asks for the last message of each subject with the stream's
+// message get, which only the leader answers, and not with a direct get,
+// which any replica may answer, from what it has applied.
+func lastSeqOn(ctx context.Context, js jetstream.JetStream, stream string, subjects []string) (uint64, error) {
+	api := apiPrefix(js.Options()) + "STREAM.MSG.GET." + stream
+	octx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
+	defer cancel()
+	var last uint64
+	for _, sub := range subjects {
+		req, err := json.Marshal(struct {
+			LastFor string `json:"last_by_subj"`
+		}{sub})
+		if err != nil {
+			return 0, err
+		}
+		var seq uint64
+		err = retry.Do(octx, "read back", func() error {
+			rctx, cancel := context.WithTimeout(octx, streams.RequestTimeout)
+			defer cancel()
+			m, err := js.Conn().RequestWithContext(rctx, api, req)
+			if err != nil {
+				return err
+			}
+			var resp struct {
+				Error   *jetstream.APIError `json:"error"`
+				Message *struct {
+					Seq uint64 `json:"seq"`
+				} `json:"message"`
+			}
+			if err := json.Unmarshal(m.Data, &resp); err != nil {
+				return err
+			}
+			switch {
+			case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+				seq = 0
+			case resp.Error != nil:
+				return resp.Error
+			case resp.Message == nil:
+				return jetstream.ErrInvalidJetStreamResponse
+			default:
+				seq = resp.Message.Seq
+			}
+			return nil
+		}, retry.Options{})
+		if err != nil {
+			return 0, fmt.Errorf("read back output stream %s: last message on %s: %w", stream, sub, err)
+		}
+		last = max(last, seq)
+	}
+	return last, nil
+}
+
+// apiPrefix returns the subject prefix of the JetStream API that o's
+// JetStream context asks (config.NATS.NewJetStream): its domain's, its API
+// prefix, or the server's own.
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }
 
 // restorer gathers the records read back per partition and restores them
