@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
+	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -73,10 +74,10 @@ type ownership interface {
 }
 
 // soleOwner is the ownership of partition p of a single instance: it
-// owns every partition, adds nothing to a forwarded copy and holds no
-// fence. With wm, it stores the store's watermark with each commit
-// (docs/state.md, "The watermark"); wm is nil when the output is not read
-// back at start (totals on).
+// owns every partition, adds to a forwarded copy only its contribution to
+// a total, and holds no fence. With wm, it stores the store's watermark
+// with each commit (docs/state.md, "The watermark"); wm is nil until
+// the source's prepare sets it.
 type soleOwner struct {
 	p  int
 	wm *watermark
@@ -90,8 +91,15 @@ func (soleOwner) Own(context.Context, string, int, func()) (func(), verdict) {
 // nothingToRelease is what soleOwner.Own holds.
 func nothingToRelease() {}
 
-// Annotate implements ownership: the copy is left as it is.
-func (soleOwner) Annotate(*nats.Msg, string, uint64, state.Contribution, time.Time) {}
+// Annotate implements ownership: with a contribution to a total (totals
+// on), the copy carries it as a group's forward does
+// (handover.AnnotateTotal), for the read-back at start to add it with the
+// key it restores; otherwise the copy is left as it is.
+func (soleOwner) Annotate(m *nats.Msg, _ string, _ uint64, tot state.Contribution, _ time.Time) {
+	if tot.Group != "" {
+		handover.AnnotateTotal(m.Header, tot.Group, tot.Bucket, tot.Value)
+	}
+}
 
 // RefreshRecord implements ownership: a single instance has no changelog.
 func (soleOwner) RefreshRecord([]byte, state.Record, time.Time) *nats.Msg { return nil }

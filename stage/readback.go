@@ -37,6 +37,7 @@ type readBackStats struct {
 	read     int    // messages read on the pipeline's output subjects
 	restored int    // keys the store did not hold, stored (state.Partition.RestoreCounted)
 	skipped  int    // messages without a key a forward carries
+	badTotal int    // forwards with totals on whose contribution is missing, malformed or not of this totals.bucket
 	// beforeForget counts forwards of keys forgotten after them, not
 	// restored.
 	beforeForget int
@@ -87,7 +88,7 @@ func (src *singleSource) readBack(ctx context.Context) (uint64, error) {
 	if ok {
 		s.log.Info("read the output back after the watermark", "output_stream", cfg.Output.Stream, "watermark", w,
 			"from_seq", st.from, "to_seq", st.to, "target_seq", st.target, "messages_read", st.read, "records_restored", st.restored,
-			"skipped_without_key", st.skipped, "skipped_before_forget", st.beforeForget, "took", time.Since(started).Round(time.Millisecond))
+			"skipped_without_key", st.skipped, "skipped_malformed_total", st.badTotal, "skipped_before_forget", st.beforeForget, "took", time.Since(started).Round(time.Millisecond))
 	}
 	return last, nil
 }
@@ -145,6 +146,9 @@ func (src *singleSource) readRange(ctx context.Context, st *readBackStats) error
 	defer stop()
 	stream := src.cfg.Output.Stream
 	rs := &restorer{store: src.s.store, parts: make([][]state.Restored, src.s.store.Partitions()), st: st}
+	if src.cfg.Totals.Enabled {
+		rs.bucket = src.cfg.Totals.Bucket.D()
+	}
 	last := st.from - 1
 	heard := time.Now()
 	for {
@@ -280,20 +284,39 @@ func apiPrefix(o jetstream.JetStreamOptions) string {
 // restorer gathers the records read back per partition and restores them
 // readBackBatch at a time.
 type restorer struct {
-	store *state.Store
-	parts [][]state.Restored
-	st    *readBackStats
+	store  *state.Store
+	parts  [][]state.Restored
+	st     *readBackStats
+	bucket time.Duration // totals.bucket; 0: totals off, and a forward's contribution is not kept
 }
 
 // add takes the forward m, stored at seq, into its partition's records.
 func (rs *restorer) add(m jetstream.Msg, md *jetstream.MsgMetadata, seq uint64) error {
 	rs.st.read++
-	r, ok := restoredOf(m, md, seq)
+	r, ok, badTotal := restoredOf(m, md, seq)
 	if !ok {
-		rs.st.skipped++
+		if badTotal {
+			rs.st.badTotal++
+		} else {
+			rs.st.skipped++
+		}
 		return nil
 	}
-	p := state.PartitionOf(r.Key, len(rs.parts))
+	// The partition the key's copies are judged in (source.go deliver): by
+	// the group with totals on, by the key otherwise. A forward that does
+	// not fit this totals config is not restored; its input's copy, if it
+	// comes back, is judged and counted instead.
+	route := r.Key
+	switch g := r.Total.Group; {
+	case rs.bucket == 0:
+		r.Total = state.Contribution{} // written with totals on, read with totals off
+	case g == "" || len(g) > state.MaxGroupSize || !r.Total.Bucket.Equal(state.BucketOf(r.Total.Bucket, rs.bucket)):
+		rs.st.badTotal++
+		return nil
+	default:
+		route = []byte(g)
+	}
+	p := state.PartitionOf(route, len(rs.parts))
 	if skip, err := rs.held(p, r, m.Headers()); err != nil || skip {
 		return err
 	}
@@ -355,13 +378,20 @@ func (rs *restorer) flushAll() error {
 
 // restoredOf returns the record the forward m, stored at seq, makes: its
 // key and version (handover.ForwardKey), the fingerprint of its body (the
-// input's), and its stored time as the first-seen time. ok is false when
-// m carries no key a forward carries.
-func restoredOf(m jetstream.Msg, md *jetstream.MsgMetadata, seq uint64) (state.Restored, bool) {
-	key, version, versioned, err := handover.ForwardKey(m.Headers())
+// input's), its stored time as the first-seen time, and with totals on
+// what it added to a total (handover.DecodeTotal). ok is false when m
+// carries no key a forward carries, or (badTotal) a malformed
+// contribution, which is never guessed.
+func restoredOf(m jetstream.Msg, md *jetstream.MsgMetadata, seq uint64) (r state.Restored, ok, badTotal bool) {
+	h := m.Headers()
+	key, version, versioned, err := handover.ForwardKey(h)
 	if err != nil || key == "" || len(key) > state.MaxKeySize || md.Timestamp.IsZero() {
-		return state.Restored{}, false
+		return state.Restored{}, false, false
+	}
+	group, bucket, value, err := handover.DecodeTotal(h)
+	if err != nil {
+		return state.Restored{}, false, true
 	}
 	return state.Restored{Key: []byte(key), Fingerprint: fingerprint(m.Data()), FirstSeen: md.Timestamp, Seq: seq, OutputSeq: seq,
-		Version: version, HasVersion: versioned}, true
+		Version: version, HasVersion: versioned, Total: state.Contribution{Group: group, Bucket: bucket, Value: value}, Own: true}, true, false
 }

@@ -23,7 +23,7 @@ type singleSource struct {
 	cfg  config.Config
 	s    *Stage
 	cons jetstream.Consumer
-	wm   *watermark // the store's watermark, set by prepare; nil with totals on
+	wm   *watermark // the store's watermark, set by prepare
 }
 
 // streams implements source: the streams as they are.
@@ -75,15 +75,9 @@ func (*singleSource) open(context.Context, *Stage, prometheus.Registerer) error 
 
 // prepare implements source: it reads the output back after the store's
 // watermark (readBack) and tracks the watermark from where it ends. With
-// totals on it reads nothing: a forward carries no contribution to a
-// total, and a copy made a repeat by its restored record would never add
-// its own (docs/state.md, "The watermark").
+// totals on, each forward carries its contribution (soleOwner.Annotate),
+// which the restore adds with its key (docs/state.md, "The watermark").
 func (src *singleSource) prepare(ctx context.Context) error {
-	if src.cfg.Totals.Enabled {
-		src.s.log.Info("totals on: the output is not read back at start; a crash between publish and commit relies on the output's duplicate window",
-			"output_stream", src.cfg.Output.Stream)
-		return nil
-	}
 	start, err := src.readBack(ctx)
 	if err != nil {
 		return err

@@ -74,6 +74,14 @@ type Restored struct {
 	// carries otherwise; 0 when unknown, and a record restored over the
 	// partition's record of the same FirstSeen then keeps that record's.
 	OutputSeq uint64
+	// Own is true for a forward this store's own instance published, read
+	// back after the store's watermark (one instance alone; docs/state.md,
+	// "The watermark"): its claim either committed here, with its
+	// contribution, or its input comes back to be judged. It then adds
+	// nothing outside the window (the input's copy, New, adds its total),
+	// and nothing when the partition holds a record of the same forward
+	// (OutputSeq, not 0, equal), whatever that record's window says.
+	Own bool
 }
 
 // record is the Record r restores.
@@ -125,7 +133,7 @@ func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, 
 			continue
 		}
 		k := string(r.Key)
-		h, have, held, err := p.alreadyHolds(rtxn, b, r.Key, rec)
+		h, have, held, err := p.alreadyHolds(rtxn, b, r.Key, rec, r.Own)
 		if err != nil {
 			return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
 		}
@@ -169,13 +177,15 @@ func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, 
 // supersedes): rec then adds nothing. It returns key's filter hash when it
 // tested the filter (zero otherwise), hashed once for the test and the
 // add, and the record held (zero when none). A corrupt stored record is
-// replaced by rec.
-func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, Record, bool, error) {
+// replaced by rec. With own (Restored.Own), the record held is read even
+// when the filter proves it is not inside the window, and one of the same
+// forward (equal OutputSeq) holds it too.
+func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record, own bool) (bloom.Hash, Record, bool, error) {
 	var h bloom.Hash
 	if have, ok := b.inBatch[string(key)]; ok {
 		return h, have, supersedes(have, rec), nil
 	}
-	if p.filter != nil {
+	if p.filter != nil && !own {
 		if h = p.filter.Hash(key); !p.filter.TestHash(h) {
 			return h, Record{}, false, nil
 		}
@@ -187,7 +197,7 @@ func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Rec
 	if err != nil || !ok {
 		return h, Record{}, false, nil
 	}
-	if supersedes(have, rec) {
+	if supersedes(have, rec) || own && rec.OutputSeq != 0 && have.OutputSeq == rec.OutputSeq {
 		b.inBatch[string(key)] = have
 		return h, have, true, nil
 	}
@@ -239,11 +249,11 @@ func (p *Partition) checkRestored(recs []Restored) error {
 }
 
 // restoreExpired decides a restored record r that is outside the window
-// at now: nil when it adds nothing (no total, its bucket's total no longer
+// at now: nil when it adds nothing (Own, no total, its bucket's total no longer
 // kept, or its key still held with this FirstSeen), else the writes of its
 // contribution and, when r has a Seq, of the cursor at r.Seq.
 func (p *Partition) restoreExpired(rtxn *badger.Txn, b *batch, r Restored, rec Record, now time.Time) (*claimWrites, error) {
-	if r.Total.Group == "" || !r.Total.Bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep).After(now) {
+	if r.Own || r.Total.Group == "" || !r.Total.Bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep).After(now) {
 		return nil, nil
 	}
 	if have, ok := b.inBatch[string(r.Key)]; ok && have.FirstSeen.Equal(rec.FirstSeen) {

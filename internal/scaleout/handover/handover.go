@@ -120,23 +120,39 @@ func DecodeHeader(h nats.Header) (Record, error) {
 		return r, err
 	}
 	r.Version, r.HasVersion = version, versioned
-	if vals := h.Values(HeaderGroup); len(vals) > 0 {
-		if vals[0] == "" {
-			return notARecord("empty %s", HeaderGroup)
-		}
-		b := h.Get(HeaderBucket)
-		secs, err := strconv.ParseInt(b, 10, 64)
-		if err != nil {
-			return notARecord("%s %q is not Unix seconds", HeaderBucket, b)
-		}
-		val := h.Get(HeaderValue)
-		n, err := strconv.ParseInt(val, 10, 64)
-		if err != nil || n < 0 {
-			return notARecord("%s %q is not an integer >= 0", HeaderValue, val)
-		}
-		r.Group, r.Bucket, r.Value = vals[0], time.Unix(secs, 0).UTC(), n
+	if r.Group, r.Bucket, r.Value, err = DecodeTotal(h); err != nil {
+		return Record{}, err
 	}
 	return r, nil
+}
+
+// DecodeTotal reads what a forward with headers h added to a total, from
+// the headers AnnotateTotal sets: group "" (and no error) when h has no
+// HeaderGroup. It returns an error wrapping ErrNotARecord, permanent, when
+// HeaderGroup is empty or HeaderBucket or HeaderValue is missing or
+// malformed.
+func DecodeTotal(h nats.Header) (group string, bucket time.Time, value int64, err error) {
+	vals := h.Values(HeaderGroup)
+	if len(vals) == 0 {
+		return "", time.Time{}, 0, nil
+	}
+	if vals[0] == "" {
+		_, err := notARecord("empty %s", HeaderGroup)
+		return "", time.Time{}, 0, err
+	}
+	b := h.Get(HeaderBucket)
+	secs, err := strconv.ParseInt(b, 10, 64)
+	if err != nil {
+		_, err := notARecord("%s %q is not Unix seconds", HeaderBucket, b)
+		return "", time.Time{}, 0, err
+	}
+	val := h.Get(HeaderValue)
+	n, err := strconv.ParseInt(val, 10, 64)
+	if err != nil || n < 0 {
+		_, err := notARecord("%s %q is not an integer >= 0", HeaderValue, val)
+		return "", time.Time{}, 0, err
+	}
+	return vals[0], time.Unix(secs, 0).UTC(), n, nil
 }
 
 // ForwardKey returns the key of a forward with headers h, and its version
