@@ -384,3 +384,49 @@ func TestRestoreCounted(t *testing.T) {
 		t.Errorf("RestoreCounted of a key claimed later and a key held earlier = %d, %v; want 1", n, err)
 	}
 }
+
+// TestRestoreOwnForwards: forwards one instance reads back from its own
+// output after its watermark (Restored.Own) add no total outside the
+// window (the input's copy, judged New when it comes back, adds it), and
+// nothing when the partition holds the record of the same forward (equal
+// OutputSeq), even when the server's clock put the forward's stored time
+// after the claim's and the claim's record has left the window.
+func TestRestoreOwnForwards(t *testing.T) {
+	filterOnAndOff(t, func(t *testing.T, opts Options, clock *window.ManualClock) {
+		opts.TotalsBucket = time.Minute
+		p := openStore(t, opts).Partition(0)
+		w := opts.Window.W
+		first := clock.Now()
+		bucket := BucketOf(first, time.Minute)
+		tot := Contribution{Group: "g", Bucket: bucket, Value: 3}
+		claimOne(t, p, Claim{Key: []byte("k"), Fingerprint: 1, Total: tot, OutputSeq: 42}, true)
+		clock.Advance(w + 30*time.Second) // the claim's record is past the window; its bucket is kept
+
+		// The same forward, stored by a server whose clock runs a minute
+		// ahead: inside the window by its stored time.
+		same := Restored{Key: []byte("k"), Fingerprint: 1, FirstSeen: first.Add(time.Minute), Total: tot, OutputSeq: 42, Own: true}
+		// A forward whose claim never committed, past the window.
+		past := Restored{Key: []byte("p"), Fingerprint: 2, FirstSeen: first, Total: Contribution{Group: "g", Bucket: bucket, Value: 5},
+			OutputSeq: 43, Own: true}
+		n, err := p.RestoreCounted([]Restored{same, past}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("RestoreCounted stored %d records, want 0", n)
+		}
+		if got, ok := mustTotal(t, p, "g", bucket); !ok || got != 3 {
+			t.Errorf("total g = %d, %v; want 3, the claim's alone", got, ok)
+		}
+
+		// Read back by a group's new owner instead (not Own), the same
+		// forward with another first-seen time is a record of its own.
+		same.Own, past.Own = false, false
+		if err := p.Restore([]Restored{same, past}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := mustTotal(t, p, "g", bucket); got != 3+3+5 {
+			t.Errorf("total g after the restore of a group's records = %d, want %d: each a contribution of its own", got, 3+3+5)
+		}
+	})
+}
