@@ -84,6 +84,10 @@ type Message struct {
 // out in a row: 10 s at one every 100 ms.
 const maxNoResponders = 100
 
+// maxResets bounds the attempts of one reset of Read's ordered consumer
+// (about 25 s with nats.go's backoff of 1 s doubling to 10 s).
+const maxResets = 5
+
 // Read calls fn for every message stream holds, in order, and
 // returns how many it read. It is the one stream reader of the tests and
 // the bench.
@@ -100,7 +104,11 @@ func Read(ctx context.Context, js jetstream.JetStream, stream string, fn func(je
 	if want == 0 {
 		return 0, nil
 	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	// A reset of the ordered consumer (after a gap, or when the node it
+	// was placed on is gone) is retried a few times only: unbounded, a
+	// reset that keeps failing on a cluster with a node down holds Fetch,
+	// which takes no context, forever. ReadAll reads again instead.
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{MaxResetAttempts: maxResets})
 	if err != nil {
 		return 0, fmt.Errorf("ordered consumer on %s: %w", stream, err)
 	}
@@ -137,7 +145,9 @@ func Read(ctx context.Context, js jetstream.JetStream, stream string, fn func(je
 }
 
 // ReadAll returns every message in stream, in order, failing the test when
-// the stream cannot be read within a minute.
+// the stream cannot be read within a minute. A read that fails (a cluster's
+// consumer unanswered through an election, a reset that gave up) is begun
+// again from the start while the minute lasts.
 func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -148,9 +158,9 @@ func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 			md, _ := m.Metadata()
 			out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), Time: md.Timestamp})
 		})
-		if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
-			// A cluster's consumer can stay unanswered through an
-			// election: read again from the start.
+		if err != nil && ctx.Err() == nil {
+			tb.Logf("reading stream %s again from its start: %v", stream, err)
+			time.Sleep(200 * time.Millisecond)
 			continue
 		}
 		if err != nil {
