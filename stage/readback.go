@@ -2,16 +2,15 @@ package stage
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
@@ -216,47 +215,25 @@ func (src *singleSource) openReader(ctx context.Context, subjects []string, from
 
 // lastSeqOn returns the highest sequence of a message on subjects
 // (wildcards allowed) in stream, as the stream's leader stores it: 0 when
-// none is. It asks for the last message of each subject with the stream's
-// message get, which only the leader answers, and not with a direct get,
-// which any replica may answer, from what it has applied.
+// none is. It asks the leader (forward.LastOnLeader), not any replica as a
+// direct get may, which answers from what it has applied.
 func lastSeqOn(ctx context.Context, js jetstream.JetStream, stream string, subjects []string) (uint64, error) {
-	api := apiPrefix(js.Options()) + "STREAM.MSG.GET." + stream
 	octx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
 	defer cancel()
 	var last uint64
 	for _, sub := range subjects {
-		req, err := json.Marshal(struct {
-			LastFor string `json:"last_by_subj"`
-		}{sub})
-		if err != nil {
-			return 0, err
-		}
 		var seq uint64
-		err = retry.Do(octx, "read back", func() error {
+		err := retry.Do(octx, "read back", func() error {
 			rctx, cancel := context.WithTimeout(octx, streams.RequestTimeout)
 			defer cancel()
-			m, err := js.Conn().RequestWithContext(rctx, api, req)
-			if err != nil {
-				return err
-			}
-			var resp struct {
-				Error   *jetstream.APIError `json:"error"`
-				Message *struct {
-					Seq uint64 `json:"seq"`
-				} `json:"message"`
-			}
-			if err := json.Unmarshal(m.Data, &resp); err != nil {
-				return err
-			}
+			m, err := forward.LastOnLeader(rctx, js, stream, sub)
 			switch {
-			case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+			case errors.Is(err, jetstream.ErrMsgNotFound):
 				seq = 0
-			case resp.Error != nil:
-				return resp.Error
-			case resp.Message == nil:
-				return jetstream.ErrInvalidJetStreamResponse
+			case err != nil:
+				return err
 			default:
-				seq = resp.Message.Seq
+				seq = m.Sequence
 			}
 			return nil
 		}, retry.Options{})
@@ -266,19 +243,6 @@ func lastSeqOn(ctx context.Context, js jetstream.JetStream, stream string, subje
 		last = max(last, seq)
 	}
 	return last, nil
-}
-
-// apiPrefix returns the subject prefix of the JetStream API that o's
-// JetStream context asks (config.NATS.NewJetStream): its domain's, its API
-// prefix, or the server's own.
-func apiPrefix(o jetstream.JetStreamOptions) string {
-	switch {
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
-	return jetstream.DefaultAPIPrefix
 }
 
 // restorer gathers the records read back per partition and restores them

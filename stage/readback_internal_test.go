@@ -55,21 +55,3 @@ func TestLastSeqOn(t *testing.T) {
 		t.Error("lastSeqOn on a missing stream: no error")
 	}
 }
-
-// TestAPIPrefix: the read-back's message get goes under the prefix the
-// JetStream context itself uses.
-func TestAPIPrefix(t *testing.T) {
-	for _, c := range []struct {
-		opts jetstream.JetStreamOptions
-		want string
-	}{
-		{jetstream.JetStreamOptions{}, "$JS.API."},
-		{jetstream.JetStreamOptions{Domain: "hub"}, "$JS.hub.API."},
-		{jetstream.JetStreamOptions{APIPrefix: "imp.JS.API"}, "imp.JS.API."},
-		{jetstream.JetStreamOptions{APIPrefix: "imp.JS.API."}, "imp.JS.API."},
-	} {
-		if got := apiPrefix(c.opts); got != c.want {
-			t.Errorf("apiPrefix(%+v) = %q, want %q", c.opts, got, c.want)
-		}
-	}
-}

@@ -309,7 +309,7 @@ func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Ms
 	if err != nil {
 		return 0, err
 	}
-	m, err := lastOnLeader(ctx, js, name, last.Subject)
+	m, err := LastOnLeader(ctx, js, name, last.Subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return 0, nil
@@ -322,22 +322,29 @@ func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Ms
 	return m.Sequence, nil
 }
 
-// lastOnLeader returns the last message stored on subject in stream as the
-// stream's leader answers it (the STREAM.MSG.GET API), or
+// APIPrefix returns the subject prefix of the JetStream API that a
+// JetStream context with options o asks: its domain's, its API prefix, or
+// the server's own.
+func APIPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
+
+// LastOnLeader returns the last message stored on subject (wildcards
+// allowed) in stream as the stream's leader answers it (the STREAM.MSG.GET API), or
 // jetstream.ErrMsgNotFound. Stream.GetLastMsgForSubject asks any replica
 // when the stream allows direct gets (allow_direct, which `nats stream
 // add` turns on by default), and a replica behind the leader would answer
 // that a stored batch is not stored: it would be published again, and
 // stored twice once the duplicate window has passed.
-func lastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+func LastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
 	o := js.Options()
-	prefix := jetstream.DefaultAPIPrefix
-	switch {
-	case o.Domain != "":
-		prefix = "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
+	prefix := APIPrefix(o)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.DefaultTimeout)

@@ -202,3 +202,21 @@ func TestStoredUpTo(t *testing.T) {
 		t.Errorf("StoredUpTo of a duplicate, a refusal and an unfinished publish = %d, want 0", got)
 	}
 }
+
+// TestAPIPrefix: a leader's message get goes under the prefix the
+// JetStream context itself uses.
+func TestAPIPrefix(t *testing.T) {
+	for _, c := range []struct {
+		opts jetstream.JetStreamOptions
+		want string
+	}{
+		{jetstream.JetStreamOptions{}, "$JS.API."},
+		{jetstream.JetStreamOptions{Domain: "hub"}, "$JS.hub.API."},
+		{jetstream.JetStreamOptions{APIPrefix: "imp.JS.API"}, "imp.JS.API."},
+		{jetstream.JetStreamOptions{APIPrefix: "imp.JS.API."}, "imp.JS.API."},
+	} {
+		if got := forward.APIPrefix(c.opts); got != c.want {
+			t.Errorf("APIPrefix(%+v) = %q, want %q", c.opts, got, c.want)
+		}
+	}
+}
