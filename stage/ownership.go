@@ -75,9 +75,9 @@ type ownership interface {
 
 // soleOwner is the ownership of partition p of a single instance: it
 // owns every partition, adds to a forwarded copy only its contribution to
-// a total, and holds no fence. With wm, it stores the store's watermark
-// with each commit (docs/state.md, "The watermark"); wm is nil until
-// the source's prepare sets it.
+// a total, and holds no fence. It tracks the store's watermark in wm,
+// which the source's prepare made before any ownership, and stores it with
+// each commit (docs/state.md, "The watermark").
 type soleOwner struct {
 	p  int
 	wm *watermark
@@ -106,11 +106,7 @@ func (soleOwner) RefreshRecord([]byte, state.Record, time.Time) *nats.Msg { retu
 
 // Publishing implements ownership: the partition's batch is in flight
 // until its claims commit.
-func (o soleOwner) Publishing() {
-	if o.wm != nil {
-		o.wm.publishing(o.p)
-	}
-}
+func (o soleOwner) Publishing() { o.wm.publishing(o.p) }
 
 // Fence implements ownership: there is no fence.
 func (soleOwner) Fence() *forward.Fence { return nil }
@@ -118,12 +114,9 @@ func (soleOwner) Fence() *forward.Fence { return nil }
 // Lost implements ownership: with no fence, no error is a fence loss.
 func (soleOwner) Lost(context.Context, error) bool { return false }
 
-// Claim implements ownership: the claims, with the store's watermark
-// when there is one, in one transaction.
+// Claim implements ownership: the claims, with the store's watermark,
+// in one transaction.
 func (o soleOwner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, _ time.Time) ([]state.ClaimResult, error) {
-	if o.wm == nil {
-		return p.Claim(claims)
-	}
 	r, err := p.ClaimWithWatermark(claims, o.wm.next(o.p, res))
 	if err == nil {
 		o.wm.commit(o.p, res)

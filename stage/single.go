@@ -130,9 +130,6 @@ func (src *singleSource) run(ctx context.Context, in *intake) {
 // (each stores the value it saw, and they land in any order), so that the
 // next start reads nothing back.
 func (src *singleSource) finish() {
-	if src.wm == nil {
-		return
-	}
 	if w, ok := src.wm.settled(); ok {
 		if err := src.s.store.SetWatermark(w); err != nil {
 			src.s.log.Warn("could not store the watermark at stop; the next start reads back more of the output", "err", err)
