@@ -1,6 +1,7 @@
 // Package batcher gathers items from a channel into batches: the batching
 // the stage's partition workers use, shared with the benchmark's raw loop so
-// both batch the same way. Progress paces the InProgress signals of a
+// both batch the same way; EndPull ends the pull iterators that feed them
+// at a stop. Progress paces the InProgress signals of a
 // batch held up by retries, for the stage's workers and the route step
 // alike.
 package batcher

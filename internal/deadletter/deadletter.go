@@ -1,7 +1,8 @@
-// Package deadletter builds the dead letters of the stage and of the route
-// step: a copy of an input that cannot be deduplicated or routed, on the
-// dead-letter subject of its Reason, with headers that say why and where
-// the input is.
+// Package deadletter builds and publishes the dead letters of the stage
+// and of the route step: a copy of an input that cannot be deduplicated or
+// routed, on the dead-letter subject of its Reason, with headers that say
+// why and where the input is. Both publish them with one Publisher, which
+// settles each Letter the same way.
 //
 // One dead letter stands for one input message however often that input is
 // redelivered: its Nats-Msg-Id is MsgID of the input's stream and
@@ -12,6 +13,11 @@
 //
 //	m := deadletter.Build(deadletter.Input{Reason: deadletter.ReasonNoKey, ...},
 //		cfg.DeadLetter.SubjectFor(string(deadletter.ReasonNoKey)), nc.MaxPayload(), deadletter.OmittedTooLarge)
+//
+//	pub := &deadletter.Publisher{JS: js, Conn: nc, Component: "dead_letter", AckWait: ackWait,
+//		Subject: cfg.DeadLetter.SubjectFor, Note: deadletter.OmittedTooLarge,
+//		Done: func(l deadletter.Letter, unstorable bool) { _ = l.Msg.Ack() }}
+//	pub.Publish(ctx, []deadletter.Letter{{Msg: msg, Reason: deadletter.ReasonNoKey, Detail: "..."}})
 //
 // The reasons and headers are listed in docs/failures.md.
 package deadletter

@@ -77,6 +77,26 @@ const (
 	ReasonNoMetadata Reason = "no_metadata"
 )
 
+// InInput reports whether r lies in the input itself (its key, scope,
+// version, payload, size, totals group, time or value, or, for
+// fingerprint_mismatch and closed_bucket, what the stage holds of its key
+// or bucket, which only moves further from accepting it): the same input
+// republished under the same configuration is dead-lettered again for r.
+// A redrive refuses such dead letters unless forced, after a change of
+// configuration that accepts them. The other reasons (output_rejected,
+// state_rejected, max_deliver, future_time, routed_rejected, no_metadata)
+// have a cause outside the input that can be fixed, or pass, so that a
+// copy can then be judged. docs/failures.md, "Redrive", lists both.
+func (r Reason) InInput() bool {
+	switch r {
+	case ReasonNoKey, ReasonBadPayload, ReasonBadKeyType, ReasonBadKey, ReasonNoScope, ReasonBadScope, ReasonKeyTooLong,
+		ReasonNoVersion, ReasonBadVersion, ReasonOversized, ReasonFingerprintMismatch, ReasonNotRouted,
+		ReasonNoGroup, ReasonBadGroup, ReasonBadTime, ReasonBadValue, ReasonClosedBucket, ReasonNoPartitionKey:
+		return true
+	}
+	return false
+}
+
 // KeyReason returns the Reason of the *keys.Error in err's chain with its detail, or fallback and err's text when there is none.
 func KeyReason(err error, fallback Reason) (Reason, string) {
 	var ke *keys.Error
@@ -89,7 +109,7 @@ func KeyReason(err error, fallback Reason) (Reason, string) {
 // Reasons returns every Reason, in the order of docs/failures.md's groups: key, stage, totals, route step.
 func Reasons() []Reason {
 	return []Reason{
-		ReasonNoKey, ReasonBadPayload, ReasonBadKeyType, ReasonBadKey, ReasonNoScope, ReasonBadScope, ReasonKeyTooLong,
+		ReasonNoKey, ReasonBadPayload, ReasonBadKeyType, ReasonBadKey, ReasonNoScope, ReasonBadScope, ReasonKeyTooLong, ReasonNoVersion, ReasonBadVersion,
 		ReasonOversized, ReasonMaxDeliver, ReasonFingerprintMismatch, ReasonOutputRejected, ReasonStateRejected, ReasonNotRouted,
 		ReasonNoGroup, ReasonBadGroup, ReasonBadTime, ReasonBadValue, ReasonClosedBucket, ReasonFutureTime,
 		ReasonRoutedRejected, ReasonNoPartitionKey, ReasonNoMetadata,

@@ -416,3 +416,53 @@ func TestFencedFallbackLandedWithoutAnswer(t *testing.T) {
 	}
 	checkOnce(t, dataIDs(t, js), 0, 5)
 }
+
+// TestUnansweredBatchAfterAnotherOwnerTookTheFence loses a fenced atomic
+// batch unstored (no answer: a time-out during a leader election) while
+// another owner takes the partition's fence and forwards the batch's last
+// message itself: the same input, redelivered or routed twice, makes a
+// message equal in subject, payload and headers. Batch must not take that
+// message for its own batch having landed, which would settle (and ack)
+// the batch's other messages unstored; it reports the fence refusal, and
+// the batch stays with the new owner.
+func TestUnansweredBatchAfterAnotherOwnerTookTheFence(t *testing.T) {
+	_, js := runServer(t, 0)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"},
+		Duplicates: 500 * time.Millisecond, AllowAtomicPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	fa := takeFence(t, js, "A")
+	batch := keyed(0, 5)
+	lost := false
+	restore := forward.SetPublishBatch(func(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg,
+		real func(context.Context, jetstream.JetStream, []*nats.Msg, ...jetstreamext.PublishMsgBatchOpt) (*jetstreamext.BatchAck, error),
+	) (*jetstreamext.BatchAck, error) {
+		if lost || msgs[0].Header.Get(jetstream.ExpectedLastSubjSeqHeader) != fmt.Sprint(fa) {
+			return real(ctx, js, msgs) // B's, or A's again
+		}
+		lost = true
+		// A's attempt is not stored. Before A asks whether it landed, B
+		// takes the fence and forwards A's last message on its own.
+		fb := takeFence(t, js, "B")
+		last := []*nats.Msg{batch[len(batch)-1]}
+		res := make([]forward.Result, 1)
+		if err := forward.Batch(ctx, js, last, res, forward.Options{Atomic: true, Fence: &forward.Fence{Subject: fenceSubject, Seq: fb}}); err != nil {
+			t.Fatalf("B forwards the message: %v", err)
+		}
+		return nil, nats.ErrTimeout
+	})
+	defer restore()
+
+	res := make([]forward.Result, len(batch))
+	err := forward.Batch(ctx, js, batch, res, forward.Options{Atomic: true, Fence: &forward.Fence{Subject: fenceSubject, Seq: fa}})
+	if !retry.IsFenced(err) {
+		t.Fatalf("A's batch after B took the fence: %v, want a fence refusal", err)
+	}
+	for i, r := range res {
+		if r.Done {
+			t.Errorf("message %d of A's batch: %+v, want unsettled: only B's copy of the last one is stored", i, r)
+		}
+	}
+	checkOnce(t, dataIDs(t, js), 4, 5)
+}

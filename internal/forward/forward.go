@@ -84,7 +84,7 @@ type Options struct {
 // A publish carrying it is stored only while that message is still the
 // subject's last.
 type Fence struct {
-	// Subject is the fence subject (handover.FenceSubject).
+	// Subject is the fence subject (changelog.FenceSubject).
 	Subject string
 	// Seq is the stream sequence of the fence subject's last message, as
 	// the owner wrote it.
@@ -230,10 +230,11 @@ func atomicBatch(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 			// lost connection), so it may have been stored. Publishing it
 			// again would store it twice once the stream's duplicate
 			// window has passed; the fence makes this owner the
-			// partition's only writer, so the stream tells whether it was.
+			// partition's only writer while it holds, so the stream
+			// tells whether it was (landed).
 			seq, err := landed(ctx, js, o.Fence, send[len(send)-1])
 			if err != nil {
-				return fmt.Errorf("atomic batch of %d messages: did the last attempt land: %w", len(msgs), err)
+				return landedFailed(o.Fence, len(msgs), err)
 			}
 			if seq > 0 {
 				ack = &jetstreamext.BatchAck{Sequence: seq}
@@ -304,6 +305,15 @@ var noFirstAck = jetstreamext.BatchFlowControl{AckFirst: false}
 // carries tells two forwards of one key apart). An atomic batch is stored
 // whole or not at all, so it returns the sequence of the batch's last
 // message, or 0 when the batch is not stored.
+//
+// An equal message is this writer's only while the fence is still f: a
+// new owner that took the fence meanwhile forwards the same inputs (its
+// redeliveries, or an input routed twice) as equal messages, and taking
+// one of them for this batch would settle the batch's other messages
+// unstored. So once it finds one, landed reads the fence again, and
+// reports that it moved (errFenceMoved), a fence refusal: what this
+// batch stored before the new fence, the new owner restored; the rest is
+// its to forward.
 func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Msg) (uint64, error) {
 	name, err := js.StreamNameBySubject(ctx, last.Subject)
 	if err != nil {
@@ -319,7 +329,29 @@ func landed(ctx context.Context, js jetstream.JetStream, f *Fence, last *nats.Ms
 	if m.Sequence <= f.Seq || !bytes.Equal(m.Data, last.Data) || !sameHeaders(m.Header, last.Header) {
 		return 0, nil
 	}
+	fence, err := LastOnLeader(ctx, js, name, f.Subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, fmt.Errorf("%w: none is stored", errFenceMoved)
+	case err != nil:
+		return 0, err
+	case fence.Sequence != f.Seq:
+		return 0, fmt.Errorf("%w: it is at sequence %d", errFenceMoved, fence.Sequence)
+	}
 	return m.Sequence, nil
+}
+
+// errFenceMoved is landed's answer when the fence moved: the caller
+// reports it as a fence refusal (Fence.fenced).
+var errFenceMoved = errors.New("the fence moved while the publish went unanswered")
+
+// landedFailed is the error of an atomic batch of n messages whose landed
+// check failed with err: a fence refusal when the fence moved.
+func landedFailed(f *Fence, n int, err error) error {
+	if errors.Is(err, errFenceMoved) {
+		return f.fenced(n, err)
+	}
+	return fmt.Errorf("atomic batch of %d messages: did the last attempt land: %w", n, err)
 }
 
 // APIPrefix returns the subject prefix of the JetStream API that a
@@ -335,6 +367,36 @@ func APIPrefix(o jetstream.JetStreamOptions) string {
 	return jetstream.DefaultAPIPrefix
 }
 
+// LastSeqOn returns the highest sequence of a message on subjects
+// (wildcards allowed) in stream, as its leader stores it (LastOnLeader),
+// 0 when none: each subject asked with requests bounded by request,
+// retried (as component) until ctx ends.
+func LastSeqOn(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, request time.Duration, component string) (uint64, error) {
+	var last uint64
+	for _, sub := range subjects {
+		var seq uint64
+		err := retry.Do(ctx, component, func() error {
+			rctx, cancel := context.WithTimeout(ctx, request)
+			defer cancel()
+			m, err := LastOnLeader(rctx, js, stream, sub)
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound):
+				seq = 0
+			case err != nil:
+				return err
+			default:
+				seq = m.Sequence
+			}
+			return nil
+		}, retry.Options{})
+		if err != nil {
+			return 0, fmt.Errorf("last message on %s: %w", sub, err)
+		}
+		last = max(last, seq)
+	}
+	return last, nil
+}
+
 // LastOnLeader returns the last message stored on subject (wildcards
 // allowed) in stream as the stream's leader answers it (the STREAM.MSG.GET API), or
 // jetstream.ErrMsgNotFound. Stream.GetLastMsgForSubject asks any replica
@@ -343,6 +405,23 @@ func APIPrefix(o jetstream.JetStreamOptions) string {
 // that a stored batch is not stored: it would be published again, and
 // stored twice once the duplicate window has passed.
 func LastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	return getOnLeader(ctx, js, stream, struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject}, "last message on "+subject)
+}
+
+// AtOnLeader returns the message stored at seq in stream as the stream's
+// leader answers it (see LastOnLeader), or jetstream.ErrMsgNotFound when
+// the stream holds none there (never written, deleted or past its end).
+func AtOnLeader(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return getOnLeader(ctx, js, stream, struct {
+		Seq uint64 `json:"seq"`
+	}{seq}, fmt.Sprintf("message at sequence %d", seq))
+}
+
+// getOnLeader asks stream's leader for the message req selects (the
+// STREAM.MSG.GET API); what names it in errors.
+func getOnLeader(ctx context.Context, js jetstream.JetStream, stream string, req any, what string) (*jetstream.RawStreamMsg, error) {
 	o := js.Options()
 	prefix := APIPrefix(o)
 	if _, ok := ctx.Deadline(); !ok {
@@ -350,13 +429,11 @@ func LastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject s
 		ctx, cancel = context.WithTimeout(ctx, o.DefaultTimeout)
 		defer cancel()
 	}
-	req, err := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{subject})
+	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	msg, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
+	msg, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, body)
 	if err != nil {
 		return nil, err
 	}
@@ -371,7 +448,7 @@ func LastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject s
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("stream %s: last message on %s: %w", stream, subject, err)
+		return nil, fmt.Errorf("stream %s: %s: %w", stream, what, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
@@ -379,12 +456,12 @@ func LastOnLeader(ctx context.Context, js jetstream.JetStream, stream, subject s
 	case resp.Error != nil:
 		return nil, resp.Error
 	case resp.Message == nil:
-		return nil, fmt.Errorf("stream %s: last message on %s: an answer without a message", stream, subject)
+		return nil, fmt.Errorf("stream %s: %s: an answer without a message", stream, what)
 	}
 	m := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data, Time: resp.Message.Time}
 	if len(resp.Message.Header) > 0 {
 		if m.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
-			return nil, fmt.Errorf("stream %s: last message on %s: headers: %w", stream, subject, err)
+			return nil, fmt.Errorf("stream %s: %s: headers: %w", stream, what, err)
 		}
 	}
 	return m, nil
@@ -431,6 +508,12 @@ func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []R
 		var last error
 		futures = futures[:len(pending)]
 		for k, i := range pending {
+			if ctx.Err() != nil {
+				// Abandoned: what is not published yet stays pending. A
+				// publish already waiting for room waits out StallWait.
+				clear(futures[k:])
+				break
+			}
 			f, err := js.PublishMsgAsync(msgs[i], stall...)
 			if err != nil {
 				futures[k] = nil
@@ -453,6 +536,12 @@ func each(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, res []R
 				continue
 			}
 			select {
+			case <-ctx.Done():
+				// Abandoned (a stop on a link that is down): the rest
+				// stay pending, unanswered, without waiting out the
+				// async publish timeout for each.
+				still = append(still, pending[k:]...)
+				return still, ctx.Err()
 			case ack := <-f.Ok():
 				res[i] = Result{Done: true, Duplicate: ack.Duplicate, Seq: ack.Sequence}
 			case err := <-f.Err():
@@ -483,6 +572,9 @@ func fencedRound(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg, 
 		m := f.apply(msgs[i])
 		if unanswered[i] {
 			seq, err := landed(ctx, js, f, m)
+			if errors.Is(err, errFenceMoved) {
+				return nil, f.fenced(len(pending)-k, err)
+			}
 			if err != nil {
 				still = append(still, i)
 				last = fmt.Errorf("did the last publish land: %w", err)

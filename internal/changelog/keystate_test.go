@@ -1,0 +1,120 @@
+package changelog_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
+	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+)
+
+func TestKeyStateSubject(t *testing.T) {
+	if got := changelog.KeyStateSubject("out", 7); got != "_dedupe.out.key.7" {
+		t.Errorf("KeyStateSubject = %q", got)
+	}
+}
+
+// TestDecodeKeyState reads back what RefreshMsg and ForgetMsg write, and
+// refuses, permanently, a key-state record it cannot read.
+func TestDecodeKeyState(t *testing.T) {
+	first, at := time.Unix(1_767_000_000, 1), time.Unix(1_767_000_060, 2)
+	m := changelog.RefreshMsg("s", changelog.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, Version: 4, HasVersion: true, OutputSeq: 12}, at)
+	if len(m.Data) != 0 || m.Header.Get("Nats-Msg-Id") != "" {
+		t.Errorf("refresh record %+v: want headers only, no Nats-Msg-Id", m)
+	}
+	r, err := changelog.DecodeKeyState(m.Header)
+	if err != nil || string(r.Key) != "k" || !r.FirstSeen.Equal(first) || r.Fingerprint != 9 || !r.WindowStart.Equal(at) ||
+		r.Version != 4 || !r.HasVersion || !r.Forgotten.IsZero() || r.OutputSeq != 12 {
+		t.Errorf("refresh decoded as %+v, %v", r, err)
+	}
+	f := changelog.ForgetMsg("s", changelog.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9}, at)
+	r, err = changelog.DecodeKeyState(f.Header)
+	if err != nil || string(r.Key) != "k" || !r.Forgotten.Equal(at) || !r.WindowStart.IsZero() || !r.FirstSeen.Equal(first) || r.HasVersion || r.OutputSeq != 0 {
+		t.Errorf("forget decoded as %+v, %v", r, err)
+	}
+	f = changelog.ForgetMsg("s", changelog.Record{Key: []byte("k"), FirstSeen: first, Fingerprint: 9, WindowStart: at}, at.Add(time.Second))
+	r, err = changelog.DecodeKeyState(f.Header)
+	if err != nil || !r.Forgotten.Equal(at.Add(time.Second)) || !r.WindowStart.Equal(at) {
+		t.Errorf("forget of a refreshed record decoded as %+v, %v", r, err)
+	}
+	for name, h := range map[string]nats.Header{
+		"no op":                 {changelog.HeaderKey: {"k"}},
+		"unknown op":            {changelog.HeaderOp: {"rename"}, changelog.HeaderKey: {"k"}},
+		"no key":                {changelog.HeaderOp: {changelog.OpForget}, changelog.HeaderForgotten: {"1"}},
+		"forget without a time": {changelog.HeaderOp: {changelog.OpForget}, changelog.HeaderKey: {"k"}, changelog.HeaderFirstSeen: {"1"}, changelog.HeaderFingerprint: {"0000000000000001"}},
+		"forget without record": {changelog.HeaderOp: {changelog.OpForget}, changelog.HeaderKey: {"k"}, changelog.HeaderForgotten: {"1"}},
+		"refresh without start": {changelog.HeaderOp: {changelog.OpRefresh}, changelog.HeaderKey: {"k"}, changelog.HeaderFirstSeen: {"1"}, changelog.HeaderFingerprint: {"0000000000000001"}},
+		"refresh without first": {changelog.HeaderOp: {changelog.OpRefresh}, changelog.HeaderKey: {"k"}, changelog.HeaderWindowStart: {"1"}, changelog.HeaderFingerprint: {"0000000000000001"}},
+		"refresh bad version": {changelog.HeaderOp: {changelog.OpRefresh}, changelog.HeaderKey: {"k"}, changelog.HeaderWindowStart: {"1"},
+			changelog.HeaderFirstSeen: {"1"}, changelog.HeaderFingerprint: {"0000000000000001"}, changelog.HeaderVersion: {"-1"}},
+		"refresh bad output seq": {changelog.HeaderOp: {changelog.OpRefresh}, changelog.HeaderKey: {"k"}, changelog.HeaderWindowStart: {"1"},
+			changelog.HeaderFirstSeen: {"1"}, changelog.HeaderFingerprint: {"0000000000000001"}, changelog.HeaderOutputSeq: {"0"}},
+	} {
+		if _, err := changelog.DecodeKeyState(h); !errors.Is(err, changelog.ErrNotARecord) || !retry.IsPermanent(err) {
+			t.Errorf("%s: %v, want a permanent ErrNotARecord", name, err)
+		}
+	}
+}
+
+// TestRestoreReadsKeyState: Restore passes a partition's key-state records
+// on, in stream order among its forwards, and not another partition's; a
+// forward's OutputSeq is its own sequence, a key-state record's the one it
+// carries.
+func TestRestoreReadsKeyState(t *testing.T) {
+	js := outStream(t)
+	ctx := context.Background()
+	recs := publishRecords(t, js, 1, 0, 2)
+	at := recs[0].firstSeen.Add(time.Minute)
+	publish := func(m *nats.Msg) {
+		t.Helper()
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(changelog.RefreshMsg(changelog.KeyStateSubject(prefix, 1), changelog.Record{Key: []byte(recs[0].key), FirstSeen: recs[0].firstSeen, Fingerprint: recs[0].fp, OutputSeq: 77}, at))
+	publish(changelog.ForgetMsg(changelog.KeyStateSubject(prefix, 2), changelog.Record{Key: []byte("other"), FirstSeen: at, Fingerprint: 1}, at))
+	publishRecords(t, js, 1, 2, 1)
+	publish(changelog.ForgetMsg(changelog.KeyStateSubject(prefix, 1), changelog.Record{Key: []byte(recs[1].key), FirstSeen: recs[1].firstSeen, Fingerprint: recs[1].fp}, at))
+	f, err := changelog.Take(ctx, js, "OUT", changelog.FenceSubject(prefix, 1), "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	_, err = changelog.Restore(ctx, js, "OUT", changelog.PartitionFilter(prefix, 1), changelog.FenceSubject(prefix, 1), changelog.KeyStateSubject(prefix, 1), 0, time.Time{}, f,
+		func(r changelog.Record, seq uint64) error {
+			switch {
+			case !r.WindowStart.IsZero():
+				got = append(got, "refresh "+string(r.Key))
+				if r.OutputSeq != 77 {
+					t.Errorf("refresh of %s at %d: OutputSeq %d, want the 77 it carries", r.Key, seq, r.OutputSeq)
+				}
+			case !r.Forgotten.IsZero():
+				got = append(got, "forget "+string(r.Key))
+				if r.OutputSeq != 0 {
+					t.Errorf("forget of %s at %d: OutputSeq %d, want 0: it carries none", r.Key, seq, r.OutputSeq)
+				}
+			default:
+				got = append(got, string(r.Key))
+				if r.OutputSeq != seq {
+					t.Errorf("forward %s at %d: OutputSeq %d, want its own sequence", r.Key, seq, r.OutputSeq)
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"1-0", "1-1", "refresh 1-0", "1-2", "forget 1-1"}
+	if len(got) != len(want) {
+		t.Fatalf("restored %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("restored %q, want %q", got, want)
+		}
+	}
+}
