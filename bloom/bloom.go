@@ -312,6 +312,21 @@ func (f *Filter) Advance(now time.Time) {
 	f.cur = n
 }
 
+// Since returns the earliest first-seen time the filter answers for: the
+// start of its oldest live generation. Every key added with a firstSeen at
+// or after Since (and not after the latest Advance time) answers "maybe";
+// a Test of a key that may have been first seen before Since proves
+// nothing, and the caller must ask the store instead.
+func (f *Filter) Since() time.Time {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	first := f.cur - f.g
+	if first <= math.MinInt64/f.span {
+		return minTime // a ring that never advanced past the earliest times
+	}
+	return time.Unix(0, first*f.span)
+}
+
 // Window returns Options.Window, W.
 func (f *Filter) Window() time.Duration {
 	return f.opts.Window

@@ -568,3 +568,32 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("Keys() = %d, want %d", got, writers*perWriter)
 	}
 }
+
+// TestSince: every key added at or after Since answers "maybe", and Since
+// moves with Advance.
+func TestSince(t *testing.T) {
+	opts := DefaultOptions(time.Hour)
+	opts.ExpectedKeys = 1000
+	f, err := New(opts, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Since().Before(time.Unix(0, 0)) {
+		t.Fatalf("a filter that never advanced: Since %v, want before 1970", f.Since())
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f.Advance(t0)
+	f.Add([]byte("a"), t0)
+	span := f.Span()
+	if s := f.Since(); s.After(t0.Add(-time.Hour)) || s.Before(t0.Add(-time.Hour-span)) {
+		t.Fatalf("Since %v after Advance(%v), want within one span before %v", s, t0, t0.Add(-time.Hour))
+	}
+	later := t0.Add(time.Hour + 2*span)
+	f.Advance(later)
+	if s := f.Since(); !s.After(t0) {
+		t.Fatalf("Since %v after Advance(%v), want after %v (the key added at %v is gone)", s, later, t0, t0)
+	}
+	if f.Test([]byte("a")) {
+		t.Fatalf("key first seen at %v still answers maybe at %v", t0, later)
+	}
+}

@@ -24,6 +24,7 @@ func (c Config) StateOptions(w window.Window) state.Options {
 	so.GCInterval = c.State.GCInterval.D()
 	so.SnapshotInterval = c.State.SnapshotInterval.D()
 	so.RefreshOnRepeat = c.Window.RefreshOnRepeat
+	so.OnDamage = state.DamagePolicy(c.State.OnDamage)
 	if c.Totals.Enabled {
 		so.TotalsBucket = c.Totals.Bucket.D()
 	}

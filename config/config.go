@@ -31,10 +31,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -116,8 +120,35 @@ type NATS struct {
 	JetStreamAPIPrefix string `yaml:"jetstream_api_prefix"`
 	// ConnectTimeout bounds each connection attempt. Default 5s.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
+	// PingInterval is how often the stage pings the server it is connected
+	// to. Default 5s. With MaxPingsOut it bounds how long a link that stops
+	// answering without a reset (a network partition, a half-open TCP
+	// connection) goes unnoticed: see StaleAfter.
+	PingInterval Duration `yaml:"ping_interval"`
+	// MaxPingsOut is how many pings may go unanswered before the stage
+	// drops the connection and reconnects. Default 2.
+	MaxPingsOut int `yaml:"max_pings_out"`
 	// Embedded configures the embedded server (used when URL is empty).
 	Embedded Embedded `yaml:"embedded"`
+}
+
+// Defaults of NATS.PingInterval and NATS.MaxPingsOut: a link that stops
+// answering is noticed within 15s (NATS.StaleAfter), where nats.go's own
+// defaults (2m, 2) took up to 6 minutes.
+const (
+	DefaultPingInterval = 5 * time.Second
+	DefaultMaxPingsOut  = 2
+)
+
+// StaleAfter is the longest a connection that stopped answering without a
+// reset goes unnoticed: the client pings every PingInterval and drops the
+// connection when a ping finds MaxPingsOut still unanswered, so
+// PingInterval x (MaxPingsOut + 1). It also bounds every write to the
+// server (a write blocked that long is on a dead link) and how long a stop
+// waits for a batch in flight on such a link (docs/failures.md, "A link
+// that stops answering").
+func (n NATS) StaleAfter() time.Duration {
+	return n.PingInterval.D() * time.Duration(n.MaxPingsOut+1)
 }
 
 // TLS configures TLS from the client to the NATS server. All empty
@@ -175,8 +206,15 @@ type Embedded struct {
 }
 
 // HasAuth reports whether clients of the embedded server must
-// authenticate (a user and password, or a token).
-func (e Embedded) HasAuth() bool { return e.User != "" || e.Token != "" }
+// authenticate (a user and password, or a token; boot.Embedded.HasAuth).
+func (e Embedded) HasAuth() bool { return e.server("").HasAuth() }
+
+// server is what boot.StartEmbedded runs, storing in storeDir.
+func (e Embedded) server(storeDir string) boot.Embedded {
+	return boot.Embedded{Host: e.Host, Port: e.Port, StoreDir: storeDir, SyncAlways: e.SyncAlways, MonitorPort: e.MonitorPort,
+		User: e.User, Password: e.Password, Token: e.Token,
+		SystemAccount: e.SystemAccount, SystemUser: e.SystemUser, SystemPassword: e.SystemPassword}
+}
 
 // Input is the stream the stage consumes.
 type Input struct {
@@ -421,6 +459,14 @@ type State struct {
 	// speed up the rebuild after a restart. Default 1m; 0 snapshots only at
 	// a clean shutdown.
 	SnapshotInterval Duration `yaml:"snapshot_interval"`
+	// OnDamage is what run does with a damaged store (a table whose
+	// checksums fail, a MANIFEST missing or unreadable, a table it lists
+	// gone): "refuse" (the default) exits naming the file and the fix;
+	// "rebuild" moves the store aside into <data_dir>/state/damaged-<time>
+	// (never deleting it), starts empty and restores every partition from
+	// the output stream before judging. A lock held, a full disk or an
+	// unreadable file are never rebuilt (docs/failures.md).
+	OnDamage string `yaml:"on_damage"`
 }
 
 // Dir returns the Badger state directory, <data_dir>/state.
@@ -503,6 +549,8 @@ func Default() Config {
 	return Config{
 		NATS: NATS{
 			ConnectTimeout: Duration(5 * time.Second),
+			PingInterval:   Duration(DefaultPingInterval),
+			MaxPingsOut:    DefaultMaxPingsOut,
 			Embedded: Embedded{
 				Host:       "127.0.0.1",
 				Port:       4222,
@@ -546,6 +594,7 @@ func Default() Config {
 			MemoryBudget:     state.DefaultMemoryBudget,
 			GCInterval:       Duration(10 * time.Minute),
 			SnapshotInterval: Duration(time.Minute),
+			OnDamage:         string(state.DamageRefuse),
 		},
 		Filter: Filter{
 			Enabled:           true,
@@ -640,10 +689,47 @@ func (n NATS) ShouldCreateStreams() bool {
 // Context both empty.
 func (n NATS) IsEmbedded() bool { return n.URL == "" && n.Context == "" }
 
+// EmbeddedClient returns n set to connect, from another process, to the
+// embedded server that `run` starts with n: its listen address (a
+// wildcard host is reached on loopback) and the credentials it requires
+// of every client. ok is false when the port is chosen at start (-1), so
+// that no other process can know it.
+func (n NATS) EmbeddedClient() (_ NATS, ok bool) {
+	e := n.Embedded
+	if e.Port < 0 {
+		return n, false
+	}
+	host := e.Host
+	if host == "" || host == "0.0.0.0" || host == "::" || host == "[::]" {
+		host = "127.0.0.1"
+	}
+	n.URL = "nats://" + net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(e.Port))
+	n.User, n.Password, n.Token = e.User, e.Password, e.Token
+	return n, true
+}
+
 // EmbeddedStoreDir returns the embedded server's JetStream directory:
 // nats.embedded.store_dir, or <state.data_dir>/nats when that is empty.
 func (c Config) EmbeddedStoreDir() string {
 	return c.NATS.Embedded.StoreDirIn(c.State.DataDir)
+}
+
+// EmbeddedServer returns how boot.StartEmbedded runs the embedded server:
+// nats.embedded, storing in EmbeddedStoreDir.
+func (c Config) EmbeddedServer() boot.Embedded {
+	return c.NATS.Embedded.server(c.EmbeddedStoreDir())
+}
+
+// Dial returns how boot.Connect reaches the server with n's connection
+// settings (after ApplyContext), and the credentials the embedded server
+// requires of its clients.
+func (n NATS) Dial() boot.Dial {
+	e := n.Embedded
+	return boot.Dial{URL: n.URL, User: n.User, Password: n.Password, Token: n.Token,
+		NKeySeedFile: n.NKeySeedFile, CredsFile: n.CredsFile,
+		TLSCAFile: n.TLS.CAFile, TLSCertFile: n.TLS.CertFile, TLSKeyFile: n.TLS.KeyFile, TLSHandshakeFirst: n.TLS.HandshakeFirst,
+		ConnectTimeout: n.ConnectTimeout.D(), PingInterval: n.PingInterval.D(), MaxPingsOut: n.MaxPingsOut, StaleAfter: n.StaleAfter(),
+		EmbeddedUser: e.User, EmbeddedPassword: e.Password, EmbeddedToken: e.Token}
 }
 
 // StoreDirIn returns the embedded server's JetStream directory when the

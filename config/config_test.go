@@ -85,6 +85,9 @@ func TestExamplesLoadAndValidate(t *testing.T) {
 		t.Fatalf("found %d example configs (%v), want at least local, webhooks and replay", len(files), files)
 	}
 	for _, f := range files {
+		if strings.HasSuffix(f, ".cases.yaml") {
+			continue // a configuration's cases (dedupe-stage test), not a configuration
+		}
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			c, err := Load(f)
 			if err != nil {
@@ -263,8 +266,11 @@ func TestValidateBadConfigs(t *testing.T) {
 		{"window overflow", "window: {paths: [{name: a, max: 106751d}], margin: 1d}", []string{"window.paths", "overflow"}},
 		{"ack wait zero", "input: {ack_wait: 0s}", []string{"input.ack_wait: 0s, want > 0"}},
 		{"connect timeout", "nats: {connect_timeout: -1s}", []string{"nats.connect_timeout: -1s, want > 0"}},
+		{"ping interval", "nats: {ping_interval: 0s}", []string{"nats.ping_interval: 0s, want 10ms..10m"}},
+		{"max pings out", "nats: {max_pings_out: 0}", []string{"nats.max_pings_out: 0, want 1..100"}},
 		{"gc interval", "state: {gc_interval: -1s}", []string{"state.gc_interval: -1s, want >= 0"}},
 		{"snapshot interval", "state: {snapshot_interval: -1m}", []string{"state.snapshot_interval: -1m, want >= 0"}},
+		{"on damage", "state: {on_damage: repair}", []string{`state.on_damage: "repair", want "refuse" or "rebuild"`}},
 		{"filter too large", "filter: {expected_keys: 90000000000, false_positive_rate: 0.0001}", []string{"filter.expected_keys: 90000000000", "limit"}},
 		{"linger negative", "pipeline: {batch_linger: -1ms}", []string{"pipeline.batch_linger: -1ms"}},
 		{"linger long", "pipeline: {batch_linger: 5s}", []string{"pipeline.batch_linger: 5s, want 0..1s"}},
@@ -370,6 +376,7 @@ func TestValidateGoodVariants(t *testing.T) {
 		"state: {partitions: 1, memory_budget: 8MiB}",
 		"window: {margin: 0s, near_fraction: 1}",
 		"state: {gc_interval: 0s, snapshot_interval: 0s}",
+		"state: {on_damage: rebuild}",
 	} {
 		c := mustParse(t, src)
 		if err := c.Validate(); err != nil {
@@ -774,7 +781,7 @@ func TestSummary(t *testing.T) {
 		"nats.embedded.sync_always=true",
 		"embedded nats-server on 127.0.0.1:4222",
 		"stream EVENTS (subjects events.>)",
-		"stream EVENTS_DEDUPED (subjects deduped.>), duplicate window 2m20s (computed)",
+		"stream EVENTS_DEDUPED (subjects deduped.>, _dedupe.deduped.>), duplicate window 2m20s (computed)",
 		"stream DEDUPE_DLQ (subjects dedupe.dlq.>",
 		"created",
 		"output.publish auto: atomic batches of up to 1000 messages, at most 32 open at once (a batch of fewer than 16 messages goes one message at a time, all in flight together: output.atomic_min_batch) when the stream allows atomic publish",
@@ -947,5 +954,51 @@ func TestStateSyncWritesFollowsTheServer(t *testing.T) {
 				t.Errorf("Summary does not say %q:\n%s", tc.summary, s)
 			}
 		})
+	}
+}
+
+// TestStaleAfter checks the bound a dead link goes unnoticed: a ping every
+// interval, the connection dropped at the ping that finds max_pings_out
+// unanswered.
+func TestStaleAfter(t *testing.T) {
+	n := Default().NATS
+	if got := n.StaleAfter(); got != 15*time.Second {
+		t.Errorf("default StaleAfter %v, want 15s (5s x (2 + 1))", got)
+	}
+	n.PingInterval, n.MaxPingsOut = Duration(250*time.Millisecond), 3
+	if got := n.StaleAfter(); got != time.Second {
+		t.Errorf("StaleAfter with 250ms and 3 pings out: %v, want 1s", got)
+	}
+}
+
+// TestTotalsReplicas checks that the totals bucket and stream follow the
+// replicas of the streams the stage creates unless totals.replicas says
+// otherwise.
+func TestTotalsReplicas(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		scaleOut bool
+		streams  int // scale_out.replicas
+		totals   int // totals.replicas
+		want     int
+	}{
+		{"one instance", false, 3, 0, 1},
+		{"scale-out R3", true, 3, 0, 3},
+		{"scale-out R1", true, 1, 0, 1},
+		{"set", true, 3, 5, 5},
+		{"set without scale-out", false, 3, 3, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			c.ScaleOut.Enabled, c.ScaleOut.Replicas, c.Totals.Replicas = tt.scaleOut, tt.streams, tt.totals
+			if got := c.TotalsReplicas(); got != tt.want {
+				t.Errorf("TotalsReplicas() = %d, want %d", got, tt.want)
+			}
+		})
+	}
+	c := Default()
+	c.Totals.Replicas = 6
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "totals.replicas: 6, want 0 (as the streams) or 1..5") {
+		t.Errorf("Validate with totals.replicas 6: %v", err)
 	}
 }

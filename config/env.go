@@ -202,7 +202,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&e.User, "embedded-user", e.User, "user every client of the embedded server must log in as (nats.embedded.user, $DEDUPE_EMBEDDED_USER)")
 	fs.StringVar(&e.Password, "embedded-password", e.Password, "that user's password; prefer $DEDUPE_EMBEDDED_PASSWORD, flags show in ps (nats.embedded.password)")
 	fs.StringVar(&e.Token, "embedded-token", e.Token, "token every client of the embedded server must present; prefer $DEDUPE_EMBEDDED_TOKEN (nats.embedded.token)")
-	fs.BoolVar(&e.SystemAccount, "embedded-system-account", e.SystemAccount, "add the system account for `nats server ping` (nats.embedded.system_account, $DEDUPE_EMBEDDED_SYSTEM_ACCOUNT)")
+	fs.BoolVar(&e.SystemAccount, "embedded-system-account", e.SystemAccount, "add the system account, for nats server ping (nats.embedded.system_account, $DEDUPE_EMBEDDED_SYSTEM_ACCOUNT)")
 	fs.StringVar(&e.SystemPassword, "embedded-system-password", e.SystemPassword, "password of the system account's user; prefer $DEDUPE_EMBEDDED_SYSTEM_PASSWORD (nats.embedded.system_password)")
 	for _, name := range []string{"embedded-password", "embedded-token", "embedded-system-password"} {
 		fs.Lookup(name).DefValue = "" // the usage text never shows a credential

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
@@ -67,7 +68,17 @@ type ScaleOut struct {
 	// to 24h. With totals on no snapshot is written
 	// (ScaleOutSnapshots).
 	SnapshotInterval Duration `yaml:"snapshot_interval"`
+	// Standbys is how many warm standbys each partition has
+	// (docs/scale-out.md §4.4): the instances next after its owner in its
+	// ranking tail its changelog from the output stream into their own
+	// local store every 2s, so that the one that takes it over after its
+	// owner died restores only the tail. Default 1; 0 turns them off; at
+	// most MaxStandbys. A group of k instances has at most k-1.
+	Standbys int `yaml:"standbys"`
 }
+
+// MaxStandbys is the largest scale_out.standbys.
+const MaxStandbys = 4
 
 // MaxRouteBundle is the largest scale_out.route_bundle_max.
 const MaxRouteBundle = 256
@@ -91,7 +102,7 @@ const (
 // DefaultScaleOut returns the scale_out section's defaults (off).
 func DefaultScaleOut() ScaleOut {
 	return ScaleOut{Group: "dedupe", Replicas: 3, Route: RouteAuto, RoutedStream: "DEDUPE_ROUTED", RoutedSubject: "dedupe.routed",
-		RouteBundleMax: 16, MaxEventTimeAhead: Duration(time.Hour), SnapshotInterval: Duration(2 * time.Minute)}
+		RouteBundleMax: 16, MaxEventTimeAhead: Duration(time.Hour), SnapshotInterval: Duration(2 * time.Minute), Standbys: 1}
 }
 
 // InstanceName returns Instance, or the host name when Instance is empty
@@ -217,6 +228,9 @@ func (c Config) validateScaleOut(v *validator) {
 	if si := s.SnapshotInterval; si != 0 && (si < MinSnapshotInterval || si > MaxSnapshotInterval) {
 		v.add("scale_out.snapshot_interval", "%v, want 0 (off) or %v to %v", si, MinSnapshotInterval, MaxSnapshotInterval)
 	}
+	if s.Standbys < 0 || s.Standbys > MaxStandbys {
+		v.add("scale_out.standbys", "%d, want 0 (no warm standbys: a new owner restores from the snapshot and the changelog) to %d", s.Standbys, MaxStandbys)
+	}
 	if s.MaxEventTimeAhead < 0 || s.MaxEventTimeAhead > MaxEventTimeAheadLimit {
 		v.add("scale_out.max_event_time_ahead", "%v, want 0 to %v", s.MaxEventTimeAhead, MaxEventTimeAheadLimit)
 	}
@@ -338,16 +352,13 @@ func (c Config) scaleOutSummary() []string {
 }
 
 // OutputStreamSubjects returns the subjects of the output stream: the
-// forwarded messages (Output.Subjects), and with scale-out the control
-// records beside them on a root of their own
-// (layout.ControlSubjects: "_dedupe.<prefix>.>"), so that a consumer of
-// the output prefix receives forwarded messages only.
+// forwarded messages (Output.Subjects), and the changelog's control
+// records beside them on a root of their own (changelog.ControlSubjects:
+// "_dedupe.<prefix>.>": the partitions' key-state records, and with
+// scale-out their fences), so that a consumer of the output prefix
+// receives forwarded messages only.
 func (c Config) OutputStreamSubjects() []string {
-	subjects := []string{c.Output.Subjects()}
-	if c.ScaleOut.Enabled {
-		subjects = append(subjects, layout.ControlSubjects(c.Output.SubjectPrefix))
-	}
-	return subjects
+	return []string{c.Output.Subjects(), changelog.ControlSubjects(c.Output.SubjectPrefix)}
 }
 
 // DeadLetterStreamSubjects returns the subjects of the dead-letter stream:
@@ -357,7 +368,7 @@ func (c Config) OutputStreamSubjects() []string {
 func (c Config) DeadLetterStreamSubjects() []string {
 	subjects := []string{c.DeadLetter.Subjects()}
 	if c.ScaleOut.Enabled {
-		subjects = append(subjects, layout.ControlSubjects(c.DeadLetter.Subject))
+		subjects = append(subjects, changelog.ControlSubjects(c.DeadLetter.Subject))
 	}
 	return subjects
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -35,7 +35,7 @@ func (c Config) Summary() string {
 		if c.Window.RefreshOnRepeat {
 			more("sliding (refresh_on_repeat): each repeat moves its key's window end to the repeat's time + W")
 			if c.ScaleOut.Enabled {
-				more("with scale-out each refreshed repeat also writes a key-state record to the output stream, under %s", layout.ControlSubjects(c.Output.SubjectPrefix))
+				more("with scale-out each refreshed repeat also writes a key-state record to the output stream, under %s", changelog.ControlSubjects(c.Output.SubjectPrefix))
 			}
 		}
 	}
@@ -99,7 +99,7 @@ func (c Config) memorySummary(line func(label, format string, args ...any), more
 	sz := c.StateOptions(window.Window{}).BadgerSizing()
 	line("memory", "state.memory_budget %v (one Badger instance for the %d partitions) + filter %s + table builders %s while writing = %s",
 		c.State.MemoryBudget, c.State.Partitions, humanBytes(filterTotal), humanBytes(uint64(sz.BuilderPool)),
-		humanBytes(uint64(max(c.State.MemoryBudget, 0))+filterTotal+uint64(sz.BuilderPool)))
+		humanBytes(c.memoryBytes(filterTotal)))
 	if c.State.Partitions > 0 {
 		more("badger %s", sz)
 		more("table builders: %s", sz.BuildersNote())

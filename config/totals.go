@@ -59,6 +59,25 @@ type Totals struct {
 	LateEvents string `yaml:"late_events"`
 	// Sinks are where totals are written; at least one when enabled.
 	Sinks TotalsSinks `yaml:"sinks"`
+	// Replicas of the KV bucket and the stream the stage creates for the
+	// totals, 0..5. Default 0: as many as the streams the stage creates
+	// (scale_out.replicas with scale-out on, else 1), so that the totals
+	// survive the loss of a node as the streams do. See TotalsReplicas.
+	Replicas int `yaml:"replicas"`
+}
+
+// TotalsReplicas returns the replicas of the totals KV bucket and stream
+// the stage creates: totals.replicas when set, else those of the streams
+// it creates (scale_out.replicas with scale-out on, else 1).
+func (c Config) TotalsReplicas() int {
+	switch {
+	case c.Totals.Replicas > 0:
+		return c.Totals.Replicas
+	case c.ScaleOut.Enabled:
+		return c.ScaleOut.Replicas
+	default:
+		return 1
+	}
 }
 
 // TotalsSinks lists the sinks totals are written to. A sink is used when
@@ -153,6 +172,9 @@ func (c Config) validateTotals(v *validator) {
 	spec("totals.group", t.Group)
 	spec("totals.time", t.Time)
 	spec("totals.value", t.Value)
+	if t.Replicas < 0 || t.Replicas > MaxScaleOutReplicas {
+		v.add("totals.replicas", "%d, want 0 (as the streams) or 1..%d", t.Replicas, MaxScaleOutReplicas)
+	}
 	if !t.Enabled {
 		return
 	}
@@ -260,7 +282,7 @@ func (c Config) totalsSummary() []string {
 	}
 	create := func(own bool) string {
 		if own || c.NATS.ShouldCreateStreams() {
-			return ", created when missing"
+			return fmt.Sprintf(", created when missing with %d replicas", c.TotalsReplicas())
 		}
 		return ", must exist"
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	ringbloom "github.com/dedupe-stage/dedupe-stage/bloom"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/redact"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -132,9 +132,7 @@ func (c Config) validateNATS(v *validator) {
 			}
 		}
 	}
-	if n.ConnectTimeout <= 0 {
-		v.add("nats.connect_timeout", "%v, want > 0", n.ConnectTimeout)
-	}
+	n.validateTimes(v)
 	if n.Password != "" && n.User == "" {
 		v.add("nats.password", "set while nats.user is empty")
 	}
@@ -176,6 +174,19 @@ func (c Config) validateNATS(v *validator) {
 	}
 	if n.IsEmbedded() {
 		c.validateEmbedded(v)
+	}
+}
+
+// validateTimes checks the connection's timeouts and pings.
+func (n NATS) validateTimes(v *validator) {
+	if n.ConnectTimeout <= 0 {
+		v.add("nats.connect_timeout", "%v, want > 0", n.ConnectTimeout)
+	}
+	if n.PingInterval < Duration(10*time.Millisecond) || n.PingInterval > Duration(10*time.Minute) {
+		v.add("nats.ping_interval", "%v, want 10ms..10m", n.PingInterval)
+	}
+	if n.MaxPingsOut < 1 || n.MaxPingsOut > 100 {
+		v.add("nats.max_pings_out", "%d, want 1..100", n.MaxPingsOut)
 	}
 }
 
@@ -338,12 +349,10 @@ func (c Config) validateOutputOverlaps(v *validator, inputs []string) {
 			v.add("output.subject_prefix", "%q: output subjects %q overlap input subject %q", out.SubjectPrefix, outputs, s)
 		}
 	}
-	if c.ScaleOut.Enabled {
-		control := layout.ControlSubjects(out.SubjectPrefix)
-		for _, s := range append(slices.Clone(inputs), c.DeadLetter.Subjects()) {
-			if subjectsOverlap(control, s) {
-				v.add("output.subject_prefix", "%q: the group's control subjects %q overlap subject %q of another stream", out.SubjectPrefix, control, s)
-			}
+	control := changelog.ControlSubjects(out.SubjectPrefix)
+	for _, s := range append(slices.Clone(inputs), c.DeadLetter.Subjects()) {
+		if subjectsOverlap(control, s) {
+			v.add("output.subject_prefix", "%q: the changelog's control subjects %q overlap subject %q of another stream", out.SubjectPrefix, control, s)
 		}
 	}
 }
@@ -370,10 +379,10 @@ func (c Config) validateDeadLetterOverlaps(v *validator, inputs []string, prefix
 	if !c.ScaleOut.Enabled {
 		return
 	}
-	control := layout.ControlSubjects(dl.Subject)
+	control := changelog.ControlSubjects(dl.Subject)
 	others := append(slices.Clone(inputs), outputs)
 	if prefixOK {
-		others = append(others, layout.ControlSubjects(out.SubjectPrefix))
+		others = append(others, changelog.ControlSubjects(out.SubjectPrefix))
 	}
 	for _, s := range others {
 		if subjectsOverlap(control, s) {
@@ -442,6 +451,11 @@ func (c Config) validateState(v *validator) {
 	}
 	if s.SnapshotInterval < 0 {
 		v.add("state.snapshot_interval", "%v, want >= 0 (0 snapshots only at shutdown)", s.SnapshotInterval)
+	}
+	switch state.DamagePolicy(s.OnDamage) {
+	case state.DamageRefuse, state.DamageRebuild:
+	default:
+		v.add("state.on_damage", "%q, want %q or %q", s.OnDamage, state.DamageRefuse, state.DamageRebuild)
 	}
 	f := c.Filter
 	if f.ExpectedKeys < 1 || f.ExpectedKeys > MaxExpectedKeys {

@@ -11,9 +11,9 @@ import (
 )
 
 // OpenKV returns the KV sink on the JetStream KV bucket named bucket. A
-// missing bucket is created (file storage) when create is set; otherwise
-// the error wraps jetstream.ErrBucketNotFound.
-func OpenKV(ctx context.Context, js jetstream.JetStream, bucket string, create bool) (Sink, error) {
+// missing bucket is created (file storage, replicas copies; 0 means 1)
+// when create is set; otherwise the error wraps jetstream.ErrBucketNotFound.
+func OpenKV(ctx context.Context, js jetstream.JetStream, bucket string, create bool, replicas int) (Sink, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if err == nil {
 		return NewKV(kv), nil
@@ -23,6 +23,7 @@ func OpenKV(ctx context.Context, js jetstream.JetStream, bucket string, create b
 	}
 	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "dedupe-stage totals: <group>.<bucket unix seconds> = total", Storage: jetstream.FileStorage,
+		Replicas: max(replicas, 1),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sink kv: create bucket %s: %w", bucket, err)
@@ -36,17 +37,19 @@ func StreamSubjects(subjectPrefix string) string { return subjectPrefix + ".>" }
 
 // OpenStream returns the stream sink publishing under subjectPrefix, after
 // checking that stream exists. A missing stream is created (file storage,
-// subjects StreamSubjects(subjectPrefix), atomic publish allowed) when
-// create is set; otherwise the error wraps jetstream.ErrStreamNotFound.
+// subjects StreamSubjects(subjectPrefix), atomic publish allowed, replicas
+// copies; 0 means 1) when create is set; otherwise the error wraps
+// jetstream.ErrStreamNotFound.
 // atomic, given whether the stream allows atomic publish, decides
 // StreamOptions.Atomic; nil means never.
-func OpenStream(ctx context.Context, js jetstream.JetStream, stream, subjectPrefix string, create bool, atomic func(streamAllowsAtomic bool) bool) (Sink, error) {
+func OpenStream(ctx context.Context, js jetstream.JetStream, stream, subjectPrefix string, create bool, replicas int, atomic func(streamAllowsAtomic bool) bool) (Sink, error) {
 	st, err := js.Stream(ctx, stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) && create {
 		st, err = js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: stream, Subjects: []string{StreamSubjects(subjectPrefix)}, Storage: jetstream.FileStorage,
 			Description:        "dedupe-stage totals: the largest value per (group, bucket) is current",
 			AllowAtomicPublish: true,
+			Replicas:           max(replicas, 1),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("sink stream: create stream %s: %w", stream, err)

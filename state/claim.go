@@ -19,15 +19,14 @@ type Claim struct {
 	// Total, when Total.Group is set, is added to its (group, bucket) total
 	// if the claim is New, in the same transaction that records the key.
 	Total Contribution
-	// FirstSeen, when not zero, is the first-seen time a New claim's
-	// record stores, instead of the store clock's now at the claim: the
-	// time decided once, at judge time, and carried by the forwarded
-	// message, so that a record restored from it on another instance
-	// equals this one. Whether the key is still inside the window is
-	// judged by the clock's now either way. Zero: the clock's now. A
-	// repeat refreshed (Options.RefreshOnRepeat) takes it as its Refreshed
-	// time too.
-	FirstSeen time.Time
+	// At is the copy's input time: when the input stream stored it, on the
+	// input stream's clock. Whether the key's record makes the claim a
+	// repeat is judged at At (Lookup); a New claim's record stores it as
+	// its FirstSeen, and a repeat refreshed (Options.RefreshOnRepeat) as
+	// its Refreshed time. The forwarded message carries it too, so that a
+	// record restored from it equals this one. Zero: the clock's now
+	// (Options.Clock), for tools and tests.
+	At time.Time
 	// Versioned makes the claim version-wins: it is New when the key's
 	// unexpired record carries no version or one smaller than Version
 	// (the record is then replaced), and a Stale repeat otherwise.
@@ -102,11 +101,6 @@ func (p *Partition) claimWith(claims []Claim, extra []write) ([]ClaimResult, err
 	if p.closed {
 		return nil, ErrClosed
 	}
-	now := p.clock.Now()
-	if p.filter != nil {
-		p.filter.Advance(now)
-	}
-
 	b := &batch{
 		results: make([]ClaimResult, len(claims)),
 		inBatch: make(map[string]Record, len(claims)),
@@ -114,7 +108,8 @@ func (p *Partition) claimWith(claims []Claim, extra []write) ([]ClaimResult, err
 	rtxn := p.db.NewTransaction(false)
 	defer rtxn.Discard()
 	for i, c := range claims {
-		if err := p.claim(rtxn, b, i, c, now); err != nil {
+		c.At = p.observe(c.At)
+		if err := p.claim(rtxn, b, i, c); err != nil {
 			return nil, p.wrap(err)
 		}
 	}
@@ -168,10 +163,10 @@ func (p *Partition) cursorWrites(cursor uint64) claimWrites {
 	return claimWrites{writes: []write{{key: p.ks.cursor(), value: encodeCursor(cursor)}}}
 }
 
-// write is one Badger write.
+// write is one Badger write. Nothing the partition writes now has a
+// Badger TTL: expiry runs on the input's clock (Expire).
 type write struct {
 	key, value []byte
-	ttl        time.Duration // 0 = no TTL
 }
 
 // claim decides claim i of batch b: it reads the store (through rtxn, a
@@ -182,54 +177,53 @@ type write struct {
 // Every write that belongs with a new key (for example the totals it adds)
 // goes into the claim's claimWrites, so it commits in the same transaction
 // as the key's record.
-func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim, now time.Time) error {
-	if rec, ok := b.inBatch[string(c.Key)]; ok {
+func (p *Partition) claim(rtxn *badger.Txn, b *batch, i int, c Claim) error {
+	if rec, ok := b.inBatch[string(c.Key)]; ok && rec.holds(p.win, c.At) {
 		if !c.Versioned || !rec.OlderThan(c.Version) {
 			b.results[i] = ClaimResult{Existing: rec, Stale: c.Versioned}
 			return nil
 		}
-		return p.claimNew(rtxn, b, i, c, now, bloom.Hash{})
+		return p.claimNew(rtxn, b, i, c, bloom.Hash{})
+	} else if ok {
+		return p.claimNew(rtxn, b, i, c, bloom.Hash{}) // the batch's record of the key ended before c.At
 	}
 	var h bloom.Hash // hashed once: tested now, added after the commit
 	if p.filter != nil {
 		h = p.filter.Hash(c.Key)
 	}
-	if p.filter == nil || p.filter.TestHash(h) {
+	if !p.filterAnswers(c.At, c.Key) || p.filter.TestHash(h) {
 		p.claimStoreReads.Add(1)
 		rec, ok, err := readRecord(rtxn, p.ks, c.Key)
 		if err != nil {
 			return fmt.Errorf("claim %d: %w", i, err)
 		}
-		if ok && rec.holds(p.win, now) && (!c.Versioned || !rec.OlderThan(c.Version)) {
+		if ok && rec.holds(p.win, c.At) && (!c.Versioned || !rec.OlderThan(c.Version)) {
 			b.results[i] = ClaimResult{Existing: rec, Stale: c.Versioned}
 			b.inBatch[string(c.Key)] = rec
 			if p.refresh {
-				p.refreshRecord(b, i, c, rec, h, now)
+				p.refreshRecord(b, i, c, rec, h)
 			}
 			return nil
 		}
 	}
-	return p.claimNew(rtxn, b, i, c, now, h)
+	return p.claimNew(rtxn, b, i, c, h)
 }
 
 // claimNew records claim i of batch b as New, h its key's filter hash if
 // the claim tested it. A record of the key that b already writes (an
 // older version in the same batch) is replaced: its write is dropped.
-func (p *Partition) claimNew(rtxn *badger.Txn, b *batch, i int, c Claim, now time.Time, h bloom.Hash) error {
-	rec := Record{FirstSeen: now, Fingerprint: c.Fingerprint, Version: c.Version, HasVersion: c.Versioned, OutputSeq: c.OutputSeq}
-	if !c.FirstSeen.IsZero() {
-		rec.FirstSeen = c.FirstSeen
-	}
+func (p *Partition) claimNew(rtxn *badger.Txn, b *batch, i int, c Claim, h bloom.Hash) error {
+	rec := Record{FirstSeen: c.At, Fingerprint: c.Fingerprint, Version: c.Version, HasVersion: c.Versioned, OutputSeq: c.OutputSeq}
 	b.results[i] = ClaimResult{New: true}
 	b.inBatch[string(c.Key)] = rec
 	cw := claimWrites{
 		key:       c.Key,
 		hash:      h,
 		firstSeen: rec.FirstSeen,
-		writes:    []write{{key: p.ks.record(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
+		writes:    []write{{key: p.ks.record(c.Key), value: encodeRecord(rec)}},
 	}
 	if c.Total.Group != "" {
-		v, w, err := p.addTotal(rtxn, b, c.Total, now)
+		v, w, err := p.addTotal(rtxn, b, c.Total)
 		if err != nil {
 			return fmt.Errorf("claim %d: %w", i, err)
 		}
@@ -243,11 +237,8 @@ func (p *Partition) claimNew(rtxn *badger.Txn, b *batch, i int, c Claim, now tim
 
 // refreshRecord rewrites rec, the unexpired record claim i repeats, with
 // Refreshed at the claim's time, and marks the result Refreshed.
-func (p *Partition) refreshRecord(b *batch, i int, c Claim, rec Record, h bloom.Hash, now time.Time) {
-	at := now
-	if !c.FirstSeen.IsZero() {
-		at = c.FirstSeen
-	}
+func (p *Partition) refreshRecord(b *batch, i int, c Claim, rec Record, h bloom.Hash) {
+	at := c.At
 	if !at.After(rec.WindowStart()) {
 		return // the window already runs from at or later
 	}
@@ -258,7 +249,7 @@ func (p *Partition) refreshRecord(b *batch, i int, c Claim, rec Record, h bloom.
 		key:       c.Key,
 		hash:      h,
 		firstSeen: at,
-		writes:    []write{{key: p.ks.record(c.Key), value: encodeRecord(rec), ttl: p.ttl}},
+		writes:    []write{{key: p.ks.record(c.Key), value: encodeRecord(rec)}},
 	})
 }
 
@@ -347,11 +338,7 @@ func (p *Partition) commitFrom(claimed []claimWrites, start int) (int, error) {
 // it set: on an error, the writes before the failing one are in txn.
 func setClaimWrites(txn *badger.Txn, c claimWrites) (int, error) {
 	for i, w := range c.writes {
-		e := badger.NewEntry(w.key, w.value)
-		if w.ttl > 0 {
-			e = e.WithTTL(w.ttl)
-		}
-		if err := txn.SetEntry(e); err != nil {
+		if err := txn.SetEntry(badger.NewEntry(w.key, w.value)); err != nil {
 			return i, err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 	"testing"
+	"time"
 )
 
 func TestClaimRefusesBelowMinFreeBytes(t *testing.T) {
@@ -22,7 +23,7 @@ func TestClaimRefusesBelowMinFreeBytes(t *testing.T) {
 	if _, err := p.Claim([]Claim{{Key: []byte("new"), Fingerprint: 2}}); !errors.Is(err, ErrDiskFull) {
 		t.Fatalf("Claim of a new key on a full disk: error %v, want ErrDiskFull", err)
 	}
-	if r, err := p.Lookup([]byte("new")); err != nil || r.Found || r.FilterSaidMaybe {
+	if r, err := p.Lookup([]byte("new"), time.Time{}); err != nil || r.Found || r.FilterSaidMaybe {
 		t.Fatalf("Lookup after a refused Claim = %+v, %v; want nothing recorded", r, err)
 	}
 	// A repeat writes nothing, so it needs no space.

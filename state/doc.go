@@ -34,7 +34,7 @@
 //
 // # Hand-over: first-seen times, the cursor, Restore
 //
-// For a partition that moves between instances (internal/scaleout/handover), a
+// For a partition that moves between instances (internal/changelog), a
 // Claim may carry the FirstSeen decided at judge time, which the record
 // stores instead of the clock's now, so that the record read back from
 // the output stream on another instance equals the local one.

@@ -16,7 +16,6 @@ import (
 	"github.com/dgraph-io/badger/v4"
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
-	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // SnapshotFile is the name of a partition's filter snapshot inside its
@@ -86,7 +85,6 @@ func (p *Partition) FilterBuild() FilterBuild {
 // from a full scan when the snapshot cannot be used.
 func (p *Partition) buildFilter(ctx context.Context) error {
 	start := time.Now()
-	now := p.clock.Now()
 	snapPath := filepath.Join(p.dir, SnapshotFile)
 	f, meta, err := loadSnapshot(snapPath, p.fopts)
 	if err == nil {
@@ -95,14 +93,14 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 		}
 	}
 	if err == nil {
-		f.Advance(now)
-		err = snapshotHolds(p.db, p.ks, f, meta, p.win, now)
+		err = snapshotHolds(p.db, p.ks, f, meta)
 	}
 	var b FilterBuild
+	var unreadable map[string]struct{}
 	if err == nil {
 		b = FilterBuild{Source: SourceSnapshot, SnapshotVersion: meta}
 		pr := p.newProgress(SourceSnapshotTopUp, 0)
-		if b.Scanned, b.Added, err = scanInto(ctx, p.db, p.ks, f, meta, p.win, now, p.log, pr.tick); err != nil {
+		if b.Scanned, b.Added, unreadable, err = scanInto(ctx, p.db, p.ks, f, meta, p.log, pr.tick); err != nil {
 			return fmt.Errorf("top up filter from version %d: %w", meta, err)
 		}
 		pr.done(b.Scanned, b.Added)
@@ -121,18 +119,20 @@ func (p *Partition) buildFilter(ctx context.Context) error {
 			p.log.Warn("state: filter snapshot unusable, rebuilding the filter from the store", "path", snapPath, "err", err)
 		}
 		b = FilterBuild{Source: SourceRebuild, Reason: err.Error(), Fresh: fresh}
-		if f, err = bloom.New(p.fopts, now); err != nil {
+		// The ring starts before every time: the first record added or
+		// copy judged moves it (Partition.observe), on the input's clock.
+		if f, err = bloom.New(p.fopts, time.Time{}); err != nil {
 			return fmt.Errorf("new filter: %w", err)
 		}
 		pr := p.newProgress(SourceRebuild, estimateRecords(p.db, p.ks, p.partitions))
-		if b.Scanned, b.Added, err = scanInto(ctx, p.db, p.ks, f, 0, p.win, now, p.log, pr.tick); err != nil {
+		if b.Scanned, b.Added, unreadable, err = scanInto(ctx, p.db, p.ks, f, 0, p.log, pr.tick); err != nil {
 			return fmt.Errorf("rebuild filter: %w", err)
 		}
 		pr.done(b.Scanned, b.Added)
 	}
 	b.Elapsed = time.Since(start)
 	p.mu.Lock()
-	p.filter, p.build = f, b
+	p.filter, p.build, p.unreadable = f, b, unreadable
 	p.mu.Unlock()
 	// A new partition's empty filter is logged once for the store (Open).
 	level := slog.LevelInfo
@@ -154,13 +154,16 @@ func loadSnapshot(path string, opts bloom.Options) (*bloom.Filter, uint64, error
 	return bloom.ReadSnapshot(bufio.NewReaderSize(fh, 1<<20), opts)
 }
 
-// scanInto adds to f every record written after version since (0 = all)
-// that is inside the window at now. A record that cannot be decoded is
-// added as if first seen now (the filter must not say "definitely not" for
-// a key the store holds) and logged. It returns how many records it read
-// and how many it added. It calls tick with the counts every
+// scanInto adds to f every record written after version since (0 = all),
+// at its window start, advancing f to the newest of them first (the
+// filter's ring runs on the input's clock, which the records carry; one
+// whose window start is before f.Since is left out, and a copy that could
+// repeat it reads the store). A record that cannot be decoded is logged and
+// its key returned in unreadable, whose keys always read the store (the
+// filter must not say "definitely not" for a key the store holds). It
+// returns how many records it read and how many it added. It calls tick with the counts every
 // progressEveryRecords records.
-func scanInto(ctx context.Context, db *badger.DB, ks keyspace, f *bloom.Filter, since uint64, win window.Window, now time.Time, log *slog.Logger, tick func(scanned, added uint64)) (scanned, added uint64, err error) {
+func scanInto(ctx context.Context, db *badger.DB, ks keyspace, f *bloom.Filter, since uint64, log *slog.Logger, tick func(scanned, added uint64)) (scanned, added uint64, unreadable map[string]struct{}, err error) {
 	txn := db.NewTransaction(false)
 	defer txn.Discard()
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: ks.kind(prefixRecord), SinceTs: since})
@@ -168,7 +171,7 @@ func scanInto(ctx context.Context, db *badger.DB, ks keyspace, f *bloom.Filter, 
 	for it.Rewind(); it.Valid(); it.Next() {
 		if scanned%progressEveryRecords == 0 {
 			if err := ctx.Err(); err != nil {
-				return scanned, added, err
+				return scanned, added, nil, err
 			}
 			if scanned > 0 {
 				tick(scanned, added)
@@ -184,17 +187,21 @@ func scanInto(ctx context.Context, db *badger.DB, ks keyspace, f *bloom.Filter, 
 			return derr
 		})
 		if err != nil {
-			log.Warn("state: unreadable record kept in the filter", "key", fmt.Sprintf("%q", key), "err", err)
-			f.Add(key, now)
-			added++
+			log.Warn("state: unreadable record: its key always reads the store", "key", fmt.Sprintf("%q", key), "err", err)
+			if unreadable == nil {
+				unreadable = make(map[string]struct{})
+			}
+			unreadable[string(key)] = struct{}{}
 			continue
 		}
-		if start := rec.WindowStart(); win.Inside(start, now) {
+		start := rec.WindowStart()
+		f.Advance(start)
+		if !start.Before(f.Since()) {
 			f.Add(key, start)
 			added++
 		}
 	}
-	return scanned, added, nil
+	return scanned, added, unreadable, nil
 }
 
 // snapshot writes the filter to the partition's snapshot file atomically.

@@ -75,7 +75,7 @@ func TestForget(t *testing.T) {
 		if err != nil || !res[0].New {
 			t.Fatalf("claim after the forget = %+v, %v; want New", res, err)
 		}
-		if l, err := p.Lookup(key); err != nil || !l.Found || l.Record.Fingerprint != 8 || !l.Forgotten.IsZero() {
+		if l, err := p.Lookup(key, time.Time{}); err != nil || !l.Found || l.Record.Fingerprint != 8 || !l.Forgotten.IsZero() {
 			t.Errorf("Lookup after the new claim = %+v, %v; want Found with fingerprint 8", l, err)
 		}
 	})
@@ -85,7 +85,7 @@ func TestForget(t *testing.T) {
 // was forgotten.
 func assertForgotten(t *testing.T, p *Partition, key []byte, at time.Time) {
 	t.Helper()
-	l, err := p.Lookup(key)
+	l, err := p.Lookup(key, time.Time{})
 	if err != nil || l.Found || !l.Forgotten.Equal(at) {
 		t.Errorf("Lookup of a forgotten key = %+v, %v; want not Found, Forgotten %v", l, err, at)
 	}
@@ -138,7 +138,7 @@ func TestRestoreAppliesKeyState(t *testing.T) {
 		refresh.Refreshed = first.Add(w / 2)
 		restore(t, p, fwd, refresh, fwd) // the forward read again after it changes nothing
 		clock.Advance(w + time.Second)
-		if l, err := p.Lookup(key); err != nil || !l.Found || !l.Record.WindowStart().Equal(refresh.Refreshed) {
+		if l, err := p.Lookup(key, time.Time{}); err != nil || !l.Found || !l.Record.WindowStart().Equal(refresh.Refreshed) {
 			t.Fatalf("Lookup past first-seen + W = %+v, %v; want held, its window from the refresh", l, err)
 		}
 	})
@@ -148,13 +148,13 @@ func TestRestoreAppliesKeyState(t *testing.T) {
 		clock.Advance(w + time.Second)
 		fwd := Restored{Key: key, FirstSeen: first, Fingerprint: 1}
 		restore(t, p, fwd)
-		if l, _ := p.Lookup(key); l.Found {
+		if l, _ := p.Lookup(key, time.Time{}); l.Found {
 			t.Fatal("a record past the window is held")
 		}
 		refresh := fwd
 		refresh.Refreshed = first.Add(w / 2)
 		restore(t, p, refresh)
-		if l, err := p.Lookup(key); err != nil || !l.Found || !l.Record.FirstSeen.Equal(first) {
+		if l, err := p.Lookup(key, time.Time{}); err != nil || !l.Found || !l.Record.FirstSeen.Equal(first) {
 			t.Fatalf("Lookup after the refresh = %+v, %v; want held, first seen %v", l, err, first)
 		}
 	})
@@ -169,7 +169,7 @@ func TestRestoreAppliesKeyState(t *testing.T) {
 		clock.Advance(2 * time.Second)
 		after := Restored{Key: key, FirstSeen: clock.Now(), Fingerprint: 2, Version: 3, HasVersion: true}
 		restore(t, p, after, tomb)
-		if l, err := p.Lookup(key); err != nil || !l.Found || l.Record.Version != 3 || !l.Forgotten.IsZero() {
+		if l, err := p.Lookup(key, time.Time{}); err != nil || !l.Found || l.Record.Version != 3 || !l.Forgotten.IsZero() {
 			t.Fatalf("Lookup after a forward after the forget = %+v, %v; want held at version 3", l, err)
 		}
 	})

@@ -129,7 +129,7 @@ func assertAllSeen(tb testing.TB, s *Store, keys [][]byte) {
 	tb.Helper()
 	missed := 0
 	for _, k := range keys {
-		r, err := s.Partition(PartitionOf(k, s.Partitions())).Lookup(k)
+		r, err := s.Partition(PartitionOf(k, s.Partitions())).Lookup(k, time.Time{})
 		if err != nil {
 			tb.Fatalf("Lookup(%q): %v", k, err)
 		}

@@ -19,13 +19,12 @@ var ErrNotEmpty = errors.New("state: partition not empty")
 // without totals, and faster. It holds the partition from NewLoader until
 // Finish or Cancel (call Cancel in a defer) and is not safe for concurrent use.
 type Loader struct {
-	p       *Partition
-	wb      *badger.WriteBatch
-	now     time.Time
-	expires uint64 // the records' Badger expiry (Unix seconds), 0 for none
-	last    []byte // Badger key of the last record added
-	added   int
-	ended   bool
+	p     *Partition
+	wb    *badger.WriteBatch
+	now   time.Time // the partition's newest input time when the load began; zero: none
+	last  []byte    // Badger key of the last record added
+	added int
+	ended bool
 }
 
 // NewLoader prepares a bulk load of the partition. It returns an error
@@ -54,19 +53,11 @@ func (p *Partition) newLoader() (*Loader, error) {
 			return nil, err
 		}
 	}
-	now := p.clock.Now()
-	if p.filter != nil {
-		p.filter.Advance(now)
-	}
 	// Badger gives each of the batch's commits a version above every
 	// version the store has had: a filter snapshot on disk covers at most
 	// that one, so a later filter build tops it up with the loaded
 	// records instead of taking them as covered.
-	l := &Loader{p: p, wb: p.db.NewWriteBatch(), now: now}
-	if p.ttl > 0 {
-		l.expires = uint64(time.Now().Add(p.ttl).Unix()) // Badger's clock, as Entry.WithTTL
-	}
-	return l, nil
+	return &Loader{p: p, wb: p.db.NewWriteBatch(), now: p.newest}, nil
 }
 
 // empty returns an error wrapping ErrNotEmpty when the partition holds any
@@ -83,8 +74,10 @@ func (p *Partition) empty() error {
 }
 
 // Add adds recs, which continue the load in ascending key order with no
-// key twice. A record outside the window at the loader's now is left out
-// (it carries no total to keep). It refuses recs, with an error wrapping
+// key twice. A record whose window ended at the partition's newest input
+// time when the load began is left out (it carries no total to keep);
+// with none given yet, every record is loaded and Expire removes the ended
+// ones later. It refuses recs, with an error wrapping
 // ErrBadRestore, when a record has a bad key, no FirstSeen, a total
 // contribution, or a key not after the one before; the load must then be
 // cancelled.
@@ -101,18 +94,17 @@ func (l *Loader) Add(recs []Restored) error {
 			return p.wrap(fmt.Errorf("load %d (key %q): %w: a load carries no totals", l.added+i, r.Key, ErrBadRestore))
 		}
 		rec := r.record()
-		if !p.win.Inside(rec.WindowStart(), l.now) {
+		if !l.now.IsZero() && !p.win.Inside(rec.WindowStart(), l.now) {
 			continue
 		}
 		key := p.ks.record(r.Key)
 		if l.last != nil && bytes.Compare(key, l.last) <= 0 {
 			return p.wrap(fmt.Errorf("load %d (key %q): %w: not after the key before it", l.added+i, r.Key, ErrBadRestore))
 		}
-		e := badger.NewEntry(key, encodeRecord(rec))
-		e.ExpiresAt = l.expires
-		if err := l.wb.SetEntry(e); err != nil {
+		if err := l.wb.SetEntry(badger.NewEntry(key, encodeRecord(rec))); err != nil {
 			return p.wrap(fmt.Errorf("load: write: %w", err))
 		}
+		p.observe(rec.WindowStart())
 		if p.filter != nil {
 			p.filter.Add(r.Key, rec.WindowStart())
 		}

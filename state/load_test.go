@@ -54,6 +54,9 @@ func TestLoaderStoresWhatRestoreWould(t *testing.T) {
 		now, w := clock.Now(), opts.Window.W
 		recs := loadRecords(now, w, 3000)
 		ref := openStore(t, func() Options { o := opts; o.Dir = t.TempDir(); return o }()).Partition(0)
+		// The input's clock at now: a record whose window ended before it
+		// is stored by neither.
+		setInputClock(t, ref, now)
 		if err := ref.Restore(recs, 777); err != nil {
 			t.Fatal(err)
 		}
@@ -76,13 +79,14 @@ func TestLoaderStoresWhatRestoreWould(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		setInputClock(t, s.Partition(0), now)
 		loadAll(t, s.Partition(0), recs, 777)
 
 		check := func(p *Partition, when string) {
 			t.Helper()
 			for _, r := range recs {
-				got, err := p.Lookup(r.Key)
-				want, werr := ref.Lookup(r.Key)
+				got, err := p.Lookup(r.Key, time.Time{})
+				want, werr := ref.Lookup(r.Key, time.Time{})
 				if err != nil || werr != nil || got.Found != want.Found || !got.Record.FirstSeen.Equal(want.Record.FirstSeen) || got.Record.Fingerprint != want.Record.Fingerprint {
 					t.Fatalf("%s: Lookup(%q) = %+v, %v; Restore's partition says %+v, %v", when, r.Key, got, err, want, werr)
 				}
@@ -181,7 +185,7 @@ func TestLoaderRefuses(t *testing.T) {
 			if len(r.Key) == 0 {
 				continue
 			}
-			if got, err := p.Lookup(r.Key); err != nil || got.Found {
+			if got, err := p.Lookup(r.Key, time.Time{}); err != nil || got.Found {
 				t.Errorf("%s: Lookup(%q) after Cancel = %+v, %v; want not found", name, r.Key, got, err)
 			}
 		}
@@ -189,7 +193,7 @@ func TestLoaderRefuses(t *testing.T) {
 	// Cancel drops the cancelled load's keyspace only: the partition that
 	// shares the Badger instance keeps its keys.
 	for _, k := range []string{"held", "held-too"} {
-		if got, err := held.Lookup([]byte(k)); err != nil || !got.Found {
+		if got, err := held.Lookup([]byte(k), time.Time{}); err != nil || !got.Found {
 			t.Errorf("Lookup(%q) in the other partition after Cancels = %+v, %v; want found", k, got, err)
 		}
 	}
@@ -197,7 +201,7 @@ func TestLoaderRefuses(t *testing.T) {
 	if c, err := p.Cursor(); err != nil || c != 42 {
 		t.Errorf("Cursor() after a load that followed cancelled ones = %d, %v; want 42", c, err)
 	}
-	if got, err := p.Lookup(recs[0].Key); err != nil || !got.Found {
+	if got, err := p.Lookup(recs[0].Key, time.Time{}); err != nil || !got.Found {
 		t.Errorf("Lookup of a loaded key = %+v, %v; want found", got, err)
 	}
 }

@@ -84,12 +84,12 @@ func assertV1Content(t *testing.T, s *Store) {
 		part := s.Partition(p)
 		for i := range 50 {
 			key := fmt.Appendf(nil, "p%d-key-%03d", p, i)
-			got, err := part.Lookup(key)
+			got, err := part.Lookup(key, time.Time{})
 			want := Record{FirstSeen: time.Date(2026, 12, 1, 10, 0, i, 0, time.UTC), Fingerprint: uint64(i)}
 			if err != nil || !got.Found || !got.Record.FirstSeen.Equal(want.FirstSeen) || got.Record.Fingerprint != want.Fingerprint {
 				t.Fatalf("partition %d: Lookup(%s) = %+v, %v; want the record %+v", p, key, got, err, want)
 			}
-			if got, err := s.Partition(1 - p).Lookup(key); err != nil || got.Found {
+			if got, err := s.Partition(1-p).Lookup(key, time.Time{}); err != nil || got.Found {
 				t.Fatalf("partition %d: Lookup(%s) of the other partition's key = %+v, %v; want not found", 1-p, key, got, err)
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/dgraph-io/badger/v4/options"
+
 	"github.com/dedupe-stage/dedupe-stage/bloom"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
@@ -54,11 +56,15 @@ type Options struct {
 
 	// Time.
 
-	// Window is the dedupe window; Window.W > 0 is required. A record first
-	// seen at t is logically expired from t+W on (judged by Clock).
+	// Window is the dedupe window; Window.W > 0 is required. A record
+	// whose window starts at t makes a copy stored by the input at a time
+	// before t+W a repeat (Lookup); Expire removes it once the partition's
+	// input clock passes t+W.
 	Window window.Window
-	// Clock decides logical expiry and the first-seen time of new records.
-	// Default window.SystemClock{}.
+	// Clock gives the time of a Lookup, Claim or forget that carries none
+	// (tools and tests); the stage always passes the input's stored time,
+	// so that no decision depends on its host's clock. Default
+	// window.SystemClock{}.
 	Clock window.Clock
 	// RefreshOnRepeat makes a repeat move its key's window: Claim rewrites
 	// the record with Refreshed = the claim's time, so the key stays a
@@ -139,9 +145,31 @@ type Options struct {
 	// only totals still kept. Default DefaultTotalsKeep.
 	TotalsKeep time.Duration
 
+	// OnDamage says what Open does with a damaged store (ErrDamaged): a
+	// table whose checksums fail, a MANIFEST missing or unreadable, a table
+	// it lists gone. DamageRefuse (the default; "" means it too) fails
+	// with a *DamageError naming the file; DamageRebuild moves the damaged
+	// store aside (Dir/damaged-<time>, never deleted) and opens an empty
+	// one, which the stage restores from the output stream. A lock held,
+	// a full disk or an unreadable file are not damage and always fail.
+	OnDamage DamagePolicy
+
 	// Logger receives the store's logs and Badger's warnings and errors.
 	// Default slog.Default().
 	Logger *slog.Logger
+
+	// skipTableChecksums turns off the verification of tables' checksums
+	// when they are opened: for the benchmark that measures its cost.
+	skipTableChecksums bool
+}
+
+// tableChecksums returns Badger's checksum mode: every block of a table
+// verified when the table is opened, unless skipTableChecksums.
+func (o Options) tableChecksums() options.ChecksumVerificationMode {
+	if o.skipTableChecksums {
+		return options.NoVerification
+	}
+	return options.OnTableRead
 }
 
 // DefaultOptions returns the default options for a store in dir with window
@@ -192,6 +220,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: TotalsBucket is %v, want 0 (off) or a whole number of seconds up to %v", ErrBadOptions, o.TotalsBucket, MaxTotalsBucket)
 	case o.TotalsKeep < 0:
 		return fmt.Errorf("%w: TotalsKeep is %v, want >= 0", ErrBadOptions, o.TotalsKeep)
+	case o.OnDamage != "" && o.OnDamage != DamageRefuse && o.OnDamage != DamageRebuild:
+		return fmt.Errorf("%w: OnDamage is %q, want %q or %q", ErrBadOptions, o.OnDamage, DamageRefuse, DamageRebuild)
 	}
 	if err := o.Partitioning.validate(); err != nil {
 		return fmt.Errorf("%w: Partitioning: %w", ErrBadOptions, err)
@@ -236,24 +266,6 @@ func (o Options) partitionFilterOptions() bloom.Options {
 	}
 	return f
 }
-
-// recordTTL is the Badger TTL of a record: W plus one filter span (W/G,
-// rounded up) plus one second (Badger keeps expiry in whole seconds and
-// truncates), so physical expiry lags logical expiry. It saturates instead
-// of overflowing.
-func (o Options) recordTTL() time.Duration {
-	g := time.Duration(max(o.Filter.Generations, 1))
-	span := o.Window.W / g
-	if o.Window.W%g != 0 {
-		span++
-	}
-	if o.Window.W > maxDuration-span-time.Second {
-		return maxDuration
-	}
-	return o.Window.W + span + time.Second
-}
-
-const maxDuration = time.Duration(1<<63 - 1)
 
 // Fixed Badger settings of the store; BadgerSizing documents each.
 const (

@@ -75,18 +75,6 @@ func TestPartitionFilterOptions(t *testing.T) {
 	}
 }
 
-func TestRecordTTL(t *testing.T) {
-	o := DefaultOptions("/tmp/x", window.Window{W: time.Hour, NearFraction: 0.8})
-	o.Filter.Generations = 4
-	if got, want := o.recordTTL(), time.Hour+15*time.Minute+time.Second; got != want {
-		t.Errorf("recordTTL = %v, want %v", got, want)
-	}
-	o.Window.W = maxDuration
-	if got := o.recordTTL(); got != maxDuration {
-		t.Errorf("recordTTL of a huge window = %v, want saturation at %v", got, maxDuration)
-	}
-}
-
 // TestBadgerSizing checks that the memtables the store can hold at once
 // fit the budget, whatever the partition count, down to the floor, and
 // that the Badger instance Open builds is configured as BadgerSizing says.

@@ -18,7 +18,8 @@ import (
 type LookupResult struct {
 	// Found is true when the partition holds an unexpired record of the key.
 	Found bool
-	// Record is the record when Found.
+	// Record is the record when Found, and the record whose window ended
+	// when Ended is set.
 	Record Record
 	// FilterSaidMaybe is true when the filter answered "maybe seen". It is
 	// always false with Options.DisableFilter (there is no filter).
@@ -31,6 +32,14 @@ type LookupResult struct {
 	// key is then not Found, and its next forward needs an id of its own
 	// (the output's duplicate window may still hold the first).
 	Forgotten time.Time
+	// Ended is when the window of the key's record ended, when the
+	// partition still holds that record but the copy came at or after its
+	// end (or after its forget): the key is not Found, and its next
+	// forward needs an id of its own, as after a forget (the output's
+	// duplicate window runs on the wall clock and may still hold the
+	// key's last forward, which can be seconds old when a backlog is
+	// judged). Zero otherwise.
+	Ended time.Time
 }
 
 // Stats are counters since Open. Lookup counters count Lookup calls only;
@@ -48,6 +57,12 @@ type Stats struct {
 	// FalsePositives is the number of lookups where the filter said maybe
 	// and the store had no unexpired record.
 	FalsePositives uint64
+	// FilterBypassed is the number of lookups and claims of a copy too old
+	// for the filter (its time minus W is before the filter's oldest
+	// generation, bloom.Filter.Since): they read the store without asking
+	// the filter. Copies redelivered long after newer ones were judged
+	// take this path.
+	FilterBypassed uint64
 	// Claims is the number of claims in successful Claim calls.
 	Claims uint64
 	// ClaimsNew is how many of them were New.
@@ -77,9 +92,8 @@ type Partition struct {
 	db         *badger.DB // the store's, shared by every partition
 	ks         keyspace   // the prefix of every Badger key of the partition
 	log        *slog.Logger
-	clock      window.Clock
+	clock      window.Clock // the time of a call that carries none (Options.Clock)
 	win        window.Window
-	ttl        time.Duration
 	fopts      bloom.Options // the partition's filter options
 
 	refresh bool // Options.RefreshOnRepeat
@@ -93,6 +107,13 @@ type Partition struct {
 	filter *bloom.Filter
 	closed bool
 	build  FilterBuild
+	// unreadable holds the keys of records a filter build could not
+	// decode: they always read the store. Guarded by mu.
+	unreadable map[string]struct{}
+	// newest is the newest input time a Lookup, Claim or Restore of the
+	// partition was given since Open (zero: none yet): the partition's
+	// clock for expiry (Newest, Expire). Guarded by mu.
+	newest time.Time
 
 	snapMu sync.Mutex // serialises snapshot file writes
 	// snapVersion is the Badger version the snapshot file on disk covers,
@@ -113,8 +134,8 @@ type Partition struct {
 	// TakeDirtyTotals; guarded by mu.
 	dirty map[string]struct{}
 
-	lookups, filterNeg, filterPos, storeReads, falsePos atomic.Uint64
-	claims, claimsNew, claimStoreReads                  atomic.Uint64
+	lookups, filterNeg, filterPos, storeReads, falsePos, bypassed atomic.Uint64
+	claims, claimsNew, claimStoreReads                            atomic.Uint64
 }
 
 // Index returns the partition's number, 0..Partitions-1.
@@ -138,13 +159,17 @@ func (p *Partition) version() uint64 {
 	return txn.ReadTs()
 }
 
-// Lookup reports whether the partition holds an unexpired record of key.
-// It advances the filter to the clock's now and tests it: "definitely not"
-// returns Found=false without reading Badger; "maybe" reads Badger. A
-// record with window.Inside(WindowStart(), now) false is not Found even while
-// Badger still holds it. Lookup on a closed store returns ErrClosed; a
-// record that cannot be decoded returns an error wrapping ErrCorruptRecord.
-func (p *Partition) Lookup(key []byte) (LookupResult, error) {
+// Lookup reports whether the partition holds a record of key that makes a
+// copy stored by the input stream at at a repeat: one not forgotten whose
+// window has not ended at at (window.Inside(WindowStart(), at); a copy
+// older than the record's window start is a repeat too). at is the copy's
+// input time, on the input stream's clock; zero means the clock's now
+// (Options.Clock), for tools and tests. The filter answers first:
+// "definitely not" returns Found=false without reading Badger; "maybe", or
+// a copy too old for the filter (at - W before bloom.Filter.Since), reads
+// Badger. Lookup on a closed store returns ErrClosed; a record that cannot
+// be decoded returns an error wrapping ErrCorruptRecord.
+func (p *Partition) Lookup(key []byte, at time.Time) (LookupResult, error) {
 	if err := checkKey(key); err != nil {
 		return LookupResult{}, p.wrap(err)
 	}
@@ -154,10 +179,9 @@ func (p *Partition) Lookup(key []byte) (LookupResult, error) {
 		return LookupResult{}, ErrClosed
 	}
 	p.lookups.Add(1)
-	now := p.clock.Now()
+	at = p.observe(at)
 	var res LookupResult
-	if p.filter != nil {
-		p.filter.Advance(now)
+	if p.filterAnswers(at, key) {
 		if !p.filter.Test(key) {
 			p.filterNeg.Add(1)
 			return res, nil
@@ -171,18 +195,66 @@ func (p *Partition) Lookup(key []byte) (LookupResult, error) {
 	if err != nil {
 		return res, p.wrap(err)
 	}
-	if ok && rec.holds(p.win, now) {
+	switch {
+	case ok && rec.holds(p.win, at):
 		res.Found, res.Record = true, rec
 		return res, nil
-	}
-	if ok && !rec.Forgotten.IsZero() && p.win.Inside(rec.WindowStart(), now) {
+	case ok && !rec.Forgotten.IsZero() && p.win.Inside(rec.WindowStart(), at):
 		res.Forgotten = rec.Forgotten
 		return res, nil
+	case ok:
+		res.Ended, res.Record = p.win.ExpiresAt(rec.WindowStart()), rec
 	}
-	if p.filter != nil {
+	if res.FilterSaidMaybe {
 		p.falsePos.Add(1)
 	}
 	return res, nil
+}
+
+// observe returns at, or the clock's now when at is zero, and moves the
+// partition's newest input time (and its filter) to it when it is newer.
+// Called with p.mu held.
+func (p *Partition) observe(at time.Time) time.Time {
+	if at.IsZero() {
+		at = p.clock.Now()
+	}
+	if at.After(p.newest) {
+		p.newest = at
+		if p.filter != nil {
+			p.filter.Advance(at)
+		}
+	}
+	return at
+}
+
+// filterAnswers reports whether the filter can answer for a copy of key at
+// at: there is one, key's record is not one a filter build could not read,
+// and every record that can make that copy a repeat (window start after
+// at - W) was added at or after the filter's oldest generation. Else the
+// copy is counted in Stats.FilterBypassed and the store is read. Called
+// with p.mu held.
+func (p *Partition) filterAnswers(at time.Time, key []byte) bool {
+	if p.filter == nil {
+		return false
+	}
+	if len(p.unreadable) > 0 {
+		if _, ok := p.unreadable[string(key)]; ok {
+			return false
+		}
+	}
+	if at.Add(-p.win.W).Before(p.filter.Since()) {
+		p.bypassed.Add(1)
+		return false
+	}
+	return true
+}
+
+// Newest returns the newest input time a Lookup, Claim or Restore of the
+// partition was given since Open; zero when none was.
+func (p *Partition) Newest() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.newest
 }
 
 // get reads key's record from Badger, whatever its logical expiry.
@@ -237,6 +309,7 @@ func (p *Partition) Stats() Stats {
 		FilterPositives: p.filterPos.Load(),
 		StoreReads:      p.storeReads.Load(),
 		FalsePositives:  p.falsePos.Load(),
+		FilterBypassed:  p.bypassed.Load(),
 		Claims:          p.claims.Load(),
 		ClaimsNew:       p.claimsNew.Load(),
 		ClaimStoreReads: p.claimStoreReads.Load(),

@@ -35,11 +35,11 @@ func TestRefreshOnRepeat(t *testing.T) {
 		}
 		last := clock.Now()
 		clock.Advance(w - time.Nanosecond)
-		if r, err := p.Lookup(key); err != nil || !r.Found || !r.Record.Refreshed.Equal(last) || (!opts.DisableFilter && !r.FilterSaidMaybe) {
+		if r, err := p.Lookup(key, time.Time{}); err != nil || !r.Found || !r.Record.Refreshed.Equal(last) || (!opts.DisableFilter && !r.FilterSaidMaybe) {
 			t.Fatalf("Lookup just inside the last repeat + W = %+v, %v; want Found, refreshed at %v, filter maybe", r, err, last)
 		}
 		clock.Advance(time.Nanosecond)
-		if r, err := p.Lookup(key); err != nil || r.Found {
+		if r, err := p.Lookup(key, time.Time{}); err != nil || r.Found {
 			t.Fatalf("Lookup at the last repeat + W = %+v, %v; want not Found", r, err)
 		}
 		if res, err := p.Claim([]Claim{{Key: key, Fingerprint: 2}}); err != nil || !res[0].New {
@@ -96,7 +96,7 @@ func TestRefreshSurvivesRestart(t *testing.T) {
 			}
 			clock.Advance(w/4 + time.Second) // first seen + W + 1s
 			s = openStore(t, opts)
-			if r, err := s.Partition(0).Lookup(key); err != nil || !r.Found || !r.FilterSaidMaybe {
+			if r, err := s.Partition(0).Lookup(key, time.Time{}); err != nil || !r.Found || !r.FilterSaidMaybe {
 				t.Fatalf("Lookup at first seen + W + 1s after a restart = %+v, %v; want Found with the filter saying maybe", r, err)
 			}
 		})
@@ -132,7 +132,7 @@ func TestVersionWins(t *testing.T) {
 			}
 		}
 		for _, k := range []string{"one", "batch"} {
-			r, err := p.Lookup([]byte(k))
+			r, err := p.Lookup([]byte(k), time.Time{})
 			if err != nil || !r.Found || !r.Record.HasVersion || r.Record.Version != 4 || r.Record.Fingerprint != 4 {
 				t.Errorf("Lookup(%s) = %+v, %v; want version 4", k, r, err)
 			}
@@ -160,7 +160,7 @@ func TestRestoreKeepsTheGreaterVersion(t *testing.T) {
 	if err := p.Restore([]Restored{rec(2, 2*time.Second)}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := p.Lookup([]byte("k")); err != nil || r.Record.Version != 3 {
+	if r, err := p.Lookup([]byte("k"), time.Time{}); err != nil || r.Record.Version != 3 {
 		t.Fatalf("Lookup = %+v, %v; want version 3", r, err)
 	}
 	claimOne(t, p, Claim{Key: []byte("k"), Versioned: true, Version: 3}, false)
@@ -189,7 +189,7 @@ func TestOutputSeqKept(t *testing.T) {
 	p := openStore(t, opts).Partition(0)
 	seqOf := func(key string) uint64 {
 		t.Helper()
-		r, err := p.Lookup([]byte(key))
+		r, err := p.Lookup([]byte(key), time.Time{})
 		if err != nil || !r.Found {
 			t.Fatalf("Lookup(%s) = %+v, %v", key, r, err)
 		}
@@ -216,7 +216,7 @@ func TestOutputSeqKept(t *testing.T) {
 	if err := p.Restore([]Restored{{Key: []byte("r"), FirstSeen: first, Fingerprint: 1, Refreshed: first.Add(time.Second)}}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := p.Lookup([]byte("r")); err != nil || r.Record.OutputSeq != 7 || !r.Record.Refreshed.Equal(first.Add(time.Second)) {
+	if r, err := p.Lookup([]byte("r"), time.Time{}); err != nil || r.Record.OutputSeq != 7 || !r.Record.Refreshed.Equal(first.Add(time.Second)) {
 		t.Errorf("after a refresh without an output seq: %+v, %v; want the refresh applied and output seq 7 kept", r, err)
 	}
 }

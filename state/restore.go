@@ -74,14 +74,6 @@ type Restored struct {
 	// carries otherwise; 0 when unknown, and a record restored over the
 	// partition's record of the same FirstSeen then keeps that record's.
 	OutputSeq uint64
-	// Own is true for a forward this store's own instance published, read
-	// back after the store's watermark (one instance alone; docs/state.md,
-	// "The watermark"): its claim either committed here, with its
-	// contribution, or its input comes back to be judged. It then adds
-	// nothing outside the window (the input's copy, New, adds its total),
-	// and nothing when the partition holds a record of the same forward
-	// (OutputSeq, not 0, equal), whatever that record's window says.
-	Own bool
 }
 
 // record is the Record r restores.
@@ -113,16 +105,19 @@ func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, 
 	if p.closed {
 		return 0, ErrClosed
 	}
-	now := p.clock.Now()
-	if p.filter != nil {
-		p.filter.Advance(now)
+	// A record whose window ended at the partition's newest input time is
+	// not stored (with none yet, every record is, and Expire removes the
+	// ended ones later); the records then move that time themselves.
+	now := p.newest
+	for _, r := range recs {
+		p.observe(r.record().WindowStart())
 	}
 	b := &batch{inBatch: make(map[string]Record, len(recs)), at: make(map[string]int, len(recs))}
 	rtxn := p.db.NewTransaction(false)
 	defer rtxn.Discard()
 	for i, r := range recs {
 		rec := r.record()
-		if !p.win.Inside(rec.WindowStart(), now) {
+		if !now.IsZero() && !p.win.Inside(rec.WindowStart(), now) {
 			cw, err := p.restoreExpired(rtxn, b, r, rec, now)
 			if err != nil {
 				return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
@@ -133,7 +128,7 @@ func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, 
 			continue
 		}
 		k := string(r.Key)
-		h, have, held, err := p.alreadyHolds(rtxn, b, r.Key, rec, r.Own)
+		h, have, held, err := p.alreadyHolds(rtxn, b, r.Key, rec)
 		if err != nil {
 			return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
 		}
@@ -148,10 +143,10 @@ func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, 
 			key:       r.Key,
 			hash:      h,
 			firstSeen: rec.WindowStart(),
-			writes:    []write{{key: p.ks.record(r.Key), value: encodeRecord(rec), ttl: p.ttl}},
+			writes:    []write{{key: p.ks.record(r.Key), value: encodeRecord(rec)}},
 		}
 		if r.Total.Group != "" {
-			_, w, err := p.addTotal(rtxn, b, r.Total, now)
+			_, w, err := p.addTotal(rtxn, b, r.Total)
 			if err != nil {
 				return 0, p.wrap(fmt.Errorf("restore %d: %w", i, err))
 			}
@@ -177,15 +172,13 @@ func (p *Partition) RestoreCounted(recs []Restored, cursor uint64) (stored int, 
 // supersedes): rec then adds nothing. It returns key's filter hash when it
 // tested the filter (zero otherwise), hashed once for the test and the
 // add, and the record held (zero when none). A corrupt stored record is
-// replaced by rec. With own (Restored.Own), the record held is read even
-// when the filter proves it is not inside the window, and one of the same
-// forward (equal OutputSeq) holds it too.
-func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record, own bool) (bloom.Hash, Record, bool, error) {
+// replaced by rec.
+func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Record) (bloom.Hash, Record, bool, error) {
 	var h bloom.Hash
 	if have, ok := b.inBatch[string(key)]; ok {
 		return h, have, supersedes(have, rec), nil
 	}
-	if p.filter != nil && !own {
+	if p.filterAnswers(rec.WindowStart(), key) {
 		if h = p.filter.Hash(key); !p.filter.TestHash(h) {
 			return h, Record{}, false, nil
 		}
@@ -197,7 +190,7 @@ func (p *Partition) alreadyHolds(rtxn *badger.Txn, b *batch, key []byte, rec Rec
 	if err != nil || !ok {
 		return h, Record{}, false, nil
 	}
-	if supersedes(have, rec) || own && rec.OutputSeq != 0 && have.OutputSeq == rec.OutputSeq {
+	if supersedes(have, rec) {
 		b.inBatch[string(key)] = have
 		return h, have, true, nil
 	}
@@ -249,11 +242,11 @@ func (p *Partition) checkRestored(recs []Restored) error {
 }
 
 // restoreExpired decides a restored record r that is outside the window
-// at now: nil when it adds nothing (Own, no total, its bucket's total no longer
+// at now: nil when it adds nothing (no total, its bucket's total no longer
 // kept, or its key still held with this FirstSeen), else the writes of its
 // contribution and, when r has a Seq, of the cursor at r.Seq.
 func (p *Partition) restoreExpired(rtxn *badger.Txn, b *batch, r Restored, rec Record, now time.Time) (*claimWrites, error) {
-	if r.Own || r.Total.Group == "" || !r.Total.Bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep).After(now) {
+	if r.Total.Group == "" || !r.Total.Bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep).After(now) {
 		return nil, nil
 	}
 	if have, ok := b.inBatch[string(r.Key)]; ok && have.FirstSeen.Equal(rec.FirstSeen) {
@@ -266,7 +259,7 @@ func (p *Partition) restoreExpired(rtxn *badger.Txn, b *batch, r Restored, rec R
 	if err == nil && ok && have.FirstSeen.Equal(rec.FirstSeen) {
 		return nil, nil // counted when the key was claimed or restored
 	}
-	_, w, err := p.addTotal(rtxn, b, r.Total, now)
+	_, w, err := p.addTotal(rtxn, b, r.Total)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ import (
 // want.
 func lookupRecord(t *testing.T, p *Partition, key []byte, want Record) {
 	t.Helper()
-	r, err := p.Lookup(key)
+	r, err := p.Lookup(key, time.Time{})
 	if err != nil {
 		t.Fatalf("Lookup(%q): %v", key, err)
 	}
@@ -31,17 +31,17 @@ func TestClaimFirstSeen(t *testing.T) {
 	filterOnAndOff(t, func(t *testing.T, opts Options, clock *window.ManualClock) {
 		p := openStore(t, opts).Partition(0)
 		judged := clock.Now().Add(-3 * time.Second)
-		res, err := p.Claim([]Claim{{Key: []byte("given"), Fingerprint: 1, FirstSeen: judged}, {Key: []byte("now"), Fingerprint: 2}})
+		res, err := p.Claim([]Claim{{Key: []byte("given"), Fingerprint: 1, At: judged}, {Key: []byte("now"), Fingerprint: 2}})
 		if err != nil || !res[0].New || !res[1].New {
 			t.Fatalf("Claim = %+v, %v; want both New", res, err)
 		}
 		lookupRecord(t, p, []byte("given"), Record{FirstSeen: judged, Fingerprint: 1})
 		lookupRecord(t, p, []byte("now"), Record{FirstSeen: clock.Now(), Fingerprint: 2})
 		clock.Advance(opts.Window.W - 3*time.Second) // now = judged + W
-		if r, err := p.Lookup([]byte("given")); err != nil || r.Found {
+		if r, err := p.Lookup([]byte("given"), time.Time{}); err != nil || r.Found {
 			t.Errorf("Lookup at given first seen + W = %+v, %v; want expired", r, err)
 		}
-		if r, err := p.Lookup([]byte("now")); err != nil || !r.Found {
+		if r, err := p.Lookup([]byte("now"), time.Time{}); err != nil || !r.Found {
 			t.Errorf("Lookup of the clock's key 3s before its end = %+v, %v; want Found", r, err)
 		}
 	})
@@ -182,12 +182,13 @@ func TestRestore(t *testing.T) {
 		p := s.Partition(0)
 		now := clock.Now()
 		w := opts.Window.W
+		setInputClock(t, p, now)
 
 		// Held locally before the restore: "older" first seen before
 		// its restored copy, "newer" after.
 		if _, err := p.Claim([]Claim{
-			{Key: []byte("older"), Fingerprint: 100, FirstSeen: now.Add(-w / 2)},
-			{Key: []byte("newer"), Fingerprint: 200, FirstSeen: now.Add(-time.Second)},
+			{Key: []byte("older"), Fingerprint: 100, At: now.Add(-w / 2)},
+			{Key: []byte("newer"), Fingerprint: 200, At: now.Add(-time.Second)},
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -283,6 +284,7 @@ func TestRestoreTotals(t *testing.T) {
 		p := openStore(t, opts).Partition(0)
 		now := clock.Now()
 		w := opts.Window.W
+		setInputClock(t, p, now)
 		bNow := BucketOf(now, time.Minute)
 		old := now.Add(-w - 90*time.Second) // outside the window, its bucket still open
 		bOld := BucketOf(old, time.Minute)
@@ -345,7 +347,7 @@ func TestRestoreTotals(t *testing.T) {
 		// record of a key it claimed (a batch it claimed but whose cursor
 		// did not commit) adds nothing, other owners' records add theirs.
 		ownSeen := now
-		res, err := p.ClaimWithCursor([]Claim{{Key: []byte("own"), FirstSeen: ownSeen, Total: at(contrib("g", 10), bNow)}}, 20)
+		res, err := p.ClaimWithCursor([]Claim{{Key: []byte("own"), At: ownSeen, Total: at(contrib("g", 10), bNow)}}, 20)
 		if err != nil || !res[0].New {
 			t.Fatalf("claim: %+v, %v", res, err)
 		}
@@ -376,7 +378,7 @@ func TestRestoreCounted(t *testing.T) {
 	if n, err := p.RestoreCounted(recs, 0); err != nil || n != 0 {
 		t.Errorf("RestoreCounted again = %d, %v; want 0", n, err)
 	}
-	if _, err := p.Claim([]Claim{{Key: []byte("c"), FirstSeen: at.Add(time.Second)}}); err != nil {
+	if _, err := p.Claim([]Claim{{Key: []byte("c"), At: at.Add(time.Second)}}); err != nil {
 		t.Fatal(err)
 	}
 	more := []Restored{{Key: []byte("c"), FirstSeen: at}, {Key: []byte("b"), FirstSeen: at.Add(2 * time.Second)}}
@@ -385,48 +387,11 @@ func TestRestoreCounted(t *testing.T) {
 	}
 }
 
-// TestRestoreOwnForwards: forwards one instance reads back from its own
-// output after its watermark (Restored.Own) add no total outside the
-// window (the input's copy, judged New when it comes back, adds it), and
-// nothing when the partition holds the record of the same forward (equal
-// OutputSeq), even when the server's clock put the forward's stored time
-// after the claim's and the claim's record has left the window.
-func TestRestoreOwnForwards(t *testing.T) {
-	filterOnAndOff(t, func(t *testing.T, opts Options, clock *window.ManualClock) {
-		opts.TotalsBucket = time.Minute
-		p := openStore(t, opts).Partition(0)
-		w := opts.Window.W
-		first := clock.Now()
-		bucket := BucketOf(first, time.Minute)
-		tot := Contribution{Group: "g", Bucket: bucket, Value: 3}
-		claimOne(t, p, Claim{Key: []byte("k"), Fingerprint: 1, Total: tot, OutputSeq: 42}, true)
-		clock.Advance(w + 30*time.Second) // the claim's record is past the window; its bucket is kept
-
-		// The same forward, stored by a server whose clock runs a minute
-		// ahead: inside the window by its stored time.
-		same := Restored{Key: []byte("k"), Fingerprint: 1, FirstSeen: first.Add(time.Minute), Total: tot, OutputSeq: 42, Own: true}
-		// A forward whose claim never committed, past the window.
-		past := Restored{Key: []byte("p"), Fingerprint: 2, FirstSeen: first, Total: Contribution{Group: "g", Bucket: bucket, Value: 5},
-			OutputSeq: 43, Own: true}
-		n, err := p.RestoreCounted([]Restored{same, past}, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n != 0 {
-			t.Errorf("RestoreCounted stored %d records, want 0", n)
-		}
-		if got, ok := mustTotal(t, p, "g", bucket); !ok || got != 3 {
-			t.Errorf("total g = %d, %v; want 3, the claim's alone", got, ok)
-		}
-
-		// Read back by a group's new owner instead (not Own), the same
-		// forward with another first-seen time is a record of its own.
-		same.Own, past.Own = false, false
-		if err := p.Restore([]Restored{same, past}, 0); err != nil {
-			t.Fatal(err)
-		}
-		if got, _ := mustTotal(t, p, "g", bucket); got != 3+3+5 {
-			t.Errorf("total g after the restore of a group's records = %d, want %d: each a contribution of its own", got, 3+3+5)
-		}
-	})
+// setInputClock moves p's input clock (Partition.Newest) to at, as a copy
+// judged at at does.
+func setInputClock(tb testing.TB, p *Partition, at time.Time) {
+	tb.Helper()
+	if _, err := p.Lookup([]byte("input clock"), at); err != nil {
+		tb.Fatal(err)
+	}
 }

@@ -2,12 +2,10 @@ package state
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/dgraph-io/badger/v4"
 
 	"github.com/dedupe-stage/dedupe-stage/bloom"
-	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // Bounds of snapshotHolds: records checked, records visited.
@@ -18,11 +16,12 @@ const (
 
 // snapshotHolds checks a loaded snapshot f, covering store version meta,
 // against the store: the first snapshotCheckRecords records in key order
-// written at a version up to meta, readable and inside the window at now,
-// must each test "maybe" in f, as they did in the filter the snapshot was
+// written at a version up to meta, readable and with a window start the
+// filter still covers (bloom.Filter.Since), must each test "maybe" in f, as they did in the filter the snapshot was
 // taken of. An intact snapshot of another partition or store passes the
 // checksum and the version check but fails this one.
-func snapshotHolds(db *badger.DB, ks keyspace, f *bloom.Filter, meta uint64, win window.Window, now time.Time) error {
+func snapshotHolds(db *badger.DB, ks keyspace, f *bloom.Filter, meta uint64) error {
+	since := f.Since()
 	txn := db.NewTransaction(false)
 	defer txn.Discard()
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: ks.kind(prefixRecord)})
@@ -39,7 +38,7 @@ func snapshotHolds(db *badger.DB, ks keyspace, f *bloom.Filter, meta uint64, win
 			rec, derr = decodeRecord(v)
 			return derr
 		})
-		if err != nil || !win.Inside(rec.WindowStart(), now) {
+		if err != nil || rec.WindowStart().Before(since) {
 			continue
 		}
 		checked++

@@ -36,7 +36,7 @@ func TestLookupHitAndMiss(t *testing.T) {
 			if err != nil || len(res) != 1 || !res[0].New {
 				t.Fatalf("Claim(hit) = %+v, %v; want one New", res, err)
 			}
-			hit, err := p.Lookup([]byte("hit"))
+			hit, err := p.Lookup([]byte("hit"), time.Time{})
 			if err != nil {
 				t.Fatalf("Lookup(hit): %v", err)
 			}
@@ -48,7 +48,7 @@ func TestLookupHitAndMiss(t *testing.T) {
 				t.Errorf("Lookup(hit).FilterSaidMaybe = %v with DisableFilter=%v", hit.FilterSaidMaybe, disable)
 			}
 
-			miss, err := p.Lookup([]byte("miss"))
+			miss, err := p.Lookup([]byte("miss"), time.Time{})
 			if err != nil {
 				t.Fatalf("Lookup(miss): %v", err)
 			}
@@ -89,7 +89,7 @@ func TestLogicalExpiry(t *testing.T) {
 		t.Fatalf("first Claim = %+v, %v; want New", res, err)
 	}
 	clock.Advance(opts.Window.W - time.Nanosecond)
-	if r, err := p.Lookup(key); err != nil || !r.Found {
+	if r, err := p.Lookup(key, time.Time{}); err != nil || !r.Found {
 		t.Fatalf("Lookup just inside W = %+v, %v; want Found", r, err)
 	}
 	if res, err := p.Claim([]Claim{{Key: key, Fingerprint: 2}}); err != nil || res[0].New || res[0].Existing.Fingerprint != 1 {
@@ -97,7 +97,7 @@ func TestLogicalExpiry(t *testing.T) {
 	}
 
 	clock.Advance(time.Nanosecond) // now == FirstSeen + W: outside
-	if r, err := p.Lookup(key); err != nil || r.Found {
+	if r, err := p.Lookup(key, time.Time{}); err != nil || r.Found {
 		t.Fatalf("Lookup at FirstSeen+W = %+v, %v; want not Found", r, err)
 	}
 	// Badger still holds it (physical expiry lags).
@@ -108,7 +108,7 @@ func TestLogicalExpiry(t *testing.T) {
 	if err != nil || !res[0].New {
 		t.Fatalf("Claim after expiry = %+v, %v; want New", res, err)
 	}
-	r, err := p.Lookup(key)
+	r, err := p.Lookup(key, time.Time{})
 	if err != nil || !r.Found || !r.Record.FirstSeen.Equal(clock.Now()) || r.Record.Fingerprint != 3 {
 		t.Fatalf("Lookup after re-claim = %+v, %v; want FirstSeen %v fingerprint 3", r, err, clock.Now())
 	}
@@ -207,14 +207,14 @@ func TestBadKeys(t *testing.T) {
 	s := openStore(t, testOptions(t, t.TempDir(), 1))
 	p := s.Partition(0)
 	for _, key := range [][]byte{nil, {}, bytes.Repeat([]byte("x"), MaxKeySize+1)} {
-		if _, err := p.Lookup(key); !errors.Is(err, ErrBadKey) {
+		if _, err := p.Lookup(key, time.Time{}); !errors.Is(err, ErrBadKey) {
 			t.Errorf("Lookup(%d bytes) error = %v, want ErrBadKey", len(key), err)
 		}
 		if _, err := p.Claim([]Claim{{Key: []byte("ok")}, {Key: key}}); !errors.Is(err, ErrBadKey) {
 			t.Errorf("Claim(%d bytes) error = %v, want ErrBadKey", len(key), err)
 		}
 	}
-	if r, err := p.Lookup([]byte("ok")); err != nil || r.Found {
+	if r, err := p.Lookup([]byte("ok"), time.Time{}); err != nil || r.Found {
 		t.Errorf("Lookup(ok) after a rejected batch = %+v, %v; want nothing stored", r, err)
 	}
 	if _, err := p.Claim([]Claim{{Key: bytes.Repeat([]byte("x"), MaxKeySize)}}); err != nil {
@@ -237,7 +237,7 @@ func TestClosed(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if _, err := p.Lookup([]byte("k")); !errors.Is(err, ErrClosed) {
+	if _, err := p.Lookup([]byte("k"), time.Time{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Lookup after Close: %v, want ErrClosed", err)
 	}
 	if _, err := p.Claim([]Claim{{Key: []byte("k")}}); !errors.Is(err, ErrClosed) {
@@ -372,9 +372,9 @@ func TestCorruptRecord(t *testing.T) {
 	// must report the corruption instead of "not seen".
 	mustRemove(t, filepath.Join(PartitionDir(dir, 0), SnapshotFile))
 	s = openStore(t, opts)
-	r, err := s.Partition(0).Lookup(key)
-	if !errors.Is(err, ErrCorruptRecord) || !r.FilterSaidMaybe {
-		t.Fatalf("Lookup of a corrupt record = %+v, %v; want FilterSaidMaybe and ErrCorruptRecord", r, err)
+	r, err := s.Partition(0).Lookup(key, time.Time{})
+	if !errors.Is(err, ErrCorruptRecord) || !r.StoreRead {
+		t.Fatalf("Lookup of a corrupt record = %+v, %v; want StoreRead and ErrCorruptRecord", r, err)
 	}
 	if _, err := s.Partition(0).Claim([]Claim{{Key: key}}); !errors.Is(err, ErrCorruptRecord) {
 		t.Fatalf("Claim of a corrupt record: %v, want ErrCorruptRecord", err)

@@ -42,6 +42,7 @@ type Store struct {
 	log   *slog.Logger
 	db    *badger.DB
 	parts []*Partition
+	aside string // where a damaged store was moved (DamageRebuild); "" if none
 
 	cancel    context.CancelFunc // stops the background goroutines
 	wg        sync.WaitGroup
@@ -63,9 +64,12 @@ func PartitionDir(dir string, i int) string {
 
 // Open opens (creating if needed) the store in opts.Dir, and returns once
 // every partition's filter answers "maybe" for every unexpired key
-// (docs/state.md). Its errors wrap ErrBadOptions, ErrLayout, ErrLocked or
-// ErrDiskFull, or name the directory it cannot write; cancelling ctx
-// aborts a filter build, and ctx is not used after Open returns.
+// (docs/state.md). Its errors wrap ErrBadOptions, ErrLayout, ErrLocked,
+// ErrDiskFull or ErrDamaged (a *DamageError, with Options.OnDamage
+// DamageRefuse), or name the directory it cannot write; cancelling ctx
+// aborts a filter build, and ctx is not used after Open returns. With
+// DamageRebuild, a damaged store is moved aside and Open returns an empty
+// one (MovedAside says where the damaged one went).
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -86,7 +90,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := openBadger(opts)
+	db, aside, err := openOrRebuild(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +99,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, err
 	}
 
-	s := &Store{opts: opts, log: opts.Logger, db: db, parts: make([]*Partition, opts.Partitions)}
+	s := &Store{opts: opts, log: opts.Logger, db: db, parts: make([]*Partition, opts.Partitions), aside: aside}
 	popts := opts
 	popts.OnFilterProgress = newOpenProgress(opts).report
 	errs := make([]error, opts.Partitions)
@@ -214,9 +218,17 @@ func (s *Store) every(ctx context.Context, d time.Duration, fn func(context.Cont
 	}()
 }
 
+// MovedAside returns the directory Open moved a damaged store into
+// (Options.OnDamage DamageRebuild), or "" when the store opened was not
+// damaged.
+func (s *Store) MovedAside() string { return s.aside }
+
 // openBadger opens the store's Badger instance in Dir/BadgerDir, after
 // removing the empty log files a kill can leave and checking free space.
-func openBadger(opts Options) (*badger.DB, error) {
+// A damaged store (a missing MANIFEST; a file Badger finds damaged,
+// tables' checksums included) is a *DamageError; a lock held, a full disk
+// or a file it cannot read or write are not.
+func openBadger(opts Options) (db *badger.DB, err error) {
 	dir := filepath.Join(opts.Dir, BadgerDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("state: dir %q is not usable: %w", dir, err)
@@ -234,10 +246,23 @@ func openBadger(opts Options) (*badger.DB, error) {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
-	db, err := badger.Open(badgerOptions(opts, dir, opts.Logger))
+	if err := checkBadgerFiles(dir); err != nil {
+		return nil, err
+	}
+	defer func() {
+		// Some damage (a table's index that decodes to nonsense) makes
+		// Badger panic while it opens, in this goroutine.
+		if r := recover(); r != nil {
+			db, err = nil, &DamageError{Dir: dir, Err: fmt.Errorf("badger panicked while opening it: %v", r)}
+		}
+	}()
+	db, err = badger.Open(badgerOptions(opts, dir, opts.Logger))
 	if err != nil {
 		if strings.Contains(err.Error(), "Cannot acquire directory lock") {
 			return nil, fmt.Errorf("%w: dir %q: %v", ErrLocked, dir, err)
+		}
+		if de := classifyOpenError(dir, err); de != err {
+			return nil, de
 		}
 		return nil, fmt.Errorf("state: open badger in %q: %w", dir, err)
 	}
@@ -260,7 +285,6 @@ func openPartition(ctx context.Context, opts Options, db *badger.DB, i int) (*Pa
 		log:        log,
 		clock:      opts.Clock,
 		win:        opts.Window,
-		ttl:        opts.recordTTL(),
 
 		refresh: opts.RefreshOnRepeat,
 		fopts:   opts.partitionFilterOptions(),
@@ -284,6 +308,9 @@ func openPartition(ctx context.Context, opts Options, db *badger.DB, i int) (*Pa
 
 // badgerOptions returns the options of the store's Badger: the sizes
 // and choices of Options.BadgerSizing (see BadgerSizing for why each),
+// every table's block checksums verified when the table is opened (at
+// Open, and after each flush and compaction), so that a damaged table is
+// found before the store judges with it (Badger's default verifies none),
 // two compactors, 64 MiB value-log files (values stay in the LSM tree, so
 // the value log stays nearly empty), no conflict detection (the partition
 // locks serialise writers of a keyspace), no expvar metrics, and Badger's warnings and
@@ -306,6 +333,7 @@ func badgerOptions(opts Options, dir string, log *slog.Logger) badger.Options {
 		WithValueLogFileSize(valueLogFileSize).
 		WithDetectConflicts(false).
 		WithMetricsEnabled(false).
+		WithChecksumVerificationMode(opts.tableChecksums()).
 		WithLogger(badgerLogger{log})
 	o.TableSizeMultiplier = sz.TableSizeMultiplier
 	return o
@@ -334,26 +362,39 @@ var partitionDirRE = regexp.MustCompile(`^p[0-9]{3,}$`)
 // want.partitions; a dir without either is new, and its LAYOUT records the
 // shared store at once.
 func checkLayout(dir string, want layout) (layout, error) {
+	have, write, err := compareLayout(dir, want)
+	if err != nil || !write {
+		return have, err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, LayoutFile), formatLayout(have)); err != nil {
+		return have, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+	}
+	return have, nil
+}
+
+// compareLayout is checkLayout without writing: write says that LAYOUT is
+// missing and have is what it is to record.
+func compareLayout(dir string, want layout) (have layout, write bool, err error) {
 	path := filepath.Join(dir, LayoutFile)
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
 		have, perr := parseLayout(b)
 		if perr != nil {
-			return have, fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
+			return have, false, fmt.Errorf("%w: %s: %v", ErrLayout, path, perr)
 		}
 		if have.partitions != want.partitions {
-			return have, fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, have.partitions, path, want.partitions)
+			return have, false, fmt.Errorf("%w: the data dir was made with %d partitions (%s), and %d were asked for", ErrLayout, have.partitions, path, want.partitions)
 		}
 		if have.how.hash() != want.how.hash() || have.how.Group != want.how.Group {
-			return have, fmt.Errorf("%w: the data dir's keys were placed in partitions by %s (%s), and %s was asked for: "+
+			return have, false, fmt.Errorf("%w: the data dir's keys were placed in partitions by %s (%s), and %s was asked for: "+
 				"partition i of one is not partition i of the other", ErrLayout, have.how, path, want.how)
 		}
-		return have, nil
+		return have, false, nil
 	case errors.Is(err, fs.ErrNotExist):
 		entries, err := os.ReadDir(dir)
 		if err != nil {
-			return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+			return want, false, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 		}
 		found := 0
 		for _, e := range entries {
@@ -362,20 +403,17 @@ func checkLayout(dir string, want layout) (layout, error) {
 			}
 		}
 		if found > 0 && found != want.partitions {
-			return want, fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, and %d partitions were asked for",
+			return want, false, fmt.Errorf("%w: %s is missing and %q holds %d partition dirs, and %d partitions were asked for",
 				ErrLayout, path, dir, found, want.partitions)
 		}
 		if found > 0 && want.how.hash() != HashXXHash64 {
-			return want, fmt.Errorf("%w: %s is missing and %q holds partition dirs written without a record of how keys were placed (%s was asked for)",
+			return want, false, fmt.Errorf("%w: %s is missing and %q holds partition dirs written without a record of how keys were placed (%s was asked for)",
 				ErrLayout, path, dir, want.how)
 		}
 		want.shared = found == 0
-		if err := writeFileAtomic(path, formatLayout(want)); err != nil {
-			return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
-		}
-		return want, nil
+		return want, true, nil
 	default:
-		return want, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
+		return want, false, fmt.Errorf("state: data dir %q is not usable: %w", dir, err)
 	}
 }
 
@@ -420,6 +458,7 @@ func (s *Store) Stats() Stats {
 		t.FilterPositives += ps.FilterPositives
 		t.StoreReads += ps.StoreReads
 		t.FalsePositives += ps.FalsePositives
+		t.FilterBypassed += ps.FilterBypassed
 		t.Claims += ps.Claims
 		t.ClaimsNew += ps.ClaimsNew
 		t.ClaimStoreReads += ps.ClaimStoreReads

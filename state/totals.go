@@ -153,7 +153,7 @@ func checkContribution(c Contribution, bucket time.Duration) error {
 // addTotal adds c to its total inside batch b: the total is the value this
 // batch already wrote for the pair, else the stored one (read through rtxn).
 // It returns the new absolute value and the write that stores it.
-func (p *Partition) addTotal(rtxn *badger.Txn, b *batch, c Contribution, now time.Time) (int64, write, error) {
+func (p *Partition) addTotal(rtxn *badger.Txn, b *batch, c Contribution) (int64, write, error) {
 	k := p.ks.total(c.Group, c.Bucket)
 	cur, ok := b.totals[string(k)]
 	if !ok {
@@ -170,15 +170,14 @@ func (p *Partition) addTotal(rtxn *badger.Txn, b *batch, c Contribution, now tim
 		b.totals = make(map[string]int64)
 	}
 	b.totals[string(k)] = next
-	return next, write{key: k, value: encodeTotal(next), ttl: p.totalTTL(c.Bucket, now)}, nil
+	return next, write{key: k, value: encodeTotal(next)}, nil
 }
 
-// totalTTL is the Badger TTL of a total of the bucket starting at bucket,
-// written at now: until the bucket is closed (bucket end + W) plus
-// TotalsKeep, and never shorter than a record's TTL.
-func (p *Partition) totalTTL(bucket time.Time, now time.Time) time.Duration {
-	until := bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep)
-	return max(until.Sub(now), p.ttl)
+// totalKeptUntil is when a total of the bucket starting at bucket may be
+// removed (Expire): once the bucket is closed (bucket end + W), TotalsKeep
+// later, on the input's clock.
+func (p *Partition) totalKeptUntil(bucket time.Time) time.Time {
+	return bucket.Add(p.totalsBucket).Add(p.win.W).Add(p.totalsKeep)
 }
 
 // markDirty records that the totals written by the claims in claimed

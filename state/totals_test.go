@@ -255,37 +255,35 @@ func TestTotalsSurviveReopen(t *testing.T) {
 	}
 }
 
-func TestTotalsTTL(t *testing.T) {
+// TestExpireTotals: a total stays until its bucket is closed (bucket end
+// + W) and TotalsKeep has passed on the input's clock, and while a flush
+// has not taken it.
+func TestExpireTotals(t *testing.T) {
 	opts := testOptions(t, t.TempDir(), 1)
-	opts.TotalsBucket = time.Minute // and the system clock: Badger's TTL runs on the wall clock
+	opts.TotalsBucket = time.Minute
 	s := openStore(t, opts)
 	p := s.Partition(0)
-	now := time.Now()
-	for _, tt := range []struct {
-		name   string
-		bucket time.Time
-		want   time.Time // expected expiry
-	}{
-		{"open bucket", BucketOf(now, time.Minute), BucketOf(now, time.Minute).Add(time.Minute + opts.Window.W + DefaultTotalsKeep)},
-		{"old bucket: never shorter than a record", BucketOf(now.Add(-1000*time.Hour), time.Minute), now.Add(opts.recordTTL())},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			claimTotals(t, p, tt.bucket, Claim{Key: []byte(tt.name), Total: contrib("g", 1)})
-			err := p.db.View(func(txn *badger.Txn) error {
-				item, err := txn.Get(p.ks.total("g", tt.bucket))
-				if err != nil {
-					return err
-				}
-				got := time.Unix(int64(item.ExpiresAt()), 0)
-				if d := got.Sub(tt.want); d < -2*time.Second || d > 2*time.Second {
-					t.Errorf("total expires at %v, want %v (±2s)", got, tt.want)
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-		})
+	bucket := BucketOf(time.Date(2026, 3, 1, 10, 0, 30, 0, time.UTC), time.Minute)
+	claimTotals(t, p, bucket, Claim{Key: []byte("a"), Total: contrib("g", 1), At: bucket.Add(time.Second)})
+	kept := bucket.Add(time.Minute + opts.Window.W + DefaultTotalsKeep)
+	ctx := context.Background()
+	if st, err := p.Expire(ctx, kept.Add(time.Hour), 0); err != nil || st.Totals != 0 {
+		t.Fatalf("Expire while the total is not flushed = %+v, %v; want it kept", st, err)
+	}
+	if _, err := p.TakeDirtyTotals(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.Expire(ctx, kept.Add(-time.Second), 0); err != nil || st.Totals != 0 {
+		t.Fatalf("Expire a second before the total's end = %+v, %v; want it kept", st, err)
+	}
+	if got, ok := mustTotal(t, p, "g", bucket); !ok || got != 1 {
+		t.Fatalf("total = %d (held %v), want 1", got, ok)
+	}
+	if st, err := p.Expire(ctx, kept, 0); err != nil || st.Totals != 1 {
+		t.Fatalf("Expire at the total's end = %+v, %v; want 1 total removed", st, err)
+	}
+	if got, ok := mustTotal(t, p, "g", bucket); ok {
+		t.Fatalf("total after Expire = %d, want none", got)
 	}
 }
 
