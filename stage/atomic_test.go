@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +18,6 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
-	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
@@ -98,24 +98,18 @@ func (e *env) forwardsBefore(unique map[string][]byte) []*nats.Msg {
 }
 
 // TestAtomicOutputAfterACrashBetweenPublishAndCommit stores some keys in
-// the output stream before the stage runs on a new data dir (which reads
-// nothing back: it has no watermark), as a run that crashed after
-// publishing them and before committing their claims leaves it when its
-// data dir is lost. With atomic publish, the batches holding them are
-// refused whole (an id in the duplicate window), published one message at
-// a time, and every key ends in the output once: the re-published ones
-// dropped by the window, the others stored.
+// the output stream after the stage's start restored its partitions, as
+// an atomic batch of a killed run that the server stores only after the
+// next start has read the output leaves it. With atomic publish, the
+// batches holding them are refused whole (an id in the duplicate window),
+// published one message at a time, and every key ends in the output once:
+// the re-published ones dropped by the window, the others stored.
 func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
 	e := newEnv(t)
 	e.cfg.Output.Publish = config.PublishAtomic
 	evs, unique := workload(13, 2000, 0.1)
-	// The stage creates the streams; start it once with nothing to do.
-	r, _ := e.startLogged()
-	r.stop(t)
-	before := e.forwardsBefore(unique)
-
-	e.cfg.State.DataDir = t.TempDir()
 	r, logs := e.startLogged()
+	before := e.forwardsBefore(unique)
 	e.publish(evs)
 	e.drained(60 * time.Second)
 	e.assertExactlyOnce(unique)
@@ -130,7 +124,7 @@ func TestAtomicOutputAfterACrashBetweenPublishAndCommit(t *testing.T) {
 // TestReadBackAfterACrashBetweenPublishAndCommit stores some keys in the
 // output stream after a run that stopped, as a run that crashed after
 // publishing them and before committing their claims leaves it. The next
-// start reads them back after the store's watermark: their copies are
+// start restores them after its partitions' cursors: their copies are
 // repeats, none is published again, and every key ends in the output once,
 // whatever the output's duplicate window still holds. A start after that
 // reads nothing more.
@@ -149,7 +143,7 @@ func TestReadBackAfterACrashBetweenPublishAndCommit(t *testing.T) {
 				t.Errorf("dedupe_start_restored_records_total = %v, want %d (the forwards after the watermark)", got, len(before))
 			}
 			want := natstest.ReadAll(t, e.js, e.cfg.Output.Stream)[0].Seq // before[0]'s forward
-			if in, err := r.st.Inspect(before[0].Header.Get(jetstream.MsgIDHeader)); err != nil || in.OutputSeq == nil || *in.OutputSeq != want {
+			if in, err := r.st.Inspect(context.Background(), before[0].Header.Get(jetstream.MsgIDHeader)); err != nil || in.OutputSeq == nil || *in.OutputSeq != want {
 				t.Errorf("inspect of the first key read back = %+v, %v; want output_seq %d, its forward's", in, err, want)
 			}
 			e.publish(evs)
@@ -170,7 +164,7 @@ func TestReadBackAfterACrashBetweenPublishAndCommit(t *testing.T) {
 			if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 0 {
 				t.Errorf("after a clean stop, dedupe_start_restored_records_total = %v, want 0", got)
 			}
-			if l := logs.String(); !strings.Contains(l, "read the output back after the watermark") {
+			if l := logs.String(); !strings.Contains(l, "restored the partitions from the output stream after their cursors") {
 				t.Errorf("the start does not say it read the output back:\n%s", l)
 			}
 			r.stop(t)
@@ -185,7 +179,7 @@ func TestReadBackAfterACrashBetweenPublishAndCommit(t *testing.T) {
 func TestAtomicOutputOnAStreamWithoutAtomicPublish(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.cfg.Output.Stream, Subjects: []string{e.cfg.Output.Subjects()},
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.cfg.Output.Stream, Subjects: e.cfg.OutputStreamSubjects(),
 		Duplicates: e.cfg.OutputDuplicateWindow()}); err != nil {
 		t.Fatal(err)
 	}
@@ -206,12 +200,12 @@ func TestAtomicOutputOnAStreamWithoutAtomicPublish(t *testing.T) {
 	}
 }
 
-// TestReadBackKeepsAForget reads back, from the output's start, the
-// forward of a key an operator forgot after it, with the stage's clock a
-// minute behind the server's (the forward's stored time is later than its
-// record's first-seen time): the forward precedes the forget and is not
-// restored, so the key's next copy is forwarded, as the forget promised.
-func TestReadBackKeepsAForget(t *testing.T) {
+// TestRestoreKeepsAForget: a data dir wiped after an operator forgot a
+// key is restored from the output, the forget's tombstone included, with
+// the stage's clock a minute behind the server's: the forgotten key's
+// next copy is forwarded, as the forget promised, and the other key's copy
+// is a repeat.
+func TestRestoreKeepsAForget(t *testing.T) {
 	e := newEnv(t)
 	e.clock = window.NewManualClock(time.Now().Add(-time.Minute))
 	r := e.start()
@@ -221,33 +215,15 @@ func TestReadBackKeepsAForget(t *testing.T) {
 		t.Fatalf("Forget(k1) = %+v, %v; want it held", f, err)
 	}
 	r.stop(t)
-
-	// A watermark left behind: everything is read back.
-	win, err := e.cfg.Window.Derive()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := e.cfg.StateOptions(win)
-	opts.Clock = e.clock
-	st, err := state.Open(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SetWatermark(0); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Close(); err != nil {
+	if err := os.RemoveAll(e.cfg.State.DataDir); err != nil {
 		t.Fatal(err)
 	}
 
-	r, logs := e.startLogged()
-	if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 0 {
-		t.Errorf("dedupe_start_restored_records_total = %v, want 0: k2 is held, k1 was forgotten after its forward", got)
+	r = e.start()
+	if got := counter(t, r.reg, "dedupe_start_restored_records_total", nil); got != 2 {
+		t.Errorf("dedupe_start_restored_records_total = %v, want 2: k1 (forgotten) and k2", got)
 	}
-	if l := logs.String(); !strings.Contains(l, "skipped_before_forget=1") {
-		t.Errorf("the read-back does not say it skipped k1's forward:\n%s", l)
-	}
-	e.publish([]event{{key: "k1", payload: []byte("one again")}})
+	e.publish([]event{{key: "k1", payload: []byte("one")}, {key: "k2", payload: []byte("two")}})
 	e.drained(30 * time.Second)
 	n := 0
 	for id := range e.outputByKey() {
@@ -257,5 +233,8 @@ func TestReadBackKeepsAForget(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("k1 forwarded %d times after its forget, want 1", n)
+	}
+	if got := len(e.outputByKey()["k2"]); got != 1 {
+		t.Errorf("k2 forwarded %d times, want once: the restore kept it", got)
 	}
 }

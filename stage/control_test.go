@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -47,7 +47,7 @@ func TestScaleOutControlSubjectsApart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d of %d forwarded messages: %v", data, len(unique), err)
 		}
-		if _, err := handover.DecodeHeader(m.Headers()); err != nil || m.Headers().Get(jetstream.MsgIDHeader) == "" {
+		if _, err := changelog.DecodeHeader(m.Headers()); err != nil || m.Headers().Get(jetstream.MsgIDHeader) == "" {
 			t.Errorf("a consumer of %s received %s, not a forwarded message: %v", e.cfg.Output.Subjects(), m.Subject(), err)
 		}
 		data++
@@ -55,12 +55,12 @@ func TestScaleOutControlSubjectsApart(t *testing.T) {
 	if m, err := c.Next(jetstream.FetchMaxWait(time.Second)); err == nil {
 		t.Errorf("a consumer of %s received %s after the %d forwarded messages", e.cfg.Output.Subjects(), m.Subject(), data)
 	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter(handover.ControlSubjects(e.cfg.Output.SubjectPrefix)))
+	info, err := out.Info(ctx, jetstream.WithSubjectFilter(changelog.ControlSubjects(e.cfg.Output.SubjectPrefix)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(info.State.Subjects) != e.cfg.State.Partitions {
-		t.Errorf("fence subjects %v, want one per partition (%d) under %s", info.State.Subjects, e.cfg.State.Partitions, handover.ControlSubjects(e.cfg.Output.SubjectPrefix))
+		t.Errorf("fence subjects %v, want one per partition (%d) under %s", info.State.Subjects, e.cfg.State.Partitions, changelog.ControlSubjects(e.cfg.Output.SubjectPrefix))
 	}
 
 	// An existing output stream without the control subjects.
@@ -70,13 +70,13 @@ func TestScaleOutControlSubjectsApart(t *testing.T) {
 		_ = st.Close()
 		t.Fatal("started on an output stream without the control subjects, want a refusal")
 	}
-	fix := "nats stream edit " + e.cfg.Output.Stream + " --subjects '" + e.cfg.Output.Subjects() + "," + handover.ControlSubjects(e.cfg.Output.SubjectPrefix) + "'"
+	fix := "nats stream edit " + e.cfg.Output.Stream + " --subjects '" + e.cfg.Output.Subjects() + "," + changelog.ControlSubjects(e.cfg.Output.SubjectPrefix) + "'"
 	if !errors.Is(err, stage.ErrControlSubjects) || !strings.Contains(err.Error(), fix) {
 		t.Fatalf("start refused with %q, want stage.ErrControlSubjects and %q", err, fix)
 	}
 	// The fix's subjects.
 	e.editOutput(func(c *jetstream.StreamConfig) {
-		c.Subjects = []string{e.cfg.Output.Subjects(), handover.ControlSubjects(e.cfg.Output.SubjectPrefix)}
+		c.Subjects = []string{e.cfg.Output.Subjects(), changelog.ControlSubjects(e.cfg.Output.SubjectPrefix)}
 	})
 	e.as("a").start().stop(t)
 }
@@ -105,7 +105,7 @@ func TestScaleOutDeadLetterFence(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for p := range e.cfg.State.Partitions {
-		if _, err := handover.Take(ctx, e.js, e.cfg.DeadLetter.Stream, handover.FenceSubject(e.cfg.DeadLetter.Subject, p), "other"); err != nil {
+		if _, err := changelog.Take(ctx, e.js, e.cfg.DeadLetter.Stream, changelog.FenceSubject(e.cfg.DeadLetter.Subject, p), "other"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -140,11 +140,11 @@ func TestScaleOutDeadLetterFence(t *testing.T) {
 }
 
 // deadLetters returns the dead-letter stream's dead letters, without the
-// scale-out group's fences (handover.ControlSubjects of the dead-letter
+// scale-out group's fences (changelog.ControlSubjects of the dead-letter
 // subject).
 func (e *env) deadLetters() []natstest.Message {
 	e.t.Helper()
-	control := strings.TrimSuffix(handover.ControlSubjects(e.cfg.DeadLetter.Subject), ">")
+	control := strings.TrimSuffix(changelog.ControlSubjects(e.cfg.DeadLetter.Subject), ">")
 	var dl []natstest.Message
 	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.DeadLetter.Stream) {
 		if !strings.HasPrefix(m.Subject, control) {

@@ -32,11 +32,12 @@
 // (single.go) or this instance's part in a scale-out group (group.go),
 // which decodes what the route step wrote and hands the stage the same
 // decoded arrivals (key, input subject, partition, pin). A partition's
-// worker asks its partition's ownership (ownership.go) to own a batch,
-// annotate a forwarded copy, give the fence the output batch expects,
-// handle a fence loss, commit the claims with the cursor and fence a dead
-// letter. One instance alone uses soleOwner, which does nothing; in a
-// group each partition has a groupOwner around its scaleout.Owner.
+// worker asks its partition's owner (ownership.Owner, declared once in
+// internal/ownership) to own a batch, annotate a forwarded copy, give the
+// fence the output batch expects, handle a fence loss, commit the claims
+// with the cursor and fence a dead letter. One instance alone uses
+// soleOwner (ownership.go), which does next to nothing; in a group each
+// partition's owner is its *scaleout.Owner itself.
 //
 // # A member's callback never waits on its partition
 //

@@ -36,7 +36,7 @@ func TestEmbeddedDefaultSyncsEveryWrite(t *testing.T) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	srv, err := boot.StartEmbedded(cfg, log)
+	srv, err := boot.StartEmbedded(cfg.EmbeddedServer(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestEmbeddedDefaultSyncsEveryWrite(t *testing.T) {
 	if jsc := srv.JetStreamConfig(); jsc == nil || !jsc.SyncAlways {
 		t.Errorf("embedded JetStream config %+v: want SyncAlways (every write synced before it is acknowledged)", jsc)
 	}
-	nc, err := boot.Connect(cfg.NATS, srv, log)
+	nc, err := boot.Connect(cfg.NATS.Dial(), srv, log)
 	if err != nil {
 		t.Fatal(err)
 	}

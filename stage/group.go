@@ -2,7 +2,6 @@ package stage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,7 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/admin"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
+	"github.com/dedupe-stage/dedupe-stage/internal/ownership"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -21,7 +23,7 @@ import (
 
 // The stage's side of scale-out (docs/scale-out.md): internal/scaleout is
 // this instance's part in the group; groupSource hands the stage what the
-// group delivers, decoded, and adapts each partition's scaleout.Owner.
+// group delivers, decoded, and each partition's scaleout.Owner.
 
 // ErrChangelog means the output stream does not keep what a new owner of
 // a partition restores it from; New refuses to start on a stream
@@ -98,6 +100,7 @@ func (src *groupSource) open(ctx context.Context, s *Stage, reg prometheus.Regis
 	o.Conn, o.JS, o.Clock, o.Key = s.nc, s.js, s.clock, s.keyFn
 	o.AtomicOutput, o.ShutdownTimeout, o.Registry = s.atomicOutput, s.shutdownTimeout, reg
 	o.Logger, o.Logs, o.Reporter, o.Restoring = s.log, s.logs, s.status, s.status.setRestoring
+	o.StoreAhead = s.storeAhead
 	if cfg.Totals.Enabled {
 		// All of a group's events meet in one partition: the route step
 		// partitions by the group, read as the totals read it.
@@ -116,7 +119,7 @@ func (src *groupSource) open(ctx context.Context, s *Stage, reg prometheus.Regis
 	}
 	src.group = g
 	src.routedStream, src.routedSubject, src.routed = g.Route()
-	src.health = newGroupHealth(reg, cfg, s.js, s.logs)
+	src.health = newGroupHealth(reg, cfg, s.js, s.logs, g.ReadsHealth)
 	return nil
 }
 
@@ -135,7 +138,7 @@ func groupOptions(cfg config.Config, w time.Duration) (scaleout.Options, error) 
 		DeadLetterStream: cfg.DeadLetter.Stream, DeadLetterSubject: cfg.DeadLetter.Subject,
 		Retention: cfg.OutputRetention(w), RetentionTerms: cfg.OutputRetentionTerms(),
 		SnapshotEvery: every, SnapshotKeep: keep, LoadSnapshots: !cfg.Totals.Enabled,
-		BundleMax: so.RouteBundleMax, Window: w,
+		BundleMax: so.RouteBundleMax, Window: w, Standbys: so.Standbys,
 	}
 	pt := cfg.ScaleOutPartitioning()
 	routed, why := pt.Routed()
@@ -166,8 +169,28 @@ func groupOptions(cfg config.Config, w time.Duration) (scaleout.Options, error) 
 }
 
 // prepare implements source: each partition restores from its cursor
-// when this instance takes it.
-func (*groupSource) prepare(context.Context) error { return nil }
+// when this instance takes it. A partition whose local store is ahead of
+// the output (the output lost forwards it had acknowledged) drops what
+// the output lost now, before another owner's forwards carry the
+// output's last sequence past its cursor, and again at its takeover
+// (changelog.CheckAhead).
+func (src *groupSource) prepare(ctx context.Context) error {
+	s, stream := src.s, src.cfg.Output.Stream
+	info, err := changelog.StreamState(ctx, s.js, stream)
+	if err != nil {
+		return fmt.Errorf("scale-out: check the store against the output stream: %w", err)
+	}
+	for i := range s.store.Partitions() {
+		a, ahead, err := changelog.CheckAhead(ctx, s.js, stream, s.store.Partition(i), info.State.LastSeq)
+		if err != nil {
+			return fmt.Errorf("scale-out: check the store against the output stream: %w", err)
+		}
+		if ahead {
+			s.storeAhead(a)
+		}
+	}
+	return nil
+}
 
 // queue implements source: a member's callback must never wait on its
 // partition (hold). The worker's channel is unbuffered, so that whatever
@@ -228,15 +251,38 @@ func (src *groupSource) decode(msg jetstream.Msg, p int) arrival {
 // still holds (scaleout.Group.ReleaseAll).
 func (src *groupSource) finish() { src.group.ReleaseAll() }
 
-// backlog implements source: the backlog of the partitions this instance
-// owns now (scaleout.Group.Backlog).
-func (src *groupSource) backlog(ctx context.Context) (pending, ackPending uint64, err error) {
-	return src.group.Backlog(ctx)
+// backlog implements source: the backlog of each partition this
+// instance owns now (scaleout.Group.Backlog), and their sum.
+func (src *groupSource) backlog(ctx context.Context) (inputBacklog, error) {
+	parts, err := src.group.Backlog(ctx)
+	if err != nil {
+		return inputBacklog{}, err
+	}
+	b := inputBacklog{parts: make(map[int]admin.Backlog, len(parts))}
+	for p, pb := range parts {
+		b.parts[p] = admin.Backlog{Pending: pb.Pending, AckPending: pb.AckPending}
+		b.total.Pending += pb.Pending
+		b.total.AckPending += pb.AckPending
+	}
+	return b, nil
 }
 
-// owner implements source: this instance's tenures of partition p.
-func (src *groupSource) owner(p *state.Partition) ownership {
-	return groupOwner{src.group.Owner(p)}
+// pendingFloors implements source (scaleout.Group.PendingFloors).
+func (src *groupSource) pendingFloors(ctx context.Context) (func(int) (time.Time, bool), error) {
+	floors, err := src.group.PendingFloors(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func(p int) (time.Time, bool) {
+		f, ok := floors[p]
+		return f, ok
+	}, nil
+}
+
+// owner implements source: this instance's tenures of partition p
+// (scaleout.Owner).
+func (src *groupSource) owner(p *state.Partition) ownership.Owner {
+	return src.group.Owner(p)
 }
 
 // inputOf implements source: for a message of the routed stream, the input
@@ -265,6 +311,15 @@ func (src *groupSource) deadLetterFenced(p int, pin string) { src.group.DeadLett
 // holds implements source (scaleout.Group.Holds).
 func (src *groupSource) holds(p int) bool { return src.group.Holds(p) }
 
+// confirms implements source (scaleout.Group.HoldsFence).
+func (src *groupSource) confirms(ctx context.Context, p int) bool {
+	return src.group.HoldsFence(ctx, p)
+}
+
+// keeps implements source (scaleout.Group.Keeps): the partitions it owns
+// and those it is a warm standby of.
+func (src *groupSource) keeps(p int) bool { return src.group.Keeps(p) }
+
 // scaleOutStreams changes the streams StreamsToCreate returns (input,
 // output, dead letter) for scale-out: scale_out.replicas each; the input
 // stream's subject transform puts the partition first
@@ -281,8 +336,10 @@ func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreat
 	if routed, _ := pt.Routed(); routed {
 		// The route step partitions the input into the routed stream.
 		scale := cfg.ScaleOut
-		streams = append(streams, StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(scale.RoutedStream, scale.RoutedSubject,
-			cfg.State.Partitions, scale.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())})
+		rs := StreamToCreate{Field: "scale_out.routed", Config: route.StreamConfig(scale.RoutedStream, scale.RoutedSubject,
+			cfg.State.Partitions, scale.Replicas, cfg.Input.AckWait.D(), cfg.Output.RestartMargin.D())}
+		rs.Config.MaxConsumers = StreamMaxConsumers(cfg.State.Partitions)
+		streams = append(streams, rs)
 	} else {
 		src, dest, err := pt.Transform()
 		if err != nil {
@@ -296,33 +353,4 @@ func scaleOutStreams(cfg config.Config, w window.Window, streams []StreamToCreat
 		out.MaxAge = need
 	}
 	return streams, nil
-}
-
-// groupOwner is the ownership of one partition in a scale-out group: its
-// scaleout.Owner, whose verdicts it translates.
-type groupOwner struct{ *scaleout.Owner }
-
-// Own implements ownership (scaleout.Owner.Own).
-func (o groupOwner) Own(ctx context.Context, pin string, n int, keepAlive func()) (func(), verdict) {
-	release, v := o.Owner.Own(ctx, pin, n, keepAlive)
-	switch v {
-	case scaleout.GiveBack:
-		return release, giveBackBatch
-	case scaleout.Leave:
-		return release, leaveBatch
-	}
-	return release, judgeBatch
-}
-
-// Publishing implements ownership: a group's partitions restore from
-// their cursors instead.
-func (groupOwner) Publishing() {}
-
-// Forget implements ownership (scaleout.Owner.Forget).
-func (o groupOwner) Forget(ctx context.Context, _ *state.Partition, key []byte) (state.Record, bool, error) {
-	rec, held, err := o.Owner.Forget(ctx, key)
-	if errors.Is(err, scaleout.ErrNotOwner) {
-		err = fmt.Errorf("%w: %w", errNotOwner, err)
-	}
-	return rec, held, err
 }

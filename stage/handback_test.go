@@ -58,9 +58,7 @@ func TestScaleOutReleaseGivesBackHeld(t *testing.T) {
 	a := ea.start()
 	e.publishKeys(warm, payload)
 	e.scaleOutDrained(30 * time.Second)
-	if got := gauge(t, a.reg, "dedupe_partitions_owned"); got != 1 {
-		t.Fatalf("a alone owns %v partitions, want 1 (the one with messages)", got)
-	}
+	natstest.WaitFor(t, 30*time.Second, "a alone to own every partition", func() bool { return gauge(t, a.reg, "dedupe_partitions_owned") == 4 })
 	b := eb.start()
 	entered, unblock := blockPartition(a, p)
 	defer unblock()
@@ -85,8 +83,8 @@ func TestScaleOutReleaseGivesBackHeld(t *testing.T) {
 	if got := counter(t, a.reg, "dedupe_stale_pin_messages_total", nil); got < 1 {
 		t.Errorf("a gave back %v messages at the release, want some (it held them)", got)
 	}
-	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", nil); got != 1 {
-		t.Errorf("b took over %v partitions, want 1", got)
+	if got := counter(t, b.reg, "dedupe_partition_takeovers_total", map[string]string{"partition": "1"}); got != 1 {
+		t.Errorf("b took over the released partition %v times, want 1", got)
 	}
 }
 
@@ -103,7 +101,8 @@ func TestScaleOutStopGivesBackHeld(t *testing.T) {
 	a := ea.start()
 	e.publishKeys(keysOfPartition("warm", p, 20, payload), payload)
 	e.scaleOutDrained(30 * time.Second)
-	natstest.WaitFor(t, 30*time.Second, "a to own the partition", func() bool { return gauge(t, a.reg, "dedupe_partitions_owned") == 1 })
+	// Alone in the group, a takes every partition before traffic.
+	natstest.WaitFor(t, 30*time.Second, "a alone to own every partition", func() bool { return gauge(t, a.reg, "dedupe_partitions_owned") == 4 })
 	b := eb.start()
 	entered, unblock := blockPartition(a, p)
 	defer unblock()
@@ -241,4 +240,79 @@ func processCPU(t *testing.T) time.Duration {
 		t.Fatalf("getrusage: %v", err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestScaleOutBalancedBeforeTraffic starts three instances of a group of 8
+// partitions before any message: they own every partition, 3/3/2 (their
+// quotas by name), before the first message, each taken with nothing to
+// restore (path empty). Then the input flows: while the three stay, no
+// partition is released or taken again, and each key is forwarded once.
+// Settled, each member is pulled on by its owner and one successor, not
+// by every instance.
+func TestScaleOutBalancedBeforeTraffic(t *testing.T) {
+	e := newScaleOutEnv(t)
+	e.cfg.State.Partitions = 8
+	var rs []*running
+	for _, name := range []string{"a", "b", "c"} {
+		rs = append(rs, e.as(name).start())
+	}
+	owned := func() []int {
+		var n []int
+		for _, r := range rs {
+			n = append(n, int(gauge(t, r.reg, "dedupe_partitions_owned")))
+		}
+		return n
+	}
+	sum := func(name string, labels map[string]string) float64 {
+		var s float64
+		for _, r := range rs {
+			s += counter(t, r.reg, name, labels)
+		}
+		return s
+	}
+	natstest.Poll(t, 60*time.Second, 100*time.Millisecond, "a, b, c to own 3/3/2 partitions before any message", func() (bool, error) {
+		n := owned()
+		return n[0] == 3 && n[1] == 3 && n[2] == 2 && sum("dedupe_partition_takeovers_total", nil) >= 8,
+			fmt.Errorf("a, b, c own %v", n)
+	})
+	takeovers, releases := sum("dedupe_partition_takeovers_total", nil), sum("dedupe_partition_releases_total", nil)
+	if empty := sum("dedupe_restore_path_total", map[string]string{"path": "empty"}); empty != takeovers {
+		t.Errorf("%v of the %v takeovers before traffic restored nothing (path empty), want all", empty, takeovers)
+	}
+	t.Logf("before traffic: %v takeovers, %v releases (the joins)", takeovers, releases)
+
+	payload := map[string][]byte{}
+	for round := range 30 {
+		var ks []string
+		for i := range 40 {
+			k := fmt.Sprintf("r%d-%d", round, i)
+			payload[k] = []byte(k)
+			ks = append(ks, k)
+		}
+		e.publishKeys(ks, payload)
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.scaleOutDrained(60 * time.Second)
+	e.checkOnce(e.scaleOutOutput(), payload)
+	if got := sum("dedupe_partition_releases_total", nil); got != releases {
+		t.Errorf("the group released %v partitions for balance while its membership held, want 0", got-releases)
+	}
+	if got := sum("dedupe_partition_takeovers_total", nil); got != takeovers {
+		t.Errorf("the group took partitions %v times while its membership held, want 0", got-takeovers)
+	}
+	if n := owned(); n[0] != 3 || n[1] != 3 || n[2] != 2 {
+		t.Errorf("after the traffic a, b, c own %v, want 3/3/2", n)
+	}
+	// Settled, each instance pulls on what it owns and on the partitions
+	// it succeeds (one successor each, scale_out.standbys 1): 16 members
+	// consumed of the 8 x 3 an instance pulling on every partition would.
+	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "the group to consume each member from its owner and one successor", func() (bool, error) {
+		var n []int
+		total := 0
+		for _, r := range rs {
+			n = append(n, int(gauge(t, r.reg, "dedupe_members_consumed")))
+			total += n[len(n)-1]
+		}
+		return total == 16, fmt.Errorf("a, b, c consume %v members, %d in all", n, total)
+	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
@@ -51,13 +52,20 @@ func TestForwardedAndDeadLetteredHeaders(t *testing.T) {
 	if len(out["good-1"]) != 1 || len(out) != 1 {
 		t.Fatalf("output by Nats-Msg-Id: %v, want good-1 once", out)
 	}
+	got := out["good-1"][0].Header
 	want := nats.Header{
 		"Event-Id":    {"good-1"},
 		"Trace":       {"t-good-1"},
 		"Multi":       {"a", "b"},
 		"Nats-Msg-Id": {"good-1"},
+		// The record a restore reads back (changelog.AnnotateFirstSeen):
+		// the input time of the copy; its fingerprint is its body's.
+		changelog.HeaderFirstSeen: {got.Get(changelog.HeaderFirstSeen)},
 	}
-	if got := out["good-1"][0].Header; !headersEqual(got, want) {
+	if rec, err := changelog.DecodeForward(got, out["good-1"][0].Data); err != nil || rec.FirstSeen.IsZero() || rec.Fingerprint != changelog.Fingerprint([]byte("good")) {
+		t.Errorf("forwarded headers %v carry no record: %+v, %v", got, rec, err)
+	}
+	if !headersEqual(got, want) {
 		t.Errorf("forwarded headers %v, want %v", got, want)
 	}
 

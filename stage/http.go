@@ -6,61 +6,42 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/admin"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
-
-// Inspection is the answer of /inspect for one key.
-type Inspection struct {
-	Key          string     `json:"key"`
-	Found        bool       `json:"found"`
-	InsideWindow bool       `json:"inside_window"`
-	Partition    int        `json:"partition,omitempty"`
-	FirstSeen    *time.Time `json:"first_seen,omitempty"`
-	LeavesAt     *time.Time `json:"leaves_window_at,omitempty"`
-	Age          string     `json:"age,omitempty"`
-	Fingerprint  string     `json:"fingerprint,omitempty"`
-	// Forgotten is when an operator forgot the key (Stage.Forget): its
-	// next copy is forwarded, and InsideWindow is false.
-	Forgotten *time.Time `json:"forgotten_at,omitempty"`
-	// Version is the key's recorded version, with key.version set.
-	Version *uint64 `json:"version,omitempty"`
-	// OutputSeq is the output stream sequence of the key's forward; absent
-	// when its record predates it.
-	OutputSeq *uint64 `json:"output_seq,omitempty"`
-	Window    string  `json:"window"`
-}
 
 // Inspect tells whether key is inside the window, when it was first seen
 // and when it leaves the window. key is the full key as stored (with its
 // scope prefix when a scope is configured).
-func (st *Health) Inspect(key string) (Inspection, error) {
+func (st *Health) Inspect(key string) (admin.Inspection, error) {
 	st.mu.Lock()
-	store, win, clock := st.store, st.win, st.clock
+	store, win := st.store, st.win
 	st.mu.Unlock()
 	if len(key) > state.MaxKeySize {
-		return Inspection{}, fmt.Errorf("%w: %d bytes, the longest key is %d", ErrBadInspectKey, len(key), state.MaxKeySize)
+		return admin.Inspection{}, fmt.Errorf("%w: %d bytes, the longest key is %d", admin.ErrBadInspectKey, len(key), state.MaxKeySize)
 	}
 	if store == nil {
-		return Inspection{}, errors.New("state is not open yet")
+		return admin.Inspection{}, errors.New("state is not open yet")
 	}
 	rec, p, found, err := store.Find([]byte(key))
 	if err != nil {
 		if errors.Is(err, state.ErrBadKey) {
-			return Inspection{}, fmt.Errorf("%w: %w", ErrBadInspectKey, err)
+			return admin.Inspection{}, fmt.Errorf("%w: %w", admin.ErrBadInspectKey, err)
 		}
-		return Inspection{}, fmt.Errorf("inspect %q: %w", key, err)
+		return admin.Inspection{}, fmt.Errorf("inspect %q: %w", key, err)
 	}
-	in := Inspection{Key: key, Found: found, Window: win.W.String()}
+	in := admin.Inspection{Key: key, Found: found, Window: win.W.String()}
 	if found {
-		now := clock.Now()
+		asOf := store.Partition(p).Newest()
 		first, leaves := rec.FirstSeen.UTC(), win.ExpiresAt(rec.WindowStart()).UTC()
 		in.Partition, in.FirstSeen, in.LeavesAt = p, &first, &leaves
-		in.InsideWindow = rec.Forgotten.IsZero() && win.Inside(rec.WindowStart(), now)
+		in.InsideWindow = rec.Forgotten.IsZero() && (asOf.IsZero() || win.Inside(rec.WindowStart(), asOf))
 		if rec.HasVersion {
 			v := rec.Version
 			in.Version = &v
@@ -73,15 +54,15 @@ func (st *Health) Inspect(key string) (Inspection, error) {
 			seq := rec.OutputSeq
 			in.OutputSeq = &seq
 		}
-		in.Age = win.Age(rec.FirstSeen, now).Round(time.Millisecond).String()
+		if !asOf.IsZero() {
+			a := asOf.UTC()
+			in.AsOf = &a
+			in.Age = win.Age(rec.FirstSeen, asOf).Round(time.Millisecond).String()
+		}
 		in.Fingerprint = fmt.Sprintf("%016x", rec.Fingerprint)
 	}
 	return in, nil
 }
-
-// ErrBadInspectKey is returned by Health.Inspect for a key the store
-// cannot hold (empty, or longer than state.MaxKeySize).
-var ErrBadInspectKey = errors.New("stage: bad key to inspect")
 
 // NewHandler serves the operator endpoints:
 //
@@ -112,24 +93,20 @@ func NewHealthHandler(g prometheus.Gatherer, st *Health) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		restoring := restoringLines(st.Restoring())
 		if !st.Ready() {
-			http.Error(w, "not ready: filters rebuilding or stage stopping", http.StatusServiceUnavailable)
+			msg := "not ready: filters rebuilding or stage stopping"
+			if restoring != "" {
+				msg = "not ready: restoring from the output stream before judging\n" + strings.TrimSuffix(restoring, "\n")
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 		if err := st.Healthy(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "ready")
-		r := st.Restoring()
-		ps := make([]int, 0, len(r))
-		for p := range r {
-			ps = append(ps, p)
-		}
-		slices.Sort(ps)
-		for _, p := range ps {
-			fmt.Fprintf(w, "partition %d restoring from the output stream: %d records read back\n", p, r[p])
-		}
+		fmt.Fprint(w, "ready\n"+restoring)
 	})
 	return mux
 }
@@ -146,7 +123,7 @@ func NewInspectHandler(st *Health) http.Handler {
 			return
 		}
 		in, err := st.Inspect(key)
-		if errors.Is(err, ErrBadInspectKey) {
+		if errors.Is(err, admin.ErrBadInspectKey) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
@@ -160,4 +137,19 @@ func NewInspectHandler(st *Health) http.Handler {
 		_ = enc.Encode(in)
 	})
 	return mux
+}
+
+// restoringLines says, a line per partition in order, how far each
+// partition being restored from the output stream is.
+func restoringLines(r map[int]int) string {
+	ps := make([]int, 0, len(r))
+	for p := range r {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	var b strings.Builder
+	for _, p := range ps {
+		fmt.Fprintf(&b, "partition %d restoring from the output stream: %d records read back\n", p, r[p])
+	}
+	return b.String()
 }

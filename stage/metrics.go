@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -15,6 +16,20 @@ const (
 	outcomeStale      = "stale" // key.version: a repeat whose version is not greater than the key's
 	outcomeDeadLetter = "dead_letter"
 )
+
+// outcomes are every value of dedupe_messages_total's outcome label,
+// exported at 0 from the start (outcomeDropped is the totals').
+var outcomes = []string{outcomeNew, outcomeRepeat, outcomeStale, outcomeDeadLetter, outcomeDropped}
+
+// RepeatAgeBuckets are the upper bounds of dedupe_repeat_age_seconds, in
+// seconds: fixed, from a second to 30 days, so that the histograms of
+// instances with different windows add up; dedupe_window_seconds is W.
+var RepeatAgeBuckets = []float64{
+	1, 2, 5, 10, 30, // seconds: client retries
+	60, 120, 300, 600, 1800, // minutes
+	3600, 2 * 3600, 6 * 3600, 12 * 3600, // hours: webhook retries
+	86400, 2 * 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, // days: replays
+}
 
 // Metrics are the stage's Prometheus metrics, all prefixed dedupe_. Build
 // them with NewMetrics on the registry the caller serves.
@@ -28,28 +43,43 @@ type Metrics struct {
 	NearWindowEnd            prometheus.Counter
 	FingerprintMismatch      prometheus.Counter
 	RepublishDuplicates      prometheus.Counter
-	PublishSeconds           prometheus.Histogram
-	CommitSeconds            prometheus.Histogram
-	BatchMessages            prometheus.Histogram
-	PublishRetries           prometheus.Counter
-	CommitRetries            prometheus.Counter
-	ConsumerPending          *prometheus.GaugeVec
-	WindowSeconds            prometheus.Gauge
+	// ForwardsAfterWindow counts forwards of a key whose earlier forward's
+	// window had ended by the input's clock, published with an id of
+	// their own (Dedupe-After), since the output's duplicate window may
+	// still hold the earlier one.
+	ForwardsAfterWindow prometheus.Counter
+	PublishSeconds      prometheus.Histogram
+	CommitSeconds       prometheus.Histogram
+	BatchMessages       prometheus.Histogram
+	PublishRetries      prometheus.Counter
+	CommitRetries       prometheus.Counter
+	ConsumerPending     *prometheus.GaugeVec
+	WindowSeconds       prometheus.Gauge
 	// StartRestored counts the forwards read back from the output stream
 	// after the store's watermark at start whose keys the store did not
 	// hold: forwards a crash left between publish and commit.
 	StartRestored prometheus.Counter
+	// StoreAhead counts, by partition, the times the store was found ahead
+	// of the output stream (its cursor past the output's last sequence: the
+	// output lost forwards it had acknowledged), at start or at a takeover;
+	// StoreAheadDropped the records dropped then (storeAhead).
+	StoreAhead, StoreAheadDropped *prometheus.CounterVec
+	// Expired counts the records and totals removed once their window
+	// ended on the input's clock (runExpiry), by kind: record, total.
+	Expired *prometheus.CounterVec
 	// DeadLettersUnstorable counts dead letters the dead-letter stream
 	// refused even shrunk: the input was acked and stays in its stream.
 	DeadLettersUnstorable *prometheus.CounterVec
 }
 
-// NewMetrics creates the stage's metrics and registers them on reg. The
-// repeat-age buckets run from one second to past the window w (seconds).
-// dedupe_ready, dedupe_healthy and dedupe_component_healthy are read from
-// st at each scrape.
+// NewMetrics creates the stage's metrics and registers them on reg, with
+// windowSeconds (W) as dedupe_window_seconds. The repeat ages go in
+// RepeatAgeBuckets. dedupe_ready, dedupe_healthy, dedupe_component_healthy
+// and the NATS connection's metrics are read from st at each scrape. Every
+// reason of dedupe_dead_letters_total and dedupe_dead_letters_unstorable_total
+// is exported at 0 from the start; ZeroPartitions does the same for
+// dedupe_messages_total.
 func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *Metrics {
-	ageBuckets := prometheus.ExponentialBucketsRange(1, max(2, windowSeconds*1.25), 16)
 	m := &Metrics{
 		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_messages_total",
@@ -65,8 +95,8 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *M
 		}, []string{"reason"}),
 		RepeatAge: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dedupe_repeat_age_seconds",
-			Help:    "Age of caught repeats: now minus the key's first-seen time.",
-			Buckets: ageBuckets,
+			Help:    "Age of caught repeats by the input's clock: the time the input stream stored the copy minus the time it stored the key's first copy (with window.refresh_on_repeat, its window's last move). Fixed buckets from 1s to 30d; compare with dedupe_window_seconds.",
+			Buckets: RepeatAgeBuckets,
 		}),
 		NearWindowEnd: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedupe_repeats_near_window_end_total",
@@ -79,6 +109,14 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *M
 		RepublishDuplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedupe_republish_duplicates_total",
 			Help: "Forwards the output stream reported as duplicates of an id it already held: re-publishes after a crash between publish and commit.",
+		}),
+		Expired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_expired_total",
+			Help: "Records and totals removed from the state store once their window ended on the input's clock, by kind (record, total).",
+		}, []string{"kind"}),
+		ForwardsAfterWindow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedupe_forwards_after_window_total",
+			Help: "Forwards of a key whose earlier forward's window had ended by the input's clock, published with an id of their own (Dedupe-After) because the output's duplicate window may still hold the earlier one.",
 		}),
 		PublishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dedupe_publish_seconds",
@@ -113,19 +151,58 @@ func NewMetrics(reg prometheus.Registerer, windowSeconds float64, st *Health) *M
 		}, []string{"reason"}),
 		StartRestored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedupe_start_restored_records_total",
-			Help: "Forwards read back from the output stream after the store's watermark at start whose keys the store did not hold, stored (one instance alone): forwards a crash left between publish and commit.",
+			Help: "Keys the restore at start stored that the store did not hold (one instance): forwards a crash left between publish and commit, or the keys of a lost data dir.",
 		}),
 		WindowSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "dedupe_window_seconds",
 			Help: "The dedupe window W derived from the configured slow paths.",
 		}),
 	}
+	m.StoreAhead, m.StoreAheadDropped = storeAheadCounters()
 	reg.MustRegister(m.Messages, m.DeadLetters, m.UnpartitionedDeadLetters, m.RepeatAge, m.NearWindowEnd, m.FingerprintMismatch,
-		m.RepublishDuplicates, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
-		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable, m.StartRestored)
+		m.RepublishDuplicates, m.ForwardsAfterWindow, m.Expired, m.PublishSeconds, m.CommitSeconds, m.BatchMessages, m.PublishRetries,
+		m.CommitRetries, m.ConsumerPending, m.WindowSeconds, m.DeadLettersUnstorable, m.StartRestored,
+		m.StoreAhead, m.StoreAheadDropped)
 	registerHealth(reg, st)
 	m.WindowSeconds.Set(windowSeconds)
+	m.exportZeros()
 	return m
+}
+
+// storeAheadCounters returns Metrics.StoreAhead and StoreAheadDropped.
+func storeAheadCounters() (ahead, dropped *prometheus.CounterVec) {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_store_ahead_of_output_total",
+			Help: "Times a partition's store was found ahead of the output stream, at start or at a takeover: the output lost forwards it had acknowledged (a server that lost unsynced writes, or a stream made again).",
+		}, []string{"partition"}),
+		prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_store_ahead_dropped_records_total",
+			Help: "Records dropped from a store found ahead of the output stream: keys whose forwards the output lost, judged new when their copies come again.",
+		}, []string{"partition"})
+}
+
+// exportZeros exports every expiry kind and dead-letter reason at 0.
+func (m *Metrics) exportZeros() {
+	for _, kind := range []string{"record", "total"} {
+		m.Expired.WithLabelValues(kind)
+	}
+	for _, r := range deadletter.Reasons() {
+		m.DeadLetters.WithLabelValues(string(r))
+		m.DeadLettersUnstorable.WithLabelValues(string(r))
+	}
+}
+
+// ZeroPartitions exports dedupe_messages_total at 0 for every outcome of
+// each of partitions partitions, so that a rate over it never meets a
+// missing series.
+func (m *Metrics) ZeroPartitions(partitions int) {
+	for p := range partitions {
+		for _, o := range outcomes {
+			m.Messages.WithLabelValues(strconv.Itoa(p), o)
+		}
+		m.StoreAhead.WithLabelValues(strconv.Itoa(p))
+		m.StoreAheadDropped.WithLabelValues(strconv.Itoa(p))
+	}
 }
 
 // registerHealth registers the gauges and collector that read st: ready,
@@ -137,9 +214,17 @@ func registerHealth(reg prometheus.Registerer, st *Health) {
 	}, func() float64 { return gaugeOf(st.Ready()) })
 	healthy := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dedupe_healthy",
-		Help: "1 while no component keeps failing (what /healthz answers 200 to); 0 while one is failing and being retried.",
+		Help: "1 while no component keeps failing (what /healthz answers 200 to); 0 while one is failing and being retried, or the NATS connection has been down for longer than its grace.",
 	}, func() float64 { return gaugeOf(st.Healthy() == nil) })
-	reg.MustRegister(ready, healthy, componentCollector{st: st})
+	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dedupe_nats_connected",
+		Help: "1 while the stage's NATS connection is up, 0 from the moment it is lost until it reconnects (dedupe_healthy and /healthz allow it a few seconds first).",
+	}, func() float64 { return gaugeOf(st.NATSConnected()) })
+	reconnects := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "dedupe_nats_reconnects_total",
+		Help: "Times the stage's NATS connection was lost and made again.",
+	}, func() float64 { return float64(st.NATSReconnects()) })
+	reg.MustRegister(ready, healthy, connected, reconnects, componentCollector{st: st})
 }
 
 // gaugeOf is a gauge's value for b: 1 when true, 0 when false.
@@ -152,7 +237,7 @@ func gaugeOf(b bool) float64 {
 
 // componentHealthy describes dedupe_component_healthy.
 var componentHealthy = prometheus.NewDesc("dedupe_component_healthy",
-	"1 while the component's operation works, 0 after it failed three times in a row and until it succeeds again. Components: publish, dead_letter, lookup, commit, totals_flush.",
+	"1 while the component's operation works, 0 after it failed three times in a row (at once when the server answers that it cannot work) and until it succeeds again; nats: 0 while the connection has been down for longer than its grace. Components: publish, dead_letter, lookup, commit, totals_flush, nats, fetch.",
 	[]string{"component"}, nil)
 
 // componentCollector exports each component's health from the Health.

@@ -2,132 +2,97 @@ package stage
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/ownership"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
-// verdict is what an ownership decides of a batch before it is judged.
-type verdict int
-
-const (
-	// judgeBatch: this instance owns the partition, and the batch is
-	// judged.
-	judgeBatch verdict = iota
-	// giveBackBatch: the batch is not this instance's to judge; its
-	// messages are given back (nak) so that the owner gets them at once.
-	giveBackBatch
-	// leaveBatch: the batch is left unacked and comes back after ack_wait.
-	leaveBatch
-)
-
-// ownership is what a partition's worker asks of its partition's ownership
-// while it judges a batch, so the worker reads the same with one instance or
-// many: soleOwner owns every partition and does nothing, groupOwner
-// (group.go) is one partition of a scale-out group. An ownership belongs to
-// one worker and is not safe for concurrent use.
-type ownership interface {
-	// Own is called before a batch of n messages is judged; pin is the
-	// pin its last message came under, and keepAlive tells the server the
-	// batch is in progress. The batch is judged, given back or left
-	// unacked as v says. release is called once the batch is finished,
-	// whatever v is.
-	Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v verdict)
-	// Annotate makes m, the forwarded copy of a message that came on the
-	// input subject subject, with body fingerprint fp and contribution tot
-	// to a total, what the owner's changelog needs: nothing for a single
-	// instance; the partition's subject and the record's headers in a
-	// group.
-	Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contribution, now time.Time)
-	// RefreshRecord returns the changelog record of a repeat that moves
-	// the window of key, whose record is rec, to at
-	// (window.refresh_on_repeat), for the batch's output publish: nil for
-	// a single instance; in a group, a key-state record, so that a new
-	// owner restores the moved window.
-	RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg
-	// Publishing is called before the batch's output publish: from then
-	// until its Claim returns without error, the batch's forwards may be
-	// in the output and not in the store.
-	Publishing()
-	// Fence is the fence the batch's output publish expects, nil for none.
-	Fence() *forward.Fence
-	// Lost handles a publish refused because the partition's fence moved
-	// and reports whether it did; false means err is no fence this owner
-	// holds, and the batch stops as for any other error.
-	Lost(ctx context.Context, err error) bool
-	// Claim commits claims, the batch's forwarded keys, in p; res are the
-	// batch's publish results and now the time the forwarded records say.
-	Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error)
-	// Forget forgets key in p for an operator, in the partition's turn
-	// (state.Partition.Forget): a single instance marks its record; a
-	// group's owner first writes the forget to the partition's changelog.
-	// It returns an error wrapping errNotOwner when this instance does not
-	// own the partition.
-	Forget(ctx context.Context, p *state.Partition, key []byte) (rec state.Record, held bool, err error)
-	// DeadLetterFence returns the fence a dead letter decided now expects
-	// and the pin of the tenure that decides it (nil and "" for none).
-	DeadLetterFence() (*forward.Fence, string)
-}
-
-// soleOwner is the ownership of partition p of a single instance: it
-// owns every partition, adds to a forwarded copy only its contribution to
-// a total, and holds no fence. It tracks the store's watermark in wm,
-// which the source's prepare made before any ownership, and stores it with
-// each commit (docs/state.md, "The watermark").
+// soleOwner is the ownership.Owner of partition p of a single instance,
+// a group of one: it owns every partition and holds no fence. As a
+// group's owner does, it writes the partition's changelog in the output
+// stream (the record each forward carries, the key-state records of a
+// moved window and of a forget) and commits each batch's claims with the
+// partition's cursor, so that a start restores the store from the output
+// after each partition's cursor (singleSource.restore) on the one path a
+// group's new owner takes.
 type soleOwner struct {
-	p  int
-	wm *watermark
+	s *Stage
+	p int
 }
 
-// Own implements ownership: every batch is this instance's.
-func (soleOwner) Own(context.Context, string, int, func()) (func(), verdict) {
-	return nothingToRelease, judgeBatch
+// soleOwner implements ownership.Owner.
+var _ ownership.Owner = soleOwner{}
+
+// Own implements ownership.Owner: every batch is this instance's.
+func (soleOwner) Own(context.Context, string, int, func()) (func(), ownership.Verdict) {
+	return nothingToRelease, ownership.Judge
 }
 
 // nothingToRelease is what soleOwner.Own holds.
 func nothingToRelease() {}
 
-// Annotate implements ownership: with a contribution to a total (totals
-// on), the copy carries it as a group's forward does
-// (handover.AnnotateTotal), for the read-back at start to add it with the
-// key it restores; otherwise the copy is left as it is.
-func (soleOwner) Annotate(m *nats.Msg, _ string, _ uint64, tot state.Contribution, _ time.Time) {
+// Annotate implements ownership.Owner: the copy carries its record
+// (changelog.AnnotateFirstSeen: its input time; the fingerprint is its
+// body's, which the copy carries unchanged) and its contribution to a
+// total (changelog.AnnotateTotal), which a restore reads back.
+func (soleOwner) Annotate(m *nats.Msg, _ string, _ uint64, tot state.Contribution, at time.Time) {
+	changelog.AnnotateFirstSeen(m.Header, at)
 	if tot.Group != "" {
-		handover.AnnotateTotal(m.Header, tot.Group, tot.Bucket, tot.Value)
+		changelog.AnnotateTotal(m.Header, tot.Group, tot.Bucket, tot.Value)
 	}
 }
 
-// RefreshRecord implements ownership: a single instance has no changelog.
-func (soleOwner) RefreshRecord([]byte, state.Record, time.Time) *nats.Msg { return nil }
+// RefreshRecord implements ownership.Owner: the partition's key-state
+// record of the moved window (changelog.RefreshMsg), published with the
+// batch's forwards.
+func (o soleOwner) RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg {
+	return changelog.RefreshMsg(changelog.KeyStateSubject(o.s.cfg.Output.SubjectPrefix, o.p), changelog.KeyRecord(key, rec), at)
+}
 
-// Publishing implements ownership: the partition's batch is in flight
-// until its claims commit.
-func (o soleOwner) Publishing() { o.wm.publishing(o.p) }
+// Publishing implements ownership.Owner: nothing to do, since the
+// partition restores from its cursor.
+func (soleOwner) Publishing() {}
 
-// Fence implements ownership: there is no fence.
+// Fence implements ownership.Owner: there is no fence.
 func (soleOwner) Fence() *forward.Fence { return nil }
 
-// Lost implements ownership: with no fence, no error is a fence loss.
+// Lost implements ownership.Owner: with no fence, no error is a fence loss.
 func (soleOwner) Lost(context.Context, error) bool { return false }
 
-// Claim implements ownership: the claims, with the store's watermark,
-// in one transaction.
-func (o soleOwner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, _ time.Time) ([]state.ClaimResult, error) {
-	r, err := p.ClaimWithWatermark(claims, o.wm.next(o.p, res))
-	if err == nil {
-		o.wm.commit(o.p, res)
+// Claim implements ownership.Owner: the claims, with the partition's
+// cursor at the highest sequence the batch stored (forward.StoredUpTo), in
+// one transaction.
+func (soleOwner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result) ([]state.ClaimResult, error) {
+	return p.ClaimWithCursor(claims, forward.StoredUpTo(res))
+}
+
+// Forget implements ownership.Owner: the forget's key-state record (a
+// tombstone, changelog.ForgetMsg) is published to the partition's
+// changelog first, so that a restore keeps the key forgotten, then the
+// record is marked at the same time.
+func (o soleOwner) Forget(ctx context.Context, p *state.Partition, key []byte) (state.Record, bool, error) {
+	rec, held, err := p.Held(key)
+	if err != nil || !held {
+		return rec, false, err
 	}
-	return r, err
+	at := o.s.clock.Now()
+	m := changelog.ForgetMsg(changelog.KeyStateSubject(o.s.cfg.Output.SubjectPrefix, o.p), changelog.KeyRecord(key, rec), at)
+	res := make([]forward.Result, 1)
+	err = forward.Batch(ctx, o.s.js, []*nats.Msg{m}, res, forward.Options{Component: "forget", Atomic: o.s.atomicOutput})
+	if err == nil {
+		err = res[0].Err
+	}
+	if err != nil {
+		return state.Record{}, false, fmt.Errorf("forget %q: publish its tombstone: %w", key, err)
+	}
+	return p.ForgetAt(key, at)
 }
 
-// Forget implements ownership: the record alone is marked.
-func (soleOwner) Forget(_ context.Context, p *state.Partition, key []byte) (state.Record, bool, error) {
-	return p.Forget(key)
-}
-
-// DeadLetterFence implements ownership: dead letters are not fenced.
+// DeadLetterFence implements ownership.Owner: dead letters are not fenced.
 func (soleOwner) DeadLetterFence() (*forward.Fence, string) { return nil, "" }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -45,7 +45,7 @@ func TestScaleOutRecoversFromFailedPinCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for p := range 4 {
-		if _, err := handover.Take(ctx, e.js, e.cfg.Output.Stream, handover.FenceSubject(e.cfg.Output.SubjectPrefix, p), "other"); err != nil {
+		if _, err := changelog.Take(ctx, e.js, e.cfg.Output.Stream, changelog.FenceSubject(e.cfg.Output.SubjectPrefix, p), "other"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/admin"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
@@ -16,7 +17,10 @@ import (
 // inspect and forget of a key never seen answer not found and not held as
 // soon as both instances have answered (their owned partitions cover all
 // four), not at the client's timeout; a key one of them holds is still
-// answered by its owner.
+// answered by its owner. Once another instance takes a partition's fence,
+// its former owner's answers no longer cover that partition, though it
+// has not yet noticed the loss: the client waits for the new owner, which
+// holds the partition's keys, instead of answering "not held" for them.
 func TestScaleOutAdminAnswersAKeyNoInstanceHolds(t *testing.T) {
 	e := newScaleOutEnv(t)
 	ea, eb := e.as("a"), e.as("b")
@@ -81,5 +85,41 @@ func TestScaleOutAdminAnswersAKeyNoInstanceHolds(t *testing.T) {
 	in, err = c.Inspect(ctx, key)
 	if err != nil || !in.Found || !in.Owner || in.Instance != owner {
 		t.Errorf("inspect %s = %+v, %v; want found by %s, the owner of partition %d", key, in, err, owner, p)
+	}
+
+	// The owner of the key's partition loses it to "other", which takes
+	// the fence as a takeover does; the former owner has no batch to be
+	// refused yet, so it still counts the partition as its own.
+	r := a
+	if owner == "b" {
+		r = b
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := changelog.Take(fctx, e.js, e.cfg.Output.Stream, changelog.FenceSubject(e.cfg.Output.SubjectPrefix, p), "other"); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(r.st.Status().Owned, p) {
+		t.Fatalf("%s no longer counts partition %d as its own: the loss is noticed before the answer, nothing to test", owner, p)
+	}
+	for _, what := range []string{"inspect", "forget"} {
+		var c admin.Coverage
+		switch what {
+		case "inspect":
+			ans, err := r.st.Inspect(fctx, "never-seen")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c = ans.Coverage
+		default:
+			f, err := r.st.Forget(fctx, "never-seen")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c = f.Coverage
+		}
+		if slices.Contains(c.Owned, p) {
+			t.Errorf("%s of a key by %s, whose partition %d another instance took: covers %v; want it left out", what, owner, p, c.Owned)
+		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -172,9 +172,9 @@ func publishRecords(tb testing.TB, js jetstream.JetStream, cfg config.Config, n 
 	for i := range n {
 		k := recordKey(i)
 		p := partitionOf(k, cfg.State.Partitions)
-		m := &nats.Msg{Subject: handover.PartitionSubject(cfg.Output.SubjectPrefix, p, "orders."+k), Header: nats.Header{}, Data: data}
+		m := &nats.Msg{Subject: changelog.PartitionSubject(cfg.Output.SubjectPrefix, p, "orders."+k), Header: nats.Header{}, Data: data}
 		m.Header.Set(jetstream.MsgIDHeader, k)
-		handover.Annotate(m.Header, firstSeen, fp)
+		changelog.Annotate(m.Header, firstSeen, fp)
 		if _, err := pjs.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
 			tb.Fatalf("publish record %d: %v", i, err)
 		}

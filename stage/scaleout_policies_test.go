@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
@@ -53,7 +53,7 @@ func (e *env) judgedBy(r *running, n float64) {
 func (e *env) forwardIDs() []string {
 	e.t.Helper()
 	var ids []string
-	control := strings.TrimSuffix(handover.ControlSubjects(e.cfg.Output.SubjectPrefix), ">")
+	control := strings.TrimSuffix(changelog.ControlSubjects(e.cfg.Output.SubjectPrefix), ">")
 	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.Output.Stream) {
 		if !strings.HasPrefix(m.Subject, control) {
 			ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
@@ -72,7 +72,7 @@ func (e *env) outputSeqIs(r *running, key, id string) {
 			want = m.Seq
 		}
 	}
-	in, err := r.st.Inspect(key)
+	in, err := r.st.Inspect(context.Background(), key)
 	if err != nil || want == 0 || in.OutputSeq == nil || *in.OutputSeq != want {
 		e.t.Errorf("inspect %s = %+v, %v; want output_seq %d, the sequence of forward %s", key, in, err, want, id)
 	}
@@ -207,7 +207,7 @@ func (e *env) keyStateRecords(p int) []natstest.Message {
 	e.t.Helper()
 	var out []natstest.Message
 	for _, m := range natstest.ReadAll(e.t, e.js, e.cfg.Output.Stream) {
-		if m.Subject == handover.KeyStateSubject(e.cfg.Output.SubjectPrefix, p) {
+		if m.Subject == changelog.KeyStateSubject(e.cfg.Output.SubjectPrefix, p) {
 			out = append(out, m)
 		}
 	}
@@ -244,7 +244,7 @@ func TestScaleOutForgetAcrossHandOver(t *testing.T) {
 	eb.publishOrder("f1", nil)
 	eb.judgedBy(b, 2)
 	got := strings.Join(eb.forwardIDs(), " ")
-	if want := "f1 " + handover.ForwardID("f1", r.Applied); got != want {
+	if want := "f1 " + changelog.ForwardID("f1", r.Applied); got != want {
 		t.Errorf("output ids %q, want %q: the copy after the forget once, with the forget's id", got, want)
 	}
 	if n := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}); n != 1 {
@@ -252,6 +252,44 @@ func TestScaleOutForgetAcrossHandOver(t *testing.T) {
 	}
 	if n := counter(t, b.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); n != 1 {
 		t.Errorf("b judged %v copies repeats, want 1 (the copy after the forwarded one)", n)
+	}
+}
+
+// TestScaleOutForgetOnAPartitionTakenBeforeTraffic: b joins a's group
+// with no traffic after a judged keys of every partition; the partitions
+// a releases to b are taken before any message (pretake). A forget on b
+// of a key in one of them is b's as the partition's owner: held,
+// forgotten and covered, not "not the owner" until the partition's first
+// batch.
+func TestScaleOutForgetOnAPartitionTakenBeforeTraffic(t *testing.T) {
+	ea, eb := policyGroup(t, nil)
+	a := ea.start()
+	byPartition := map[int]string{}
+	for i := 0; len(byPartition) < 4; i++ {
+		k := fmt.Sprintf("t%d", i)
+		if _, ok := byPartition[partitionOf(k, 4)]; !ok {
+			byPartition[partitionOf(k, 4)] = k
+			ea.publishOrder(k, nil)
+		}
+	}
+	ea.judgedBy(a, 4)
+	b := eb.start()
+	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "b to own 2 partitions", func() (bool, error) {
+		owned := [2]int{len(a.st.Status().Owned), len(b.st.Status().Owned)}
+		return owned == [2]int{2, 2}, fmt.Errorf("a owns %v, b owns %v", a.st.Status().Owned, b.st.Status().Owned)
+	})
+	if n := counter(t, b.reg, "dedupe_messages_total", nil); n != 0 {
+		t.Fatalf("b judged %v messages; want none, its partitions taken before traffic", n)
+	}
+	p := b.st.Status().Owned[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := b.st.Forget(ctx, byPartition[p])
+	if err != nil || !r.Owner || !r.Held || !slices.Contains(r.Coverage.Owned, p) {
+		t.Fatalf("forget %s on b, which took its partition %d before traffic = %+v, %v; want held and forgotten by the owner", byPartition[p], p, r, err)
+	}
+	if in, err := b.st.Inspect(ctx, byPartition[p]); err != nil || in.InsideWindow || in.Forgotten == nil {
+		t.Errorf("inspect %s on b after the forget = %+v, %v; want forgotten", byPartition[p], in, err)
 	}
 }
 
@@ -267,7 +305,7 @@ func TestScaleOutForgetByAZombieRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := partitionOf("z1", 4)
-	if _, err := handover.Take(ctx, ea.js, ea.cfg.Output.Stream, handover.FenceSubject(ea.cfg.Output.SubjectPrefix, p), "other"); err != nil {
+	if _, err := changelog.Take(ctx, ea.js, ea.cfg.Output.Stream, changelog.FenceSubject(ea.cfg.Output.SubjectPrefix, p), "other"); err != nil {
 		t.Fatal(err)
 	}
 	r, err := a.st.Forget(ctx, "z1")
@@ -277,7 +315,7 @@ func TestScaleOutForgetByAZombieRefused(t *testing.T) {
 	if n := len(ea.keyStateRecords(p)); n != 0 {
 		t.Errorf("%d key-state records in the changelog, want none", n)
 	}
-	if in, err := a.st.Inspect("z1"); err != nil || !in.InsideWindow || in.Forgotten != nil {
+	if in, err := a.st.Inspect(context.Background(), "z1"); err != nil || !in.InsideWindow || in.Forgotten != nil {
 		t.Errorf("inspect z1 on the zombie = %+v, %v; want held, not forgotten", in, err)
 	}
 }
@@ -289,14 +327,17 @@ func TestScaleOutVersionThroughSnapshot(t *testing.T) {
 	ea, eb := policyGroup(t, func(e *env) {
 		e.cfg.Key.Version = keys.FieldSpec{Source: keys.SourceHeader, Header: "Order-Version"}
 		e.cfg.ScaleOut.SnapshotInterval = config.Duration(time.Hour) // written by the test
+		e.cfg.ScaleOut.Standbys = 0                                  // b, a warm standby, would take it from its local store
 	})
 	a := ea.start()
 	ea.publishOrder("o1", nats.Header{"Order-Version": {"3"}})
 	ea.judgedBy(a, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if n, err := a.st.WriteSnapshots(ctx); err != nil || n != 1 {
-		t.Fatalf("write snapshots: %d, %v; want o1's partition", n, err)
+	// Alone in the group, a takes every partition before traffic, or
+	// some of them by now: o1's at least.
+	if n, err := a.st.WriteSnapshots(ctx); err != nil || n < 1 {
+		t.Fatalf("write snapshots: %d, %v; want o1's partition among them", n, err)
 	}
 	a.kill(t, ea.nc)
 	b := eb.start()

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
@@ -89,7 +89,7 @@ func TestScaleOutRestoresMillionKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter(handover.ControlSubjects(e.cfg.Output.SubjectPrefix)))
+	info, err := out.Info(ctx, jetstream.WithSubjectFilter(changelog.ControlSubjects(e.cfg.Output.SubjectPrefix)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestScaleOutRestoresMillionKeys(t *testing.T) {
 	missing, wrong := 0, 0
 	for i := range restoreKeys {
 		k := recordKey(i)
-		res, err := st.Partition(partitionOf(k, e.cfg.State.Partitions)).Lookup([]byte(k))
+		res, err := st.Partition(partitionOf(k, e.cfg.State.Partitions)).Lookup([]byte(k), time.Time{})
 		switch {
 		case err != nil:
 			t.Fatalf("lookup %s: %v", k, err)

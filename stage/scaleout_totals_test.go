@@ -6,8 +6,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/sink"
@@ -137,10 +137,10 @@ func TestScaleOutTotalsAcrossHandOvers(t *testing.T) {
 
 	// Every record carries what it added, as the restores read it.
 	for _, m := range natstest.ReadAll(t, e.js, e.cfg.Output.Stream) {
-		if m.Header.Get(handover.HeaderFirstSeen) == "" {
+		if m.Header.Get(changelog.HeaderFirstSeen) == "" {
 			continue // a fence
 		}
-		r, err := handover.DecodeHeader(m.Header)
+		r, err := changelog.DecodeHeader(m.Header)
 		if err != nil || r.Group == "" {
 			t.Fatalf("output record %s: %+v, %v; want a contribution to a total", m.Subject, r, err)
 		}

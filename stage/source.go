@@ -12,6 +12,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
+	"github.com/dedupe-stage/dedupe-stage/internal/ownership"
 	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
@@ -43,9 +44,9 @@ type source interface {
 	// its metrics go on reg.
 	open(ctx context.Context, s *Stage, reg prometheus.Registerer) error
 	// prepare readies what the partitions need once the store is open,
-	// before any batch is judged: a single instance reads the output back
-	// after the store's watermark (docs/state.md, "The watermark"); a
-	// group's partitions restore as they are taken.
+	// before any batch is judged: a single instance restores every
+	// partition from the output after its cursor (docs/state.md, "One
+	// recovery path"); a group's partitions restore as they are taken.
 	prepare(ctx context.Context) error
 	// queue returns the channel partition's worker reads from, fed by
 	// ch (the stage's queue of the partition).
@@ -55,10 +56,15 @@ type source interface {
 	// finish releases what the source holds once the workers have
 	// finished; Run calls it last.
 	finish()
-	// backlog reads the input backlog: pending, then ack pending.
-	backlog(ctx context.Context) (pending, ackPending uint64, err error)
+	// backlog reads the input backlog of what this instance judges.
+	backlog(ctx context.Context) (inputBacklog, error)
+	// pendingFloors reads from the servers, for each partition this
+	// instance judges, the input time of the oldest message it may still
+	// be handed again (delivered before and not acknowledged): floor(p)
+	// with ok false means none. Expiry never passes it (runExpiry).
+	pendingFloors(ctx context.Context) (floor func(p int) (time.Time, bool), err error)
 	// owner returns the ownership of partition p.
-	owner(p *state.Partition) ownership
+	owner(p *state.Partition) ownership.Owner
 	// inputOf returns where the input of msg, a message of stream, is when
 	// that is not msg itself (a copy the source made of it); ok false
 	// means msg is its own input.
@@ -77,6 +83,15 @@ type source interface {
 	// the partition of a key no partition holds, is owned only by a
 	// single instance, which owns every partition.
 	holds(p int) bool
+	// confirms reports whether this instance owns partition p now, as
+	// holds does, and, in a group, still holds its fence as the output
+	// stream's leader has it: what an operator's answer claims
+	// (Stage.coverage).
+	confirms(ctx context.Context, p int) bool
+	// keeps reports whether this instance keeps partition p's state up to
+	// date, so that expiry runs on it: it owns p, or is one of its warm
+	// standbys (docs/scale-out.md §4.4).
+	keeps(p int) bool
 }
 
 // sourceFor returns the source of cfg, not yet bound.
@@ -113,13 +128,13 @@ type arrival struct {
 type intake struct {
 	s     *Stage
 	parts []chan item
-	dlq   chan<- deadLetter
+	dlq   chan<- deadletter.Letter
 }
 
 // reject dead-letters msg as not routed, with detail, before any other
 // check: the source cannot even tell which messages it holds.
 func (in *intake) reject(msg jetstream.Msg, detail string) {
-	in.dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted, detail: detail}
+	in.dlq <- deadletter.Letter{Msg: msg, Reason: deadletter.ReasonNotRouted, Detail: detail}
 }
 
 // deliver judges what can be judged of a without state (limits, key,
@@ -128,28 +143,39 @@ func (in *intake) reject(msg jetstream.Msg, detail string) {
 func (in *intake) deliver(a arrival) {
 	s, msg := in.s, a.msg
 	data := msg.Data()
-	if s.maxDeliver > 0 {
-		if md, err := msg.Metadata(); err == nil && md.NumDelivered >= uint64(s.maxDeliver) {
-			in.dlq <- deadLetter{msg: msg, reason: deadletter.ReasonMaxDeliver,
-				detail: fmt.Sprintf("delivery %d of at most %d: dead-lettered so the server cannot drop it", md.NumDelivered, s.maxDeliver)}
-			return
-		}
+	md, mdErr := msg.Metadata() // parsed once: its delivery count and its input time
+	if s.maxDeliver > 0 && mdErr == nil && md.NumDelivered >= uint64(s.maxDeliver) {
+		in.dlq <- deadletter.Letter{Msg: msg, Reason: deadletter.ReasonMaxDeliver,
+			Detail: fmt.Sprintf("delivery %d of at most %d: dead-lettered so the server cannot drop it", md.NumDelivered, s.maxDeliver)}
+		return
 	}
 	if limit := int(s.cfg.Pipeline.MaxMessageBytes); len(data) > limit {
-		in.dlq <- deadLetter{msg: msg, reason: deadletter.ReasonOversized,
-			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
+		in.dlq <- deadletter.Letter{Msg: msg, Reason: deadletter.ReasonOversized,
+			Detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 		return
 	}
 	if a.undecodable != "" {
-		in.dlq <- deadLetter{msg: msg, reason: deadletter.ReasonNotRouted, detail: a.undecodable}
+		in.dlq <- deadletter.Letter{Msg: msg, Reason: deadletter.ReasonNotRouted, Detail: a.undecodable}
 		return
+	}
+	at := a.at
+	if at.IsZero() {
+		if mdErr != nil {
+			in.dlq <- deadletter.Letter{Msg: msg, Reason: deadletter.ReasonNotRouted,
+				Detail: "no input stream timestamp, so no input time to judge it at: " + mdErr.Error()}
+			return
+		}
+		at = md.Timestamp
+	}
+	if s.inputTimeHook != nil {
+		at = s.inputTimeHook(msg, at)
 	}
 	key, subject := a.key, a.subject
 	if key == nil {
 		var err error
 		if key, err = s.keyFn.Key(msg.Subject(), msg.Headers(), data); err != nil {
 			reason, detail := deadletter.KeyReason(err, deadletter.ReasonNoKey)
-			in.dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
+			in.dlq <- deadletter.Letter{Msg: msg, Reason: reason, Detail: detail}
 			return
 		}
 	}
@@ -161,7 +187,7 @@ func (in *intake) deliver(a arrival) {
 		var err error
 		if version, err = s.version.Version(msg.Subject(), msg.Headers(), data); err != nil {
 			reason, detail := deadletter.KeyReason(err, deadletter.ReasonBadVersion)
-			in.dlq <- deadLetter{msg: msg, reason: reason, detail: detail}
+			in.dlq <- deadletter.Letter{Msg: msg, Reason: reason, Detail: detail}
 			return
 		}
 	}
@@ -169,8 +195,8 @@ func (in *intake) deliver(a arrival) {
 	var tot state.Contribution
 	if s.totals != nil {
 		// The group routes: every copy of a key carries the same group.
-		var dl *deadLetter
-		if tot, dl = s.totals.extract(msg, subject, data, a.at); dl != nil {
+		var dl *deadletter.Letter
+		if tot, dl = s.totals.extract(msg, subject, data, at); dl != nil {
 			in.dlq <- *dl
 			return
 		}
@@ -181,7 +207,7 @@ func (in *intake) deliver(a arrival) {
 		p = state.PartitionOf(route, len(in.parts))
 	}
 	in.parts[p] <- item{msg: msg, key: key, fp: fingerprint(data), tot: tot, pin: a.pin, subject: a.subject,
-		version: version, versioned: s.version != nil}
+		version: version, versioned: s.version != nil, at: at}
 }
 
 // offer queues a, an input whose key a.key the source already read and
@@ -193,7 +219,14 @@ func (in *intake) deliver(a arrival) {
 // another way.
 func (in *intake) offer(a arrival) bool {
 	s, msg := in.s, a.msg
-	it := item{msg: msg, key: bytes.Clone(a.key), fp: fingerprint(msg.Data()), pin: a.pin}
+	md, err := msg.Metadata()
+	if err != nil {
+		return false
+	}
+	it := item{msg: msg, key: bytes.Clone(a.key), fp: fingerprint(msg.Data()), pin: a.pin, at: md.Timestamp}
+	if s.inputTimeHook != nil {
+		it.at = s.inputTimeHook(msg, it.at)
+	}
 	if s.version != nil {
 		v, err := s.version.Version(msg.Subject(), msg.Headers(), msg.Data())
 		if err != nil {
@@ -202,8 +235,8 @@ func (in *intake) offer(a arrival) bool {
 		it.version, it.versioned = v, true
 	}
 	if s.totals != nil {
-		var dl *deadLetter
-		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), time.Time{}); dl != nil {
+		var dl *deadletter.Letter
+		if it.tot, dl = s.totals.extract(msg, msg.Subject(), msg.Data(), it.at); dl != nil {
 			return false
 		}
 	}

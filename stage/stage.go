@@ -14,9 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/admin"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
+	"github.com/dedupe-stage/dedupe-stage/internal/ownership"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -44,8 +46,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock tells the time for window judgements. Default window.SystemClock.
 	Clock window.Clock
-	// Health, if set, is updated as the stage becomes ready and healthy and
-	// gets the store for inspection. Default: a private one.
+	// Health, if set, is updated as the stage becomes ready and healthy,
+	// follows Conn (the nats component) and gets the store for
+	// inspection. Default: a private one.
 	Health *Health
 	// ShutdownTimeout: default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -53,6 +56,13 @@ type Options struct {
 	// progress and updates dedupe_filter_rebuild_keys_scanned. Default
 	// state.DefaultFilterProgressInterval.
 	FilterProgressInterval time.Duration
+	// InputTime, if set, gives each message its input time: the stage
+	// judges it at InputTime(msg, stored) instead of stored, the time the
+	// input stream stored it. Every age, window end and totals bucket
+	// without totals.time follows it, as it follows the input stream's
+	// clock without it. `dedupe-stage test` sets it to the time offset of
+	// each message of a case; run leaves it nil.
+	InputTime func(msg jetstream.Msg, stored time.Time) time.Time
 }
 
 // Stage is a running dedupe stage. Run processes messages; Close releases
@@ -86,12 +96,19 @@ type Stage struct {
 	outputBatches     *forward.Limiter // bounds the atomic batches open on the output stream
 
 	beforePublish func(partition, batchLen int) // test hook
-	turns         turns                         // a partition's batches and its operator actions, one at a time
-	owners        []ownership                   // each partition's, used in its turn: by its worker, or an operator's forget
+	// inputTimeHook (Options.InputTime) gives a message its input time
+	// instead of the time the input stream stored it.
+	inputTimeHook func(msg jetstream.Msg, stored time.Time) time.Time
+	turns         turns             // a partition's batches and its operator actions, one at a time
+	owners        []ownership.Owner // each partition's, used in its turn: by its worker, or an operator's forget
 
-	running   atomic.Bool
-	closeOnce sync.Once
-	closeErr  error
+	outMu  sync.Mutex
+	outStr jetstream.Stream // the output stream, looked up on first need (outputStream)
+
+	running     atomic.Bool
+	lastBacklog atomic.Pointer[inputBacklog] // pollPending's last read, for Status
+	closeOnce   sync.Once
+	closeErr    error
 }
 
 // New checks the configuration against the servers, creates the streams
@@ -108,6 +125,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		return nil, errors.New("stage: Options.Conn is nil")
 	}
 	s, reg := newStage(opts)
+	s.status.watchConn(s.nc)
 	var err error
 	if s.win, err = cfg.Window.Derive(); err != nil {
 		return nil, fmt.Errorf("window: %w", err)
@@ -140,6 +158,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		s.status.declare(CompTotalsFlush)
 	}
 	s.metrics = NewMetrics(reg, s.win.W.Seconds(), s.status)
+	s.metrics.ZeroPartitions(cfg.State.Partitions)
 	s.log.Info("server limits", "max_payload", s.nc.MaxPayload(), "max_header_bytes", retry.MaxHeaderBytes)
 	if err := s.openState(ctx, reg, opts.FilterProgressInterval); err != nil {
 		return nil, err
@@ -148,7 +167,7 @@ func New(ctx context.Context, opts Options) (*Stage, error) {
 		s.Close()
 		return nil, err
 	}
-	s.owners = make([]ownership, s.store.Partitions())
+	s.owners = make([]ownership.Owner, s.store.Partitions())
 	for i := range s.owners {
 		s.owners[i] = s.src.owner(s.store.Partition(i))
 	}
@@ -167,6 +186,7 @@ func newStage(opts Options) (*Stage, prometheus.Registerer) {
 		src:                sourceFor(cfg),
 		status:             opts.Health,
 		shutdownTimeout:    opts.ShutdownTimeout,
+		inputTimeHook:      opts.InputTime,
 		fpMismatchIsRepeat: cfg.Pipeline.OnFingerprintMismatch == config.FingerprintRepeat,
 	}
 	if s.log == nil {
@@ -204,6 +224,7 @@ func (s *Stage) checkServers(ctx context.Context) error {
 	} else if err := checkStreamsExist(ctx, s.js, cfg); err != nil {
 		return err
 	}
+	warnStreams(ctx, s.js, cfg, s.log)
 	consumerCfg, err := s.src.bind(ctx, s)
 	if err != nil {
 		return err
@@ -241,21 +262,39 @@ func (s *Stage) openState(ctx context.Context, reg prometheus.Registerer, progre
 	}
 	var err error
 	if s.store, err = state.Open(ctx, stateOpts); err != nil {
-		if errors.Is(err, state.ErrLayout) {
-			return fmt.Errorf("%w; set state.partitions (--partitions) back to the data dir's count, or start on a new, empty data dir "+
-				"(state.data_dir, --data-dir): see configs/README.md, \"Changing the partition count\"", err)
+		if de := (*state.DamageError)(nil); errors.As(err, &de) {
+			s.log.Error("the store is damaged: refusing to judge with it (state.on_damage: refuse)", "file", de.File, "err", de.Err)
+			return fmt.Errorf("%w; %s (docs/failures.md, \"A damaged store\")", err, de.Fix("state.on_damage"))
 		}
-		return fmt.Errorf("state: %w", err)
+		return layoutRefusal(err)
+	}
+	if aside := s.store.MovedAside(); aside != "" {
+		s.log.Warn("the store was damaged and was rebuilt empty (state.on_damage: rebuild): every partition is restored from the output stream before any message is judged",
+			"damaged_store", aside)
 	}
 	reg.MustRegister(NewStoreCollector(s.store))
 	if err := s.openTotals(ctx, reg); err != nil {
 		s.store.Close()
 		return err
 	}
-	s.status.setStore(s.store, s.win, s.clock)
+	s.status.setStore(s.store, s.win)
 	s.log.Info("state open, filters ready", "dir", stateOpts.Dir, "partitions", stateOpts.Partitions,
 		"filter", cfg.Filter.Enabled, "keys_in_filters", s.store.Stats().FilterKeys, "took", time.Since(started).Round(time.Millisecond))
 	return nil
+}
+
+// outputStream returns the output stream, looked up once.
+func (s *Stage) outputStream(ctx context.Context) (jetstream.Stream, error) {
+	s.outMu.Lock()
+	defer s.outMu.Unlock()
+	if s.outStr == nil {
+		st, err := s.js.Stream(ctx, s.cfg.Output.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("look up output stream %s: %w", s.cfg.Output.Stream, err)
+		}
+		s.outStr = st
+	}
+	return s.outStr, nil
 }
 
 // Store returns the stage's state store.
@@ -277,6 +316,10 @@ type item struct {
 	// version is the message's version (key.version) when versioned.
 	version   uint64
 	versioned bool
+	// at is the message's input time: when the input stream stored it
+	// (for a copy, its original), on the input stream's clock. Every age
+	// is judged at it, never at the stage's clock.
+	at time.Time
 }
 
 // inputSubject returns the subject the message had in the input stream.
@@ -287,22 +330,6 @@ func (it *item) inputSubject() string {
 	return it.msg.Subject()
 }
 
-// deadLetter is a message on its way to the dead-letter subject.
-type deadLetter struct {
-	msg    jetstream.Msg
-	reason deadletter.Reason
-	detail string
-	// partition is the label of the partition that judged it, or ""
-	// for an input dead-lettered before it reached one.
-	partition string
-	// fence is the dead-letter fence of the tenure that decided it, with
-	// scale-out (nil: not fenced); p and pin are that tenure's partition
-	// and pin.
-	fence *forward.Fence
-	p     int
-	pin   string
-}
-
 // Run consumes the input until ctx is done, then stops fetching, finishes
 // the batches in flight (publish, commit, ack), and returns nil. Run may be
 // called once.
@@ -311,14 +338,17 @@ func (s *Stage) Run(ctx context.Context) error {
 		return errors.New("stage: Run called twice")
 	}
 	// Work in flight runs on its own context: a stop finishes it, and only
-	// the shutdown timeout abandons it (unacked, so it comes back).
+	// the shutdown timeout, or the NATS link found down, abandons it
+	// (unacked, so it comes back).
 	work, abandon := context.WithCancel(context.Background())
 	defer abandon()
 	stopTimer := context.AfterFunc(ctx, func() { time.AfterFunc(s.shutdownTimeout, abandon) })
 	defer stopTimer()
+	stopWatch := context.AfterFunc(ctx, func() { s.abandonOnLostLink(work, abandon) })
+	defer stopWatch()
 
 	parts := make([]chan item, s.store.Partitions())
-	dlq := make(chan deadLetter, 1024)
+	dlq := make(chan deadletter.Letter, 1024)
 	var workers, dlqWorker sync.WaitGroup
 	for i := range parts {
 		parts[i] = make(chan item, s.cfg.Pipeline.BatchSize)
@@ -343,9 +373,12 @@ func (s *Stage) Run(ctx context.Context) error {
 
 	s.status.setReady(true)
 	go s.pollPending(ctx, s.src.backlog)
+	var expiry sync.WaitGroup
+	expiry.Go(func() { s.runExpiry(ctx) })
 	s.src.run(ctx, &intake{s: s, parts: parts, dlq: dlq})
 
 	s.status.setReady(false)
+	expiry.Wait()
 	for _, ch := range parts {
 		close(ch)
 	}
@@ -360,18 +393,55 @@ func (s *Stage) Run(ctx context.Context) error {
 	return nil
 }
 
-// pollPending exports the input backlog that backlog reads (pending, then
-// ack pending) every few seconds.
-func (s *Stage) pollPending(ctx context.Context, backlog func(context.Context) (uint64, uint64, error)) {
+// lostLinkPoll is how often a stop checks the NATS connection.
+const lostLinkPoll = 50 * time.Millisecond
+
+// abandonOnLostLink calls abandon once the NATS connection is down (the
+// client reconnecting, or closed) before work ends: a batch in flight
+// cannot finish without the server, so a stop then ends at once instead of
+// retrying until the shutdown timeout. What it abandons stays unacked and
+// comes back after AckWait. A link that stops answering without a reset is
+// found down within nats.ping_interval x (nats.max_pings_out + 1).
+func (s *Stage) abandonOnLostLink(work context.Context, abandon context.CancelFunc) {
+	go func() {
+		t := time.NewTicker(lostLinkPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-work.Done():
+				return
+			case <-t.C:
+			}
+			if !s.nc.IsConnected() {
+				s.log.Warn("stopping while the NATS connection is down: the batches in flight are left unacked and come back after ack_wait",
+					"status", s.nc.Status().String(), "ack_wait", s.ackWait)
+				abandon()
+				return
+			}
+		}
+	}()
+}
+
+// inputBacklog is the input backlog a source read: its total, and each
+// owned partition's when the source reads them apart (a group's).
+type inputBacklog struct {
+	total admin.Backlog
+	parts map[int]admin.Backlog // nil for a single instance
+}
+
+// pollPending exports the input backlog that backlog reads every few
+// seconds, and keeps it for Status.
+func (s *Stage) pollPending(ctx context.Context, backlog func(context.Context) (inputBacklog, error)) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		pending, ackPending, err := backlog(rctx)
+		b, err := backlog(rctx)
 		cancel()
 		if err == nil {
-			s.metrics.ConsumerPending.WithLabelValues("pending").Set(float64(pending))
-			s.metrics.ConsumerPending.WithLabelValues("ack_pending").Set(float64(ackPending))
+			s.metrics.ConsumerPending.WithLabelValues("pending").Set(float64(b.total.Pending))
+			s.metrics.ConsumerPending.WithLabelValues("ack_pending").Set(float64(b.total.AckPending))
+			s.lastBacklog.Store(&b)
 		}
 		select {
 		case <-ctx.Done():
@@ -386,7 +456,7 @@ func (s *Stage) pollPending(ctx context.Context, backlog func(context.Context) (
 func (s *Stage) Close() error {
 	s.closeOnce.Do(func() {
 		s.status.setReady(false)
-		s.status.setStore(nil, s.win, s.clock)
+		s.status.setStore(nil, s.win)
 		if s.totals != nil {
 			s.totals.close()
 		}

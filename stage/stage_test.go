@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +34,10 @@ type env struct {
 	cfg     config.Config
 	clock   window.Clock
 	dataDir string
+	// inputClock, when set, gives every message its time as its input
+	// time (Stage.SetInputTimeHook) instead of the time the input stream
+	// stored it: a test steps it between publishes.
+	inputClock *window.ManualClock
 }
 
 func newEnv(t *testing.T) *env {
@@ -43,10 +48,16 @@ func newEnv(t *testing.T) *env {
 // newEnvOn is newEnv on a server the test started.
 func newEnvOn(t *testing.T, srv *server.Server) *env {
 	t.Helper()
-	nc, js := natstest.Connect(t, srv.ClientURL())
+	return newEnvAt(t, srv, srv.ClientURL())
+}
+
+// newEnvAt is newEnvOn connecting to url (a URL of srv with credentials).
+func newEnvAt(t *testing.T, srv *server.Server, url string) *env {
+	t.Helper()
+	nc, js := natstest.Connect(t, url)
 	cfg := config.Default()
 	yes := true
-	cfg.NATS.URL = srv.ClientURL()
+	cfg.NATS.URL = url
 	cfg.NATS.CreateStreams = &yes
 	cfg.State.DataDir = t.TempDir()
 	cfg.State.Partitions = 4
@@ -84,6 +95,9 @@ func (e *env) startWith(log *slog.Logger) *running {
 	st, err := stage.New(context.Background(), stage.Options{Config: e.cfg, Conn: e.nc, Registry: reg, Clock: e.clock, Health: status, Logger: log})
 	if err != nil {
 		e.t.Fatalf("stage.New: %v", err)
+	}
+	if c := e.inputClock; c != nil {
+		st.SetInputTimeHook(func(jetstream.Msg, time.Time) time.Time { return c.Now() })
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{st: st, status: status, reg: reg, cancel: cancel, done: make(chan error, 1)}
@@ -381,42 +395,56 @@ func TestJSONKeyWithScope(t *testing.T) {
 	}
 }
 
+// TestKeysPastTheWindowAreForwardedAgain: a copy the input stored W or
+// more after its key's first copy is forwarded again, with an id of its
+// own (k1.after.<first copy's time>), though the output's duplicate window
+// (2 minutes, on the servers' clock) still holds the first forward, and a
+// copy of the second window is a repeat of it.
 func TestKeysPastTheWindowAreForwardedAgain(t *testing.T) {
 	e := newEnv(t)
 	clock := window.NewManualClock(time.Now())
-	e.clock = clock
+	e.inputClock = clock
 	e.cfg.Window.Paths = []config.Path{{Name: "client-retry", Max: config.Duration(time.Minute)}}
 	e.cfg.Window.Margin = 0
-	// A short output duplicate window, so the stream itself does not hide
-	// the second forward this test expects.
-	if _, err := e.js.CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: e.cfg.Output.Stream, Subjects: []string{"deduped.>"}, Duplicates: 100 * time.Millisecond,
-	}); err != nil {
-		t.Fatal(err)
+	r := e.start()
+	first := clock.Now()
+	step := func(advance time.Duration) {
+		t.Helper()
+		clock.Advance(advance)
+		e.publish([]event{{key: "k1", payload: []byte("a")}})
+		e.drained(30 * time.Second)
 	}
-	e.cfg.Output.AllowShortDuplicateWindow = true
-	e.start()
-	e.publish([]event{{key: "k1", payload: []byte("a")}})
-	e.drained(30 * time.Second)
-	clock.Advance(30 * time.Second) // inside W: a repeat
-	e.publish([]event{{key: "k1", payload: []byte("a")}})
-	e.drained(30 * time.Second)
-	if n := len(e.outputByKey()["k1"]); n != 1 {
+	step(0)
+	step(30 * time.Second) // inside W: a repeat
+	if n := len(e.outputByKey()); n != 1 {
 		t.Fatalf("inside the window: %d outputs, want 1", n)
 	}
-	time.Sleep(200 * time.Millisecond) // on purpose: past the output's own duplicate window
-	clock.Advance(31 * time.Second)    // 61s after first seen: past W
-	e.publish([]event{{key: "k1", payload: []byte("a")}})
-	e.drained(30 * time.Second)
-	if n := len(e.outputByKey()["k1"]); n != 2 {
-		t.Fatalf("past the window: %d outputs, want 2 (forwarded again, as designed)", n)
+	step(31 * time.Second) // 61s after the first copy: past W
+	step(time.Second)      // a copy of the second window
+	out := e.outputByKey()
+	again := fmt.Sprintf("k1.after.%d", first.UnixNano())
+	if len(out) != 2 || len(out["k1"]) != 1 || len(out[again]) != 1 {
+		t.Fatalf("past the window: outputs %v, want k1 and %s once each", idsOf(out), again)
 	}
+	if got := counter(t, r.reg, "dedupe_forwards_after_window_total", nil); got != 1 {
+		t.Errorf("dedupe_forwards_after_window_total = %v, want 1", got)
+	}
+}
+
+// idsOf returns the ids of out, sorted.
+func idsOf(out map[string][]natstest.Message) []string {
+	ids := make([]string, 0, len(out))
+	for id := range out {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 func TestRefusesShortDuplicateWindow(t *testing.T) {
 	e := newEnv(t)
 	if _, err := e.js.CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: e.cfg.Output.Stream, Subjects: []string{"deduped.>"}, Duplicates: time.Second,
+		Name: e.cfg.Output.Stream, Subjects: []string{"deduped.>", "_dedupe.deduped.>"}, Duplicates: time.Second,
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -57,6 +57,31 @@ type StreamToCreate struct {
 	MaxAgeComputed bool
 }
 
+// DefaultServerMaxConsumers is the consumers nats-server (2.15 on)
+// allows a stream that sets no limit of its own (its
+// jetstream.limits.default_max_consumers).
+const DefaultServerMaxConsumers = 1000
+
+// StreamMaxConsumers is the max_consumers the stage gives each stream it
+// creates with partitions partitions: the server's default for everyone
+// else's consumers (operators, analyze, redrive), plus the stage's own
+// (stageConsumers), which a stream that sets no limit would otherwise
+// share with them.
+func StreamMaxConsumers(partitions int) int {
+	return DefaultServerMaxConsumers + stageConsumers(partitions)
+}
+
+// stageConsumers is how many consumers the stage may hold at once on one
+// of its streams with partitions partitions, five per partition: a group
+// holds one member consumer per partition on the stream it pulls from,
+// and on the output stream each partition may have a restore reader at a
+// takeover and one per warm standby (at most 4) at once.
+func stageConsumers(partitions int) int { return 5 * partitions }
+
+// minConsumers is the fewest consumers a stream that exists must allow:
+// the stage's own and 100 for whoever else reads it.
+func minConsumers(partitions int) int { return stageConsumers(partitions) + 100 }
+
 // StreamsToCreate returns the input, output and dead-letter streams with
 // the settings and limits the stage creates them with when they are missing
 // (see StreamMaxAge; max_bytes is unlimited unless configured). A full input
@@ -83,6 +108,9 @@ func StreamsToCreate(cfg config.Config) ([]StreamToCreate, error) {
 				MaxAge:     StreamMaxAge(l.MaxAge.D(), w.W, dup),
 				MaxBytes:   maxBytes,
 				Discard:    discard,
+				// What the server's default (1,000) would not leave a
+				// group of a thousand partitions.
+				MaxConsumers: StreamMaxConsumers(cfg.State.Partitions),
 			},
 			MaxAgeComputed: l.MaxAge == 0,
 		}
@@ -158,6 +186,26 @@ func checkStreamsExist(ctx context.Context, js jetstream.JetStream, cfg config.C
 	return nil
 }
 
+// warnStreams logs what the streams the stage uses would have
+// check-config --connect warn about (streamWarnings): a stream in memory,
+// an input stream whose subjects do not cover input.subjects. A stream
+// that cannot be read is left to the checks that need it.
+func warnStreams(ctx context.Context, js jetstream.JetStream, cfg config.Config, log *slog.Logger) {
+	wanted, err := StreamsToCreate(cfg)
+	if err != nil {
+		return
+	}
+	have := make(map[string]jetstream.StreamConfig, len(wanted))
+	for _, w := range wanted {
+		if st, err := js.Stream(ctx, w.Config.Name); err == nil {
+			have[w.Config.Name] = st.CachedInfo().Config
+		}
+	}
+	for _, f := range streamWarnings(cfg, wanted, have) {
+		log.Warn(f.Message, "check", f.Check, "fix", f.Fix)
+	}
+}
+
 // ensureConsumer binds to the stage's durable pull consumer, creating it when
 // missing. An existing consumer is used as it is.
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Input, log *slog.Logger) (jetstream.Consumer, error) {
@@ -174,7 +222,7 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Inpu
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("look up consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	consumerCfg := consumerToCreate(cfg)
+	consumerCfg := ConsumerToCreate(cfg)
 	c, err = st.CreateConsumer(ctx, consumerCfg)
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
@@ -183,9 +231,10 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Inpu
 	return c, nil
 }
 
-// consumerToCreate is the durable pull consumer ensureConsumer creates
-// when it is missing.
-func consumerToCreate(cfg config.Input) jetstream.ConsumerConfig {
+// ConsumerToCreate is the durable pull consumer the stage creates on the
+// input when it is missing (with scale_out off): the one place its settings
+// are made, which the bench's loops drain with too.
+func ConsumerToCreate(cfg config.Input) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       cfg.Consumer,
 		AckPolicy:     jetstream.AckExplicitPolicy,

@@ -77,7 +77,10 @@ func newTotals(ctx context.Context, s *Stage, reg prometheus.Registerer) (_ *tot
 		Help: "New events for closed buckets (bucket end + W past), by action: dead_lettered or dropped. They never change a total.",
 	}, []string{"action"})
 	reg.MustRegister(t.flushSeconds, t.pending, t.lateEvents)
-	if t.sinks, err = openSinks(ctx, s.js, cfg, s.cfg.NATS.ShouldCreateStreams(), s.cfg.SideStreamAtomic, sink.NewMetrics(reg)); err != nil {
+	for _, a := range []string{"dead_lettered", "dropped"} {
+		t.lateEvents.WithLabelValues(a) // at 0 from the start
+	}
+	if t.sinks, err = openSinks(ctx, s.js, s.cfg, sink.NewMetrics(reg), s.log); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -115,14 +118,14 @@ func groupOf(ex *keys.Extractor, spec keys.FieldSpec, subject string, hdr nats.H
 
 // extract reads a message's group, time and value; subject is the input
 // subject the message arrived on (for a routed message, the one the route
-// step recorded, not the routed stream's), and inputTime is, for a copy
-// the route step wrote, its input's stream timestamp (route.Origin's
-// Time; zero for any other message). A message that has no usable one
-// returns a dead letter with its reason.
-func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTime time.Time) (state.Contribution, *deadLetter) {
+// step recorded, not the routed stream's), and inputTime is its input
+// time (item.at): the time its bucket is chosen by without totals.time,
+// and the time an event time is judged against. A message that has no
+// usable one returns a dead letter with its reason.
+func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTime time.Time) (state.Contribution, *deadletter.Letter) {
 	hdr := msg.Headers()
-	dl := func(reason deadletter.Reason, format string, args ...any) (state.Contribution, *deadLetter) {
-		return state.Contribution{}, &deadLetter{msg: msg, reason: reason, detail: fmt.Sprintf(format, args...)}
+	dl := func(reason deadletter.Reason, format string, args ...any) (state.Contribution, *deadletter.Letter) {
+		return state.Contribution{}, &deadletter.Letter{Msg: msg, Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	g, err := groupOf(t.group, t.cfg.Group, subject, hdr, data)
 	if err != nil {
@@ -131,16 +134,8 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTi
 	}
 	var at time.Time
 	switch {
-	case t.time == nil && !inputTime.IsZero():
-		// The routed copy's own timestamp is the route step's; the input's
-		// travels with it.
-		at = inputTime
 	case t.time == nil:
-		md, err := msg.Metadata()
-		if err != nil {
-			return dl(deadletter.ReasonBadTime, "no stream timestamp: %v", err)
-		}
-		at = md.Timestamp
+		at = inputTime
 	default:
 		raw, err := t.time.Extract(subject, hdr, data)
 		if err != nil {
@@ -149,11 +144,9 @@ func (t *totals) extract(msg jetstream.Msg, subject string, data []byte, inputTi
 		if at, err = keys.ParseTime(raw); err != nil {
 			return dl(deadletter.ReasonBadTime, "time (%v) %q: %v", t.cfg.Time, raw, err)
 		}
-		if ahead, ok := t.s.src.maxEventTimeAhead(); ok {
-			if now := t.s.clock.Now(); at.Sub(now) > ahead {
-				return dl(deadletter.ReasonFutureTime, "time (%v) %s is %v ahead of the clock, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",
-					t.cfg.Time, at.UTC().Format(time.RFC3339), at.Sub(now).Round(time.Second), ahead)
-			}
+		if ahead, ok := t.s.src.maxEventTimeAhead(); ok && at.Sub(inputTime) > ahead {
+			return dl(deadletter.ReasonFutureTime, "time (%v) %s is %v ahead of its input time %s, more than scale_out.max_event_time_ahead %v: a new owner of the partition would not restore its total",
+				t.cfg.Time, at.UTC().Format(time.RFC3339), at.Sub(inputTime).Round(time.Second), inputTime.UTC().Format(time.RFC3339), ahead)
 		}
 	}
 	v := int64(1)
@@ -189,22 +182,23 @@ const (
 	lateDeadLetter
 )
 
-// late judges a new event in partition against its bucket: a bucket whose
-// end + W is before now is closed and its total final. It counts a late
+// late judges a new event in partition against its bucket, at its input
+// time now: a bucket whose end + W is before now is closed and its total
+// final. It counts a late
 // event in dedupe_totals_late_events_total and returns what to do with it;
 // with lateDeadLetter, the dead letter to send. The caller acts on it.
-func (t *totals) late(it *item, partition string, now time.Time) (lateOutcome, deadLetter) {
+func (t *totals) late(it *item, partition string, now time.Time) (lateOutcome, deadletter.Letter) {
 	closes := t.closes(it.tot.Bucket)
 	if !closes.Before(now) {
-		return onTime, deadLetter{}
+		return onTime, deadletter.Letter{}
 	}
 	if t.cfg.LateEvents == config.LateDrop {
 		t.lateEvents.WithLabelValues("dropped").Inc()
-		return lateDrop, deadLetter{}
+		return lateDrop, deadletter.Letter{}
 	}
 	t.lateEvents.WithLabelValues("dead_lettered").Inc()
-	return lateDeadLetter, deadLetter{msg: it.msg, reason: deadletter.ReasonClosedBucket, partition: partition,
-		detail: fmt.Sprintf("group %q bucket %s closed at %s (bucket end + W %v), event judged at %s: its total is final",
+	return lateDeadLetter, deadletter.Letter{Msg: it.msg, Reason: deadletter.ReasonClosedBucket, Partition: partition,
+		Detail: fmt.Sprintf("group %q bucket %s closed at %s (bucket end + W %v), event judged at %s: its total is final",
 			it.tot.Group, it.tot.Bucket.UTC().Format(time.RFC3339), closes.UTC().Format(time.RFC3339), t.s.win.W, now.UTC().Format(time.RFC3339))}
 }
 

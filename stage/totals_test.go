@@ -479,7 +479,7 @@ func TestTotalsLateEvents(t *testing.T) {
 			e.cfg.Window.Margin = 0
 			t0 := time.Now()
 			clock := window.NewManualClock(t0)
-			e.clock = clock
+			e.inputClock = clock
 			r := e.start()
 
 			open := click{key: "a", campaign: "c1", ts: t0.Add(-3 * time.Minute).Unix(), amount: 1}    // closes about t0+3m
@@ -487,7 +487,7 @@ func TestTotalsLateEvents(t *testing.T) {
 			e.publishClicks([]click{open, closed})
 			e.drained(30 * time.Second)
 
-			clock.Advance(4 * time.Minute) // a's bucket is closed now, a's key is still in the window
+			clock.Advance(4 * time.Minute) // the input's clock: a's bucket is closed now, a's key is still in the window
 			lateNew := click{key: "c", campaign: "c1", ts: open.ts, amount: 1}
 			e.publishClicks([]click{open, lateNew})
 			e.drained(30 * time.Second)
@@ -619,7 +619,7 @@ func TestTotalsMissingSink(t *testing.T) {
 	e.cfg.NATS.CreateStreams = &no
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: e.cfg.Input.Stream, Subjects: e.cfg.Input.Subjects},
-		{Name: e.cfg.Output.Stream, Subjects: []string{"deduped.>"}, Duplicates: 5 * time.Minute},
+		{Name: e.cfg.Output.Stream, Subjects: []string{"deduped.>", "_dedupe.deduped.>"}, Duplicates: 5 * time.Minute},
 		{Name: e.cfg.DeadLetter.Stream, Subjects: []string{e.cfg.DeadLetter.Subject + ".>"}},
 	} {
 		if _, err := e.js.CreateStream(context.Background(), sc); err != nil {

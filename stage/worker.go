@@ -8,26 +8,27 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
+	"github.com/dedupe-stage/dedupe-stage/internal/ownership"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
-// fingerprint is the payload fingerprint stored with each key.
-func fingerprint(data []byte) uint64 { return xxhash.Sum64(data) }
+// fingerprint is the payload fingerprint stored with each key
+// (changelog.Fingerprint, which a restore computes too).
+func fingerprint(data []byte) uint64 { return changelog.Fingerprint(data) }
 
 // runPartition owns one partition: it gathers batches from in and has its
 // worker process them one after another until in is closed.
-func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadLetter) {
+func (s *Stage) runPartition(ctx context.Context, p *state.Partition, in <-chan item, dlq chan<- deadletter.Letter) {
 	label := strconv.Itoa(p.Index())
 	w := &worker{s: s, p: p, label: label, dlq: dlq, health: newQuietReporter(s.reporter(label))}
 	w.owner = s.owners[p.Index()]
@@ -45,27 +46,29 @@ type worker struct {
 	s      *Stage
 	p      *state.Partition
 	label  string
-	dlq    chan<- deadLetter
+	dlq    chan<- deadletter.Letter
 	health retry.Reporter // reports this partition's lookup, publish, commit
 
 	// This partition's dedupe_messages_total of each outcome.
 	newKeys, repeats, stale, dropped lazyCounter
 
 	// per batch, reused
-	firstIdx    map[string]int      // key -> index in the batch of the copy forwarded
+	firstIdx    map[string]int      // key -> index in the batch of its copy forwarded last
 	seen        map[string]struct{} // segment's keys, with key.version
 	newIdx      []int
 	laterCopies [][2]int    // {copy, first}: a key new in this batch, seen again in it
 	refreshIdx  []int       // repeats whose window the commit moves (window.refresh_on_repeat), acked after it
-	refreshOut  []*nats.Msg // in a group, refreshIdx's changelog records (ownership.RefreshRecord), published after w.out
+	refreshOut  []*nats.Msg // in a group, refreshIdx's changelog records (ownership.Owner.RefreshRecord), published after w.out
 	acks        []int
 	out         []*nats.Msg
+	copies      []outCopy // the batch's forwarded copies, which out points into
+	base        []string  // per forward in out (not refreshOut), its id before an AfterID
 	res         []forward.Result
 	progress    batcher.Progress // paces the batch's InProgress signals
 
 	// owner is the partition's ownership: the single instance's, or this
 	// instance's tenures in a scale-out group.
-	owner ownership
+	owner ownership.Owner
 }
 
 // process judges one batch: look up every key, publish the new ones, commit
@@ -81,10 +84,10 @@ func (w *worker) process(ctx context.Context, batch []item) {
 	release, v := w.owner.Own(ctx, batch[len(batch)-1].pin, len(batch), func() { w.keepAlive(batch) })
 	defer release()
 	switch v {
-	case giveBackBatch:
+	case ownership.GiveBack:
 		giveBack(batch)
 		return
-	case leaveBatch:
+	case ownership.Leave:
 		return
 	}
 	for len(batch) > 0 {
@@ -100,14 +103,13 @@ func (w *worker) process(ctx context.Context, batch []item) {
 // new keys and acks it. It returns false when seg is left unacked.
 func (w *worker) judgeSegment(ctx context.Context, batch []item) bool {
 	w.reset(len(batch))
-	now := w.s.clock.Now()
-	if !w.judge(ctx, batch, now) {
+	if !w.judge(ctx, batch) {
 		return false
 	}
-	if (len(w.newIdx) > 0 || len(w.refreshIdx) > 0) && !w.forwardNew(ctx, batch, now) {
+	if (len(w.newIdx) > 0 || len(w.refreshIdx) > 0) && !w.forwardNew(ctx, batch) {
 		return false
 	}
-	w.settleLaterCopies(batch, now)
+	w.settleLaterCopies(batch)
 	for _, i := range w.acks {
 		_ = batch[i].msg.Ack() // a lost ack redelivers; the store then knows the key
 	}
@@ -141,29 +143,37 @@ func (w *worker) reset(n int) {
 	}
 	clear(w.firstIdx)
 	w.newIdx, w.laterCopies, w.refreshIdx, w.acks, w.out = w.newIdx[:0], w.laterCopies[:0], w.refreshIdx[:0], w.acks[:0], w.out[:0]
+	w.base = w.base[:0]
 	w.refreshOut = w.refreshOut[:0]
 }
 
-// judge looks up every key of the batch and sorts its messages: a repeat
-// (queued for its ack), a later copy of a key new in this batch
-// (w.laterCopies), a late total or a dead letter, or new: its forwarded
-// copy goes to w.out and its index to w.newIdx. It returns false when the
-// batch is left unacked (ctx ended, or the store closed, while a lookup
-// kept failing).
-func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
+// judge looks up every key of the batch and sorts its messages, each at
+// its own input time: a repeat (queued for its ack), a later copy of a key
+// new in this batch (w.laterCopies), a late total or a dead letter, or
+// new: its forwarded copy goes to w.out and its index to w.newIdx. It
+// returns false when the batch is left unacked (ctx ended, or the store
+// closed, while a lookup kept failing).
+func (w *worker) judge(ctx context.Context, batch []item) bool {
 	s := w.s
-	maxPayload := s.nc.MaxPayload()
-	var forwarded []outCopy                               // the batch's forwarded copies, made on first need
 	lookupOpts := w.retryOpts(batch, "state lookup", nil) // once per batch: it allocates
+	w.copies = nil                                        // made on first need (forwardCopy)
 	for i := range batch {
 		it := &batch[i]
 		if j, ok := w.firstIdx[string(it.key)]; ok {
-			w.laterCopies = append(w.laterCopies, [2]int{i, j})
+			if s.win.Inside(batch[j].at, it.at) {
+				w.laterCopies = append(w.laterCopies, [2]int{i, j})
+				continue
+			}
+			// The batch forwards this key already, but that copy's window
+			// ended before this one came: forwarded again, after it.
+			if !w.late(i, batch) {
+				w.forwardCopy(i, batch, outputID(it), time.Time{}, batch[j].at)
+			}
 			continue
 		}
 		var res state.LookupResult
 		err := retry.Do(ctx, CompLookup, func() (err error) {
-			res, err = w.p.Lookup(it.key)
+			res, err = w.p.Lookup(it.key, it.at)
 			return err
 		}, lookupOpts)
 		if err != nil {
@@ -175,49 +185,68 @@ func (w *worker) judge(ctx context.Context, batch []item, now time.Time) bool {
 			continue
 		}
 		if res.Found && (!it.versioned || !res.Record.OlderThan(it.version)) {
-			w.repeat(i, batch, res.Record, now, s.refresh)
+			w.repeat(i, batch, res.Record, s.refresh)
 			continue
 		}
-		if w.late(i, batch, now) {
+		if w.late(i, batch) {
 			continue
 		}
-		id := outputID(it) // made once: the copy's Nats-Msg-Id and, without versions, the key in w.firstIdx
-		if forwarded == nil {
-			// One allocation for the batch's copies instead of two per
-			// copy. Its capacity is never exceeded, so the pointers into it
-			// stay valid; it is new for each batch because nats.go holds a
-			// copy until its PubAck.
-			forwarded = make([]outCopy, 0, len(batch)-i)
+		var prev time.Time // the first-seen time of the key's forward whose window ended, when it had this id
+		if !res.Ended.IsZero() && res.Record.HasVersion == it.versioned && (!it.versioned || res.Record.Version == it.version) {
+			prev = res.Record.FirstSeen
 		}
-		forwarded = append(forwarded, outCopy{})
-		m := s.outputMsg(it, handover.ForwardID(id, res.Forgotten), &forwarded[len(forwarded)-1])
-		if !res.Forgotten.IsZero() {
-			handover.AnnotateForgotten(m.Header, res.Forgotten) // the first forward since a forget
-		}
-		w.owner.Annotate(m, it.inputSubject(), it.fp, it.tot, now)
-		if err := forward.CheckSize(m, maxPayload); err != nil {
-			w.deadLetter(it, deadletter.ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
-			continue
-		}
-		if it.versioned {
-			w.firstIdx[string(it.key)] = i
-		} else {
-			w.firstIdx[id] = i
-		}
-		w.newIdx = append(w.newIdx, i)
-		w.out = append(w.out, m)
+		w.forwardCopy(i, batch, outputID(it), res.Forgotten, prev)
 	}
 	return true
 }
 
+// forwardCopy queues batch[i] to be forwarded, with id (outputID) as
+// ForwardID makes it after a forget at forgotten (zero: none) and, when
+// prev is not zero, AfterID after the key's forward first seen at prev,
+// whose window had ended; or dead-letters it when the copy is too large
+// to publish.
+func (w *worker) forwardCopy(i int, batch []item, id string, forgotten, prev time.Time) {
+	s, it := w.s, &batch[i]
+	if w.copies == nil {
+		// One allocation for the batch's copies instead of two per copy.
+		// Its capacity is never exceeded, so the pointers into it stay
+		// valid; it is new for each batch because nats.go holds a copy
+		// until its PubAck.
+		w.copies = make([]outCopy, 0, len(batch)-i)
+	}
+	w.copies = append(w.copies, outCopy{})
+	base := changelog.ForwardID(id, forgotten)
+	fid := base
+	if !prev.IsZero() {
+		fid = changelog.AfterID(base, prev)
+	}
+	m := s.outputMsg(it, fid, &w.copies[len(w.copies)-1])
+	if !forgotten.IsZero() {
+		changelog.AnnotateForgotten(m.Header, forgotten) // the first forward since a forget
+	}
+	if !prev.IsZero() {
+		changelog.AnnotateAfter(m.Header, prev)
+		s.metrics.ForwardsAfterWindow.Inc()
+	}
+	w.owner.Annotate(m, it.inputSubject(), it.fp, it.tot, it.at)
+	if err := forward.CheckSize(m, s.nc.MaxPayload()); err != nil {
+		w.deadLetter(it, deadletter.ReasonOversized, "the forwarded copy (with the stage's Nats-Msg-Id) cannot be published: "+err.Error())
+		return
+	}
+	w.firstIdx[string(it.key)] = i
+	w.newIdx = append(w.newIdx, i)
+	w.out = append(w.out, m)
+	w.base = append(w.base, base)
+}
+
 // late handles a new key's message whose total is too late for its time
-// bucket (totals.late): dropped and acked, or dead-lettered. It reports
+// bucket at its input time (totals.late): dropped and acked, or dead-lettered. It reports
 // whether it did; false means the message is forwarded.
-func (w *worker) late(i int, batch []item, now time.Time) bool {
+func (w *worker) late(i int, batch []item) bool {
 	if w.s.totals == nil {
 		return false
 	}
-	switch late, dl := w.s.totals.late(&batch[i], w.label, now); late {
+	switch late, dl := w.s.totals.late(&batch[i], w.label, batch[i].at); late {
 	case lateDrop:
 		w.dropped.get().Inc()
 		w.acks = append(w.acks, i)
@@ -234,7 +263,7 @@ func (w *worker) late(i int, batch []item, now time.Time) bool {
 // dead-letters the new messages the output refused for good, and commits
 // the claims of the rest with the refreshes of its repeats (w.refreshIdx).
 // It returns false when the batch is left unacked.
-func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bool {
+func (w *worker) forwardNew(ctx context.Context, batch []item) bool {
 	w.res = w.res[:0]
 	forwards := len(w.out)
 	w.out = append(w.out, w.refreshOut...)
@@ -243,8 +272,16 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 			w.s.beforePublish(w.p.Index(), len(batch))
 		}
 		w.owner.Publishing()
-		if !w.publish(ctx, batch) {
+		w.res = append(w.res[:0], make([]forward.Result, len(w.out))...)
+		if !w.publish(ctx, batch, w.out, w.res) || !w.afterDuplicates(ctx, batch) {
 			return false
+		}
+		// What the output still calls a duplicate is a re-publish: a
+		// forward past the window went again under an id of its own.
+		for _, r := range w.res {
+			if r.Duplicate {
+				w.s.metrics.RepublishDuplicates.Inc()
+			}
 		}
 	}
 	claims := make([]state.Claim, 0, len(w.newIdx)+len(w.refreshIdx))
@@ -256,7 +293,7 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 		}
 		it := &batch[i]
 		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Total: it.tot, Versioned: it.versioned, Version: it.version,
-			OutputSeq: w.res[k].Seq})
+			OutputSeq: w.res[k].Seq, At: it.at})
 		idx = append(idx, i)
 	}
 	forwarded := len(claims)
@@ -266,33 +303,33 @@ func (w *worker) forwardNew(ctx context.Context, batch []item, now time.Time) bo
 			w.acks = append(w.acks, i) // a repeat all the same; without its changelog record, its window stays where it was
 			continue
 		}
-		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Versioned: it.versioned, Version: it.version})
+		claims = append(claims, state.Claim{Key: it.key, Fingerprint: it.fp, Versioned: it.versioned, Version: it.version, At: it.at})
 		idx = append(idx, i)
 	}
-	return w.commit(ctx, batch, claims, idx, forwarded, now)
+	return w.commit(ctx, batch, claims, idx, forwarded)
 }
 
 // settleLaterCopies judges each later copy of a key new in this batch: a
 // repeat of the copy forwarded, or a dead letter when the output refused
 // that copy.
-func (w *worker) settleLaterCopies(batch []item, now time.Time) {
+func (w *worker) settleLaterCopies(batch []item) {
 	for _, c := range w.laterCopies {
 		i, j := c[0], c[1]
 		if k := w.indexOfNew(j); k >= 0 && w.res[k].Err != nil {
 			w.deadLetter(&batch[i], deadletter.ReasonOutputRejected, "the output stream refused an earlier copy of this key in the same batch: "+deadletter.Describe(w.res[k].Err))
 			continue
 		}
-		w.repeat(i, batch, state.Record{FirstSeen: now, Fingerprint: batch[j].fp}, now, false)
+		w.repeat(i, batch, state.Record{FirstSeen: batch[j].at, Fingerprint: batch[j].fp}, false)
 	}
 }
 
-// publish forwards w.out, many in flight, and waits for every PubAck.
-// Transient failures are retried with backoff (the same Nats-Msg-Id, so a
-// publish that did land is dropped as a duplicate); permanent ones end in
-// w.res. It returns false when ctx ended first.
-func (w *worker) publish(ctx context.Context, batch []item) bool {
+// publish forwards out, many in flight, and waits for every PubAck, whose
+// results go to res (as long as out). Transient failures are retried with
+// backoff (the same Nats-Msg-Id, so a publish that did land is dropped as
+// a duplicate); permanent ones end in res. It returns false when ctx ended
+// first.
+func (w *worker) publish(ctx context.Context, batch []item, out []*nats.Msg, res []forward.Result) bool {
 	s := w.s
-	w.res = append(w.res[:0], make([]forward.Result, len(w.out))...)
 	t := time.Now()
 	o := forward.Options{
 		Component: CompPublish,
@@ -308,18 +345,13 @@ func (w *worker) publish(ctx context.Context, batch []item) bool {
 		OnFallback: w.fallback,
 		Fence:      w.owner.Fence(),
 	}
-	if err := forward.Batch(ctx, s.js, w.out, w.res, o); err != nil {
+	if err := forward.Batch(ctx, s.js, out, res, o); err != nil {
 		if !retry.IsFenced(err) || !w.owner.Lost(ctx, err) {
 			w.stopping(batch, err)
 		}
 		return false
 	}
 	s.metrics.PublishSeconds.Observe(time.Since(t).Seconds())
-	for _, r := range w.res {
-		if r.Duplicate {
-			s.metrics.RepublishDuplicates.Inc()
-		}
-	}
 	return true
 }
 
@@ -336,27 +368,27 @@ func (w *worker) fallback(messages int, err error) {
 
 // commit claims the forwarded keys, claims[:forwarded], and the repeats
 // whose window moves, claims[forwarded:], in one transaction (as the owner
-// commits them, with now the time the forwarded records say), retrying
+// commits them, each at its input time), retrying
 // transient failures, and queues their acks; idx[k] is claim k's message
 // in the batch. When the store refuses the transaction permanently, each
 // claim is tried alone and the ones it refuses are dead-lettered (a
 // repeat's refusal only leaves its window where it was). It returns false
 // when ctx ended first.
-func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, idx []int, forwarded int, now time.Time) bool {
+func (w *worker) commit(ctx context.Context, batch []item, claims []state.Claim, idx []int, forwarded int) bool {
 	s := w.s
 	if len(claims) == 0 {
 		if len(w.res) > 0 {
 			// The output refused every forward: none is in flight any more.
 			// A failure leaves the partition in flight, which only holds
 			// the watermark back.
-			_, _ = w.owner.Claim(w.p, nil, w.res, now)
+			_, _ = w.owner.Claim(w.p, nil, w.res)
 		}
 		return true
 	}
 	t := time.Now()
 	var results []state.ClaimResult
 	err := retry.Do(ctx, CompCommit, func() (err error) {
-		results, err = w.owner.Claim(w.p, claims, w.res, now)
+		results, err = w.owner.Claim(w.p, claims, w.res)
 		return err
 	}, w.retryOpts(batch, "state commit", s.metrics.CommitRetries))
 	if err != nil && (!retry.IsPermanent(err) || errors.Is(err, state.ErrClosed)) {
@@ -426,15 +458,15 @@ func (w *worker) stopping(batch []item, err error) {
 // deadLetter sends batch item it to the dead-letter worker; it acks it
 // once stored.
 func (w *worker) deadLetter(it *item, reason deadletter.Reason, detail string) {
-	w.dlq <- w.fenced(deadLetter{msg: it.msg, reason: reason, partition: w.label, detail: detail})
+	w.dlq <- w.fenced(deadletter.Letter{Msg: it.msg, Reason: reason, Partition: w.label, Detail: detail})
 }
 
 // fenced returns dl carrying the fence a dead letter decided now by this
-// worker expects (ownership.DeadLetterFence), with the partition and the
+// worker expects (ownership.Owner.DeadLetterFence), with the partition and the
 // pin of the tenure that decided it; dl unchanged when there is none.
-func (w *worker) fenced(dl deadLetter) deadLetter {
+func (w *worker) fenced(dl deadletter.Letter) deadletter.Letter {
 	if f, pin := w.owner.DeadLetterFence(); f != nil {
-		dl.fence, dl.p, dl.pin = f, w.p.Index(), pin
+		dl.Fence, dl.P, dl.Pin = f, w.p.Index(), pin
 	}
 	return dl
 }
@@ -448,12 +480,13 @@ func giveBack(batch []item) {
 	}
 }
 
-// repeat handles a message whose key the window already holds: a stale
-// one with key.version. With refresh, its ack waits for the commit that
-// moves its key's window.
-func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time, refresh bool) {
+// repeat handles a message whose key the window holds at its input time
+// (its age is the difference of the two input times): a stale one with
+// key.version. With refresh, its ack waits for the commit that moves its
+// key's window.
+func (w *worker) repeat(i int, batch []item, rec state.Record, refresh bool) {
 	s, it := w.s, &batch[i]
-	age := s.win.Age(rec.WindowStart(), now)
+	age := s.win.Age(rec.WindowStart(), it.at)
 	s.metrics.RepeatAge.Observe(age.Seconds())
 	if s.win.Near(age) {
 		s.metrics.NearWindowEnd.Inc()
@@ -475,7 +508,7 @@ func (w *worker) repeat(i int, batch []item, rec state.Record, now time.Time, re
 	}
 	if refresh {
 		w.refreshIdx = append(w.refreshIdx, i)
-		if m := w.owner.RefreshRecord(it.key, rec, now); m != nil {
+		if m := w.owner.RefreshRecord(it.key, rec, it.at); m != nil {
 			w.refreshOut = append(w.refreshOut, m)
 		}
 		return
@@ -512,12 +545,12 @@ func (w *worker) keepAlive(batch []item) {
 }
 
 // Headers of a forwarded copy with key.version, whose Nats-Msg-Id is not
-// the key alone (see outputID); handover owns them.
+// the key alone (see outputID); changelog owns them.
 const (
 	// HeaderKey is the copy's key.
-	HeaderKey = handover.HeaderKey
+	HeaderKey = changelog.HeaderKey
 	// HeaderVersion is the copy's version, in decimal.
-	HeaderVersion = handover.HeaderVersion
+	HeaderVersion = changelog.HeaderVersion
 )
 
 // outputID is the Nats-Msg-Id of it's forwarded copy: its key, or with
@@ -527,7 +560,7 @@ func outputID(it *item) string {
 	if !it.versioned {
 		return string(it.key)
 	}
-	return handover.VersionedID(string(it.key), it.version)
+	return changelog.VersionedID(string(it.key), it.version)
 }
 
 // outCopy is a forwarded copy and the value of its Nats-Msg-Id header,
@@ -541,8 +574,9 @@ type outCopy struct {
 // input's subject under the output prefix, its headers and payload, and id
 // (the key) as Nats-Msg-Id; a routed message's copy is its input's.
 // The copy takes over the input's header map, deleting its publish
-// directives (forward.IsDirective) and the route step's headers: only its
-// dead letter reads them after this, and that leaves out every Nats- header.
+// directives (forward.IsDirective), the route step's headers and the
+// headers a forward's id is read back with: only its dead letter reads
+// them after this, and that leaves out every Nats- header.
 func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 	h := it.msg.Headers()
 	if h == nil {
@@ -554,10 +588,15 @@ func (s *Stage) outputMsg(it *item, id string, c *outCopy) *nats.Msg {
 			delete(h, k)
 		}
 	}
+	// Headers that change how a forward's id reads back (changelog.KeyOf)
+	// are the stage's alone: an input that carries them (another stage's
+	// output, say) loses them here, and forwardCopy sets its own.
+	delete(h, changelog.HeaderForgotten)
+	delete(h, changelog.HeaderAfter)
 	c.id[0] = id
 	h[jetstream.MsgIDHeader] = c.id[:]
 	if it.versioned {
-		handover.AnnotateVersion(h, string(it.key), it.version)
+		changelog.AnnotateVersion(h, string(it.key), it.version)
 	}
 	c.msg = nats.Msg{Subject: s.cfg.Output.Subject(it.msg.Subject()), Header: h, Data: it.msg.Data()}
 	return &c.msg
@@ -632,9 +671,9 @@ func (l logRecovery) Succeeded(component string, retried bool) {
 }
 
 // lazyCounter is one child of a CounterVec, looked up by its labels on first
-// use instead of on every message. The series appears, as before, only once
-// something is counted. It is not safe for concurrent use: each partition's
-// worker has its own.
+// use instead of on every message (the series itself is exported at 0 from
+// the start: Metrics.ZeroPartitions). It is not safe for concurrent use:
+// each partition's worker has its own.
 type lazyCounter struct {
 	vec                *prometheus.CounterVec
 	partition, outcome string

@@ -67,7 +67,7 @@ func TestReadBackOnAReplicatedOutput(t *testing.T) {
 		t.Errorf("dedupe_start_restored_records_total = %v, want %d (the forwards after the watermark)", got, len(before))
 	}
 	all := natstest.ReadAll(t, e.js, e.cfg.Output.Stream)
-	if l, want := logs.String(), fmt.Sprintf("target_seq=%d", all[len(all)-1].Seq); !strings.Contains(l, want) {
+	if l, want := logs.String(), fmt.Sprintf("to_seq=%d", all[len(all)-1].Seq); !strings.Contains(l, want) {
 		t.Errorf("the read-back's log line does not say %s:\n%s", want, l)
 	}
 	e.publish(evs)

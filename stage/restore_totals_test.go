@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/state"
@@ -50,7 +50,7 @@ func TestReadBackWithTotals(t *testing.T) {
 		m.Header.Set(jetstream.MsgIDHeader, c.key)
 		m.Header.Set("Event-Id", c.key)
 		m.Header.Set("Trace", "t-"+c.key)
-		handover.AnnotateTotal(m.Header, c.campaign, state.BucketOf(time.Unix(c.ts, 0), time.Minute), c.amount)
+		changelog.AnnotateTotal(m.Header, c.campaign, state.BucketOf(time.Unix(c.ts, 0), time.Minute), c.amount)
 		before = append(before, m)
 	}
 	natstest.PublishAll(t, e.js, before)
@@ -79,7 +79,7 @@ func TestReadBackWithTotals(t *testing.T) {
 			t.Fatalf("output %d: %v", m.Seq, err)
 		}
 		h := m.Header
-		if g, b, v := h.Get(handover.HeaderGroup), h.Get(handover.HeaderBucket), h.Get(handover.HeaderValue); g != c.Campaign ||
+		if g, b, v := h.Get(changelog.HeaderGroup), h.Get(changelog.HeaderBucket), h.Get(changelog.HeaderValue); g != c.Campaign ||
 			b != strconv.FormatInt(state.BucketOf(time.Unix(c.TS, 0), time.Minute).Unix(), 10) || v != strconv.FormatInt(c.Amount, 10) {
 			t.Fatalf("output %d (%s): contribution headers %q %q %q, want the click's campaign, minute and amount", m.Seq, m.Data, g, b, v)
 		}
