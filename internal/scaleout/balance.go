@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
+	"github.com/dedupe-stage/dedupe-stage/state"
 )
 
 // Balance (docs/scale-out.md §4.2): an instance owning more than its quota
@@ -50,26 +53,44 @@ func rankScore(p int, instance string) uint64 {
 	return xxhash.Sum64String(strconv.Itoa(p) + "/" + instance)
 }
 
-// toRelease returns which of the owned partitions self releases when live
-// are the live instances out of n partitions: the ones self scores
-// lowest, as many as it owns beyond its quota, none when it owns no more.
-func toRelease(self string, owned []int, n int, live []string) []int {
-	extra := len(owned) - quota(self, live, n)
-	if extra <= 0 {
-		return nil
+// assign returns each of n partitions' assigned owner among live (sorted
+// by name): every (partition, instance) pair is taken in descending
+// rankScore, and a partition goes to the first instance of its pairs that
+// is still under its quota. Every instance computes the same assignment
+// from the same live set, so the group agrees on it without talking; the
+// quotas add up to n, so every partition is assigned.
+func assign(live []string, n int) []string {
+	type pair struct {
+		p     int
+		inst  string
+		score uint64
 	}
-	ps := slices.Clone(owned)
-	slices.SortFunc(ps, func(a, b int) int {
-		sa, sb := rankScore(a, self), rankScore(b, self)
-		switch {
-		case sa < sb:
-			return -1
-		case sa > sb:
-			return 1
+	pairs := make([]pair, 0, n*len(live))
+	for p := range n {
+		for _, inst := range live {
+			pairs = append(pairs, pair{p, inst, rankScore(p, inst)})
 		}
-		return a - b
+	}
+	slices.SortFunc(pairs, func(a, b pair) int {
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		case a.p != b.p:
+			return a.p - b.p
+		}
+		return strings.Compare(a.inst, b.inst)
 	})
-	return ps[:extra]
+	owner := make([]string, n)
+	count := map[string]int{}
+	for _, pr := range pairs {
+		if owner[pr.p] == "" && count[pr.inst] < quota(pr.inst, live, n) {
+			owner[pr.p] = pr.inst
+			count[pr.inst]++
+		}
+	}
+	return owner
 }
 
 // presence is this instance's key in the presence bucket, and what a
@@ -120,6 +141,15 @@ func readsForms(v []byte) []int {
 		return []int{route.BundleForm1}
 	}
 	return nil
+}
+
+// ready reports whether the live instances are known: the watch has
+// delivered every key the bucket held, or it does not run (then the
+// bucket's keys are read at each refresh).
+func (pr *presence) ready() bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return !pr.watching || pr.synced
 }
 
 // commonForm returns the newest bundle form every live instance's key
@@ -250,11 +280,7 @@ func (pr *presence) signalJoined() {
 // refresh puts this instance's key and returns the live instances (with
 // this one).
 func (pr *presence) refresh(ctx context.Context) ([]string, error) {
-	v, err := json.Marshal(ownPresence(time.Now().UTC()))
-	if err != nil {
-		return nil, err
-	}
-	if _, err := pr.kv.Put(ctx, pr.self, v); err != nil {
+	if err := pr.put(ctx); err != nil {
 		return nil, err
 	}
 	live, err := pr.live(ctx)
@@ -331,39 +357,48 @@ func (pr *presence) leave() {
 	_ = pr.kv.Delete(ctx, pr.self)
 }
 
-// balance runs until ctx is done: at once, then every presence refresh,
-// it releases what this instance owns beyond its quota, and stands by
-// again for what it released once the cooldown has passed.
-func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
+// balanceSettle is how long after a change of the live instances an owner
+// waits before it releases a partition the change assigns to another: the
+// others have stopped standing by for it by then (they leave at once), so
+// the one it is assigned to gets it.
+const balanceSettle = 500 * time.Millisecond
+
+// balance runs until ctx is done (docs/scale-out.md §4.2): once the
+// presence watch knows the live instances, then at every change of them
+// and every presence refresh, it assigns the partitions among the live
+// instances (assign), takes the unpinned ones assigned to this instance
+// before any message comes (pretake), releases what it owns that is
+// assigned to another instance it counts, and consumes the members it is
+// assigned, owns, or stands by for.
+func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *state.Store) {
 	n := g.opts.Partitions
-	cooldown := layout.ReleaseCooldown(g.opts.AckWait)
-	released := map[int]time.Time{}
 	t := time.NewTicker(pr.every)
 	defer t.Stop()
+	settle := time.NewTimer(0)
+	defer settle.Stop()
 	if err := pr.watch(ctx); err != nil {
 		g.log.Warn("scale-out: presence watch failed; balance counts what this instance puts only", "err", err)
 	}
-	first := true
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	beats.Go(func() { g.heartbeat(ctx, pr, m) })
+	asked := map[int]bool{} // released on request (Release): left to the others until one is pinned
+	var last []string
+	var changed time.Time
 	for {
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case p := <-g.releaseNow:
-				g.releaseForBalance(ctx, m, p, "asked")
-				released[p] = time.Now()
-				continue
-			case <-pr.joined:
-			case <-t.C:
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case p := <-g.releaseNow:
+			asked[p] = true
+			g.releaseForBalance(ctx, m, p, "asked")
+			continue
+		case <-pr.joined:
+		case <-t.C:
+		case <-settle.C:
 		}
-		first = false
-		now := time.Now()
-		for p, at := range released {
-			if now.Sub(at) >= cooldown {
-				delete(released, p)
-				m.join(ctx, p)
-			}
+		if !pr.ready() {
+			continue
 		}
 		live, err := pr.refresh(ctx)
 		if err != nil {
@@ -373,15 +408,94 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members) {
 			continue
 		}
 		g.setBundles(pr.commonForm(), len(live))
+		now := time.Now()
+		if !slices.Equal(live, last) {
+			if last != nil {
+				g.log.Info("scale-out: the live instances changed; partitions assigned again", "live_instances", live)
+			}
+			last, changed = live, now
+			settle.Reset(balanceSettle)
+		}
+		want := assign(live, n)
+		g.setAssigned(want)
+		g.standBy(live, want, now.Sub(changed))
+		g.setSuccessors(live, want)
+		settled := now.Sub(changed) >= balanceSettle
 		owned := g.stillOwned(ctx)
-		counted := pr.forRelease(live, g.lastTake())
-		for _, p := range toRelease(g.instance, owned, n, counted) {
-			g.releaseForBalance(ctx, m, p, "balance")
-			released[p] = now
-			g.log.Info("scale-out: partition released for balance", "partition", p, "owned", len(owned), "live_instances", len(counted),
-				"quota", quota(g.instance, counted, n), "cooldown", cooldown)
+		if settled {
+			counted := pr.forRelease(live, g.lastTake())
+			// Side by side: each release watches its hand-off for a
+			// moment (awaitHandOff).
+			var releases sync.WaitGroup
+			for _, p := range owned {
+				if to := want[p]; to != g.instance && slices.Contains(counted, to) {
+					releases.Go(func() {
+						g.releaseForBalance(ctx, m, p, "balance")
+						g.log.Info("scale-out: partition released for balance", "partition", p, "to", to, "owned", len(owned), "live_instances", len(live))
+					})
+				}
+			}
+			releases.Wait()
+		}
+		g.consume(ctx, m, store, want, asked, settled)
+	}
+}
+
+// fenceHeldBy reports whether instance holds partition p's fence, as the
+// output stream's leader has it.
+func (g *Group) fenceHeldBy(ctx context.Context, p int, instance string) bool {
+	holder, err := changelog.FenceHolder(ctx, g.js, g.outStream, changelog.FenceSubject(g.prefix, p))
+	return err == nil && holder == instance
+}
+
+// consume makes this instance consume the members it should, given want
+// (each partition's assigned owner): a partition assigned here, unless
+// it was released on request and nobody is pinned to it yet (asked), and
+// one it owns; it takes an assigned one that nobody is pinned to before
+// any message comes (pretake). It stands by for another instance's
+// partition only as one of its successors (setSuccessors), and only once
+// the live instances have settled, the partition is
+// pinned, and the instance it is assigned to holds its fence: so its pulls
+// never take a partition from the instance it is assigned to (one nobody
+// is pinned to, or one its owner is releasing to that instance), yet take
+// one whose owner died once the pin's TTL has passed.
+func (g *Group) consume(ctx context.Context, m *members, store *state.Store, want []string, asked map[int]bool, settled bool) {
+	var joins sync.WaitGroup
+	// First what this instance owns or is assigned, so that it pulls on
+	// them before the standbys' checks ask the server anything.
+	var others []int
+	for p, to := range want {
+		owns, mine := g.holds(p), to == g.instance && !asked[p]
+		if !owns && !mine {
+			others = append(others, p)
+			continue
+		}
+		joins.Go(func() { m.ensure(ctx, p) })
+		if !owns {
+			g.pretake(ctx, store, p)
 		}
 	}
+	for _, p := range others {
+		if want[p] != g.instance && !g.successorOf(p) {
+			// Neither assigned here nor a successor: nothing to ask.
+			if !g.holds(p) {
+				m.leave(p)
+			}
+			continue
+		}
+		pin, err := g.pinOf(ctx, p)
+		pinned := err == nil && pin != ""
+		if pinned {
+			delete(asked, p)
+		}
+		switch {
+		case settled && pinned && want[p] != g.instance && g.fenceHeldBy(ctx, p, want[p]):
+			joins.Go(func() { m.ensure(ctx, p) })
+		case !g.holds(p): // a takeover since the check keeps its member
+			m.leave(p)
+		}
+	}
+	joins.Wait()
 }
 
 // releaseForBalance gives partition p up (docs/scale-out.md §7). What
@@ -403,28 +517,71 @@ func (g *Group) releaseForBalance(ctx context.Context, m *members, p int, why st
 	pins := map[string]bool{g.owned[p]: true}
 	g.mu.Unlock()
 	g.release(p)
-	if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
+	// A partition taken before traffic may be pinned here by now, its
+	// first messages not judged yet: it is unpinned all the same, and an
+	// unpin of a partition nobody is pinned to is no failure.
+	if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil && !pins[pretakePin] {
 		g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 	}
 	g.busy[p].Unlock()
+	g.awaitHandOff(ctx, p, pins, why)
 	m.leave(p)
 	g.mu.Lock()
 	kept := g.diverted[p]
 	delete(g.diverted, p)
 	g.mu.Unlock()
-	for _, msg := range kept {
-		pins[msg.Headers().Get(HeaderPinID)] = true
-	}
-	// The member may have been pinned again before it stopped: unpin it
-	// once more, or the partition would wait for the pin's TTL.
-	if now, err := g.pinOf(ctx, p); err == nil && now != "" && pins[now] {
-		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
-			g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
-		}
-	}
 	giveBackMsgs(kept)
 	g.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(kept)))
 	g.metrics.released.WithLabelValues(strconv.Itoa(p)).Inc()
+}
+
+// handOffQuiet is how long a releasing instance watches the pin its
+// partition's step-down gave before it stops consuming: a pin of its own
+// member's shows within it, as the messages the server sends under it
+// (kept aside); one that shows none is another instance's, or nobody
+// pulls. handOffWait bounds the watch.
+const (
+	handOffQuiet = 150 * time.Millisecond
+	handOffWait  = 2 * time.Second
+)
+
+// awaitHandOff watches partition p after its step-down, while this
+// instance's member still consumes it (its messages kept aside, pins
+// holding the pins seen): when the server pinned this instance's member
+// again (messages kept aside came under the new pin), it unpins p once
+// more; it returns once another pin, or none, has held for handOffQuiet
+// with no message of this instance's under it, or after handOffWait.
+// Stopping the member first would leave its pull waiting on the server,
+// which may pin it after it stopped: the partition would then wait for
+// the pin's TTL. Unpinning a pin that is another instance's would cost
+// that instance its pull's expiry, so a pin is unpinned only on evidence.
+func (g *Group) awaitHandOff(ctx context.Context, p int, pins map[string]bool, why string) {
+	deadline := time.Now().Add(handOffWait)
+	var held string
+	var since time.Time
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(handOffQuiet / 3)
+		g.mu.Lock()
+		for _, msg := range g.diverted[p] {
+			pins[msg.Headers().Get(HeaderPinID)] = true
+		}
+		g.mu.Unlock()
+		now, err := g.pinOf(ctx, p)
+		switch {
+		case err != nil:
+			continue
+		case now != "" && pins[now]:
+			if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
+				g.log.Warn("scale-out: unpin failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
+				return
+			}
+			held, since = "", time.Time{}
+		case since.IsZero() || now != held:
+			held, since = now, time.Now()
+		case time.Since(since) >= handOffQuiet:
+			return
+		}
+	}
 }
 
 // stillOwned returns the partitions this instance owns after asking the
@@ -441,6 +598,18 @@ func (g *Group) stillOwned(ctx context.Context) []int {
 	g.mu.Unlock()
 	var still []int
 	for p, pin := range owned {
+		if pin == pretakePin {
+			// Taken before any message: no pin to ask about, so the
+			// fence says whether another instance took it since.
+			holder, err := changelog.FenceHolder(ctx, g.js, g.outStream, changelog.FenceSubject(g.prefix, p))
+			if err == nil && holder != g.instance {
+				g.lose(p, pin)
+				g.log.Info("scale-out: partition taken before traffic was taken by another instance since", "partition", p, "by", holder)
+				continue
+			}
+			still = append(still, p)
+			continue
+		}
 		now, err := g.pinOf(ctx, p)
 		if err == nil && now != "" && now != pin {
 			g.lose(p, pin)
@@ -473,6 +642,7 @@ func (g *Group) lose(p int, pin string) {
 	if g.owned[p] == pin {
 		g.lost[p] = pin
 		delete(g.owned, p)
+		delete(g.pre, p)
 		g.metrics.owned.Set(float64(len(g.owned)))
 	}
 }

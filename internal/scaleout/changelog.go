@@ -10,8 +10,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/finding"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
 // ErrChangelog means the output stream does not keep what a new owner
@@ -77,19 +78,19 @@ func (g *Group) checkChangelog(oc jetstream.StreamConfig) error {
 
 // ErrControlSubjects is returned at start when the output or dead-letter
 // stream does not hold the group's control subjects
-// (handover.ControlSubjects): the fences have no subject to be written on.
+// (changelog.ControlSubjects): the fences have no subject to be written on.
 var ErrControlSubjects = errors.New("a stream has no subjects for the group's fences")
 
 // checkControlSubjects checks that a stream, as configured in oc, whose
 // messages are under prefix stores every partition's fence subject
-// (handover.FenceSubject(prefix, p)). The streams the stage creates hold
+// (changelog.FenceSubject(prefix, p)). The streams the stage creates hold
 // "_dedupe.<prefix>.>" beside "<prefix>.>" (config.Config.OutputStreamSubjects,
 // DeadLetterStreamSubjects); an existing stream without it is refused with
 // the nats stream edit command that adds it.
 func checkControlSubjects(oc jetstream.StreamConfig, prefix string, partitions int) error {
-	control := handover.ControlSubjects(prefix)
+	control := changelog.ControlSubjects(prefix)
 	for p := range partitions {
-		fence := handover.FenceSubject(prefix, p)
+		fence := changelog.FenceSubject(prefix, p)
 		if !slices.ContainsFunc(oc.Subjects, func(s string) bool { return server.SubjectMatchesFilter(fence, s) }) {
 			subjects := append(slices.Clone(oc.Subjects), control)
 			fix := fmt.Sprintf("nats stream edit %s --subjects '%s' --force", oc.Name, strings.Join(subjects, ","))
@@ -133,4 +134,16 @@ func (g *Group) checkReach(st jetstream.StreamState, p int, from uint64, now tim
 			"No stream edit brings them back; the partition is refused until %s, when they are past the retention %s = %v (check with nats stream info %s that first_seq stays put and no limit drops messages)",
 		ErrChangelog, g.outStream, first, firstTime.UTC().Format(time.RFC3339), p, start,
 		firstTime.Add(g.retention).UTC().Format(time.RFC3339), g.terms, g.retention, g.outStream)}
+}
+
+// serverTime is the output's server's time when info was read
+// (StreamInfo.TimeStamp), on the clock that the stream's max_age and
+// stored timestamps run on; clock's now when the server sent none. What a
+// restore reads is bounded by what the output keeps, so it is judged on
+// the server's clock, not this instance's.
+func serverTime(info *jetstream.StreamInfo, clock window.Clock) time.Time {
+	if !info.TimeStamp.IsZero() {
+		return info.TimeStamp
+	}
+	return clock.Now()
 }

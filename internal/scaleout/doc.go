@@ -15,7 +15,7 @@
 //
 // A partition's worker owns the partition under the pins the server
 // delivers its messages under. A batch under a pin it does not own yet makes
-// it take the fence (handover.Take) and restore up to it; the batch it holds
+// it take the fence (changelog.Take) and restore up to it; the batch it holds
 // is kept from redelivery (in progress) during a long restore. A new pin of
 // the same instance, after the pin's TTL lapsed, does not end the tenure:
 // with messages of the old pin queued behind the new one, batches alternated

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 )
 
 // fenceRefresh is how often an owner writes its fence again in an output
@@ -14,8 +14,9 @@ import (
 // 0, never, without a max_age.
 func fenceRefresh(maxAge time.Duration) time.Duration { return maxAge / 4 }
 
-// refreshFence writes the tenure's fence again (handover.Refresh) once its
-// refresh interval has passed since it was written, before the worker's
+// refreshFence writes the tenure's fence again (changelog.Refresh) once its
+// refresh interval has passed since it was written, or when written is
+// zero (a new pin of the tenure), before the worker's
 // next batch expects it. It returns false when the batch must be left
 // unacked: the fence moved (the tenure ends, as in fenced) or ctx ended.
 // A partition with no batch for longer than the output's max_age lets its
@@ -24,9 +25,9 @@ func fenceRefresh(maxAge time.Duration) time.Duration { return maxAge / 4 }
 func (o *Owner) refreshFence(ctx context.Context) bool {
 	t := o.tenure
 	g := o.g
-	if t.refresh > 0 && time.Since(t.written) >= t.refresh {
+	if t.written.IsZero() || t.refresh > 0 && time.Since(t.written) >= t.refresh {
 		written := time.Now()
-		seq, err := handover.Refresh(ctx, o.g.js, g.outStream, t.fence.Subject, g.instance, t.fence.Seq)
+		seq, err := changelog.Refresh(ctx, o.g.js, g.outStream, t.fence.Subject, g.instance, t.fence.Seq)
 		if err != nil {
 			return o.refreshFailed(ctx, "output", err)
 		}
@@ -35,7 +36,7 @@ func (o *Owner) refreshFence(ctx context.Context) bool {
 	// The dead-letter fence, on the dead-letter stream's own max_age.
 	if g.dlRefresh > 0 && t.dlFence.Subject != "" && time.Since(t.dlWritten) >= g.dlRefresh {
 		written := time.Now()
-		seq, err := handover.Refresh(ctx, o.g.js, g.dlStream, t.dlFence.Subject, g.instance, t.dlFence.Seq)
+		seq, err := changelog.Refresh(ctx, o.g.js, g.dlStream, t.dlFence.Subject, g.instance, t.dlFence.Seq)
 		if err != nil {
 			return o.refreshFailed(ctx, "dead_letter", err)
 		}

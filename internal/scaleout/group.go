@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -118,9 +118,18 @@ type Options struct {
 	Logs   *lograte.Limiter
 	// Reporter hears the route step's health. Optional.
 	Reporter retry.Reporter
+	// Standbys is how many warm standbys each partition has
+	// (scale_out.standbys, docs/scale-out.md §4.4): the instances after
+	// its owner in its ranking that tail its changelog into their local
+	// store. 0 turns them off.
+	Standbys int
 	// Restoring hears a takeover's restore of partition p: on at its start
 	// and at each chunk of records, off at its end.
 	Restoring func(p, records int, on bool)
+	// StoreAhead hears a takeover that found the local store ahead of the
+	// output stream and dropped what the output lost
+	// (changelog.CheckAhead). Optional.
+	StoreAhead func(changelog.Ahead)
 }
 
 // Group is this instance's part in a scale-out group: the static consumer
@@ -136,7 +145,8 @@ type Group struct {
 	clock     window.Clock
 	window    time.Duration // W
 	restoring func(p, records int, on bool)
-	reporter  retry.Reporter // nil: the route step's failures are logged only
+	ahead     func(changelog.Ahead) // Options.StoreAhead; nil: nobody hears
+	reporter  retry.Reporter        // nil: the route step's failures are logged only
 	// bundles: the bundle form every live instance says it reads, 0 for
 	// none (setBundles)
 	bundles   atomic.Int32
@@ -155,6 +165,10 @@ type Group struct {
 	consumer  jetstream.ConsumerConfig
 	metrics   *scaleOutMetrics
 	snaps     *snapshots // the partitions' snapshots (docs/scale-out.md §3.3)
+	// presence is the presence bucket once joined (ReadsHealth); noPresence
+	// is set when it cannot be joined.
+	presence   atomic.Pointer[presence]
+	noPresence atomic.Bool
 
 	mu    sync.Mutex
 	owned map[int]string // partition -> the pin it is owned under
@@ -174,6 +188,30 @@ type Group struct {
 	// givingBack is set when the instance stops: its workers give back
 	// (nak) what they have not started judging.
 	givingBack bool
+	// pre: partition -> its tenure taken before any message (pretake),
+	// until its worker adopts it; pretaking: the partitions whose pretake
+	// runs, in pretakes.
+	pre       map[int]*tenure
+	pretaking map[int]bool
+	pretakes  sync.WaitGroup
+	// assigned is each partition's assigned owner as balance last
+	// computed it (assign); a pretake runs only while it names this
+	// instance.
+	assigned []string
+	// standby holds the partitions this instance is a warm standby of, as
+	// balance last computed them (setStandbys).
+	standby map[int]bool
+	// successor holds the partitions this instance pulls on for a
+	// takeover while another instance owns them (setSuccessors).
+	successor map[int]bool
+	// tails: partition -> the cancel of its warm standby's tail step in
+	// flight; taking: partition -> the takers waiting for its busy token,
+	// before whom no tail step starts (preemptTail).
+	tails  map[int]context.CancelFunc
+	taking map[int]int
+	// tailSeen: partition -> the output's last sequence when its tail
+	// last found nothing new (tailedUpTo)
+	tailSeen map[int]uint64
 }
 
 // scaleOutMetrics are the metrics of partition ownership; they exist only
@@ -192,6 +230,12 @@ type scaleOutMetrics struct {
 	refused    *prometheus.CounterVec
 	dlRefusals *prometheus.CounterVec
 	partitions *prometheus.GaugeVec
+	goneUnpins *prometheus.CounterVec
+	members    prometheus.Gauge
+	// warm standbys (standby.go)
+	sbPartitions prometheus.Gauge
+	sbRecords    prometheus.Counter
+	sbCursor     *prometheus.GaugeVec
 }
 
 func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
@@ -200,6 +244,14 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Name: "dedupe_partitions_owned",
 			Help: "Partitions this instance owns: it holds their fence and judges their messages.",
 		}),
+		members: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dedupe_members_consumed",
+			Help: "Partitions whose member consumer this instance pulls on: those it owns or is assigned, and, once the group has settled, those it succeeds (scale_out.standbys, at least one successor per partition), standing by for a crash.",
+		}),
+		goneUnpins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedupe_gone_owner_unpins_total",
+			Help: "Times this instance, standing by for a partition, unpinned it because its owner's presence had been silent for 3 s: the partition moves before the pin's TTL.",
+		}, []string{"partition"}),
 		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_partition_takeovers_total",
 			Help: "Times this instance took a partition's fence and restored the partition, by partition.",
@@ -226,7 +278,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		}),
 		reopens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_restore_reader_reopens_total",
-			Help: fmt.Sprintf("Times a restore replaced its changelog reader because it delivered nothing for %v (a consumer alive but silent), by partition.", handover.RestoreReopenAfter),
+			Help: fmt.Sprintf("Times a restore replaced its changelog reader because it delivered nothing for %v (a consumer alive but silent), by partition.", changelog.RestoreReopenAfter),
 		}, []string{"partition"}),
 		restoring: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dedupe_partition_restoring",
@@ -234,7 +286,7 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 		}, []string{"partition"}),
 		restoreDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dedupe_partition_restore_seconds",
-			Help:    "Time this instance took to take a partition, the fence and the restore, by the restore's path (snapshot, local, full).",
+			Help:    "Time this instance took to take a partition, the fence and the restore, by the restore's path (snapshot, local, full, empty: the output held no record of the partition).",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 17),
 		}, []string{"path"}),
 		released: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -246,15 +298,43 @@ func newScaleOutMetrics(reg prometheus.Registerer) *scaleOutMetrics {
 			Help: "Takeovers of the partition this instance refused because the output stream does not keep what its restore needs (reason limits: the stream's configuration drops records; short: records the restore needs are gone). The partition's input waits; the log names the stream field and the fix.",
 		}, []string{"partition", "reason"}),
 	}
+	m.sbPartitions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "dedupe_standby_partitions",
+		Help: "Partitions this instance is a warm standby of (scale_out.standbys): it tails their changelog from the output stream into its local store, so that its takeover of one restores only the tail.",
+	})
+	m.sbRecords = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "dedupe_standby_records_total",
+		Help: "Changelog records this instance applied to its local store as a warm standby of partitions it does not own.",
+	})
+	m.sbCursor = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "dedupe_standby_cursor",
+		Help: "The output stream sequence up to which this instance, a warm standby of the partition, holds its changelog in its local store.",
+	}, []string{"partition"})
 	m.partitions = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "dedupe_group_partitions",
 		Help: "The partitions of this instance's scale-out group (state.partitions), by group: sum(dedupe_partitions_owned) over the group's instances falls below it while a partition has no owner, idle or not (dedupe_group_health_partitions says which).",
 	}, []string{"group"})
-	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull} {
+	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull, restoreEmpty} {
 		m.restoreDur.WithLabelValues(p)
 	}
-	reg.MustRegister(m.bundlesOn, m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions)
+	reg.MustRegister(m.bundlesOn, m.owned, m.takeovers, m.refusals, m.stale, m.restored, m.reopens, m.restoring, m.restoreDur, m.released, m.refused, m.dlRefusals, m.partitions, m.goneUnpins,
+		m.members, m.sbPartitions, m.sbRecords, m.sbCursor)
 	return m
+}
+
+// zeroPartitions exports the per-partition counters at 0 for each of
+// partitions partitions (and dedupe_partition_refused_total for each
+// reason), so that a rate over them never meets a missing series.
+func (m *scaleOutMetrics) zeroPartitions(partitions int) {
+	for p := range partitions {
+		label := strconv.Itoa(p)
+		for _, c := range []*prometheus.CounterVec{m.takeovers, m.refusals, m.dlRefusals, m.stale, m.restored, m.reopens, m.released} {
+			c.WithLabelValues(label)
+		}
+		for _, r := range []string{refusedLimits, refusedShort} {
+			m.refused.WithLabelValues(label, r)
+		}
+	}
 }
 
 // holds reports whether this instance owns partition p now.
@@ -294,7 +374,7 @@ func (g *Group) runRoute(ctx context.Context, local func(msg jetstream.Msg, p in
 func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg jetstream.Msg, p int), local func(msg jetstream.Msg, p int, key []byte) bool) {
 	g.log.Info("judging messages of the partitions the server pins to this instance", "stream", g.opts.InputStream,
 		"group", g.name, "instance", g.instance, "output_stream", g.outStream,
-		"output_subjects", handover.PartitionSubject(g.prefix, 0, "<input subject>"))
+		"output_subjects", changelog.PartitionSubject(g.prefix, 0, "<input subject>"))
 	var gate sync.RWMutex // held to read while dispatching, to write when stopping
 	stopped := false
 	var side sync.WaitGroup
@@ -309,6 +389,7 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 		})
 	}
 	side.Go(func() { g.runSnapshots(ctx, store) })
+	side.Go(func() { g.runStandbys(ctx, store) })
 	m := &members{g: g, running: make(map[int]*member), handler: func(p int) func(jetstream.Msg) {
 		return func(msg jetstream.Msg) {
 			gate.RLock()
@@ -323,20 +404,24 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 			deliver(msg, p)
 		}
 	}}
-	// Joined all at once: a member whose join waits on the server holds up
-	// no other partition.
-	var joins sync.WaitGroup
-	for p := range g.opts.Partitions {
-		joins.Go(func() { m.join(ctx, p) })
-	}
-	joins.Wait()
+	// Balance joins the members this instance is assigned, owns or
+	// stands by for; without presence, every member is joined, all at
+	// once: a member whose join waits on the server holds up no other.
 	var pr *presence
 	side.Go(func() {
 		var err error
 		pr, err = g.joinPresence(ctx)
-		if err == nil {
-			g.balance(ctx, pr, m)
+		if err != nil {
+			g.noPresence.Store(true)
+			var joins sync.WaitGroup
+			for p := range g.opts.Partitions {
+				joins.Go(func() { m.ensure(ctx, p) })
+			}
+			joins.Wait()
+			return
 		}
+		g.presence.Store(pr)
+		g.balance(ctx, pr, m, store)
 	})
 	<-ctx.Done()
 	g.giveBackAll(m)
@@ -344,9 +429,41 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 	stopped = true
 	gate.Unlock()
 	side.Wait()
+	g.pretakes.Wait()
 	if pr != nil {
+		g.presence.Store(nil)
 		pr.leave()
 	}
+}
+
+// ReadsHealth reports whether this instance is the one of its group that
+// reads the group's status for the health gauges: the live instance whose
+// name sorts first in this instance's view of the presence bucket, so that
+// a group reads its status once per interval, not once per instance
+// (docs/scale-out.md §13). known is false while that
+// view is not there yet (the bucket not joined, its watch not synced): the
+// caller then reads nothing. Without presence at all (the bucket cannot be
+// joined) every instance reads, as the gauges must not go dark.
+func (g *Group) ReadsHealth() (reads, known bool) {
+	if g.noPresence.Load() {
+		return true, true
+	}
+	pr := g.presence.Load()
+	if pr == nil {
+		return false, false
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if !pr.watching || !pr.synced {
+		return false, false
+	}
+	now := time.Now()
+	for name, at := range pr.seen {
+		if name < g.instance && now.Sub(at) < pr.ttl {
+			return false, true
+		}
+	}
+	return true, true
 }
 
 // joinPresence opens the presence bucket that balance counts the live
@@ -370,21 +487,27 @@ func (g *Group) joinPresence(ctx context.Context) (*presence, error) {
 	return pr, err
 }
 
-// Backlog reads the backlog of the partitions this instance owns
-// now: the sum over their member consumers. A partition without an owner
-// is reported by dedupe_group_partitions against dedupe_partitions_owned,
-// and by status.
-func (g *Group) Backlog(ctx context.Context) (pending, ackPending uint64, err error) {
-	for _, p := range g.ownedPartitions() {
+// Backlog is a member consumer's backlog: messages not yet delivered
+// and delivered but not acknowledged.
+type Backlog struct {
+	Pending, AckPending uint64
+}
+
+// Backlog reads the backlog of each partition this instance owns now,
+// from its member consumer. A partition without an owner is reported by
+// dedupe_group_partitions against dedupe_partitions_owned, and by status.
+func (g *Group) Backlog(ctx context.Context) (map[int]Backlog, error) {
+	owned := g.ownedPartitions()
+	out := make(map[int]Backlog, len(owned))
+	for _, p := range owned {
 		c, err := g.js.Consumer(ctx, g.inStream, layout.MemberConsumer(g.name, p))
 		if err != nil {
-			return 0, 0, fmt.Errorf("partition %d's consumer: %w", p, err)
+			return nil, fmt.Errorf("partition %d's consumer: %w", p, err)
 		}
 		info := c.CachedInfo()
-		pending += info.NumPending
-		ackPending += uint64(info.NumAckPending)
+		out[p] = Backlog{Pending: info.NumPending, AckPending: uint64(info.NumAckPending)}
 	}
-	return pending, ackPending, nil
+	return out, nil
 }
 
 // pinOf asks the server which pin partition p's consumer is pinned to now

@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/ensure"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 )
@@ -34,7 +34,7 @@ func openHandOvers(ctx context.Context, js jetstream.JetStream, o Options, log *
 
 // recordHandOver puts h as partition p's last takeover. It only informs:
 // a failure is logged (rate-limited) and the takeover stands.
-func (g *Group) recordHandOver(ctx context.Context, p int, h handover.HandOver) {
+func (g *Group) recordHandOver(ctx context.Context, p int, h changelog.HandOver) {
 	b, err := json.Marshal(h)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -21,6 +21,28 @@ type members struct {
 	handler func(p int) func(jetstream.Msg)
 	mu      sync.Mutex
 	running map[int]*member // partition -> its member's consumer
+	joining map[int]bool    // partitions whose join runs (ensure)
+}
+
+// ensure consumes partition p's member unless it does already or its
+// join runs (join).
+func (m *members) ensure(ctx context.Context, p int) {
+	m.mu.Lock()
+	if m.running[p] != nil || m.joining[p] {
+		m.mu.Unlock()
+		return
+	}
+	if m.joining == nil {
+		m.joining = map[int]bool{}
+	}
+	m.joining[p] = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.joining, p)
+		m.mu.Unlock()
+	}()
+	m.join(ctx, p)
 }
 
 // member is one running consumer of a group member.
@@ -63,6 +85,7 @@ func (m *members) join(ctx context.Context, p int) {
 		}()
 		m.mu.Lock()
 		m.running[p] = mb
+		g.metrics.members.Set(float64(len(m.running)))
 		m.mu.Unlock()
 		return
 	}
@@ -73,6 +96,7 @@ func (m *members) leave(p int) {
 	m.mu.Lock()
 	mb := m.running[p]
 	delete(m.running, p)
+	m.g.metrics.members.Set(float64(len(m.running)))
 	m.mu.Unlock()
 	if mb != nil {
 		mb.consuming.Stop()
@@ -98,8 +122,9 @@ func (m *members) leaveAll() {
 // members deliver from now on is kept aside, and the workers give back
 // (nak) what they have not started judging; once each batch in flight has
 // finished (the busy tokens), every owned partition is unpinned while the
-// members still consume, so that nothing the client buffered is dropped;
-// then the members stop and what was kept aside is given back.
+// members still consume, so that nothing the client buffered is dropped,
+// and watched until another pin or none holds (awaitHandOff); then the
+// members stop and what was kept aside is given back.
 func (g *Group) giveBackAll(m *members) {
 	g.mu.Lock()
 	g.givingBack = true
@@ -123,23 +148,21 @@ func (g *Group) giveBackAll(m *members) {
 	for p := range g.busy {
 		g.busy[p].Unlock()
 	}
+	// A member pinned again before it stops is unpinned once more
+	// (awaitHandOff), every partition side by side.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var handOffs sync.WaitGroup
+	for p, pin := range pins {
+		handOffs.Go(func() { g.awaitHandOff(ctx, p, map[string]bool{pin: true}, "stop") })
+	}
+	handOffs.Wait()
 	m.leaveAll()
 	g.mu.Lock()
 	kept := g.diverted
 	g.diverted = nil
 	g.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	for p, msgs := range kept {
-		if len(msgs) == 0 {
-			continue
-		}
-		// A member pinned again before it stopped is unpinned once more.
-		if now, err := g.pinOf(ctx, p); err == nil && now != "" && now == msgs[len(msgs)-1].Headers().Get(HeaderPinID) {
-			if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
-				g.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
-			}
-		}
 		giveBackMsgs(msgs)
 		g.metrics.stale.WithLabelValues(strconv.Itoa(p)).Add(float64(len(msgs)))
 	}
@@ -157,15 +180,15 @@ func giveBackMsgs(msgs []jetstream.Msg) {
 // the pin's TTL.
 func (g *Group) ReleaseAll() {
 	g.mu.Lock()
-	owned := make([]int, 0, len(g.owned))
-	for p := range g.owned {
-		owned = append(owned, p)
-	}
+	owned := maps.Clone(g.owned)
 	g.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, p := range owned {
-		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
+	for p, pin := range owned {
+		// A partition taken before traffic may be pinned here by now: it
+		// is unpinned all the same, and an unpin of a partition nobody is
+		// pinned to is no failure.
+		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil && pin != pretakePin {
 			g.log.Warn("scale-out: unpin on stop failed; the partition moves after the pin's TTL", "partition", p, "err", err)
 			continue
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 )
 
 // objectReadAhead is how many chunks of an object objectReader asks the
@@ -48,7 +50,9 @@ type objectReader struct {
 // The chunk subject and stream follow the Object Store's layout (ADR-20):
 // stream OBJ_<bucket>, chunks on $O.<bucket>.C.<object's NUID>.
 func openObject(ctx context.Context, js jetstream.JetStream, obs jetstream.ObjectStore, bucket, name string) (*objectReader, error) {
-	info, err := obs.GetInfo(ctx, name)
+	ictx, cancel := changelog.Request(ctx) // ctx is the transfer's: an hour
+	info, err := obs.GetInfo(ictx, name)
+	cancel()
 	if err != nil {
 		return nil, err
 	}

@@ -12,31 +12,17 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/ownership"
 	"github.com/dedupe-stage/dedupe-stage/state"
-)
-
-// Verdict is what Own decides of a batch.
-type Verdict int
-
-const (
-	// Judge: this instance owns the partition, and the batch is judged.
-	Judge Verdict = iota
-	// GiveBack: the batch is not this instance's to judge (the instance
-	// stops, or the batch came under a pin it lost): every message of it
-	// is given back (nak) at once, for the partition's owner.
-	GiveBack
-	// Leave: the batch is left unacked (a takeover did not finish, or a
-	// fence could not be refreshed); it comes back after ack_wait.
-	Leave
 )
 
 // Owner is one partition's ownership in a scale-out group: the
 // partition's tenure in this instance (nil while it does not own the
 // partition), and the last pins it lost, whose messages are left to the
-// new owner. An Owner belongs to the partition's worker and is not safe
-// for concurrent use.
+// new owner. It is the group's ownership.Owner. An Owner belongs to the
+// partition's worker and is not safe for concurrent use.
 type Owner struct {
 	g        *Group
 	p        *state.Partition
@@ -44,6 +30,9 @@ type Owner struct {
 	tenure   *tenure
 	lostPins []string
 }
+
+// Owner implements ownership.Owner.
+var _ ownership.Owner = (*Owner)(nil)
 
 // Owner returns the ownership of partition p, for p's worker.
 func (g *Group) Owner(p *state.Partition) *Owner {
@@ -55,45 +44,42 @@ func (g *Group) Owner(p *state.Partition) *Owner {
 // the route step handed it over (Run's local), and keepAlive tells
 // the server the batch is in progress, which Own does while a takeover
 // restores the partition. Own takes the partition's busy token (a planned
-// release waits for the batch), gives the batch back when the instance
+// release waits for the batch; a warm standby's tail step in flight is
+// cancelled, preemptTail), gives the batch back when the instance
 // stops, and otherwise makes sure this instance owns the partition (own).
 // release is called once the batch is finished, whatever the verdict.
-func (o *Owner) Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v Verdict) {
-	busy := &o.g.busy[o.p.Index()]
-	busy.Lock()
+func (o *Owner) Own(ctx context.Context, pin string, n int, keepAlive func()) (release func(), v ownership.Verdict) {
+	unlock := o.g.holdBusy(o.p.Index())
 	if o.g.stopping() {
-		return busy.Unlock, GiveBack // the instance stops: the next owner gets it at once
+		return unlock, ownership.GiveBack // the instance stops: the next owner gets it at once
 	}
-	return busy.Unlock, o.own(ctx, pin, n, keepAlive)
+	return unlock, o.own(ctx, pin, n, keepAlive)
 }
 
 // Annotate makes m, a forwarded copy, what the partition's changelog
 // needs: the subject names the partition (subject is the input's), and
-// the headers carry the record (now, fp, the body's fingerprint) and tot,
-// what it adds to a total, for a new owner to restore.
-func (o *Owner) Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contribution, now time.Time) {
-	m.Subject = handover.PartitionSubject(o.g.prefix, o.p.Index(), subject)
-	handover.Annotate(m.Header, now, fp)
+// the headers carry the record (at, the copy's input time, and fp, the
+// body's fingerprint) and tot, what it adds to a total, for a new owner to
+// restore.
+func (o *Owner) Annotate(m *nats.Msg, subject string, fp uint64, tot state.Contribution, at time.Time) {
+	m.Subject = changelog.PartitionSubject(o.g.prefix, o.p.Index(), subject)
+	changelog.Annotate(m.Header, at, fp)
 	if tot.Group != "" {
-		handover.AnnotateTotal(m.Header, tot.Group, tot.Bucket, tot.Value)
+		changelog.AnnotateTotal(m.Header, tot.Group, tot.Bucket, tot.Value)
 	}
 }
 
 // RefreshRecord returns the key-state record of a repeat that moves the
 // window of key, whose record is rec, to at: published with the batch's
 // forwards, expecting the tenure's fence, so that a new owner restores
-// the moved window (handover.RefreshMsg).
+// the moved window (changelog.RefreshMsg).
 func (o *Owner) RefreshRecord(key []byte, rec state.Record, at time.Time) *nats.Msg {
-	return handover.RefreshMsg(handover.KeyStateSubject(o.g.prefix, o.p.Index()), keyRecord(key, rec), at)
+	return changelog.RefreshMsg(changelog.KeyStateSubject(o.g.prefix, o.p.Index()), changelog.KeyRecord(key, rec), at)
 }
 
-// keyRecord is the changelog record a key-state record carries of key,
-// whose state record is rec: what a restore needs to store the key when it
-// holds no record of it.
-func keyRecord(key []byte, rec state.Record) handover.Record {
-	return handover.Record{Key: key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint, Version: rec.Version,
-		HasVersion: rec.HasVersion, OutputSeq: rec.OutputSeq}
-}
+// Publishing implements ownership.Owner: nothing to do, since a group's
+// partitions restore from their cursors in the changelog.
+func (*Owner) Publishing() {}
 
 // Fence is the fence the batch's output publish expects: the tenure's fence in the output stream.
 func (o *Owner) Fence() *forward.Fence {
@@ -114,14 +100,12 @@ func (o *Owner) Lost(ctx context.Context, err error) bool {
 	return true
 }
 
-// Claim commits claims, the batch's forwarded keys, in p with first-seen
-// time now, and with them the partition's cursor: the highest output
-// sequence the batch stored, not counting duplicates, whose record may be
-// another owner's (docs/scale-out.md, "Code notes").
-func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result, now time.Time) ([]state.ClaimResult, error) {
-	for i := range claims {
-		claims[i].FirstSeen = now
-	}
+// Claim commits claims, the batch's forwarded keys (each at its input
+// time, which its forward carries), in p, and with them the partition's
+// cursor: the highest output sequence the batch stored, not counting
+// duplicates, whose record may be another owner's (docs/scale-out.md,
+// "Code notes").
+func (o *Owner) Claim(p *state.Partition, claims []state.Claim, res []forward.Result) ([]state.ClaimResult, error) {
 	if o.tenure == nil {
 		return p.Claim(claims)
 	}
@@ -170,43 +154,40 @@ const maxLostPins = 16
 // restoring the partition when it does not. A batch that came under a pin
 // of a tenure this instance lost, while it owns none, is given back; one
 // whose takeover or fence refresh did not finish is left unacked.
-func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) Verdict {
+func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) ownership.Verdict {
 	g := o.g
-	if lost := g.takeLost(o.p.Index()); lost != "" {
-		// Released for balance, or the pin moved: what still comes under
-		// the tenure's pins is the next owner's.
-		if o.tenure != nil && o.tenure.pins[lost] {
-			o.endTenure(true)
-		} else {
-			o.rememberLost(lost)
-		}
-	}
+	o.catchUp()
 	if pin == LocalPin {
 		// Handed over by the route step (Run's local), under no pin: only
 		// a tenure held already judges it; a takeover comes from the
 		// member's deliveries.
 		if o.tenure == nil {
-			return GiveBack
+			return ownership.GiveBack
 		}
 		if !o.refreshFence(ctx) {
-			return Leave
+			return ownership.Leave
 		}
-		return Judge
+		return ownership.Judge
 	}
 	if o.tenure != nil {
 		if !o.tenure.pins[pin] {
+			// A new pin of the tenure (the first of a partition taken
+			// before any message, or the server pinned this instance
+			// again): the fence is written again now, after the pin,
+			// so that status sees the pin's owner confirmed.
+			o.tenure.written = time.Time{}
 			o.tenure.pins[pin] = true
 			o.tenure.pin = pin
 			g.setOwned(o.p.Index(), pin)
 		}
 		if !o.refreshFence(ctx) {
-			return Leave
+			return ownership.Leave
 		}
-		return Judge
+		return ownership.Judge
 	}
 	if slices.Contains(o.lostPins, pin) && !o.recheckLost(ctx, pin) {
 		g.metrics.stale.WithLabelValues(o.label).Add(float64(n))
-		return GiveBack
+		return ownership.GiveBack
 	}
 	t, err := o.takeOver(ctx, keepAlive, pin)
 	if err != nil {
@@ -216,11 +197,30 @@ func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) Ve
 		} else if ctx.Err() == nil {
 			o.g.logs.Warn("take_over_failed", "scale-out: taking the partition failed; its batch stays unacked and comes back", "partition", o.label, "err", err)
 		}
-		return Leave
+		return ownership.Leave
 	}
 	o.tenure = t
 	g.setOwned(o.p.Index(), pin)
-	return Judge
+	return ownership.Judge
+}
+
+// catchUp brings the tenure up to what the group did to the partition
+// since the worker's last batch: a release for balance, or a pin that
+// moved, ends it (takeLost); a takeover before any message (pretake)
+// starts one, newer than any tenure held.
+func (o *Owner) catchUp() {
+	g := o.g
+	if lost := g.takeLost(o.p.Index()); lost != "" {
+		// What still comes under the tenure's pins is the next owner's.
+		if o.tenure != nil && o.tenure.pins[lost] {
+			o.endTenure(true)
+		} else {
+			o.rememberLost(lost)
+		}
+	}
+	if t := g.takePre(o.p.Index()); t != nil {
+		o.tenure = t
+	}
 }
 
 // rememberLost adds pin to the pins whose messages are left unacked for
@@ -242,20 +242,29 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	g := o.g
 	p := o.p.Index()
 	start := time.Now()
-	fenceSubj := handover.FenceSubject(g.prefix, p)
+	fenceSubj := changelog.FenceSubject(g.prefix, p)
 	// The output stream may have been edited, or purged, since the start: a
 	// changelog that no longer keeps what a restore reads would restore the
 	// partition short, so the partition is not taken (its batch comes back,
 	// and the check runs again).
-	out, err := handover.StreamState(ctx, g.js, g.outStream)
+	out, err := changelog.StreamState(ctx, g.js, g.outStream)
 	if err != nil {
 		return nil, fmt.Errorf("read the output stream's configuration: %w", err)
 	}
-	cursor, err := o.p.Cursor()
+	// A local store ahead of the output (a server that lost forwards it
+	// had acknowledged) drops what the output lost first.
+	a, ahead, err := changelog.CheckAhead(ctx, g.js, g.outStream, o.p, out.State.LastSeq)
 	if err != nil {
-		return nil, fmt.Errorf("read the partition's cursor: %w", err)
+		return nil, fmt.Errorf("check the partition's store against the output stream: %w", err)
 	}
-	now := g.clock.Now()
+	cursor := a.Cursor
+	if ahead {
+		cursor = a.Kept
+		if g.ahead != nil {
+			g.ahead(a)
+		}
+	}
+	now := serverTime(out, g.clock)
 	from, since := g.restoreStart(cursor, out.State.LastSeq, now)
 	if err := g.checkChangelog(out.Config); err != nil {
 		return nil, err
@@ -263,15 +272,15 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	if err := g.checkReach(out.State, p, from, now); err != nil {
 		return nil, err
 	}
-	f, err := handover.Take(ctx, g.js, g.outStream, fenceSubj, g.instance)
+	f, err := changelog.Take(ctx, g.js, g.outStream, fenceSubj, g.instance)
 	if err != nil {
 		return nil, err
 	}
 	// The dead letters' fence, after the output's: an instance that took
 	// this one has taken the output's first.
-	dlFenceSubj := handover.FenceSubject(g.dlSubject, p)
+	dlFenceSubj := changelog.FenceSubject(g.dlSubject, p)
 	dlWritten := time.Now()
-	dlf, err := handover.Take(ctx, g.js, g.dlStream, dlFenceSubj, g.instance)
+	dlf, err := changelog.Take(ctx, g.js, g.dlStream, dlFenceSubj, g.instance)
 	if err != nil {
 		return nil, fmt.Errorf("take the dead-letter fence: %w", err)
 	}
@@ -280,7 +289,7 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	defer restoring.Set(0)
 	g.restoring(p, 0, true)
 	defer g.restoring(p, 0, false)
-	r, err := o.restore(ctx, keepAlive, out, cursor, from, since, f)
+	r, err := o.restoreUpTo(ctx, keepAlive, out, cursor, from, since, f)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +298,7 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	g.metrics.restoreDur.WithLabelValues(r.path).Observe(took.Seconds())
 	g.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
 		"from_snapshot", r.loaded, "restored", r.total, "readers_replaced", r.reopens, "took", took.Round(time.Millisecond))
-	g.recordHandOver(ctx, p, handover.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
+	g.recordHandOver(ctx, p, changelog.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
 		Records: r.loaded + r.total, RestoreSeconds: took.Seconds()})
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
 		written: start, refresh: fenceRefresh(out.Config.MaxAge),
@@ -300,12 +309,31 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 // restoreLocal or restoreFull), the output sequence the changelog was
 // read from, the cursor it started at (the snapshot's when it loaded one),
 // the records the snapshot loaded and the changelog restored, and the
-// changelog readers it replaced (handover.RestoreStats).
+// changelog readers it replaced (changelog.RestoreStats).
 type restoreRun struct {
 	path          string
 	from, cursor  uint64
 	loaded, total int
 	reopens       int // changelog readers replaced after a silent spell
+}
+
+// restoreUpTo restores the partition up to f, its new fence (restore),
+// unless the output's leader holds none of the partition's forwards and
+// key-state records: then there is nothing to restore, and the takeover
+// of an empty partition costs the fence and one request per subject
+// instead of a snapshot lookup and a reader (path restoreEmpty).
+func (o *Owner) restoreUpTo(ctx context.Context, keepAlive func(), out *jetstream.StreamInfo, cursor, from uint64, since time.Time, f uint64) (restoreRun, error) {
+	g := o.g
+	p := o.p.Index()
+	holds, err := changelog.Holds(ctx, g.js, g.outStream, changelog.PartitionFilter(g.prefix, p), changelog.KeyStateSubject(g.prefix, p))
+	if err != nil {
+		return restoreRun{}, err
+	}
+	if !holds {
+		g.snaps.metrics.paths.WithLabelValues(restoreEmpty).Inc()
+		return restoreRun{path: restoreEmpty, cursor: cursor}, nil
+	}
+	return o.restore(ctx, keepAlive, out, cursor, from, since, f)
 }
 
 // restore restores the partition up to f, its new fence in the output
@@ -337,48 +365,20 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 		}
 	}
 	g.snaps.metrics.paths.WithLabelValues(r.path).Inc()
-	recs := make([]state.Restored, 0, restoreChunk)
-	flush := func(upTo uint64) error {
-		if err := o.p.Restore(recs, upTo); err != nil {
-			return err
-		}
-		r.total += len(recs)
-		g.metrics.restored.WithLabelValues(o.label).Add(float64(len(recs)))
-		g.restoring(p, r.total, true)
-		recs = recs[:0]
-		keepAlive()
-		return nil
-	}
-	st, err := handover.Restore(ctx, g.js, g.outStream, handover.PartitionFilter(g.prefix, p), handover.FenceSubject(g.prefix, p),
-		handover.KeyStateSubject(g.prefix, p), r.from, since, f,
-		func(rec handover.Record, seq uint64) error {
-			recs = append(recs, restored(rec, seq))
-			if len(recs) == restoreChunk {
-				return flush(seq)
-			}
-			return nil
-		})
+	sp := changelog.Span{Stream: g.outStream, Forwards: []string{changelog.PartitionFilter(g.prefix, p)},
+		KeyState: changelog.KeyStateSubject(g.prefix, p), Fence: changelog.FenceSubject(g.prefix, p), From: r.from, Since: since, UpTo: f}
+	st, err := changelog.Apply(ctx, g.js, sp, []changelog.Target{{P: o.p, Cursor: r.cursor}}, changelog.ApplyOptions{
+		Route: func(*changelog.Record, string) int { return 0 },
+		Progress: func(_, n int) {
+			g.restoring(p, n, true)
+		},
+		KeepAlive: keepAlive,
+	})
+	r.total = st.Applied[0]
+	g.metrics.restored.WithLabelValues(o.label).Add(float64(r.total))
 	r.reopens = st.Reopens
 	g.metrics.reopens.WithLabelValues(o.label).Add(float64(st.Reopens))
-	if err != nil {
-		return r, err
-	}
-	if r.cursor != f {
-		if err := flush(f); err != nil { // the rest, and the cursor at the fence
-			return r, err
-		}
-	}
-	return r, nil
-}
-
-// restored is the state record of rec, read back from the changelog at
-// sequence seq: a forward's record, a refresh's (its record with the
-// window start it moved to) or a forget's (its record marked forgotten).
-func restored(rec handover.Record, seq uint64) state.Restored {
-	return state.Restored{Key: rec.Key, FirstSeen: rec.FirstSeen, Fingerprint: rec.Fingerprint,
-		Total: state.Contribution{Group: rec.Group, Bucket: rec.Bucket, Value: rec.Value}, Seq: seq,
-		Refreshed: rec.WindowStart, Version: rec.Version, HasVersion: rec.HasVersion, Forgotten: rec.Forgotten,
-		OutputSeq: rec.OutputSeq}
+	return r, err
 }
 
 // fenced handles an output batch the server refused because the

@@ -51,7 +51,7 @@ func TestClaimCursorLeavesOutDuplicates(t *testing.T) {
 		for i := range claims {
 			claims[i] = state.Claim{Key: []byte(step.what + string(rune('a'+i)))}
 		}
-		if _, err := o.Claim(p, claims, step.res, time.Now()); err != nil {
+		if _, err := o.Claim(p, claims, step.res); err != nil {
 			t.Fatalf("%s: %v", step.what, err)
 		}
 		if c, err := p.Cursor(); err != nil || c != step.want {

@@ -63,7 +63,9 @@ func New(ctx context.Context, o Options) (*Group, error) {
 	}
 	g.metrics = newScaleOutMetrics(o.Registry)
 	g.metrics.partitions.WithLabelValues(g.name).Set(float64(o.Partitions))
+	g.metrics.zeroPartitions(o.Partitions)
 	g.snaps = newSnapshots(o, g.js, g.log, g.window, max(oc.Replicas, 1), o.Registry)
+	g.snaps.metrics.zeroPartitions(o.Partitions)
 	g.log.Info("scale-out: joining the group", "group", g.name, "instance", g.instance, "partitions", o.Partitions,
 		"input_stream", g.inStream, "output_stream", g.outStream, "handover_after_crash", g.consumer.AckWait)
 	return g, nil
@@ -80,6 +82,7 @@ func newGroup(o Options) *Group {
 		clock:      o.Clock,
 		window:     o.Window,
 		restoring:  o.Restoring,
+		ahead:      o.StoreAhead,
 		reporter:   o.Reporter,
 		busy:       make([]sync.Mutex, o.Partitions),
 		releaseNow: make(chan int),
@@ -92,6 +95,8 @@ func newGroup(o Options) *Group {
 		terms:      o.RetentionTerms,
 		owned:      make(map[int]string),
 		lost:       make(map[int]string),
+		pre:        make(map[int]*tenure),
+		pretaking:  make(map[int]bool),
 		consumer: jetstream.ConsumerConfig{
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       o.AckWait,
@@ -156,6 +161,14 @@ func (g *Group) createGroup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Only a group of bucketLimitPartitions or more can need it. In the
+	// background, bounded on its own: instances starting together update
+	// the stream together, and the server may leave one of those updates
+	// unanswered (every round of a 3-instance start waited out the bound
+	// in one instance when this ran in line).
+	if n >= bucketLimitPartitions {
+		go g.raiseBucketLimit(context.WithoutCancel(gctx))
+	}
 	// A request the cluster leaves unanswered (a leader being elected) is
 	// asked again, each with groupRequestTimeout. Anything else pcgroups
 	// says (an invalid or mismatched group) no retry changes.
@@ -183,6 +196,62 @@ func (g *Group) createGroup(ctx context.Context) error {
 // pcgroupsBucket is the key-value bucket in which pcgroups keeps static
 // consumer groups.
 const pcgroupsBucket = "static-consumer-groups"
+
+// pcgroupsBucketConsumers is the consumer limit the group gives
+// pcgroupsBucket's stream. Every member an instance consumes watches the
+// group's key there (pcgroups.StaticConsume), and every live instance
+// consumes every partition's member (docs/scale-out.md §4.2): instances
+// x partitions watchers, which passed nats-server 2.15's default of
+// 1,000 consumers a stream at 64 partitions and 16 instances.
+const pcgroupsBucketConsumers = 1_000_000
+
+// bucketLimitPartitions is the fewest partitions at which a group raises
+// pcgroupsBucket's consumer limit: the bucket holds partitions x
+// instances watchers, and with fewer partitions than this, passing the
+// server's default of 1,000 would take more instances than there are
+// partitions for them to own.
+const bucketLimitPartitions = 32
+
+// raiseBucketLimit raises pcgroupsBucket's consumer limit to
+// pcgroupsBucketConsumers (raiseConsumerLimit) within 2 x
+// groupRequestTimeout, and warns when the limit is still lower after a
+// failure (another instance's update may have answered for it).
+func (g *Group) raiseBucketLimit(ctx context.Context) {
+	stream := "KV_" + pcgroupsBucket
+	rctx, cancel := context.WithTimeout(ctx, 2*groupRequestTimeout)
+	defer cancel()
+	err := raiseConsumerLimit(rctx, g.js, stream, pcgroupsBucketConsumers)
+	if err == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, groupRequestTimeout)
+	defer cancel()
+	if st, serr := g.js.Stream(cctx, stream); serr == nil && st.CachedInfo().Config.MaxConsumers >= pcgroupsBucketConsumers {
+		return
+	}
+	// An older server that cannot change the limit: members past it are
+	// retried, as before.
+	g.log.Warn("scale-out: cannot raise the consumer group bucket's consumer limit; a large group's members may be refused",
+		"stream", stream, "want", pcgroupsBucketConsumers, "err", err)
+}
+
+// raiseConsumerLimit makes stream allow at least want consumers, and
+// leaves a stream that does as it is.
+func raiseConsumerLimit(ctx context.Context, js jetstream.JetStream, stream string, want int) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.MaxConsumers >= want {
+		return nil
+	}
+	cfg.MaxConsumers = want
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("set max_consumers of stream %s to %d: %w", stream, want, err)
+	}
+	return nil
+}
 
 // groupRequestTimeout bounds one call of pcgroups at start and one join of
 // a member (its few requests together): far above what a cluster that

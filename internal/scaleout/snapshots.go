@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -25,6 +27,7 @@ const (
 	restoreSnapshot = "snapshot" // the newest snapshot, then the changelog after it
 	restoreLocal    = "local"    // the changelog after the local store's cursor
 	restoreFull     = "full"     // the changelog back to now - the output's retention
+	restoreEmpty    = "empty"    // nothing: the output holds no record of the partition
 )
 
 // snapshotRequestTimeout bounds one request to the snapshot bucket other
@@ -79,7 +82,7 @@ func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
 	m := &snapshotMetrics{
 		paths: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_restore_path_total",
-			Help: "Takeovers by how the partition was restored: snapshot (the newest snapshot, then the output stream after it), local (the output stream after the local store's cursor) or full (the output stream back to the retention).",
+			Help: "Takeovers by how the partition was restored: snapshot (the newest snapshot, then the output stream after it), local (the output stream after the local store's cursor) full (the output stream back to the retention) or empty (nothing: the output holds no record of the partition).",
 		}, []string{"path"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedupe_snapshot_writes_total",
@@ -108,10 +111,21 @@ func newSnapshotMetrics(reg prometheus.Registerer) *snapshotMetrics {
 		}, []string{"partition"}),
 	}
 	reg.MustRegister(m.paths, m.writes, m.records, m.bytes, m.seconds, m.loaded, m.current)
-	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull} {
+	for _, p := range []string{restoreSnapshot, restoreLocal, restoreFull, restoreEmpty} {
 		m.paths.WithLabelValues(p)
 	}
 	return m
+}
+
+// zeroPartitions exports the snapshot counters at 0: writes by result and
+// the records loaded for each of partitions partitions.
+func (m *snapshotMetrics) zeroPartitions(partitions int) {
+	for _, r := range []string{"ok", "failed"} {
+		m.writes.WithLabelValues(r)
+	}
+	for p := range partitions {
+		m.loaded.WithLabelValues(strconv.Itoa(p))
+	}
 }
 
 // newSnapshots returns the group's snapshots, as o configures them;
@@ -185,11 +199,7 @@ func (g *Group) runSnapshots(ctx context.Context, store *state.Store) {
 func (g *Group) ownedPartitions() []int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]int, 0, len(g.owned))
-	for p := range g.owned {
-		out = append(out, p)
-	}
-	return out
+	return slices.Collect(maps.Keys(g.owned))
 }
 
 // forgetOthers drops the snapshot gauges of the partitions not in owned:
@@ -320,7 +330,8 @@ var errSnapshotBehind = errors.New("the local store is as far")
 // errSnapshotBehind when it covers no more than the local cursor) unless
 // the snapshot h heads is of this group, partition and number of
 // partitions, for a window at least W, of the output stream out, covers a
-// sequence inside it past the local cursor (when that is valid), and the
+// sequence inside it past the local cursor (when that is valid; with warm
+// standbys on, more than standbyPreferLocal past it), and the
 // stream still holds that sequence's successors (checkReach).
 func (o *Owner) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, cursor uint64) error {
 	g := o.g
@@ -337,13 +348,23 @@ func (o *Owner) checkSnapshot(h snapshot.Header, out *jetstream.StreamInfo, curs
 		return unusable("it covers an output stream %s created %v, this one was created %v", g.outStream, h.StreamCreated, out.Created)
 	case h.Seq == 0 || h.Seq > out.State.LastSeq:
 		return unusable("it covers sequence %d, outside the output stream's 1..%d", h.Seq, out.State.LastSeq)
-	case cursor > 0 && cursor <= out.State.LastSeq && h.Seq <= cursor:
-		return fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor)
+	case cursor > 0 && cursor <= out.State.LastSeq && h.Seq <= cursor+g.preferLocal():
+		return fmt.Errorf("%w: %w: it covers sequence %d, not past the local cursor %d (+%d)", errSnapshotUnusable, errSnapshotBehind, h.Seq, cursor, g.preferLocal())
 	}
-	if err := g.checkReach(out.State, p, h.Seq+1, g.clock.Now()); err != nil {
+	if err := g.checkReach(out.State, p, h.Seq+1, serverTime(out, g.clock)); err != nil {
 		return unusable("%v", err)
 	}
 	return nil
+}
+
+// preferLocal is how far a snapshot must be past the local cursor to be
+// loaded: standbyPreferLocal with warm standbys on, so that a standby's
+// takeover reads its tail (path local), else 0.
+func (g *Group) preferLocal() uint64 {
+	if g.opts.Standbys > 0 {
+		return standbyPreferLocal
+	}
+	return 0
 }
 
 // snapshotSink returns how loadSnapshot stores a snapshot's records in

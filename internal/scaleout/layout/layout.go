@@ -1,7 +1,6 @@
 // Package layout names what a scale-out group keeps on the servers: the
 // static group's members and their consumers, the buckets of presence,
-// hand-overs and snapshots, the control subjects beside the output and
-// the dead letters, and the input stream's subject transform that puts
+// hand-overs and snapshots, and the input stream's subject transform that puts
 // each key's partition first. It is a leaf: the configuration validates
 // with it and every scale-out package names things with it, so that each
 // name is made in one place (docs/scale-out.md).
@@ -18,9 +17,6 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
-
-// ControlRoot is the first token of every control record's subject.
-const ControlRoot = "_dedupe"
 
 // Member returns the name of the static group's member for partition p:
 // "p<p>".
@@ -40,7 +36,7 @@ func SnapshotBucket(group string) string { return group + "-snapshots" }
 func SnapshotObject(p int) string { return Member(p) }
 
 // HandOverBucket returns the key-value bucket in which each new owner
-// records its takeover of a partition (handover.HandOver, under the
+// records its takeover of a partition (changelog.HandOver, under the
 // partition's member name): "<group>-handovers".
 func HandOverBucket(group string) string { return group + "-handovers" }
 
@@ -53,21 +49,6 @@ func Presence(group string, ackWait time.Duration) (bucket string, every, ttl ti
 	every = max(ackWait, time.Second)
 	return group + "-members", every, 3 * every
 }
-
-// ReleaseCooldown is how long an instance that released a partition to
-// balance the group leaves it to the others before it stands by for it
-// again: five presence refreshes (Presence), which bounds how often a
-// partition can move for balance.
-func ReleaseCooldown(ackWait time.Duration) time.Duration {
-	_, every, _ := Presence("", ackWait)
-	return 5 * every
-}
-
-// ControlSubjects returns the subjects of the control records (fences,
-// cursors) of a stream whose messages are under prefix:
-// "_dedupe.<prefix>.>". A scale-out output or dead-letter stream holds
-// them beside "<prefix>.>".
-func ControlSubjects(prefix string) string { return ControlRoot + "." + prefix + ".>" }
 
 // Values of scale_out.route.
 const (

@@ -108,8 +108,7 @@ func TestNames(t *testing.T) {
 		{SnapshotObject(3), "p3"},
 		{HandOverBucket("g"), "g-handovers"},
 		{bucket, "g-members"},
-		{ControlSubjects("deduped"), "_dedupe.deduped.>"},
-		{every.String() + " " + ttl.String() + " " + ReleaseCooldown(0).String(), "1s 3s 5s"},
+		{every.String() + " " + ttl.String(), "1s 3s"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)

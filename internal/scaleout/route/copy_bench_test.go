@@ -67,7 +67,7 @@ func (r *router) routeBatch(b *testing.B, batch []jetstream.Msg) {
 	for i, msg := range batch {
 		c, dl := r.routed(msg)
 		if dl != nil {
-			b.Fatalf("dead letter: %s", dl.detail)
+			b.Fatalf("dead letter: %s", dl.Detail)
 		}
 		c.i = i
 		r.out = append(r.out, c)

@@ -39,8 +39,10 @@
 // and publishes each batch's copies as one atomic batch: the routed stream
 // is created with atomic publish allowed, and one without it is routed one
 // publish per copy, with a warning. A batch's dead letters go together
-// beside its copies. A pull lasts at most ack_wait, so a pull a cluster
-// leaves unanswered costs that long, not the client's 30 s default.
+// beside its copies, through the stage's own dead-letter publisher
+// (deadletter.Publisher). The input is read with the stage's pull loop
+// (pull.Run): a pull lasts at most ack_wait, so a pull a cluster leaves
+// unanswered costs that long, not the client's 30 s default.
 // StreamConfig and CheckStream own the routed stream's settings: a work
 // queue, one subject per partition, a duplicate window of 2 x (ack_wait +
 // restart margin) and at least 2 minutes; Run refuses a window below ack_wait

@@ -1,6 +1,10 @@
 package route
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
+)
 
 // Outcomes of routing one input message, the values of the outcome label
 // of dedupe_route_messages_total.
@@ -62,5 +66,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Messages, m.DeadLetters, m.Pending, m.Copies)
+	// Every outcome and reason from the start, at 0: a rate over them
+	// never meets a missing series.
+	for _, o := range []string{OutcomeRouted, OutcomeDuplicate, OutcomeLocal, OutcomeDeadLetter, OutcomeUnstorable} {
+		m.Messages.WithLabelValues(o)
+	}
+	for _, r := range deadletter.Reasons() {
+		m.DeadLetters.WithLabelValues(string(r))
+	}
 	return m
 }

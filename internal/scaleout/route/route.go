@@ -17,6 +17,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
 	"github.com/dedupe-stage/dedupe-stage/internal/lograte"
+	"github.com/dedupe-stage/dedupe-stage/internal/pull"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
 	"github.com/dedupe-stage/dedupe-stage/keys"
@@ -284,6 +285,7 @@ func Run(ctx context.Context, o Options) error {
 	var routers sync.WaitGroup
 	for range o.BatchesInFlight {
 		r := &router{o: o, js: js, metrics: metrics, logs: logs, atomic: atomic, maxMsgSize: st.CachedInfo().Config.MaxMsgSize}
+		r.dead = r.deadLetterPublisher()
 		routers.Go(func() {
 			batcher.Run(in, o.BatchSize, o.BatchLinger, func(batch []jetstream.Msg) { r.process(work, batch) })
 		})
@@ -293,7 +295,8 @@ func Run(ctx context.Context, o Options) error {
 		"batches_in_flight", o.BatchesInFlight)
 	var polled sync.WaitGroup
 	polled.Go(func() { pollPending(ctx, cons, metrics) })
-	consume(ctx, o, log, cons, in)
+	pull.Run(ctx, cons, pull.Options{MaxMessages: min(o.MaxAckPending, (o.BatchesInFlight+1)*o.BatchSize), AckWait: o.AckWait, Logger: log, Conn: o.Conn},
+		func(msg jetstream.Msg) { in <- msg })
 	close(in)
 	polled.Wait()
 	routers.Wait()
@@ -340,44 +343,9 @@ type router struct {
 	held     []int       // indexes into out, pub by pub (carried)
 	ends     []int       // pub[k] carries out[held[ends[k-1]:ends[k]]]
 	res      []forward.Result
-	dls      []deadLetter
-	progress batcher.Progress // paces the batch's InProgress signals
-}
-
-// consume pulls messages into in until ctx is done. A broken subscription
-// (consumer deleted, server restarted) is made again with backoff.
-func consume(ctx context.Context, o Options, log *slog.Logger, cons jetstream.Consumer, in chan<- jetstream.Msg) {
-	b := retry.NewBackoff()
-	for ctx.Err() == nil {
-		// Each pull lasts at most ack_wait (heartbeats every half of
-		// it): a pull request a cluster loses, as one can while the
-		// consumer's node takes it over, is noticed and made again
-		// after that long, not after nats.go's default of 30s.
-		iter, err := cons.Messages(jetstream.PullMaxMessages(min(o.MaxAckPending, (o.BatchesInFlight+1)*o.BatchSize)),
-			jetstream.PullExpiry(max(o.AckWait, 2*time.Second)))
-		if err != nil {
-			log.Warn("pull subscription failed, retrying", "err", err)
-			_ = b.Wait(ctx)
-			continue
-		}
-		stop := context.AfterFunc(ctx, iter.Drain)
-		for {
-			msg, err := iter.Next()
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() == nil {
-					log.Warn("pull subscription ended, re-subscribing", "err", err)
-				}
-				break
-			}
-			b.Reset()
-			in <- msg
-		}
-		stop()
-		iter.Stop()
-		if ctx.Err() == nil {
-			_ = b.Wait(ctx)
-		}
-	}
+	dls      []deadletter.Letter
+	dead     *deadletter.Publisher // publishes dls, and a copy's input refused for good
+	progress batcher.Progress      // paces the batch's InProgress signals
 }
 
 // routedCopy is the routed copy of one input of a batch: what the route
@@ -390,13 +358,6 @@ type routedCopy struct {
 	stream string    // the input's stream
 	key    string
 	at     time.Time // the input's stream timestamp
-}
-
-// deadLetter is an input the route step cannot route, with why.
-type deadLetter struct {
-	msg    jetstream.Msg
-	reason deadletter.Reason
-	detail string
 }
 
 // process routes one batch: build every copy, publish them all in flight,
@@ -415,7 +376,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 		}
 		if dl == nil {
 			if err := r.checkAlone(msg, &c, maxPayload); err != nil {
-				dl = &deadLetter{msg: msg, reason: deadletter.ReasonOversized, detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
+				dl = &deadletter.Letter{Msg: msg, Reason: deadletter.ReasonOversized, Detail: "the routed copy (with the route step's headers) cannot be published: " + err.Error()}
 			}
 		}
 		if dl != nil {
@@ -429,7 +390,7 @@ func (r *router) process(ctx context.Context, batch []jetstream.Msg) {
 	// flight at the same time.
 	var dead sync.WaitGroup
 	if len(r.dls) > 0 {
-		dead.Go(func() { r.deadLetters(ctx) })
+		dead.Go(func() { r.dead.Publish(ctx, r.dls) })
 	}
 	defer func() {
 		dead.Wait()
@@ -488,7 +449,7 @@ func (r *router) publish(ctx context.Context, batch []jetstream.Msg, bundles boo
 			msg := batch[r.out[o].i]
 			switch {
 			case res.Err != nil:
-				r.deadLetterAlone(ctx, deadLetter{msg: msg, reason: deadletter.ReasonRoutedRejected, detail: deadletter.Describe(res.Err)})
+				r.dead.Publish(ctx, []deadletter.Letter{{Msg: msg, Reason: deadletter.ReasonRoutedRejected, Detail: deadletter.Describe(res.Err)}})
 			case res.Duplicate:
 				r.ack(msg, OutcomeDuplicate)
 			default:
@@ -654,15 +615,15 @@ func (r *router) checkAlone(in jetstream.Msg, c *routedCopy, maxPayload int64) e
 // set; copyOf builds the copy alone), or says why it cannot be routed;
 // neither (the zero routedCopy, no dead letter) when Options.Local took
 // msg.
-func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
+func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadletter.Letter) {
 	data := msg.Data()
 	if limit := r.o.MaxMessageBytes; limit > 0 && int64(len(data)) > limit {
-		return routedCopy{}, &deadLetter{msg: msg, reason: deadletter.ReasonOversized,
-			detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
+		return routedCopy{}, &deadletter.Letter{Msg: msg, Reason: deadletter.ReasonOversized,
+			Detail: fmt.Sprintf("payload is %d bytes, pipeline.max_message_bytes is %d", len(data), limit)}
 	}
 	md, err := msg.Metadata()
 	if err != nil {
-		return routedCopy{}, &deadLetter{msg: msg, reason: deadletter.ReasonNoMetadata, detail: err.Error()}
+		return routedCopy{}, &deadletter.Letter{Msg: msg, Reason: deadletter.ReasonNoMetadata, Detail: err.Error()}
 	}
 	subject, in := msg.Subject(), msg.Headers()
 	key, err := r.o.Key.Key(subject, in, data)
@@ -685,9 +646,9 @@ func (r *router) routed(msg jetstream.Msg) (routedCopy, *deadLetter) {
 // keyDeadLetter is the dead letter of a key or partition key that cannot
 // be extracted: the keys.Error's reason and detail, or fallback and the
 // error's text.
-func keyDeadLetter(msg jetstream.Msg, err error, fallback deadletter.Reason) *deadLetter {
+func keyDeadLetter(msg jetstream.Msg, err error, fallback deadletter.Reason) *deadletter.Letter {
 	reason, detail := deadletter.KeyReason(err, fallback)
-	return &deadLetter{msg: msg, reason: reason, detail: detail}
+	return &deadletter.Letter{Msg: msg, Reason: reason, Detail: detail}
 }
 
 // ack acks msg (unless a test withholds it) and counts its outcome.
@@ -718,126 +679,22 @@ func (r *router) fallback(messages int, err error) {
 		"messages", messages, "err", deadletter.Describe(err))
 }
 
-// deadLetters publishes the batch's dead letters (r.dls) together, many in
-// flight, and acks each input once its dead letter is stored. A dead
-// letter refused for good is stored without its payload (shrunk); one
-// still failing when ctx ends stays unacked and comes back. It runs beside
-// the batch's routed publishes, so it keeps its own inputs alive.
-func (r *router) deadLetters(ctx context.Context) {
-	maxPayload := r.o.Conn.MaxPayload()
-	msgs := make([]*nats.Msg, 0, len(r.dls))
-	idx := make([]int, 0, len(r.dls))
-	inputs := make([]jetstream.Msg, len(r.dls))
-	for i, dl := range r.dls {
-		inputs[i] = dl.msg
-		m := r.deadLetterMsg(dl, true)
-		if err := forward.CheckSize(m, maxPayload); err != nil {
-			r.shrunk(ctx, dl, err)
-			continue
-		}
-		msgs = append(msgs, m)
-		idx = append(idx, i)
-	}
-	if len(msgs) == 0 {
-		return
-	}
-	res := make([]forward.Result, len(msgs))
-	var progress batcher.Progress
-	progress.Start(time.Now())
-	err := forward.Batch(ctx, r.js, msgs, res, forward.Options{
-		Component: CompRouteDeadLetter,
-		Retry:     retry.Options{Reporter: r.o.Reporter, Pause: func() { keepAlive(inputs, &progress, r.o.AckWait) }},
-		OnRetry: func(attempt, failed int, err error) {
-			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publishes failed, retrying; their inputs stay unacked meanwhile", "attempt", attempt, "failed", failed, "err", err)
+// deadLetterPublisher is the route step's dead-letter publisher
+// (deadletter.Publisher): not atomic, never fenced (the route
+// step owns no partition), each input its own; a letter settled is counted
+// by reason and its input acked as dead-lettered or unstorable. It runs
+// beside the batch's routed publishes, so it keeps its own inputs alive.
+func (r *router) deadLetterPublisher() *deadletter.Publisher {
+	return &deadletter.Publisher{
+		JS: r.js, Conn: r.o.Conn, Component: CompRouteDeadLetter, Reporter: r.o.Reporter, Logs: r.logs,
+		AckWait: r.o.AckWait, Subject: r.o.DeadLetterSubject, Note: deadletter.OmittedRoute,
+		Done: func(dl deadletter.Letter, unstorable bool) {
+			outcome := OutcomeDeadLetter
+			if unstorable {
+				outcome = OutcomeUnstorable
+			}
+			r.metrics.DeadLetters.WithLabelValues(string(dl.Reason)).Inc()
+			r.ack(dl.Msg, outcome)
 		},
-	})
-	if err != nil {
-		r.logs.Warn("route_dead_letters_unfinished", "stopping with dead letters unsettled; their inputs stay unacked and come back", "err", err)
 	}
-	for k, i := range idx {
-		switch res := res[k]; {
-		case !res.Done:
-		case res.Err != nil:
-			r.shrunk(ctx, r.dls[i], res.Err)
-		default:
-			r.deadLettered(r.dls[i], OutcomeDeadLetter)
-		}
-	}
-}
-
-// deadLetterAlone publishes dl's dead letter and waits until it is
-// stored; one refused for good is stored without its payload (shrunk).
-func (r *router) deadLetterAlone(ctx context.Context, dl deadLetter) {
-	err := r.publishDeadLetter(ctx, dl, r.deadLetterMsg(dl, true))
-	switch {
-	case err == nil:
-		r.deadLettered(dl, OutcomeDeadLetter)
-	case retry.IsPermanent(err):
-		r.shrunk(ctx, dl, err)
-	}
-}
-
-// shrunk stores dl after its dead letter with the payload was refused for
-// good (refused): without the payload, retrying transient failures until
-// ctx ends (then the input stays unacked and comes back). If that is
-// refused too, the refusal is logged with the input's stream and sequence
-// and counted as OutcomeUnstorable, and the input is acked: it stays in
-// its stream. Either way the input is never dropped without a trace.
-func (r *router) shrunk(ctx context.Context, dl deadLetter, refused error) {
-	m := r.deadLetterMsg(dl, false)
-	r.logs.Warn("route_dead_letter_refused", "dead letter refused; storing it without payload", "reason", dl.reason, "subject", m.Subject, "err", refused)
-	err := r.publishDeadLetter(ctx, dl, m)
-	if err != nil && !retry.IsPermanent(err) {
-		return
-	}
-	outcome := OutcomeDeadLetter
-	if err != nil {
-		outcome = OutcomeUnstorable
-		md, _ := dl.msg.Metadata()
-		var stream string
-		var seq uint64
-		if md != nil {
-			stream, seq = md.Stream, md.Sequence.Stream
-		}
-		r.logs.Error("route_dead_letter_unstorable", "dead letter cannot be stored even without payload; the input is acked and stays in its stream",
-			"reason", dl.reason, "stream", stream, "sequence", seq, "subject", dl.msg.Subject(), "err", err)
-	}
-	r.deadLettered(dl, outcome)
-}
-
-// deadLettered counts dl's reason and acks its input with outcome.
-func (r *router) deadLettered(dl deadLetter, outcome string) {
-	r.metrics.DeadLetters.WithLabelValues(string(dl.reason)).Inc()
-	r.ack(dl.msg, outcome)
-}
-
-// publishDeadLetter publishes m, the dead letter of dl, alone and waits
-// for the stream to store it (deadletter.Store).
-func (r *router) publishDeadLetter(ctx context.Context, dl deadLetter, m *nats.Msg) error {
-	return deadletter.Store(ctx, r.js, m, dl.msg, deadletter.StoreOptions{
-		Component:  CompRouteDeadLetter,
-		Reporter:   r.o.Reporter,
-		MaxPayload: r.o.Conn.MaxPayload(),
-		AckWait:    r.o.AckWait,
-		OnRetry: func(attempt int, err error) {
-			r.logs.Warn("route_dead_letter_publish_retry", "dead-letter publish failed, retrying", "subject", m.Subject, "attempt", attempt, "err", err)
-		},
-	})
-}
-
-// deadLetterMsg builds the dead letter of dl: the input's headers (but
-// its Nats-* ones) and, with payload and when it fits, its payload; the
-// reason, the detail and where the input is; and the id that makes it one
-// dead letter per input message (the stage's id for the same input, so
-// the two never both store one).
-func (r *router) deadLetterMsg(dl deadLetter, payload bool) *nats.Msg {
-	in := deadletter.Input{Reason: dl.reason, Detail: dl.detail, Header: dl.msg.Headers(), Data: dl.msg.Data(), Subject: dl.msg.Subject()}
-	if md, err := dl.msg.Metadata(); err == nil {
-		in.Stream, in.Sequence = md.Stream, md.Sequence.Stream
-	}
-	var maxPayload int64 // 0: the payload is left out
-	if payload {
-		maxPayload = r.o.Conn.MaxPayload()
-	}
-	return deadletter.Build(in, r.o.DeadLetterSubject(string(dl.reason)), maxPayload, deadletter.OmittedRoute)
 }

@@ -375,8 +375,13 @@ func TestRedeliveredInputIsNotRoutedTwice(t *testing.T) {
 	start(t, o)
 	natstest.WaitDrained(t, e.js, input, route.ConsumerName(group), time.Minute)
 	checkRoutedOnce(t, e.js, n)
-	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeDuplicate}); got != n {
-		t.Errorf("dedupe_route_messages_total{outcome=duplicate} = %v, want %d (every redelivery dropped by its id)", got, n)
+	// A busy machine may let a redelivery's ack wait pass too: more than
+	// one redelivery of a message, each dropped by its id.
+	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeDuplicate}); got < n {
+		t.Errorf("dedupe_route_messages_total{outcome=duplicate} = %v, want at least %d (every redelivery dropped by its id)", got, n)
+	}
+	if got := metrictest.Sum(t, reg, "dedupe_route_messages_total", map[string]string{"outcome": route.OutcomeRouted}); got != n {
+		t.Errorf("dedupe_route_messages_total{outcome=routed} = %v, want %d (each message routed once)", got, n)
 	}
 }
 

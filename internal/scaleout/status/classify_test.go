@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 )
 
 // TestClassify: a pinned partition is owned whatever waits; without a pin,
@@ -54,20 +53,18 @@ func TestClassify(t *testing.T) {
 // TestHandOverTime: input.ack_wait plus the longer of
 // output.restart_margin and the partition's last takeover.
 func TestHandOverTime(t *testing.T) {
-	cfg := config.Default()
-	cfg.Input.AckWait = config.Duration(10 * time.Second)
-	cfg.Output.RestartMargin = config.Duration(time.Minute)
+	tg := Target{AckWait: 10 * time.Second, RestartMargin: time.Minute}
 	for _, tc := range []struct {
 		name string
-		last *handover.HandOver
+		last *changelog.HandOver
 		want time.Duration
 	}{
 		{"no takeover recorded", nil, 70 * time.Second},
-		{"a quick takeover", &handover.HandOver{RestoreSeconds: 0.3}, 70 * time.Second},
-		{"a takeover longer than the margin", &handover.HandOver{RestoreSeconds: 90}, 100 * time.Second},
+		{"a quick takeover", &changelog.HandOver{RestoreSeconds: 0.3}, 70 * time.Second},
+		{"a takeover longer than the margin", &changelog.HandOver{RestoreSeconds: 90}, 100 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := HandOverTime(cfg, tc.last); got != tc.want {
+			if got := HandOverTime(tg, tc.last); got != tc.want {
 				t.Errorf("HandOverTime = %v, want %v", got, tc.want)
 			}
 		})

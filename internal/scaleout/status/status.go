@@ -29,7 +29,7 @@
 //
 // Use:
 //
-//	r, err := status.Read(ctx, js, cfg, time.Now())
+//	r, err := status.Read(ctx, js, target, time.Now()) // target: stage.StatusTarget(cfg)
 //	r.WriteTable(os.Stdout)
 //	if err := r.Check(); err != nil { ... } // ErrStalled: input waits without an owner
 package status
@@ -45,9 +45,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/pcgroups"
 
-	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/route"
 	"github.com/dedupe-stage/dedupe-stage/internal/streams"
@@ -55,8 +54,9 @@ import (
 
 // ErrStalled is returned by Report.Check when input of a group has waited
 // without an owner for longer than the hand-over time: a partition's, or
-// the route step's with no live instance. No instance takes it on its own
-// any more; start one, or find why the live ones refuse it.
+// the route step's with no live instance; or when a single instance's
+// input has waited as long with no consumer activity. No instance takes it
+// on its own any more; start one, or find why the live ones refuse it.
 var ErrStalled = errors.New("input waits without an owner for longer than the hand-over time")
 
 // ErrGroupMismatch is returned by Report.Check when the group's consumer
@@ -94,18 +94,46 @@ const (
 	HealthUnknown = "unknown"
 )
 
+// Target is what Read reads: the stage, or the group, a configuration
+// describes, in the values Read needs (stage.StatusTarget fills it from the
+// configuration), so that this package reads no configuration itself.
+type Target struct {
+	// ScaleOut says whether the stage runs as a scale-out group.
+	ScaleOut bool
+	// InputStream is the input stream; Consumer a single instance's
+	// durable consumer on it.
+	InputStream, Consumer string
+	// InputSubjects are input.subjects, FilterSubject the consumer's
+	// input.filter_subject: what a single instance's consumer reads.
+	InputSubjects []string
+	FilterSubject string
+	// Group is the scale-out group's name (scale_out.group), Partitions
+	// its partition count (state.partitions).
+	Group      string
+	Partitions int
+	// Routed says whether the route step partitions the input; the
+	// members then consume RoutedStream.
+	Routed       bool
+	RoutedStream string
+	// OutputStream and OutputPrefix are the output stream and its subject
+	// prefix, which name the partitions' fences.
+	OutputStream, OutputPrefix string
+	// AckWait is input.ack_wait, RestartMargin output.restart_margin.
+	AckWait, RestartMargin time.Duration
+}
+
 // HandOverTime is how long a partition's input may wait without an owner
 // during a hand-over after a crash: input.ack_wait (the pin's TTL) plus
 // the restore, taken as the longer of output.restart_margin (how long a
 // crash and restart may take) and the partition's last recorded takeover
 // (fence and restore; last may be nil). This is the one place it is
 // computed.
-func HandOverTime(cfg config.Config, last *handover.HandOver) time.Duration {
-	restore := cfg.Output.RestartMargin.D()
+func HandOverTime(t Target, last *changelog.HandOver) time.Duration {
+	restore := t.RestartMargin
 	if last != nil {
 		restore = max(restore, time.Duration(last.RestoreSeconds*float64(time.Second)))
 	}
-	return cfg.Input.AckWait.D() + restore
+	return t.AckWait + restore
 }
 
 // Waiting is input that waits for an owner.
@@ -183,7 +211,7 @@ type Partition struct {
 	// LastHandOver is the partition's last takeover as its owner recorded
 	// it (who, when, the restore's path, records and seconds); nil when
 	// none was recorded.
-	LastHandOver *handover.HandOver `json:"last_handover,omitempty"`
+	LastHandOver *changelog.HandOver `json:"last_handover,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string in JSON.
@@ -216,6 +244,14 @@ type Report struct {
 	Route *Consumer `json:"route,omitempty"`
 	// Single is a single instance's consumer on the input.
 	Single *Consumer `json:"consumer,omitempty"`
+	// State is a single instance's state, judged as a partition's:
+	// StateOwned while a client pulls from its consumer (the stage runs),
+	// else StateIdle, StateWaiting or StateStalled by its unacknowledged
+	// input and the consumer's last activity. "" for a group.
+	State string `json:"state,omitempty"`
+	// Waiting is a single instance's input waiting with no consumer
+	// activity, nil unless State is StateWaiting or StateStalled.
+	Waiting *Waiting `json:"waiting,omitempty"`
 	// Snapshots is the Object Store bucket read for snapshot ages, "" when
 	// it does not exist.
 	Snapshots string `json:"snapshots_bucket,omitempty"`
@@ -230,53 +266,54 @@ type Report struct {
 	// RouteWaiting is the input waiting for the route step with no live
 	// instance, nil unless RouteState is StateWaiting or StateStalled.
 	RouteWaiting *Waiting `json:"route_waiting,omitempty"`
-	// Health is HealthCritical when a partition is stalled or RouteState
-	// is, HealthOK otherwise (Check).
+	// Health is HealthCritical when a partition is stalled, or RouteState
+	// or a single instance's State is, HealthOK otherwise (Check).
 	Health string `json:"health"`
 }
 
-// Read reads how the stage or group cfg describes stands, from the
+// Read reads how the stage or group t describes stands, from the
 // cluster js is connected to; now dates the ages. A stream or consumer
 // that is missing is reported as such, not as an error; an error is a
 // request the cluster did not answer.
-func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now time.Time) (Report, error) {
+func Read(ctx context.Context, js jetstream.JetStream, t Target, now time.Time) (Report, error) {
 	r := Report{At: now, Mode: "single", Ownerless: []int{}, Stalled: []int{}, Health: HealthOK}
-	if !cfg.ScaleOut.Enabled {
-		c, err := readConsumer(ctx, js, cfg.Input.Stream, cfg.Input.Consumer)
-		if err != nil {
+	if !t.ScaleOut {
+		if err := readSingle(ctx, js, t, &r); err != nil {
 			return r, err
 		}
-		r.Single = &c
+		if r.State == StateStalled {
+			r.Health = HealthCritical
+		}
 		return r, nil
 	}
-	r.Mode, r.Group = "scale-out", cfg.ScaleOut.Group
-	group := cfg.ScaleOut.Group
-	memberStream := cfg.Input.Stream
-	routed, _ := cfg.ScaleOutPartitioning().Routed()
+	r.Mode, r.Group = "scale-out", t.Group
+	group := t.Group
+	memberStream := t.InputStream
+	routed := t.Routed
 	if routed {
-		memberStream = cfg.ScaleOut.RoutedStream
+		memberStream = t.RoutedStream
 	}
 	var err error
-	if r.GroupProblem, r.GroupMismatch, err = groupProblem(ctx, js, memberStream, group, cfg.State.Partitions); err != nil {
+	if r.GroupProblem, r.GroupMismatch, err = groupProblem(ctx, js, memberStream, group, t.Partitions); err != nil {
 		return r, err
 	}
-	if r.Instances, err = liveInstances(ctx, js, cfg); err != nil {
+	if r.Instances, err = liveInstances(ctx, js, t); err != nil {
 		return r, err
 	}
 	if routed {
-		if err := readRoute(ctx, js, cfg, &r); err != nil {
+		if err := readRoute(ctx, js, t, &r); err != nil {
 			return r, err
 		}
 	}
-	src, err := openSources(ctx, js, cfg, memberStream)
+	src, err := openSources(ctx, js, t, memberStream)
 	if err != nil {
 		return r, err
 	}
 	if src.snaps != nil {
-		r.Snapshots = layout.SnapshotBucket(cfg.ScaleOut.Group)
+		r.Snapshots = layout.SnapshotBucket(t.Group)
 	}
-	for p := range cfg.State.Partitions {
-		part, err := readPartition(ctx, js, cfg, src, memberStream, p, now)
+	for p := range t.Partitions {
+		part, err := readPartition(ctx, js, t, src, memberStream, p, now)
 		if err != nil {
 			return r, err
 		}
@@ -297,21 +334,58 @@ func Read(ctx context.Context, js jetstream.JetStream, cfg config.Config, now ti
 	return r, nil
 }
 
-// readRoute reads the route step's consumer into r and, with no live
-// instance to run it, how long its input has waited.
-func readRoute(ctx context.Context, js jetstream.JetStream, cfg config.Config, r *Report) error {
-	name := route.ConsumerName(cfg.ScaleOut.Group)
-	ci, err := consumerInfo(ctx, js, cfg.Input.Stream, name)
+// readSingle reads a single instance's consumer into r and judges it as
+// a group's partition: running (StateOwned) while a client pulls from the
+// consumer (a pull request waits on it), else idle when none of its input
+// is unacknowledged, else waiting since the later of when the oldest of it
+// was stored and the consumer's last delivery or acknowledgement, and
+// stalled once that is longer than the hand-over time.
+func readSingle(ctx context.Context, js jetstream.JetStream, t Target, r *Report) error {
+	ci, err := consumerInfo(ctx, js, t.InputStream, t.Consumer)
 	if err != nil {
 		return err
 	}
-	c := consumerOf(cfg.Input.Stream, name, ci)
+	c := consumerOf(t.InputStream, t.Consumer, ci)
+	r.Single = &c
+	running := ci != nil && ci.NumWaiting > 0
+	var oldest, active *time.Time
+	if !running {
+		in, err := openStream(ctx, js, t.InputStream)
+		if err != nil {
+			return err
+		}
+		// Without the consumer (the stage has not run), its input is every
+		// message on the input subjects.
+		filters := t.InputSubjects
+		if t.FilterSubject != "" {
+			filters = []string{t.FilterSubject}
+		}
+		if len(filters) == 0 {
+			filters = []string{">"}
+		}
+		if oldest, active, err = unacked(ctx, in, ci, filters); err != nil {
+			return fmt.Errorf("status: input of consumer %s on %s: %w", t.Consumer, t.InputStream, err)
+		}
+	}
+	r.State, r.Waiting = classify(running, oldest, active, HandOverTime(t, nil), r.At)
+	return nil
+}
+
+// readRoute reads the route step's consumer into r and, with no live
+// instance to run it, how long its input has waited.
+func readRoute(ctx context.Context, js jetstream.JetStream, t Target, r *Report) error {
+	name := route.ConsumerName(t.Group)
+	ci, err := consumerInfo(ctx, js, t.InputStream, name)
+	if err != nil {
+		return err
+	}
+	c := consumerOf(t.InputStream, name, ci)
 	r.Route = &c
 	if len(r.Instances) > 0 {
 		r.RouteState = StateOwned
 		return nil
 	}
-	in, err := openStream(ctx, js, cfg.Input.Stream)
+	in, err := openStream(ctx, js, t.InputStream)
 	if err != nil {
 		return err
 	}
@@ -319,7 +393,7 @@ func readRoute(ctx context.Context, js jetstream.JetStream, cfg config.Config, r
 	if err != nil {
 		return fmt.Errorf("status: route step's input: %w", err)
 	}
-	r.RouteState, r.RouteWaiting = classify(false, oldest, active, HandOverTime(cfg, nil), r.At)
+	r.RouteState, r.RouteWaiting = classify(false, oldest, active, HandOverTime(t, nil), r.At)
 	return nil
 }
 
@@ -429,33 +503,33 @@ type sources struct {
 }
 
 // openSources opens the members' stream, the output stream, the snapshot
-// bucket and the hand-over bucket of cfg's group.
-func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config, memberStream string) (sources, error) {
+// bucket and the hand-over bucket of t's group.
+func openSources(ctx context.Context, js jetstream.JetStream, t Target, memberStream string) (sources, error) {
 	var src sources
 	var err error
 	if src.members, err = openStream(ctx, js, memberStream); err != nil {
 		return src, err
 	}
-	if src.out, err = openStream(ctx, js, cfg.Output.Stream); err != nil {
+	if src.out, err = openStream(ctx, js, t.OutputStream); err != nil {
 		return src, err
 	}
 	snaps, err := ask(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
-		return js.ObjectStore(ctx, layout.SnapshotBucket(cfg.ScaleOut.Group))
+		return js.ObjectStore(ctx, layout.SnapshotBucket(t.Group))
 	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		snaps = nil
 	case err != nil:
-		return src, fmt.Errorf("status: snapshot bucket %s: %w", layout.SnapshotBucket(cfg.ScaleOut.Group), err)
+		return src, fmt.Errorf("status: snapshot bucket %s: %w", layout.SnapshotBucket(t.Group), err)
 	}
 	handOvers, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
-		return js.KeyValue(ctx, layout.HandOverBucket(cfg.ScaleOut.Group))
+		return js.KeyValue(ctx, layout.HandOverBucket(t.Group))
 	}, jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound):
 		handOvers = nil
 	case err != nil:
-		return src, fmt.Errorf("status: hand-over bucket %s: %w", layout.HandOverBucket(cfg.ScaleOut.Group), err)
+		return src, fmt.Errorf("status: hand-over bucket %s: %w", layout.HandOverBucket(t.Group), err)
 	}
 	src.snaps, src.handOvers = snaps, handOvers
 	return src, nil
@@ -463,8 +537,8 @@ func openSources(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 
 // readPartition reads partition p's last hand-over, member consumer, pin,
 // fence and snapshot age.
-func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Config, src sources, memberStream string, p int, now time.Time) (Partition, error) {
-	group := cfg.ScaleOut.Group
+func readPartition(ctx context.Context, js jetstream.JetStream, t Target, src sources, memberStream string, p int, now time.Time) (Partition, error) {
+	group := t.Group
 	member := layout.Member(p)
 	part := Partition{Partition: p}
 	if src.handOvers != nil {
@@ -475,7 +549,7 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 		case err != nil:
 			return part, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
 		default:
-			var h handover.HandOver
+			var h changelog.HandOver
 			if err := json.Unmarshal(e.Value(), &h); err != nil {
 				return part, fmt.Errorf("status: hand-over of partition %d: %w", p, err)
 			}
@@ -498,7 +572,7 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 		}
 	}
 	if src.out != nil {
-		if err := readFence(ctx, src.out, handover.FenceSubject(cfg.Output.SubjectPrefix, p), &part); err != nil {
+		if err := readFence(ctx, src.out, changelog.FenceSubject(t.OutputPrefix, p), &part); err != nil {
 			return part, err
 		}
 	}
@@ -515,7 +589,7 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 			return part, fmt.Errorf("status: input of partition %d: %w", p, err)
 		}
 	}
-	part.State, part.Waiting = classify(part.PinID != "", oldest, active, HandOverTime(cfg, part.LastHandOver), now)
+	part.State, part.Waiting = classify(part.PinID != "", oldest, active, HandOverTime(t, part.LastHandOver), now)
 	if src.snaps != nil {
 		info, err := ask(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) {
 			return src.snaps.GetInfo(ctx, layout.SnapshotObject(p))
@@ -523,7 +597,7 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 		switch {
 		case errors.Is(err, jetstream.ErrObjectNotFound):
 		case err != nil:
-			return part, fmt.Errorf("status: snapshot %s/%s: %w", layout.SnapshotBucket(cfg.ScaleOut.Group), member, err)
+			return part, fmt.Errorf("status: snapshot %s/%s: %w", layout.SnapshotBucket(t.Group), member, err)
 		default:
 			age := Duration(now.Sub(info.ModTime))
 			part.SnapshotAge = &age
@@ -533,12 +607,20 @@ func readPartition(ctx context.Context, js jetstream.JetStream, cfg config.Confi
 }
 
 // Check returns an error wrapping ErrStalled that names the stalled
-// partitions (and the route step when it is stalled) and how long their
-// input has waited; else one wrapping ErrGroupMismatch when the group has
-// another partition count than the configuration; nil when every
-// partition is owned, idle, or waiting within its hand-over time (always
-// nil for a single instance).
+// partitions (and the route step when it is stalled), or a single
+// instance's consumer, and how long their input has waited; else one
+// wrapping ErrGroupMismatch when the group has another partition count
+// than the configuration; nil when every partition (or the single
+// instance) is owned or running, idle, or waiting within its hand-over
+// time.
 func (r Report) Check() error {
+	if r.Single != nil {
+		if r.State != StateStalled {
+			return nil
+		}
+		return stalledError(fmt.Sprintf("the input of consumer %s on %s has waited %s with no consumer activity, longer than the hand-over time %s: the stage is not running, or takes none of it",
+			r.Single.Name, r.Single.Stream, round(r.Waiting.For), round(r.Waiting.HandOverTime)))
+	}
 	var parts []string
 	for _, p := range r.Partitions {
 		if p.State == StateStalled {
@@ -561,23 +643,34 @@ func (r Report) Check() error {
 	return nil
 }
 
+// stalledError is a single instance's ErrStalled, which says it in its own
+// words (ErrStalled's speak of owners).
+type stalledError string
+
+func (e stalledError) Error() string      { return string(e) }
+func (stalledError) Is(target error) bool { return target == ErrStalled }
+
 // describe says how long w has waited against its hand-over time.
 func (w *Waiting) describe() string {
 	return fmt.Sprintf("waiting %s, hand-over time %s", round(w.For), round(w.HandOverTime))
 }
 
-// round is d to the millisecond under a second, to a tenth of a second
-// under a minute (so that a wait just past a hand-over time of a few
-// seconds reads longer than it), else to the second.
+// round is d rounded up: to the millisecond under a second, to a tenth of
+// a second under a minute, else to the second. Up, so that a wait just
+// past a hand-over time never reads as long as it, or shorter.
 func round(d Duration) string {
+	unit := time.Second
 	switch t := time.Duration(d); {
 	case t < time.Second:
-		return t.Round(time.Millisecond).String()
+		unit = time.Millisecond
 	case t < time.Minute:
-		return t.Round(100 * time.Millisecond).String()
-	default:
-		return t.Round(time.Second).String()
+		unit = 100 * time.Millisecond
 	}
+	t := time.Duration(d)
+	if r := t % unit; r != 0 {
+		t += unit - r
+	}
+	return t.String()
 }
 
 // groupProblem reads the static consumer group's record (pcgroups) and
@@ -606,8 +699,8 @@ func groupProblem(ctx context.Context, js jetstream.JetStream, stream, group str
 
 // liveInstances lists the keys of the group's presence bucket, nil when
 // the bucket does not exist.
-func liveInstances(ctx context.Context, js jetstream.JetStream, cfg config.Config) ([]string, error) {
-	bucket, _, _ := layout.Presence(cfg.ScaleOut.Group, cfg.Input.AckWait.D())
+func liveInstances(ctx context.Context, js jetstream.JetStream, t Target) ([]string, error) {
+	bucket, _, _ := layout.Presence(t.Group, t.AckWait)
 	kv, err := ask(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, bucket) },
 		jetstream.ErrBucketNotFound)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -640,7 +733,7 @@ func readFence(ctx context.Context, out jetstream.Stream, subject string, p *Par
 	p.FenceSeq = m.Sequence
 	at := m.Time
 	p.FenceAt = &at
-	if f, err := handover.ParseFence(m.Data); err == nil {
+	if f, err := changelog.ParseFence(m.Data); err == nil {
 		p.FenceInstance = f.Instance
 	} else {
 		p.FenceInstance = "?"
@@ -668,14 +761,6 @@ func consumerOf(stream, name string, ci *jetstream.ConsumerInfo) Consumer {
 		c.Exists, c.Pending, c.AckPending = true, ci.NumPending, ci.NumAckPending
 	}
 	return c
-}
-
-func readConsumer(ctx context.Context, js jetstream.JetStream, stream, name string) (Consumer, error) {
-	ci, err := consumerInfo(ctx, js, stream, name)
-	if err != nil {
-		return Consumer{}, err
-	}
-	return consumerOf(stream, name, ci), nil
 }
 
 // errNoGroup marks pcgroups' error for a consumer group it has no record of.

@@ -100,7 +100,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	cfg := scaleOutConfig(t, srv.ClientURL(), "a")
 	ctx := context.Background()
 
-	before, err := status.Read(ctx, js, cfg, time.Now())
+	before, err := status.Read(ctx, js, stage.StatusTarget(cfg), time.Now())
 	if err != nil {
 		t.Fatalf("Read before any instance ran: %v", err)
 	}
@@ -141,7 +141,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	var r status.Report
 	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "every partition owned by a, fenced and drained", func() (bool, error) {
 		var err error
-		if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
+		if r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now()); err != nil {
 			return false, err
 		}
 		for _, p := range r.Partitions {
@@ -159,7 +159,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	}
 	other := cfg
 	other.State.Partitions = 8
-	if mis, err := status.Read(ctx, js, other, time.Now()); err != nil || !strings.Contains(mis.GroupProblem, "has 4 partitions, the configuration 8") {
+	if mis, err := status.Read(ctx, js, stage.StatusTarget(other), time.Now()); err != nil || !strings.Contains(mis.GroupProblem, "has 4 partitions, the configuration 8") {
 		t.Errorf("Read with 8 partitions configured: %q, %v", mis.GroupProblem, err)
 	} else if err := mis.Check(); !errors.Is(err, status.ErrGroupMismatch) || mis.Health != status.HealthUnknown {
 		t.Errorf("Check with 8 partitions configured: %v (health %s), want ErrGroupMismatch", err, mis.Health)
@@ -223,7 +223,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	stop()
 	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "every partition without an owner", func() (bool, error) {
 		var err error
-		r, err = status.Read(ctx, js, cfg, time.Now())
+		r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now())
 		return err == nil && len(r.Ownerless) == 4, err
 	})
 	for _, p := range r.Partitions {
@@ -250,7 +250,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	natstest.PublishAll(t, js, msgs)
 	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "every partition's input waiting", func() (bool, error) {
 		var err error
-		if r, err = status.Read(ctx, js, cfg, time.Now()); err != nil {
+		if r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now()); err != nil {
 			return false, err
 		}
 		for _, p := range r.Partitions {
@@ -262,8 +262,8 @@ func TestStatusOfAGroup(t *testing.T) {
 	})
 	for _, p := range r.Partitions {
 		w := p.Waiting
-		if w.Since.Before(published.Add(-time.Second)) || time.Duration(w.HandOverTime) != status.HandOverTime(cfg, p.LastHandOver) {
-			t.Errorf("partition %d: waiting %+v, want since the publish at %v with hand-over time %v", p.Partition, *w, published, status.HandOverTime(cfg, p.LastHandOver))
+		if w.Since.Before(published.Add(-time.Second)) || time.Duration(w.HandOverTime) != status.HandOverTime(stage.StatusTarget(cfg), p.LastHandOver) {
+			t.Errorf("partition %d: waiting %+v, want since the publish at %v with hand-over time %v", p.Partition, *w, published, status.HandOverTime(stage.StatusTarget(cfg), p.LastHandOver))
 		}
 		if (p.State == status.StateStalled) != (w.For > w.HandOverTime) {
 			t.Errorf("partition %d: %s after waiting %v of %v", p.Partition, p.State, w.For, w.HandOverTime)
@@ -274,7 +274,7 @@ func TestStatusOfAGroup(t *testing.T) {
 	}
 	natstest.Poll(t, 30*time.Second, 200*time.Millisecond, "every partition stalled", func() (bool, error) {
 		var err error
-		r, err = status.Read(ctx, js, cfg, time.Now())
+		r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now())
 		return err == nil && len(r.Stalled) == 4, err
 	})
 	err = r.Check()
@@ -303,7 +303,7 @@ func TestStatusOfASingleInstance(t *testing.T) {
 	cfg.NATS.URL = srv.ClientURL()
 	ctx := context.Background()
 
-	r, err := status.Read(ctx, js, cfg, time.Now())
+	r, err := status.Read(ctx, js, stage.StatusTarget(cfg), time.Now())
 	if err != nil {
 		t.Fatalf("Read without streams: %v", err)
 	}
@@ -327,7 +327,7 @@ func TestStatusOfASingleInstance(t *testing.T) {
 	// read as pending a moment later.
 	natstest.Poll(t, 10*time.Second, 20*time.Millisecond, "the consumer to count 5 pending", func() (bool, error) {
 		var err error
-		r, err = status.Read(ctx, js, cfg, time.Now())
+		r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now())
 		return err == nil && r.Single.Exists && r.Single.Pending == 5, err
 	})
 	if r.Single.AckPending != 0 {
@@ -337,8 +337,82 @@ func TestStatusOfASingleInstance(t *testing.T) {
 	if err := r.WriteTable(&table); err != nil {
 		t.Fatal(err)
 	}
-	want := "single instance, consumer dedupe-stage on EVENTS: 5 pending, 0 ack pending\n"
-	if table.String() != want {
-		t.Errorf("table %q, want %q", table.String(), want)
+	want := regexp.MustCompile(`^single instance, consumer dedupe-stage on EVENTS: 5 pending, 0 ack pending; not pulling now: input waiting [\d.]+m?s with no consumer activity \(within hand-over time 1m10s\)\n$`)
+	if !want.MatchString(table.String()) || r.State != status.StateWaiting || r.Check() != nil {
+		t.Errorf("table %q (state %s, check %v), want %s", table.String(), r.State, r.Check(), want)
+	}
+
+	// Later than the hand-over time (input.ack_wait 10s + output.restart_margin
+	// 1m), with nobody pulling: critical, saying how long.
+	late := time.Now().Add(5 * time.Minute)
+	if r, err = status.Read(ctx, js, stage.StatusTarget(cfg), late); err != nil {
+		t.Fatal(err)
+	}
+	err = r.Check()
+	if !errors.Is(err, status.ErrStalled) || r.Health != status.HealthCritical || r.State != status.StateStalled ||
+		!regexp.MustCompile(`^the input of consumer dedupe-stage on EVENTS has waited 5m[01]s with no consumer activity, longer than the hand-over time 1m10s: the stage is not running`).MatchString(err.Error()) {
+		t.Errorf("five minutes later, nobody pulling: state %s, health %s, check %v; want stalled", r.State, r.Health, err)
+	}
+
+	// A client that takes the input and keeps pulling, as the stage does
+	// while it runs: running, OK however late.
+	c, err := js.Consumer(ctx, cfg.Input.Stream, cfg.Input.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	for range 5 {
+		m, err := it.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Poll(t, 10*time.Second, 20*time.Millisecond, "status to see a client pulling", func() (bool, error) {
+		r, err = status.Read(ctx, js, stage.StatusTarget(cfg), late)
+		return err == nil && r.State == status.StateOwned && r.Check() == nil && r.Health == status.HealthOK, fmt.Errorf("state %s, check %v, %v", r.State, r.Check(), err)
+	})
+	table.Reset()
+	_ = r.WriteTable(&table)
+	if !strings.Contains(table.String(), "; running (pulling from its consumer)") {
+		t.Errorf("table %q does not say it runs", table.String())
+	}
+
+	// Stopped, with everything acked: idle, OK however late.
+	it.Stop()
+	natstest.Poll(t, 30*time.Second, 50*time.Millisecond, "status to see the drained consumer idle", func() (bool, error) {
+		r, err = status.Read(ctx, js, stage.StatusTarget(cfg), late.Add(time.Hour))
+		return err == nil && r.State == status.StateIdle && r.Check() == nil, fmt.Errorf("state %s, check %v, %v", r.State, r.Check(), err)
+	})
+}
+
+// TestStatusOfASingleInstanceNeverRun judges the input of a stage that
+// never ran (no consumer yet) by its messages' age: waiting, then
+// stalled past the hand-over time.
+func TestStatusOfASingleInstanceNeverRun(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	cfg := config.Default()
+	cfg.NATS.URL = srv.ClientURL()
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Input.Stream, Subjects: cfg.Input.Subjects}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := status.Read(ctx, js, stage.StatusTarget(cfg), time.Now().Add(time.Hour))
+	if err != nil || r.State != status.StateIdle || r.Check() != nil {
+		t.Fatalf("an empty input without a consumer: state %s, check %v, %v; want idle", r.State, r.Check(), err)
+	}
+	natstest.PublishAll(t, js, []*nats.Msg{{Subject: "events.a", Data: []byte("x")}})
+	if r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now()); err != nil || r.State != status.StateWaiting || r.Check() != nil {
+		t.Errorf("a message just stored, no consumer: state %s, check %v, %v; want waiting", r.State, r.Check(), err)
+	}
+	if r, err = status.Read(ctx, js, stage.StatusTarget(cfg), time.Now().Add(time.Hour)); err != nil || r.State != status.StateStalled || !errors.Is(r.Check(), status.ErrStalled) {
+		t.Errorf("a message an hour old, no consumer: state %s, check %v, %v; want stalled", r.State, r.Check(), err)
 	}
 }

@@ -24,7 +24,7 @@ func (r Report) WriteJSON(w io.Writer) error {
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if r.Single != nil {
-		fmt.Fprintf(tw, "single instance, consumer %s\n", describe(*r.Single))
+		fmt.Fprintf(tw, "single instance, consumer %s; %s\n", describe(*r.Single), singleState(r.State, r.Waiting))
 		return tw.Flush()
 	}
 	live := "none"
@@ -99,6 +99,21 @@ func state(s string, w *Waiting) string {
 		return fmt.Sprintf("waiting %s (within hand-over time %s)", round(w.For), round(w.HandOverTime))
 	case StateStalled:
 		return "STALLED: " + w.describe()
+	}
+	return s
+}
+
+// singleState says a single instance's state in a few words.
+func singleState(s string, w *Waiting) string {
+	switch s {
+	case StateOwned:
+		return "running (pulling from its consumer)"
+	case StateIdle:
+		return "not pulling now, nothing waits"
+	case StateWaiting:
+		return fmt.Sprintf("not pulling now: input waiting %s with no consumer activity (within hand-over time %s)", round(w.For), round(w.HandOverTime))
+	case StateStalled:
+		return "NOT RUNNING: input " + w.describe() + ", with no consumer activity"
 	}
 	return s
 }
