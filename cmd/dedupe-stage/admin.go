@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -68,14 +67,6 @@ func splitAdminFlags(args []string) (adminOwn, []string, error) {
 	return own, rest, nil
 }
 
-// adminHelp is printed after the configuration flags by inspect -h and
-// forget -h.
-const adminHelp = `  -admin-subject string
-    	the admin service's subject prefix (admin.subject; default dedupe.admin.<consumer or group>)
-  -timeout duration
-    	how long to wait for the instances' answers (default 5s)
-`
-
 // adminCall loads the configuration of cmd (inspect or forget), connects
 // as run does (to the embedded server's client port when no server is
 // configured) and calls fn with a client of the stage's admin service.
@@ -84,17 +75,14 @@ const adminHelp = `  -admin-subject string
 func adminCall(cmd string, args []string, stderr io.Writer, fn func(context.Context, admin.Client, string) error) (l loaded, http bool, err error) {
 	own, args, err := splitAdminFlags(args)
 	if err != nil {
-		return l, false, err
+		return l, false, &exitError{exitUsage, err}
 	}
 	l, err = loadConfig(cmd, args, adminFlags, false, stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stderr, adminHelp)
-		}
 		return l, false, err
 	}
 	if len(l.args) != 1 {
-		return l, false, fmt.Errorf("usage: dedupe-stage %s [--config FILE] [connection flags] [--admin-subject S] [--timeout D] KEY", cmd)
+		return l, false, &exitError{exitUsage, fmt.Errorf("usage: dedupe-stage %s [--config FILE] [connection flags] [--admin-subject S] [--timeout D] KEY", cmd)}
 	}
 	cfg := l.cfg
 	if cmd == "inspect" && (slices.Contains(l.set, "--http-addr") || cfg.Admin.Disabled) {
@@ -103,23 +91,34 @@ func adminCall(cmd string, args []string, stderr io.Writer, fn func(context.Cont
 	if cfg.Admin.Disabled {
 		return l, false, errors.New(cmd + " asks the stage's admin service, and admin.disabled is true")
 	}
+	red := cfg.Redactor()
+	defer func() { err = red.Error(err) }()
+	c, err := dialAdmin(cfg, own, stderr)
+	if err != nil {
+		return l, false, err
+	}
+	defer c.Conn.Close()
+	return l, false, fn(context.Background(), c, l.args[0])
+}
+
+// dialAdmin connects as run does (to the embedded server's client port
+// when no server is configured) and returns a client of the stage's admin
+// service on cfg's admin subject (own.subject when given); the caller
+// closes its connection. A connection refused is exitConnect.
+func dialAdmin(cfg config.Config, own adminOwn, stderr io.Writer) (admin.Client, error) {
 	if own.subject != "" {
 		cfg.Admin.Subject = own.subject
 	}
-	red := cfg.Redactor()
-	defer func() { err = red.Error(err) }()
 	n := cfg.NATS
 	if n.IsEmbedded() {
 		n = embeddedClient(cfg)
 	}
-	log := slog.New(red.Handler(newLogger(config.Log{Level: "error"}, stderr).Handler()))
-	nc, err := boot.Connect(n, nil, log)
+	log := slog.New(cfg.Redactor().Handler(newLogger(config.Log{Level: "error"}, stderr).Handler()))
+	nc, err := boot.Connect(n.Dial(), nil, log)
 	if err != nil {
-		return l, false, err
+		return admin.Client{}, &exitError{exitConnect, err}
 	}
-	defer nc.Close()
-	c := admin.Client{Conn: nc, Subject: cfg.AdminSubject(), Timeout: own.timeout}
-	return l, false, fn(context.Background(), c, l.args[0])
+	return admin.Client{Conn: nc, Subject: cfg.AdminSubject(), Timeout: own.timeout}, nil
 }
 
 // embeddedClient is the connection to the embedded server of a running

@@ -1,67 +1,49 @@
 package main
 
 import (
-	"runtime/debug"
+	"fmt"
+	"io"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	vers "github.com/dedupe-stage/dedupe-stage/internal/version"
 )
 
-// version and revision may be set at build time with
+// version and revision may be stamped at build time with
 // -ldflags "-X main.version=... -X main.revision=...". Left empty, they come
-// from what the Go toolchain recorded in the binary (see buildVersion).
+// from what the Go toolchain recorded in the binary (vers.Resolve).
 var (
 	version  string
 	revision string
 )
 
-// buildVersion returns the version and VCS revision of this binary: the
-// values set with -ldflags when given, else the main module's version (a
-// tag for `go install ...@v1.2.3`, a pseudo-version or "(devel)" for a
-// local build) and vcs.revision, with "-dirty" when vcs.modified is true.
-// What cannot be known is "unknown".
-func buildVersion(bi *debug.BuildInfo, ok bool) (ver, rev string) {
-	ver, rev = version, revision
-	if ok && bi != nil {
-		if ver == "" && bi.Main.Version != "" {
-			ver = bi.Main.Version
-		}
-		if rev == "" {
-			modified := false
-			for _, s := range bi.Settings {
-				switch s.Key {
-				case "vcs.revision":
-					rev = s.Value
-				case "vcs.modified":
-					modified = s.Value == "true"
-				}
-			}
-			if rev != "" && modified {
-				rev += "-dirty"
-			}
-		}
-	}
-	if ver == "" {
-		ver = "unknown"
-	}
-	if rev == "" {
-		rev = "unknown"
-	}
-	return ver, rev
+// buildInfo is what this binary reports about its build.
+func buildInfo() vers.Info {
+	return vers.Read(version, revision)
 }
 
-// binaryVersion is buildVersion for the running binary.
+// binaryVersion returns this binary's version and VCS revision.
 func binaryVersion() (ver, rev string) {
-	return buildVersion(debug.ReadBuildInfo())
+	in := buildInfo()
+	return in.Version, in.Revision
+}
+
+// printVersion writes what `dedupe-stage version` prints.
+func printVersion(w io.Writer, in vers.Info) {
+	fmt.Fprintf(w, "dedupe-stage %s\n", in.Version)
+	fmt.Fprintf(w, "  revision:    %s\n", in.Revision)
+	fmt.Fprintf(w, "  go:          %s %s\n", in.GoVersion, in.Platform)
+	fmt.Fprintf(w, "  nats-server: %s (embedded)\n", in.NATSServer)
 }
 
 // newBuildInfo returns the dedupe_build_info gauge: always 1, labelled with
 // the binary's version and revision, so a dashboard can tell which build
 // runs where.
-func newBuildInfo(ver, rev string) prometheus.Collector {
+func newBuildInfo(in vers.Info) prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "dedupe_build_info",
 		Help:        "Always 1; the labels say which build of dedupe-stage is running.",
-		ConstLabels: prometheus.Labels{"version": ver, "revision": rev},
+		ConstLabels: prometheus.Labels{"version": in.Version, "revision": in.Revision},
 	})
 	g.Set(1)
 	return g

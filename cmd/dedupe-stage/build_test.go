@@ -4,65 +4,58 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
-	"runtime/debug"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
+	vers "github.com/dedupe-stage/dedupe-stage/internal/version"
 )
 
-func TestBuildVersionFromBuildInfo(t *testing.T) {
-	settings := func(kv ...string) []debug.BuildSetting {
-		var s []debug.BuildSetting
-		for i := 0; i < len(kv); i += 2 {
-			s = append(s, debug.BuildSetting{Key: kv[i], Value: kv[i+1]})
-		}
-		return s
-	}
-	cases := []struct {
-		name     string
-		bi       *debug.BuildInfo
-		ok       bool
-		ver, rev string
-	}{
-		{"go install at a tag", &debug.BuildInfo{Main: debug.Module{Version: "v1.4.0"}}, true, "v1.4.0", "unknown"},
-		{"local build in a clean checkout",
-			&debug.BuildInfo{Main: debug.Module{Version: "v1.4.1-0.20261201080000-abcdef123456"}, Settings: settings("vcs.revision", "abcdef1234567890", "vcs.modified", "false")},
-			true, "v1.4.1-0.20261201080000-abcdef123456", "abcdef1234567890"},
-		{"local build with changes", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: settings("vcs.revision", "abcdef", "vcs.modified", "true")},
-			true, "(devel)", "abcdef-dirty"},
-		{"no build info", nil, false, "unknown", "unknown"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			ver, rev := buildVersion(c.bi, c.ok)
-			if ver != c.ver || rev != c.rev {
-				t.Errorf("buildVersion = %q, %q; want %q, %q", ver, rev, c.ver, c.rev)
-			}
-		})
-	}
-}
-
-func TestBuildVersionLdflagsWin(t *testing.T) {
-	oldV, oldR := version, revision
-	t.Cleanup(func() { version, revision = oldV, oldR })
-	version, revision = "v9.9.9", "cafe"
-	bi := &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc"}}}
-	if ver, rev := buildVersion(bi, true); ver != "v9.9.9" || rev != "cafe" {
-		t.Errorf("buildVersion = %q, %q; want the -ldflags values v9.9.9, cafe", ver, rev)
-	}
-}
-
-func TestVersionCommandIsNotDev(t *testing.T) {
+// TestVersionCommand: version prints what the build reports, the
+// release's version (with -dev off a release), the revision, the Go
+// version and the embedded nats-server's; the admin service and
+// dedupe_build_info say the same version.
+func TestVersionCommand(t *testing.T) {
 	var out, errb strings.Builder
 	if code := realMain([]string{"version"}, &out, &errb); code != 0 {
 		t.Fatalf("version: exit %d: %s", code, errb.String())
 	}
-	ver, rev := binaryVersion()
-	want := "dedupe-stage " + ver + " (revision " + rev + ")\n"
-	if out.String() != want || strings.Contains(out.String(), " dev ") {
-		t.Errorf("version printed %q, want %q", out.String(), want)
+	in := buildInfo()
+	if !strings.HasPrefix(in.Version, vers.Release) {
+		t.Errorf("version %q does not start with the release %q", in.Version, vers.Release)
+	}
+	for _, want := range []string{"dedupe-stage " + in.Version + "\n", "revision:    " + in.Revision, "go:          " + runtime.Version(),
+		"nats-server: " + in.NATSServer + " (embedded)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("version printed %q, which lacks %q", out.String(), want)
+		}
+	}
+	if in.NATSServer == "" || in.NATSServer == "unknown" {
+		t.Errorf("the embedded nats-server's version is %q", in.NATSServer)
+	}
+	if got := serviceVersion(in.Version); got != in.Version {
+		t.Errorf("the admin service's version is %q, want %q", got, in.Version)
+	}
+	reg := newRegistry(in)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() != "dedupe_build_info" {
+			continue
+		}
+		for _, lp := range mf.GetMetric()[0].GetLabel() {
+			if lp.GetName() == "version" {
+				found = lp.GetValue() == in.Version
+			}
+		}
+	}
+	if !found {
+		t.Errorf("dedupe_build_info has no version=%q", in.Version)
 	}
 }
 

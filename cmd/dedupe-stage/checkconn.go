@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/pflag"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
@@ -19,25 +19,8 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
-// Exit codes of check-config (configs/README.md, "Checking against the
-// server"), and of redrive. status has its own; every other command exits 0 or 1.
-const (
-	exitFindings = 1 // the configuration is invalid, or the server has what stops run
-	exitUsage    = 2 // unknown flag, argument, or --connect without a server URL
-	exitConnect  = 3 // the server, or its JetStream, cannot be reached
-)
-
 // checkTimeout bounds check-config --connect: every request to the server.
 const checkTimeout = 30 * time.Second
-
-// exitError is an error with the exit status the command ends with.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
 
 // checkConfigFlags are check-config's own flags, taken out of the
 // arguments before the configuration's flags are parsed.
@@ -46,32 +29,18 @@ type checkConfigFlags struct {
 	json    bool // print the findings as JSON
 }
 
-// splitCheckFlags takes --connect and --json out of args.
-func splitCheckFlags(args []string) (checkConfigFlags, []string) {
+// splitCheckFlags takes --connect and --json (with their values, if
+// given) out of args.
+func splitCheckFlags(args []string) (checkConfigFlags, []string, error) {
 	var f checkConfigFlags
-	var rest []string
-	for _, a := range args {
-		switch a {
-		case "--connect", "-connect":
-			f.connect = true
-		case "--json", "-json":
-			f.json = true
-		default:
-			rest = append(rest, a)
-		}
+	fs := pflag.NewFlagSet("check-config", pflag.ContinueOnError)
+	fs.BoolVar(&f.connect, "connect", false, "")
+	fs.BoolVar(&f.json, "json", false, "")
+	own, rest := splitOwnFlags(fs, args)
+	if err := fs.Parse(own); err != nil {
+		return f, nil, &exitError{exitUsage, err}
 	}
-	return f, rest
-}
-
-// usageErrors returns the error parsing args gives (an unknown flag, a bad
-// value), as a usage error, or nil.
-func usageErrors(name string, args []string) error {
-	scratch := config.Default()
-	path := ""
-	if _, err := parseAll(newFlagSet(name, &scratch, &path, nil, io.Discard), args); err != nil && !errors.Is(err, flag.ErrHelp) {
-		return &exitError{exitUsage, err}
-	}
-	return nil
+	return f, rest, nil
 }
 
 // checkConnect runs stage.Check against the server cfg names and prints
@@ -126,7 +95,7 @@ func connectServer(ctx context.Context, cfg config.Config, what string, stderr i
 		return nil, nil, &exitError{exitUsage, errors.New(what + ", and none is given (the embedded server lives inside run); give -s/--server, $NATS_URL or --context")}
 	}
 	log := slog.New(cfg.Redactor().Handler(newLogger(cfg.Log, stderr).Handler()))
-	nc, err := boot.Connect(cfg.NATS, nil, log)
+	nc, err := boot.Connect(cfg.NATS.Dial(), nil, log)
 	if err != nil {
 		return nil, nil, &exitError{exitConnect, err}
 	}

@@ -26,6 +26,9 @@ func checkYAML(t *testing.T, url, extra string) string {
 	if !strings.Contains(extra, "input:") {
 		extra += "input: {ack_wait: 2s}\n"
 	}
+	if !strings.Contains(extra, "http:") {
+		extra += "http: {addr: \"127.0.0.1:0\"}\n" // a port that is never taken: check-config checks that run can listen
+	}
 	yml := "nats: {url: " + url + "}\nkey: {source: header, header: Event-Id}\n" +
 		"state: {partitions: 4, data_dir: " + t.TempDir() + "}\n" + extra
 	if err := os.WriteFile(path, []byte(yml), 0o600); err != nil {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,9 +97,10 @@ func TestRunStatusAndCheckConfigThroughContext(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "no responders") {
 		t.Errorf("status with --js-domain elsewhere: exit %d, want no JetStream to answer:\n%s", code, out)
 	}
-	// Without the context, the file names no server.
-	code, out = output(t, env, "status", "--config", cfgPath)
-	if code == 0 || !strings.Contains(out, "no server is configured") {
+	// Without the context, the file names no server: the embedded
+	// default, where no stage runs (on a port nothing listens on).
+	code, out = output(t, env, "status", "--config", cfgPath, "--embedded-port", strconv.Itoa(proctest.Port(t)))
+	if code != 3 || !strings.Contains(out, "the stage is not running") {
 		t.Errorf("status without a server: exit %d:\n%s", code, out)
 	}
 	// run too makes its JetStream API in the domain given: in domain

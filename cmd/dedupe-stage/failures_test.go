@@ -41,7 +41,7 @@ func TestPermanentFailuresSurviveRestart(t *testing.T) {
 	_, js := natstest.Connect(t, srv.ClientURL())
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
-		{Name: "EVENTS_DEDUPED", Subjects: []string{"deduped.>"}, Duplicates: time.Hour, MaxMsgSize: 4096},
+		{Name: "EVENTS_DEDUPED", Subjects: []string{"deduped.>", "_dedupe.deduped.>"}, Duplicates: time.Hour, MaxMsgSize: 4096},
 		{Name: "DEDUPE_DLQ", Subjects: []string{"dedupe.dlq.>"}, MaxMsgSize: 2048},
 	} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {

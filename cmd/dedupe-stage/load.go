@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
@@ -37,9 +39,10 @@ type loaded struct {
 // which win; last, the nats CLI context named by any of them fills the
 // connection fields none of them set (config.ApplyContext). So the
 // precedence is flag > environment > file > context. Flags and other
-// arguments may come in any order. only limits
-// the flags the command accepts (and lists in -h). The result is validated.
-func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr io.Writer) (loaded, error) {
+// arguments may come in any order. only limits the flags the command
+// accepts. The result is validated. The command line has checked the
+// flags already (cli.go), so a flag error here is a usage error too.
+func loadConfig(name string, args []string, only flagSet, bareFile bool, _ io.Writer) (loaded, error) {
 	// First pass, on a scratch config: find --config and the bare
 	// arguments. Errors are reported by the second pass.
 	var l loaded
@@ -48,7 +51,7 @@ func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr 
 	bare := false
 	if pos, err := parseAll(fs0, args); err == nil && bareFile && len(pos) > 0 {
 		if l.path != "" && l.path != pos[0] {
-			return l, fmt.Errorf("two config files: --config %s and %s", l.path, pos[0])
+			return l, &exitError{exitUsage, fmt.Errorf("two config files: --config %s and %s", l.path, pos[0])}
 		}
 		l.path, bare = pos[0], true
 	}
@@ -70,9 +73,9 @@ func loadConfig(name string, args []string, only flagSet, bareFile bool, stderr 
 	}
 	slices.Sort(l.env)
 	path := l.path
-	fs := newFlagSet(name, &cfg, &path, only, stderr)
+	fs := newFlagSet(name, &cfg, &path, only, io.Discard)
 	if l.args, err = parseAll(fs, args); err != nil {
-		return l, err
+		return l, &exitError{exitUsage, err}
 	}
 	fs.Visit(func(f *flag.Flag) {
 		switch {
@@ -133,6 +136,49 @@ func parseAll(fs *flag.FlagSet, args []string) ([]string, error) {
 		rest = append(rest, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+}
+
+// splitOwnFlags takes the flags fs defines (with their values) out of args
+// and returns them and the rest, in order.
+func splitOwnFlags(fs *pflag.FlagSet, args []string) (own, rest []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := fs.Lookup(name)
+		if !strings.HasPrefix(a, "-") || f == nil {
+			rest = append(rest, a)
+			continue
+		}
+		own = append(own, a)
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); hasValue || (ok && b.IsBoolFlag()) {
+			continue
+		}
+		if i+1 < len(args) {
+			own = append(own, args[i+1])
+			i++
+		}
+	}
+	return own, rest
+}
+
+// loadWithOwnFlags is the opening of a command with flags of its own
+// beside the configuration's (redrive, test, top, analyze): it parses
+// own's flags out of args, then loads the configuration from the rest
+// (loadConfig) and refuses other arguments; a usage error is an exitError
+// with exitUsage.
+func loadWithOwnFlags(name string, own *pflag.FlagSet, args []string, only flagSet, bareFile bool, stderr io.Writer) (loaded, error) {
+	ownArgs, rest := splitOwnFlags(own, args)
+	if err := own.Parse(ownArgs); err != nil {
+		return loaded{}, &exitError{exitUsage, err}
+	}
+	l, err := loadConfig(name, rest, only, bareFile, stderr)
+	if err != nil {
+		return l, err
+	}
+	if err := noArgs(name, l.args); err != nil {
+		return l, &exitError{exitUsage, err}
+	}
+	return l, nil
 }
 
 // noArgs is the error for arguments a command does not take.

@@ -1,20 +1,15 @@
 // Command dedupe-stage runs the dedupe stage between two NATS JetStream
-// streams. See the README for what it guarantees and how to run it.
+// streams. See the README for what it guarantees and how to run it, and
+// `dedupe-stage --help` for the commands: run, check-config, status,
+// inspect, forget, redrive, healthcheck, version and completion.
 //
-//	dedupe-stage run [--config FILE] [flags]            run the stage (embedded nats-server unless a URL is given)
-//	dedupe-stage check-config [FILE] [run's flags]      validate what run would use, print it with the derived window and sizing
-//	dedupe-stage check-config --connect [--json] ...    also run run's start-up checks against the server, read only
-//	dedupe-stage inspect [--config FILE] KEY            is KEY inside the window? asks the stage's admin service
-//	dedupe-stage forget [--config FILE] KEY             make KEY's next copy be forwarded again
-//	dedupe-stage healthcheck [--config FILE]            exit 0 when the running stage reports healthy
-//	dedupe-stage status [--config FILE] [--json] [flags] who owns each partition and how far behind it is, read from the cluster
-//	dedupe-stage redrive [--config FILE] [--reason R] [--dry-run] [flags]   publish dead letters again to their input subjects
-//	dedupe-stage version
+// cli.go builds the command line (spf13/cobra): help, flag groups,
+// suggestions, completion and the exit codes; commands.go has each
+// command's text. The commands' work is in the functions they call.
 package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,91 +26,13 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
+	vers "github.com/dedupe-stage/dedupe-stage/internal/version"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
-const usage = `dedupe-stage: forwards each intent once from an input JetStream stream to an output stream.
-
-Usage:
-  dedupe-stage run [--config FILE] [flags]        run the stage (embedded nats-server and ./data unless --nats-url is given)
-  dedupe-stage check-config [FILE] [flags]        validate the configuration run would use with the same file,
-                                                  environment and flags; print it, the derived window and sizing
-  dedupe-stage check-config --connect [--json] [FILE] [flags]
-                                                  also run every start-up check of run against the server at
-                                                  nats.url, read only; print each finding with the nats command
-                                                  that fixes it; exit 0 ok, 1 a finding stops run, 2 usage,
-                                                  3 no server
-  dedupe-stage inspect [--config FILE] [flags] KEY
-                                                  tell whether KEY is inside the window: asks the stage's admin
-                                                  service on NATS (the owner of KEY's partition answers), or
-                                                  /inspect over HTTP with --http-addr
-  dedupe-stage forget [--config FILE] [flags] KEY make KEY's next copy be forwarded again: the owner of KEY's
-                                                  partition forgets it and says when
-  dedupe-stage healthcheck [--config FILE]        exit 0 when the running stage is healthy (for container health checks)
-  dedupe-stage status [--config FILE] [--json] [flags]
-                                                  read from the cluster (no instance needs to run): each partition's
-                                                  state, owner, backlog and fence; exit 0 OK, 2 input stalled, 3 unknown
-  dedupe-stage redrive [--config FILE] [--reason R] [--since T] [--until T] [--from-seq N] [--to-seq N]
-                       [--limit N] [--dry-run] [--json] [flags]
-                                                  publish the selected dead letters again to the input subjects they
-                                                  came from, once each however often it is run; exit 0 all done,
-                                                  1 some refused, 2 usage, 3 no server
-  dedupe-stage version
-
-The config file is --config FILE, else $DEDUPE_CONFIG; DEDUPE_* variables override it and flags
-override both. Run "dedupe-stage run -h" for the flags. Configuration: configs/README.md.
-Signals to run: SIGHUP reloads the configuration (log.level applies at once; the log says which
-changed fields need a restart); SIGINT or SIGTERM stops cleanly, a second one exits at once.
-`
-
 func main() {
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-func realMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	var err error
-	switch args[0] {
-	case "run":
-		err = runCmd(args[1:], stderr)
-	case "check-config":
-		err = checkConfigCmd(args[1:], stdout, stderr)
-	case "inspect":
-		err = inspectCmd(args[1:], stdout, stderr)
-	case "forget":
-		err = forgetCmd(args[1:], stdout, stderr)
-	case "healthcheck":
-		err = healthcheckCmd(args[1:], stdout, stderr)
-	case "status":
-		return statusMain(args[1:], stdout, stderr)
-	case "redrive":
-		return redriveMain(args[1:], stdout, stderr)
-	case "version", "--version", "-version":
-		ver, rev := binaryVersion()
-		fmt.Fprintf(stdout, "dedupe-stage %s (revision %s)\n", ver, rev)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-	default:
-		fmt.Fprintf(stderr, "dedupe-stage: unknown command %q\n\n%s", args[0], usage)
-		return 2
-	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		code := 1
-		var ee *exitError
-		if errors.As(err, &ee) {
-			code = ee.code
-		}
-		fmt.Fprintln(stderr, "dedupe-stage:", err)
-		return code
-	}
-	return 0
 }
 
 // newLogger returns the logger cfg asks for. Durations print as Go
@@ -189,7 +106,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	}
 	defer lock.Release()
 
-	reg := newRegistry(ver, rev)
+	reg := newRegistry(buildInfo())
 	status := &stage.Health{}
 	stopHTTP, err := serveHTTP(cfg.HTTP, reg, status, log)
 	if err != nil {
@@ -199,7 +116,7 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 
 	var embedded *server.Server
 	if cfg.NATS.URL == "" {
-		if embedded, err = boot.StartEmbedded(cfg, log); err != nil {
+		if embedded, err = boot.StartEmbedded(cfg.EmbeddedServer(), log); err != nil {
 			return err
 		}
 		defer func() {
@@ -207,9 +124,9 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 			embedded.WaitForShutdown()
 		}()
 	}
-	nc, err := boot.Connect(cfg.NATS, embedded, log)
+	nc, err := boot.Connect(cfg.NATS.Dial(), embedded, log)
 	if err != nil {
-		return err
+		return &exitError{exitConnect, err}
 	}
 	defer closeConn(nc, log)
 
@@ -227,8 +144,13 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 	}
 	runErr := st.Run(ctx)
 	stopAdmin()
-	if err := nc.FlushTimeout(5 * time.Second); err != nil {
-		log.Warn("flushing acks", "err", err)
+	// The last acks, when there is a server to send them to: a connection
+	// that is down loses them either way, and they come back after
+	// input.ack_wait.
+	if nc.IsConnected() {
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			log.Warn("flushing acks", "err", err)
+		}
 	}
 	closeErr := st.Close()
 	if runErr != nil {
@@ -243,13 +165,13 @@ func runCmd(args []string, stderr io.Writer) (err error) {
 
 // newRegistry is the process's metrics registry: the Go runtime, the
 // process and the build's information, to which the stage adds its own.
-func newRegistry(ver, rev string) *prometheus.Registry {
+func newRegistry(in vers.Info) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
-		newBuildInfo(ver, rev),
+		newBuildInfo(in),
 	)
 	return reg
 }
@@ -279,17 +201,12 @@ func firstSubject(subjects []string) string {
 }
 
 func checkConfigCmd(args []string, stdout, stderr io.Writer) error {
-	own, args := splitCheckFlags(args)
-	if err := usageErrors("check-config", args); err != nil {
-		loadConfig("check-config", args, nil, true, stderr) // prints the usage
+	own, args, err := splitCheckFlags(args)
+	if err != nil {
 		return err
 	}
 	l, err := loadConfig("check-config", args, nil, true, stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stderr, "  -connect\n    \tcheck against the server at nats.url, read only (exit 1: findings that stop run, 3: no server)\n"+
-				"  -json\n    \twith --connect, print the findings as a JSON list for scripts\n")
-		}
 		return err
 	}
 	if err := noArgs("check-config", l.args); err != nil {
@@ -372,7 +289,7 @@ func httpGet(u string) (string, error) {
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(u)
 	if err != nil {
-		return "", err
+		return "", &exitError{exitConnect, err}
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -204,10 +205,23 @@ func TestQuickstart(t *testing.T) {
 	if code != 0 || !strings.Contains(body, `"found": true`) || !strings.Contains(body, `"inside_window": true`) {
 		t.Errorf("inspect order-1: exit %d:\n%s", code, body)
 	}
-	// curl .../metrics | grep -E '^dedupe_(messages|dead_letters|unpartitioned_dead_letters)_total'
-	got := metricLines(t, httpAddr, "dedupe_messages_total")
-	got = append(got, metricLines(t, httpAddr, "dedupe_dead_letters_total")...)
-	got = append(got, metricLines(t, httpAddr, "dedupe_unpartitioned_dead_letters_total")...)
+	// curl .../metrics | grep -E '^dedupe_(messages|dead_letters|unpartitioned_dead_letters)_total' | grep -v ' 0$'
+	all := metricLines(t, httpAddr, "dedupe_messages_total")
+	all = append(all, metricLines(t, httpAddr, "dedupe_dead_letters_total")...)
+	all = append(all, metricLines(t, httpAddr, "dedupe_unpartitioned_dead_letters_total")...)
+	var got []string
+	for _, l := range all {
+		if !strings.HasSuffix(l, " 0") {
+			got = append(got, l)
+		}
+	}
+	// Every outcome of every partition and every reason is there from the
+	// start, at 0.
+	for _, zero := range []string{`dedupe_messages_total{outcome="stale",partition="7"} 0`, `dedupe_dead_letters_total{reason="bad_payload"} 0`} {
+		if !slices.Contains(all, zero) {
+			t.Errorf("/metrics lacks %s", zero)
+		}
+	}
 	joined := strings.Join(got, "\n")
 	for _, want := range []string{
 		`dedupe_messages_total{outcome="new",partition="5"} 1`,
@@ -360,7 +374,7 @@ func TestInspectHelpListsOnlyItsFlags(t *testing.T) {
 			if code := realMain([]string{cmd, "--help"}, &out, &errb); code != 0 {
 				t.Fatalf("%s --help: exit %d", cmd, code)
 			}
-			help := errb.String()
+			help := out.String() // help goes to stdout, as kubectl's and helm's
 			want := []string{"-config", "-http-addr"}
 			if cmd != "healthcheck" { // they ask over NATS, connected as run is
 				want = append(want, "-server", "-context", "-creds", "-admin-subject", "-timeout")
@@ -380,8 +394,8 @@ func TestInspectHelpListsOnlyItsFlags(t *testing.T) {
 	// run's own help still lists them.
 	var out, errb strings.Builder
 	realMain([]string{"run", "--help"}, &out, &errb)
-	if !strings.Contains(errb.String(), "-nats-url") || !strings.Contains(errb.String(), "-embedded-monitor-port") {
-		t.Errorf("run --help:\n%s", errb.String())
+	if !strings.Contains(out.String(), "-nats-url") || !strings.Contains(out.String(), "-embedded-monitor-port") {
+		t.Errorf("run --help:\n%s", out.String())
 	}
 }
 

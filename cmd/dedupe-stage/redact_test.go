@@ -278,15 +278,19 @@ func TestSecretsNeverPrintedOnFailure(t *testing.T) {
 		})
 	}
 
-	// The usage text printed for a bad flag or -h shows the flags'
-	// defaults, which come from the config and the environment. inspect
-	// and forget list only theirs (--config, the connection's, --http-addr).
+	// The usage text printed for -h shows the flags' defaults, which come
+	// from the config and the environment; a bad flag is named in a line
+	// or two. inspect and forget list only theirs (--config, the
+	// connection's, --http-addr).
 	for _, args := range [][]string{{"run", "--bogus"}, {"run", "-h"}, {"inspect", "-h"}, {"forget", "-h"}, {"check-config", "-h"}} {
 		cmd := exec.Command(binary, args...)
 		cmd.Env = append(os.Environ(), "DEDUPE_NATS_URL=nats://app:"+secretURLPass+"@127.0.0.1:1", "DEDUPE_NATS_TOKEN="+secretAuthToken)
 		out, _ := cmd.CombinedOutput()
 		flagShown := "nats-url"
-		if args[0] == "inspect" || args[0] == "forget" {
+		switch {
+		case args[1] == "--bogus":
+			flagShown = "unknown flag --bogus"
+		case args[0] == "inspect" || args[0] == "forget":
 			flagShown = "http-addr"
 		}
 		if !strings.Contains(string(out), flagShown) {

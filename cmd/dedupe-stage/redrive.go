@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/pflag"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/deadletter"
@@ -30,12 +30,14 @@ type redriveFlags struct {
 	from, to     uint64
 	limit        int
 	dryRun, json bool
+	force        bool
 	bucket       string
 }
 
 // newRedriveFlagSet returns the flag set of redrive's own flags, writing into f.
-func newRedriveFlagSet(f *redriveFlags, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("redrive", flag.ContinueOnError)
+func newRedriveFlagSet(f *redriveFlags, out io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("redrive", pflag.ContinueOnError)
+	fs.SortFlags = false
 	fs.SetOutput(out)
 	fs.Func("reason", "redrive dead letters of this reason (repeatable, or comma-separated; default every reason)", func(s string) error {
 		for _, name := range strings.Split(s, ",") {
@@ -54,55 +56,34 @@ func newRedriveFlagSet(f *redriveFlags, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&f.limit, "limit", 0, "publish at most this many copies, then stop; a next run goes on (default no limit)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "list what would be republished or refused; publish nothing, write no mark")
 	fs.BoolVar(&f.json, "json", false, "print the summary and each dead letter's result as JSON")
+	fs.BoolVar(&f.force, "force", false, "also republish dead letters whose reason lies in the input (no_key, bad_payload, oversized, ...) and copies dead-lettered again for the same reason; once, after a configuration change that accepts them")
 	fs.StringVar(&f.bucket, "progress-bucket", redrive.DefaultBucket, "key-value bucket of the marks of the dead letters already republished")
 	return fs
 }
 
-// timeFlag parses an RFC 3339 time or a duration before now into t.
+// timeFlag parses an RFC 3339 time or a duration before now (days as
+// 7d allowed) into t.
 func timeFlag(t *time.Time) func(string) error {
 	return func(s string) error {
-		if d, err := time.ParseDuration(s); err == nil {
-			*t = time.Now().Add(-d)
+		if d, err := config.ParseDuration(s); err == nil {
+			*t = time.Now().Add(-d.D())
 			return nil
 		}
 		v, err := time.Parse(time.RFC3339, s)
 		if err != nil {
-			return fmt.Errorf("%q is neither an RFC 3339 time (2026-03-01T12:00:00Z) nor a duration (2h)", s)
+			return fmt.Errorf("%q is neither an RFC 3339 time (2026-03-01T12:00:00Z) nor a duration (2h, 7d)", s)
 		}
 		*t = v
 		return nil
 	}
 }
 
-// splitOwnFlags takes the flags fs defines (with their values) out of args
-// and returns them and the rest, in order.
-func splitOwnFlags(fs *flag.FlagSet, args []string) (own, rest []string) {
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		f := fs.Lookup(name)
-		if !strings.HasPrefix(a, "-") || f == nil {
-			rest = append(rest, a)
-			continue
-		}
-		own = append(own, a)
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); hasValue || (ok && b.IsBoolFlag()) {
-			continue
-		}
-		if i+1 < len(args) {
-			own = append(own, args[i+1])
-			i++
-		}
-	}
-	return own, rest
-}
-
 // redriveMain runs redriveCmd and returns its exit code: 0 every selected
-// dead letter is republished (or was before), 1 some were refused or the
-// run stopped, 2 usage, 3 the server cannot be reached.
+// dead letter is republished (or was before) or skipped, 1 some were
+// refused or the run stopped, 2 usage, 3 the server cannot be reached.
 func redriveMain(args []string, stdout, stderr io.Writer) int {
 	err := redriveCmd(args, stdout, stderr)
-	if err == nil || errors.Is(err, flag.ErrHelp) {
+	if err == nil {
 		return 0
 	}
 	code := exitFindings
@@ -122,30 +103,15 @@ var errRefused = errors.New("some dead letters were refused; their reasons are a
 // would use, and prints what it did.
 func redriveCmd(args []string, stdout, stderr io.Writer) (err error) {
 	var f redriveFlags
-	ownFS := newRedriveFlagSet(&f, stderr)
-	own, rest := splitOwnFlags(ownFS, args)
-	if err := ownFS.Parse(own); err != nil {
-		return &exitError{exitUsage, err}
-	}
-	if err := usageErrors("redrive", rest); err != nil {
-		return err
-	}
-	l, err := loadConfig("redrive", rest, nil, false, stderr)
+	l, err := loadWithOwnFlags("redrive", newRedriveFlagSet(&f, stderr), args, nil, false, stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			ownFS.PrintDefaults()
-			fmt.Fprintln(stderr, "\nExit status: 0 every selected dead letter republished (now or by an earlier run), 1 some refused or the run stopped, 2 usage, 3 no server.")
-		}
 		return err
-	}
-	if err := noArgs("redrive", l.args); err != nil {
-		return &exitError{exitUsage, err}
 	}
 	cfg := l.cfg
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
 	o := redrive.Options{Stream: cfg.DeadLetter.Stream, Subject: cfg.DeadLetter.Subject, Reasons: f.reasons,
-		FromSeq: f.from, ToSeq: f.to, Since: f.since, Until: f.until, Limit: f.limit, DryRun: f.dryRun,
+		FromSeq: f.from, ToSeq: f.to, Since: f.since, Until: f.until, Limit: f.limit, DryRun: f.dryRun, Force: f.force,
 		Bucket: f.bucket, KeyFromMsgID: keyFromMsgID(cfg)}
 	if err := o.Validate(); err != nil {
 		return &exitError{exitUsage, err}
@@ -206,11 +172,28 @@ func describeResult(r redrive.Result) string {
 		line += fmt.Sprintf("already republished as %s %d", r.Stream, r.StreamSeq)
 	case redrive.Refused:
 		line += fmt.Sprintf("refused %s", r.Refusal)
+	case redrive.Skipped:
+		line += fmt.Sprintf("skipped %s", r.Skip)
 	}
 	if r.Detail != "" {
 		line += ": " + r.Detail
 	}
 	return line
+}
+
+// counts is " (a 1, b 2)" for the non-empty counts by name, "" for none.
+func counts[K ~string](by map[K]int) string {
+	var parts []string
+	for k, c := range by {
+		if c > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, c))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	slices.Sort(parts)
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 // describeSummary is the end of redrive's text output.
@@ -222,13 +205,9 @@ func describeSummary(s redrive.Summary) string {
 	}
 	fmt.Fprintf(&b, "%s sequences %d to %d: selected %d, %s %d, already republished %d, refused %d",
 		s.Stream, s.FromSeq, s.ToSeq, s.Selected, verb, s.Republished, s.AlreadyRedriven, s.RefusedCount())
-	if n := s.RefusedCount(); n > 0 {
-		var parts []string
-		for r, c := range s.Refused {
-			parts = append(parts, fmt.Sprintf("%s %d", r, c))
-		}
-		slices.Sort(parts)
-		fmt.Fprintf(&b, " (%s)", strings.Join(parts, ", "))
+	b.WriteString(counts(s.Refused))
+	if n := s.SkippedCount(); n > 0 {
+		fmt.Fprintf(&b, ", skipped %d%s", n, counts(s.Skipped))
 	}
 	b.WriteString("\n")
 	if s.LimitReached {

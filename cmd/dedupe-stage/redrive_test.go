@@ -48,7 +48,7 @@ func TestRedriveThroughTheBinary(t *testing.T) {
 	for _, sc := range []jetstream.StreamConfig{
 		// A short duplicate window on the input, so that the last step can wait it out.
 		{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Second},
-		{Name: "EVENTS_DEDUPED", Subjects: []string{"deduped.>"}, Duplicates: time.Hour, MaxMsgSize: 4096},
+		{Name: "EVENTS_DEDUPED", Subjects: []string{"deduped.>", "_dedupe.deduped.>"}, Duplicates: time.Hour, MaxMsgSize: 4096},
 		{Name: "DEDUPE_DLQ", Subjects: []string{"dedupe.dlq.>"}, MaxMsgSize: 8192},
 	} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {
@@ -82,7 +82,7 @@ func TestRedriveThroughTheBinary(t *testing.T) {
 	natstest.WaitFor(t, 30*time.Second, "7 dead letters", func() bool { return streamMsgs(t, js, "DEDUPE_DLQ") == 7 })
 
 	// The cause is fixed: the output takes large events now.
-	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "EVENTS_DEDUPED", Subjects: []string{"deduped.>"},
+	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "EVENTS_DEDUPED", Subjects: []string{"deduped.>", "_dedupe.deduped.>"},
 		Duplicates: time.Hour, MaxMsgSize: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
@@ -122,12 +122,17 @@ func TestRedriveThroughTheBinary(t *testing.T) {
 		}
 	}
 
-	// Every reason: the no_key dead letter is republished and, still
-	// without a key, dead-lettered again, saying where it came from.
+	// Every reason: no_key lies in the input, and is refused unless forced.
 	code, out := output(t, nil, "redrive", "-s", url)
-	if code != 1 || !strings.Contains(out, "no_key  events.orders  republished as EVENTS 14") ||
-		!strings.Contains(out, "selected 7, republished 1, already republished 5, refused 1 (headers_truncated 1)") {
+	if code != 1 || !strings.Contains(out, "no_key  events.orders  refused reason_in_input: no_key lies in the input itself") ||
+		!strings.Contains(out, "selected 7, republished 0, already republished 5, refused 2 (headers_truncated 1, reason_in_input 1)") {
 		t.Fatalf("redrive of every reason: exit %d\n%s", code, out)
+	}
+	// Forced, it is republished and, still without a key, dead-lettered
+	// again, saying where it came from and why it was redriven.
+	code, out = output(t, nil, "redrive", "-s", url, "--reason", "no_key", "--force")
+	if code != 0 || !strings.Contains(out, "no_key  events.orders  republished as EVENTS 14") {
+		t.Fatalf("redrive --reason no_key --force: exit %d\n%s", code, out)
 	}
 	natstest.WaitFor(t, 30*time.Second, "the no_key copy dead-lettered again", func() bool { return streamMsgs(t, js, "DEDUPE_DLQ") == 8 })
 	dls := natstest.ReadAll(t, js, "DEDUPE_DLQ")
@@ -137,9 +142,27 @@ func TestRedriveThroughTheBinary(t *testing.T) {
 			from = m.Seq
 		}
 	}
-	if last := dls[len(dls)-1]; last.Header.Get(deadletter.HeaderReason) != "no_key" ||
-		last.Header.Get(redrive.HeaderRedrivenFrom) != fmt.Sprintf("DEDUPE_DLQ:%d", from) || last.Header.Get("Trace") != "tr-" {
-		t.Errorf("last dead letter %v, want the no_key copy with its Trace and where it was redriven from", last.Header)
+	last := dls[len(dls)-1]
+	if last.Header.Get(deadletter.HeaderReason) != "no_key" || last.Header.Get(redrive.HeaderRedrivenFrom) != fmt.Sprintf("DEDUPE_DLQ:%d", from) ||
+		last.Header.Get(redrive.HeaderRedrivenReason) != "no_key" || last.Header.Get("Trace") != "tr-" {
+		t.Errorf("last dead letter %v, want the no_key copy with its Trace and where and why it was redriven", last.Header)
+	}
+	// Run again, as on a schedule: the copy's dead letter is skipped, the
+	// dry run says why, and the dead-letter stream does not grow.
+	code, out = output(t, nil, "redrive", "-s", url, "--reason", "no_key", "--dry-run")
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("seq %d  no_key  events.orders  skipped dead_lettered_again: a copy of dead letter DEDUPE_DLQ:%d", last.Seq, from)) ||
+		!strings.Contains(out, "skipped 1 (dead_lettered_again 1)") {
+		t.Errorf("redrive --reason no_key --dry-run after the loop: exit %d\n%s", code, out)
+	}
+	for i := range 2 {
+		code, out = output(t, nil, "redrive", "-s", url, "--reason", "no_key")
+		if code != 0 || !strings.Contains(out, "republished 0, already republished 1, refused 0, skipped 1") {
+			t.Errorf("scheduled redrive %d of no_key: exit %d\n%s", i+1, code, out)
+		}
+	}
+	drained(t, js, 30*time.Second)
+	if n := streamMsgs(t, js, "DEDUPE_DLQ"); n != 8 {
+		t.Errorf("%d dead letters after the scheduled redrives, want still 8", n)
 	}
 
 	// With fresh marks, after the input's duplicate window: the copies

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/status"
+	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // statusTimeout bounds the whole of `status`: every request to the cluster.
@@ -20,12 +20,14 @@ const statusTimeout = 30 * time.Second
 // `nats server check`'s): configs/README.md, "status as a monitoring check".
 const (
 	// statusOK: every partition is owned, idle, or waiting within its
-	// hand-over time.
+	// hand-over time; one instance runs, or nothing waits for it.
 	statusOK = 0
-	// statusCritical: input has waited without an owner for longer than
-	// the hand-over time (status.ErrStalled).
+	// statusCritical: input has waited without an owner (one instance:
+	// with no consumer activity) for longer than the hand-over time
+	// (status.ErrStalled).
 	statusCritical = 2
-	// statusUnknown: the cluster could not be read, or the flags or the
+	// statusUnknown: the cluster could not be read (on the embedded
+	// default: the stage is not running), or the flags or the
 	// configuration are wrong (status.ErrGroupMismatch among them).
 	statusUnknown = 3
 )
@@ -35,7 +37,7 @@ const (
 func statusMain(args []string, stdout, stderr io.Writer) int {
 	err := statusCmd(args, stdout, stderr)
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil:
 		return statusOK
 	case errors.Is(err, status.ErrStalled):
 		fmt.Fprintln(stderr, "dedupe-stage: CRITICAL:", err)
@@ -46,10 +48,12 @@ func statusMain(args []string, stdout, stderr io.Writer) int {
 }
 
 // statusCmd prints how the stage or its group stands, read from the
-// cluster (internal/scaleout/status), with the configuration run would use. It
-// returns an error wrapping status.ErrStalled when input has waited
-// without an owner for longer than the hand-over time, so it serves as a
-// check; an idle partition is healthy.
+// cluster (internal/scaleout/status), with the configuration run would use;
+// on the embedded default, from the embedded server run starts, and when
+// that does not answer, that the stage is not running. It returns an error
+// wrapping status.ErrStalled when input has waited without an owner (for
+// one instance: with no consumer activity) for longer than the hand-over
+// time, so it serves as a check; an idle partition is healthy.
 func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 	asJSON := false
 	var rest []string
@@ -62,10 +66,6 @@ func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	l, err := loadConfig("status", rest, nil, false, stderr)
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "  -json\n    \tprint JSON for scripts instead of the table")
-			fmt.Fprintln(stderr, "\nExit status: 0 OK (every partition owned, idle, or waiting within the hand-over time), 2 CRITICAL (input waited without an owner for longer), 3 UNKNOWN (cluster unreadable, bad flags or configuration).")
-		}
 		return err
 	}
 	if err := noArgs("status", l.args); err != nil {
@@ -74,11 +74,23 @@ func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 	cfg := l.cfg
 	red := cfg.Redactor()
 	defer func() { err = red.Error(err) }()
-	if cfg.NATS.IsEmbedded() {
-		return errors.New("status reads the cluster, and no server is configured (the embedded server lives inside run); give --server, $NATS_URL or --context")
-	}
 	log := slog.New(red.Handler(newLogger(cfg.Log, stderr).Handler()))
-	nc, err := boot.Connect(cfg.NATS, nil, log)
+	conn := cfg.NATS
+	if cfg.NATS.IsEmbedded() {
+		// The embedded server lives inside run: no answer there is no stage.
+		var ok bool
+		if conn, ok = cfg.NATS.EmbeddedClient(); !ok {
+			return errors.New("the stage is not running where status can tell: its embedded server's port is chosen at start (nats.embedded.port -1); give --server, $NATS_URL or --context")
+		}
+	}
+	nc, err := boot.Connect(conn.Dial(), nil, log)
+	if err != nil && cfg.NATS.IsEmbedded() {
+		cause := err
+		if u := errors.Unwrap(err); u != nil {
+			cause = u
+		}
+		return fmt.Errorf("the stage is not running: nothing answers at %s, where run's embedded server listens (%v)", conn.URL, cause)
+	}
 	if err != nil {
 		return err
 	}
@@ -89,7 +101,7 @@ func statusCmd(args []string, stdout, stderr io.Writer) (err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
-	r, err := status.Read(ctx, js, cfg, time.Now())
+	r, err := status.Read(ctx, js, stage.StatusTarget(cfg), time.Now())
 	if err != nil {
 		return err
 	}

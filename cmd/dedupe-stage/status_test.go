@@ -141,11 +141,37 @@ func TestStatusWithEveryInstanceDown(t *testing.T) {
 		t.Errorf("status -h exited %d, want 0 with the exit codes:\n%s", code, out)
 	}
 
-	// A single instance on the embedded server: nothing to read while it is down.
-	out, code = statusExit(t, "--data-dir", t.TempDir())
-	if code != 3 || !strings.Contains(out, "status reads the cluster") {
-		t.Errorf("status with the embedded server exited %d:\n%s", code, out)
+}
+
+// TestStatusOnTheEmbeddedDefault asks status on the embedded default:
+// with no stage running it says so in one line and exits 3 (UNKNOWN); with
+// one running it reads it from its embedded server, with the credentials
+// that server requires, and exits 0.
+func TestStatusOnTheEmbeddedDefault(t *testing.T) {
+	port := strconv.Itoa(proctest.Port(t))
+	env := []string{"DEDUPE_EMBEDDED_TOKEN=s3cret-token"}
+	out, code := statusExit(t, "--data-dir", t.TempDir(), "--embedded-port", port)
+	want := "dedupe-stage: UNKNOWN: the stage is not running: nothing answers at nats://127.0.0.1:" + port + ", where run's embedded server listens"
+	if code != 3 || !strings.HasPrefix(out, want) || strings.Count(out, "\n") != 1 {
+		t.Errorf("status with no stage running exited %d, want 3 and one line %q...:\n%s", code, want, out)
 	}
+	httpAddr := proctest.Addr(t)
+	startBinary(t, httpAddr, env, "--data-dir", t.TempDir(), "--embedded-port", port, "--http-addr", httpAddr)
+	natstest.WaitFor(t, 30*time.Second, "status to read the running stage", func() bool {
+		out, code = runStatusEnv(t, env, "--embedded-port", port)
+		return code == 0 && strings.Contains(out, "single instance, consumer dedupe-stage on EVENTS: 0 pending, 0 ack pending; running")
+	})
+	if strings.Contains(out, "s3cret-token") {
+		t.Errorf("status shows the embedded server's token:\n%s", out)
+	}
+}
+
+// runStatusEnv runs `status` with env and args and returns its output and
+// exit code.
+func runStatusEnv(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	code, out := output(t, env, append([]string{"status"}, args...)...)
+	return out, code
 }
 
 // TestStatusOwnersThenPinsExpired runs one instance of a routed group as a

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // fakeStage answers as one instance of a group that owns the keys in
@@ -21,36 +20,36 @@ import (
 type fakeStage struct {
 	mu      sync.Mutex
 	owned   map[string]bool
-	cover   stage.Coverage
+	cover   Coverage
 	forgot  []string
 	refuse  error // Forget's error
 	applied time.Time
 }
 
-func (f *fakeStage) Inspect(key string) (stage.Answer, error) {
+func (f *fakeStage) Inspect(_ context.Context, key string) (Answer, error) {
 	if key == "" {
-		return stage.Answer{}, fmt.Errorf("%w: empty", stage.ErrBadInspectKey)
+		return Answer{}, fmt.Errorf("%w: empty", ErrBadInspectKey)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	held := f.owned[key]
-	return stage.Answer{Inspection: stage.Inspection{Key: key, Found: held, InsideWindow: held}, Owner: held, Coverage: f.cover}, nil
+	return Answer{Inspection: Inspection{Key: key, Found: held, InsideWindow: held}, Owner: held, Coverage: f.cover}, nil
 }
 
-func (f *fakeStage) Forget(_ context.Context, key string) (stage.Forgot, error) {
+func (f *fakeStage) Forget(_ context.Context, key string) (Forgot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refuse != nil {
-		return stage.Forgot{}, f.refuse
+		return Forgot{}, f.refuse
 	}
 	if !f.owned[key] {
-		return stage.Forgot{Key: key, Applied: time.Now(), Coverage: f.cover}, nil
+		return Forgot{Key: key, Applied: time.Now(), Coverage: f.cover}, nil
 	}
 	f.forgot = append(f.forgot, key)
-	return stage.Forgot{Key: key, Held: true, Owner: true, Applied: f.applied, Coverage: f.cover}, nil
+	return Forgot{Key: key, Held: true, Owner: true, Applied: f.applied, Coverage: f.cover}, nil
 }
 
-func (f *fakeStage) Status() stage.InstanceStatus { return stage.InstanceStatus{Ready: true} }
+func (f *fakeStage) Status() InstanceStatus { return InstanceStatus{Ready: true} }
 
 // TestClientTakesTheOwnersAnswer serves two instances of one group on a
 // real server: inspect and forget return the owner's answer, whichever
@@ -150,8 +149,8 @@ func TestClientAnswersOnceEveryPartitionsOwnerHas(t *testing.T) {
 	srv := natstest.RunServer(t, "")
 	nc, _ := natstest.Connect(t, srv.ClientURL())
 	const subject = "dedupe.admin.cover"
-	serve(t, nc, subject, "a", &fakeStage{owned: map[string]bool{"k-a": true}, cover: stage.Coverage{Partitions: 4, Owned: []int{0, 2}}})
-	serve(t, nc, subject, "b", &fakeStage{owned: map[string]bool{"k-b": true}, cover: stage.Coverage{Partitions: 4, Owned: []int{1, 3}}})
+	serve(t, nc, subject, "a", &fakeStage{owned: map[string]bool{"k-a": true}, cover: Coverage{Partitions: 4, Owned: []int{0, 2}}})
+	serve(t, nc, subject, "b", &fakeStage{owned: map[string]bool{"k-b": true}, cover: Coverage{Partitions: 4, Owned: []int{1, 3}}})
 	const timeout = 30 * time.Second
 	c := Client{Conn: nc, Subject: subject, Timeout: timeout}
 	ctx := context.Background()
@@ -174,7 +173,7 @@ func TestClientAnswersOnceEveryPartitionsOwnerHas(t *testing.T) {
 	}
 
 	old := Client{Conn: nc, Subject: subject + ".old", Timeout: 300 * time.Millisecond}
-	serve(t, nc, old.Subject, "a", &fakeStage{cover: stage.Coverage{Partitions: 4, Owned: []int{0, 1, 2}}})
+	serve(t, nc, old.Subject, "a", &fakeStage{cover: Coverage{Partitions: 4, Owned: []int{0, 1, 2}}})
 	serve(t, nc, old.Subject, "b", &fakeStage{}) // says nothing of partition 3
 	start := time.Now()
 	r, err := old.Inspect(ctx, "never-seen")
@@ -192,21 +191,21 @@ func TestClientAnswersOnceEveryPartitionsOwnerHas(t *testing.T) {
 func TestCoverage(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		answers []stage.Coverage
+		answers []Coverage
 		want    bool
 	}{
 		{"no answer", nil, false},
-		{"one instance owns all", []stage.Coverage{{Partitions: 3, Owned: []int{0, 1, 2}}}, true},
-		{"union of two", []stage.Coverage{{Partitions: 4, Owned: []int{0, 3}}, {Partitions: 4, Owned: []int{1, 2}}}, true},
-		{"and one that owns nothing", []stage.Coverage{{Partitions: 2, Owned: []int{}}, {Partitions: 2, Owned: []int{1}}, {Partitions: 2, Owned: []int{0}}}, true},
-		{"a partition nobody owns", []stage.Coverage{{Partitions: 4, Owned: []int{0, 1}}, {Partitions: 4, Owned: []int{3}}}, false},
-		{"two claim one partition", []stage.Coverage{{Partitions: 3, Owned: []int{0, 1}}, {Partitions: 3, Owned: []int{1}}}, false},
-		{"counts disagree", []stage.Coverage{{Partitions: 2, Owned: []int{0, 1}}, {Partitions: 4, Owned: []int{2, 3}}}, false},
-		{"counts disagree after complete", []stage.Coverage{{Partitions: 2, Owned: []int{0}}, {Partitions: 3, Owned: []int{0, 1, 2}}, {Partitions: 2, Owned: []int{1}}}, false},
-		{"no list from an older instance", []stage.Coverage{{}, {}}, false},
-		{"an older instance beside owners of all", []stage.Coverage{{}, {Partitions: 2, Owned: []int{0, 1}}}, true},
-		{"a partition out of range", []stage.Coverage{{Partitions: 2, Owned: []int{0, 2}}}, false},
-		{"a partition listed twice", []stage.Coverage{{Partitions: 2, Owned: []int{0, 0}}}, false},
+		{"one instance owns all", []Coverage{{Partitions: 3, Owned: []int{0, 1, 2}}}, true},
+		{"union of two", []Coverage{{Partitions: 4, Owned: []int{0, 3}}, {Partitions: 4, Owned: []int{1, 2}}}, true},
+		{"and one that owns nothing", []Coverage{{Partitions: 2, Owned: []int{}}, {Partitions: 2, Owned: []int{1}}, {Partitions: 2, Owned: []int{0}}}, true},
+		{"a partition nobody owns", []Coverage{{Partitions: 4, Owned: []int{0, 1}}, {Partitions: 4, Owned: []int{3}}}, false},
+		{"two claim one partition", []Coverage{{Partitions: 3, Owned: []int{0, 1}}, {Partitions: 3, Owned: []int{1}}}, false},
+		{"counts disagree", []Coverage{{Partitions: 2, Owned: []int{0, 1}}, {Partitions: 4, Owned: []int{2, 3}}}, false},
+		{"counts disagree after complete", []Coverage{{Partitions: 2, Owned: []int{0}}, {Partitions: 3, Owned: []int{0, 1, 2}}, {Partitions: 2, Owned: []int{1}}}, false},
+		{"no list from an older instance", []Coverage{{}, {}}, false},
+		{"an older instance beside owners of all", []Coverage{{}, {Partitions: 2, Owned: []int{0, 1}}}, true},
+		{"a partition out of range", []Coverage{{Partitions: 2, Owned: []int{0, 2}}}, false},
+		{"a partition listed twice", []Coverage{{Partitions: 2, Owned: []int{0, 0}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c coverage

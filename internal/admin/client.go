@@ -9,8 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // ErrNoAnswer means no instance answered a request: none runs with the
@@ -92,7 +90,7 @@ func (c Client) Forget(ctx context.Context, key string) (ForgetReply, error) {
 }
 
 // coverage is the union of the partitions the answers to one request say
-// their instances own (stage.Coverage). It is complete once every
+// their instances own (Coverage). It is complete once every
 // partition is in it: the owners of all partitions have answered. Answers
 // that disagree on the partition count never complete it; an answer with
 // no count (an older instance) adds nothing.
@@ -103,7 +101,7 @@ type coverage struct {
 }
 
 // add adds the partitions of one answer.
-func (c *coverage) add(a stage.Coverage) {
+func (c *coverage) add(a Coverage) {
 	if a.Partitions <= 0 || c.mixed {
 		return
 	}

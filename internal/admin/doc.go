@@ -14,7 +14,7 @@
 // <prefix>.forget). The endpoints have no queue group: every instance of a
 // group receives each request and answers for itself, and the client takes
 // the answer of the instance that owns the key's partition. Each answer
-// also lists the partitions its instance owns (stage.Coverage), so that
+// also lists the partitions its instance owns (Coverage), so that
 // the client answers a key no instance holds (not found, not held) as
 // soon as the owners of all partitions have answered, instead of at its
 // timeout. Being a micro

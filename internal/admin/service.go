@@ -9,8 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-
-	"github.com/dedupe-stage/dedupe-stage/stage"
 )
 
 // ServiceName is the micro service's name, the same on every instance.
@@ -23,36 +21,39 @@ const (
 	EndpointStatus  = "status"
 )
 
-// Stage is what the service asks: a *stage.Stage.
+// Stage is what the service asks, implemented by the stage package's
+// *stage.Stage; declared here so that this package imports nothing of the
+// stage.
 type Stage interface {
-	Inspect(key string) (stage.Answer, error)
-	Forget(ctx context.Context, key string) (stage.Forgot, error)
-	Status() stage.InstanceStatus
+	Inspect(ctx context.Context, key string) (Answer, error)
+	Forget(ctx context.Context, key string) (Forgot, error)
+	Status() InstanceStatus
 }
 
 // InspectReply is an instance's answer to inspect.
 type InspectReply struct {
 	// Instance names the instance that answered.
 	Instance string `json:"instance"`
-	stage.Answer
+	Answer
 }
 
 // ForgetReply is an instance's answer to forget.
 type ForgetReply struct {
 	// Instance names the instance that applied the forget.
 	Instance string `json:"instance"`
-	stage.Forgot
+	Forgot
 }
 
 // StatusReply is an instance's answer to status.
 type StatusReply struct {
 	// Instance names the instance that answered.
 	Instance string `json:"instance"`
-	stage.InstanceStatus
+	InstanceStatus
 }
 
 // DefaultForgetTimeout bounds how long a forget waits for the batch in
-// flight on the key's partition.
+// flight on the key's partition, and how long an inspect or a forget
+// takes to confirm the partitions its answer covers.
 const DefaultForgetTimeout = 10 * time.Second
 
 // Options configure Serve.
@@ -119,7 +120,9 @@ func Serve(o Options) (micro.Service, error) {
 type handlers struct{ o Options }
 
 func (h handlers) inspect(r micro.Request) {
-	a, err := h.o.Stage.Inspect(string(r.Data()))
+	ctx, cancel := context.WithTimeout(context.Background(), h.o.ForgetTimeout)
+	defer cancel()
+	a, err := h.o.Stage.Inspect(ctx, string(r.Data()))
 	if err != nil {
 		h.fail(r, err)
 		return
@@ -146,7 +149,7 @@ func (h handlers) status(r micro.Request) {
 func (h handlers) fail(r micro.Request, err error) {
 	code := "503"
 	switch {
-	case errors.Is(err, stage.ErrBadInspectKey):
+	case errors.Is(err, ErrBadInspectKey):
 		code = "400"
 	}
 	_ = r.Error(code, err.Error(), nil)

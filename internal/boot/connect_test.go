@@ -34,7 +34,7 @@ func external(url string) config.NATS {
 // error of the two.
 func useJetStream(t *testing.T, n config.NATS) error {
 	t.Helper()
-	nc, err := boot.Connect(n, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	nc, err := boot.Connect(n.Dial(), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package boot
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,10 @@ import (
 // ErrDataDir means the data directory cannot be used: it cannot be
 // created or written, or another process holds it.
 var ErrDataDir = errors.New("state.data_dir not usable")
+
+// ErrInUse means another process holds the data directory (a running
+// stage): an error that wraps it wraps ErrDataDir too.
+var ErrInUse = errors.New("state.data_dir in use by another process")
 
 // LockFile is the file in the data directory whose lock marks it as in use.
 const LockFile = "LOCK"
@@ -49,19 +54,76 @@ func LockDataDir(dir string, extra ...string) (*DataDirLock, error) {
 		return nil, fmt.Errorf("%w: %w", ErrDataDir, err)
 	}
 	if err := lockFile(f); err != nil {
-		holder, _ := os.ReadFile(path)
 		f.Close()
-		pid := strings.TrimSpace(string(holder))
-		if pid == "" {
-			pid = "unknown"
-		}
-		return nil, fmt.Errorf("%w: %s is in use by another process (pid %s; %v): stop it, or give this one another data dir (--data-dir, $DEDUPE_DATA_DIR)",
-			ErrDataDir, dir, pid, err)
+		return nil, heldError(dir, err)
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return &DataDirLock{f: f}, nil
+}
+
+// heldError is the error of a data dir another process holds: lockErr is
+// the refused lock, and the pid its holder wrote in dir/LOCK.
+func heldError(dir string, lockErr error) error {
+	holder, _ := os.ReadFile(filepath.Join(dir, LockFile))
+	pid := strings.TrimSpace(string(holder))
+	if pid == "" {
+		pid = "unknown"
+	}
+	return inUseError{fmt.Errorf("%w: %s is in use by another process (pid %s; %v): stop it, or give this one another data dir (--data-dir, $DEDUPE_DATA_DIR)",
+		ErrDataDir, dir, pid, lockErr)}
+}
+
+// inUseError is heldError's: its message and chain are the wrapped
+// error's, and it is ErrInUse too.
+type inUseError struct{ error }
+
+func (e inUseError) Unwrap() error      { return e.error }
+func (inUseError) Is(target error) bool { return target == ErrInUse }
+
+// CheckDataDir reports what LockDataDir(dir) would refuse, changing
+// nothing: an error wrapping ErrDataDir when dir, or the nearest directory
+// above it that exists when dir does not, is not a directory this process
+// can write in, or when another process holds dir. To tell, it takes
+// dir/LOCK's lock when the file exists and gives it back at once. Where
+// the platform cannot check, it only checks that the path is a directory.
+func CheckDataDir(dir string) error {
+	d := dir
+	for {
+		fi, err := os.Stat(d)
+		if err == nil && !fi.IsDir() {
+			return fmt.Errorf("%w: %s is not a directory", ErrDataDir, d)
+		}
+		if err == nil {
+			break
+		}
+		parent := filepath.Dir(d)
+		if !errors.Is(err, fs.ErrNotExist) || parent == d {
+			return fmt.Errorf("%w: %w", ErrDataDir, err)
+		}
+		d = parent
+	}
+	if err := writable(d); err != nil && d != dir {
+		return fmt.Errorf("%w: cannot create %s: cannot write in %s: %w", ErrDataDir, dir, d, err)
+	} else if err != nil {
+		return fmt.Errorf("%w: cannot write in %s: %w", ErrDataDir, dir, err)
+	}
+	if d != dir {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrDataDir, err)
+	}
+	defer f.Close()
+	if err := lockFile(f); err != nil {
+		return heldError(dir, err)
+	}
+	return unlockFile(f)
 }
 
 // Release gives the data directory up. It is safe to call twice.

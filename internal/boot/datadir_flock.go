@@ -16,3 +16,10 @@ func lockFile(f *os.File) error {
 func unlockFile(f *os.File) error {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 }
+
+// writable reports whether this process may create files in the
+// directory dir.
+func writable(dir string) error {
+	const wOK = 0x2 // W_OK
+	return syscall.Access(dir, wOK)
+}

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-
-	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
 // ErrEmbeddedStart means the embedded nats-server could not start; the
@@ -24,18 +22,42 @@ const embeddedStartTimeout = 30 * time.Second
 // systemAccount is the name of nats-server's system account.
 const systemAccount = "$SYS"
 
+// Embedded is how StartEmbedded runs the in-process server: the values
+// of nats.embedded, with its store directory resolved
+// (config.Config.EmbeddedServer builds it).
+type Embedded struct {
+	// Host and Port are where it listens (Port -1: a free port).
+	Host string
+	Port int
+	// StoreDir is JetStream's storage directory.
+	StoreDir string
+	// SyncAlways syncs every JetStream write before acknowledging it.
+	SyncAlways bool
+	// MonitorPort serves HTTP monitoring on Host; 0: off, -1: a free port.
+	MonitorPort int
+	// User and Password, or Token, when set, are required of every client.
+	User, Password, Token string
+	// SystemAccount adds the system account with the user SystemUser,
+	// SystemPassword.
+	SystemAccount              bool
+	SystemUser, SystemPassword string
+}
+
+// HasAuth reports whether clients of the embedded server must
+// authenticate (a user and password, or a token).
+func (e Embedded) HasAuth() bool { return e.User != "" || e.Token != "" }
+
 // StartEmbedded starts an in-process nats-server with JetStream for the
-// embedded default: listening on nats.embedded.host:port, storing under
-// cfg.EmbeddedStoreDir(), syncing every write before acknowledging it when
+// embedded default: listening on e.Host:e.Port, storing under
+// e.StoreDir, syncing every write before acknowledging it when
 // sync_always is set, serving HTTP monitoring on monitor_port when it is
 // not 0, requiring the configured user/password or token of every client,
 // and adding the system account when system_account is set. The server does
 // not install signal handlers, so the process keeps its own. A server that
 // cannot start (a port in use, an unwritable store) fails at once with the
 // server's own reason, wrapping ErrEmbeddedStart. The caller shuts it down.
-func StartEmbedded(cfg config.Config, log *slog.Logger) (*server.Server, error) {
-	e := cfg.NATS.Embedded
-	storeDir := cfg.EmbeddedStoreDir()
+func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
+	storeDir := e.StoreDir
 	opts := &server.Options{
 		ServerName: "dedupe-stage-embedded",
 		Host:       e.Host,
@@ -98,7 +120,7 @@ func StartEmbedded(cfg config.Config, log *slog.Logger) (*server.Server, error) 
 // producers stay in the global account (where JetStream keeps its
 // streams), logging in as the configured user; without one, nats-server
 // maps clients that bring no credentials to the global account.
-func embeddedAuth(opts *server.Options, e config.Embedded) error {
+func embeddedAuth(opts *server.Options, e Embedded) error {
 	if !e.SystemAccount {
 		opts.Username, opts.Password = e.User, e.Password
 		opts.Authorization = e.Token
@@ -122,7 +144,7 @@ func embeddedAuth(opts *server.Options, e config.Embedded) error {
 }
 
 // embeddedAuthName names the authentication clients need, without secrets.
-func embeddedAuthName(e config.Embedded) string {
+func embeddedAuthName(e Embedded) string {
 	switch {
 	case e.User != "":
 		return "user " + e.User

@@ -32,7 +32,7 @@ func embeddedConfig(t *testing.T) config.Config {
 
 func startEmbedded(t *testing.T, cfg config.Config) *server.Server {
 	t.Helper()
-	s, err := boot.StartEmbedded(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := boot.StartEmbedded(cfg.EmbeddedServer(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func startEmbedded(t *testing.T, cfg config.Config) *server.Server {
 // credentials, in process) and creates the input stream.
 func createInputAsTheStage(t *testing.T, cfg config.Config, s *server.Server) {
 	t.Helper()
-	nc, err := boot.Connect(cfg.NATS, s, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	nc, err := boot.Connect(cfg.NATS.Dial(), s, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatalf("the stage cannot connect to its own server: %v", err)
 	}
@@ -201,7 +201,7 @@ func TestEmbeddedPortTakenFailsAtOnce(t *testing.T) {
 	cfg.NATS.Embedded.Port = ln.Addr().(*net.TCPAddr).Port
 	done := make(chan error, 1)
 	go func() {
-		s, err := boot.StartEmbedded(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		s, err := boot.StartEmbedded(cfg.EmbeddedServer(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if s != nil {
 			s.Shutdown()
 		}

@@ -16,6 +16,13 @@
 // input whole (no payload, cut headers) is refused with a reason, never
 // published in part.
 //
+// A run does not loop. A dead letter whose reason lies in the input itself
+// (deadletter.Reason.InInput: no_key, bad_payload, oversized, ...) is
+// refused, since its copy would be dead-lettered again; and a dead letter
+// of a copy, dead-lettered again for the reason it was redriven for
+// (HeaderRedrivenReason), is skipped. Options.Force publishes both, once
+// the configuration accepts them.
+//
 //	sum, err := redrive.Run(ctx, js, redrive.Options{Stream: "DEDUPE_DLQ", Subject: "dedupe.dlq",
 //		Reasons: []deadletter.Reason{deadletter.ReasonOutputRejected}})
 //
@@ -41,8 +48,14 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
 )
 
-// HeaderRedrivenFrom is set on every copy: the dead letter's stream and sequence ("DEDUPE_DLQ:17").
-const HeaderRedrivenFrom = "Dedupe-Redriven-From"
+// Headers set on every copy.
+const (
+	// HeaderRedrivenFrom is the dead letter's stream and sequence ("DEDUPE_DLQ:17").
+	HeaderRedrivenFrom = "Dedupe-Redriven-From"
+	// HeaderRedrivenReason is the dead letter's reason: a dead letter of the copy for the same reason is
+	// a loop, which a run skips (SkippedDeadLetteredAgain).
+	HeaderRedrivenReason = "Dedupe-Redriven-Reason"
+)
 
 // DefaultBucket is the key-value bucket of the marks.
 const DefaultBucket = "DEDUPE_REDRIVE"
@@ -89,6 +102,12 @@ type Options struct {
 	Limit int
 	// DryRun reports what a run would do, publishing nothing and writing no mark.
 	DryRun bool
+	// Force republishes what a run otherwise leaves: dead letters whose reason lies in the input
+	// (deadletter.Reason.InInput; refused with RefusedReasonInInput) and copies dead-lettered again
+	// for the reason they were redriven for (skipped with SkippedDeadLetteredAgain). Use it once,
+	// after a change of configuration that accepts them; run on a schedule it republishes what
+	// cannot pass again and again.
+	Force bool
 
 	// Bucket is the key-value bucket of the marks, created when missing with the dead-letter
 	// stream's max age as its TTL. Default DefaultBucket.
@@ -144,6 +163,18 @@ const (
 	AlreadyRedriven Outcome = "already_redriven"
 	// Refused: not published, for Refusal.
 	Refused Outcome = "refused"
+	// Skipped: not published, for Skip, as a run does by default; Options.Force publishes it.
+	Skipped Outcome = "skipped"
+)
+
+// Skip says why a dead letter is skipped: a stable snake_case word.
+type Skip string
+
+// Skips of a dead letter.
+const (
+	// SkippedDeadLetteredAgain: the dead letter is of a copy an earlier run published, dead-lettered
+	// again for the reason it was redriven for: publishing it again would loop.
+	SkippedDeadLetteredAgain Skip = "dead_lettered_again"
 )
 
 // Refusal says why a dead letter is not published: a stable snake_case word.
@@ -161,6 +192,9 @@ const (
 	RefusedInDuplicateWindow Refusal = "in_duplicate_window"
 	// RefusedRejected: the input stream refused the copy with an error no retry changes.
 	RefusedRejected Refusal = "rejected"
+	// RefusedReasonInInput: the dead letter's reason lies in the input itself (deadletter.Reason.InInput):
+	// a copy would be dead-lettered again, unless the configuration changed (Options.Force).
+	RefusedReasonInInput Refusal = "reason_in_input"
 )
 
 // Result is what a run did with one dead letter.
@@ -175,6 +209,8 @@ type Result struct {
 	Outcome Outcome `json:"outcome"`
 	// Refusal says why, when Outcome is Refused.
 	Refusal Refusal `json:"refusal,omitempty"`
+	// Skip says why, when Outcome is Skipped.
+	Skip Skip `json:"skip,omitempty"`
 	// Detail says more, in words.
 	Detail string `json:"detail,omitempty"`
 	// Stream and StreamSeq are where the copy is stored, when it is.
@@ -198,6 +234,9 @@ type Summary struct {
 	AlreadyRedriven int `json:"already_redriven"`
 	// Refused counts the dead letters not published, by Refusal.
 	Refused map[Refusal]int `json:"refused"`
+	// Skipped counts the dead letters skipped, by Skip: a run leaves them by default, and its exit
+	// is not a failure for them.
+	Skipped map[Skip]int `json:"skipped"`
 	// LimitReached says the run stopped at Options.Limit; NextSeq is where a next run goes on.
 	LimitReached bool   `json:"limit_reached"`
 	NextSeq      uint64 `json:"next_seq,omitempty"`
@@ -209,6 +248,15 @@ type Summary struct {
 func (s Summary) RefusedCount() int {
 	n := 0
 	for _, c := range s.Refused {
+		n += c
+	}
+	return n
+}
+
+// SkippedCount is the number of dead letters skipped.
+func (s Summary) SkippedCount() int {
+	n := 0
+	for _, c := range s.Skipped {
 		n += c
 	}
 	return n
@@ -247,7 +295,7 @@ func Run(ctx context.Context, js jetstream.JetStream, o Options) (Summary, error
 	if o.FetchWait <= 0 {
 		o.FetchWait = DefaultFetchWait
 	}
-	sum := Summary{Stream: o.Stream, DryRun: o.DryRun, Refused: map[Refusal]int{}, Results: []Result{}}
+	sum := Summary{Stream: o.Stream, DryRun: o.DryRun, Refused: map[Refusal]int{}, Skipped: map[Skip]int{}, Results: []Result{}}
 	st, err := js.Stream(ctx, o.Stream)
 	if err != nil {
 		return sum, fmt.Errorf("dead-letter stream %s: %w", o.Stream, err)
@@ -400,6 +448,8 @@ func (r *run) one(ctx context.Context, m jetstream.Msg) (bool, error) {
 		r.sum.AlreadyRedriven++
 	case Refused:
 		r.sum.Refused[res.Refusal]++
+	case Skipped:
+		r.sum.Skipped[res.Skip]++
 	}
 	r.sum.Results = append(r.sum.Results, res)
 	if r.o.OnResult != nil {
@@ -430,6 +480,19 @@ func (r *run) redrive(ctx context.Context, seq uint64, h nats.Header, data []byt
 	if refusal != "" {
 		res.Outcome, res.Refusal, res.Detail = Refused, refusal, detail
 		return res, nil
+	}
+	if !r.o.Force {
+		if again, detail, err := r.deadLetteredAgain(ctx, h); err != nil {
+			return res, err
+		} else if again {
+			res.Outcome, res.Skip, res.Detail = Skipped, SkippedDeadLetteredAgain, detail
+			return res, nil
+		}
+		if res.Reason.InInput() {
+			res.Outcome, res.Refusal = Refused, RefusedReasonInInput
+			res.Detail = fmt.Sprintf("%s lies in the input itself: a copy would be dead-lettered again for it; once the configuration accepts such input, redrive it with --force", res.Reason)
+			return res, nil
+		}
 	}
 	res.Stream = h.Get(deadletter.HeaderOriginalStream)
 	found := false
@@ -476,6 +539,56 @@ func (r *run) redrive(ctx context.Context, seq uint64, h nats.Header, data []byt
 	return res, nil
 }
 
+// deadLetteredAgain reports whether the dead letter with headers h is of a
+// copy an earlier run published (HeaderRedrivenFrom), dead-lettered again
+// for the reason that copy was redriven for: HeaderRedrivenReason, or for
+// a copy without it (published by an older version) the reason of the
+// dead letter it names, read from its stream. detail says so. A dead
+// letter it names that its stream no longer holds cannot tell: false.
+func (r *run) deadLetteredAgain(ctx context.Context, h nats.Header) (bool, string, error) {
+	from, reason := h.Get(HeaderRedrivenFrom), h.Get(deadletter.HeaderReason)
+	if from == "" {
+		return false, "", nil
+	}
+	was := h.Get(HeaderRedrivenReason)
+	if was == "" {
+		var err error
+		if was, err = r.reasonOf(ctx, from); err != nil {
+			return false, "", err
+		}
+	}
+	if was != reason {
+		return false, "", nil
+	}
+	return true, fmt.Sprintf("a copy of dead letter %s, redriven for %s and dead-lettered again for it: republishing it would loop; "+
+		"fix the cause, then redrive with --force", from, reason), nil
+}
+
+// reasonOf returns the reason of dead letter from ("STREAM:SEQ"), "" when
+// its stream no longer holds it or from names none.
+func (r *run) reasonOf(ctx context.Context, from string) (string, error) {
+	name, seqText, ok := strings.Cut(from, ":")
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	if !ok || err != nil || !streamName.MatchString(name) {
+		return "", nil
+	}
+	st, err := r.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read dead letter %s: %w", from, err)
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read dead letter %s: %w", from, err)
+	}
+	return m.Header.Get(deadletter.HeaderReason), nil
+}
+
 // publish publishes msg and waits for the stream to store it, retrying
 // transient failures for up to PublishTimeout.
 func (r *run) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
@@ -497,7 +610,7 @@ func (r *run) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, er
 // Copy returns the copy of dead letter seq of stream, with headers h and
 // payload data, for its input subject: the input's headers and payload,
 // Nats-Msg-Id the input's own (else MsgID, unless keyFromMsgID), expecting
-// the input's stream, and HeaderRedrivenFrom. origSeq is the input's
+// the input's stream, HeaderRedrivenFrom and HeaderRedrivenReason. origSeq is the input's
 // sequence. A dead letter that does not carry its input whole gives no
 // copy but a refusal and a detail.
 func Copy(stream string, seq uint64, h nats.Header, data []byte, keyFromMsgID bool) (m *nats.Msg, origSeq uint64, refusal Refusal, detail string) {
@@ -528,6 +641,9 @@ func Copy(stream string, seq uint64, h nats.Header, data []byte, keyFromMsgID bo
 	}
 	out.Set(jetstream.ExpectedStreamHeader, origStream)
 	out.Set(HeaderRedrivenFrom, stream+":"+strconv.FormatUint(seq, 10))
+	if reason := h.Get(deadletter.HeaderReason); reason != "" {
+		out.Set(HeaderRedrivenReason, reason)
+	}
 	return &nats.Msg{Subject: subject, Header: out, Data: data}, origSeq, "", ""
 }
 
@@ -536,7 +652,7 @@ func deadLetterHeader(k string) bool {
 	switch k {
 	case deadletter.HeaderReason, deadletter.HeaderDetail, deadletter.HeaderOriginalSubject,
 		deadletter.HeaderOriginalStream, deadletter.HeaderOriginalSequence, deadletter.HeaderOriginalMsgID,
-		deadletter.HeaderPayloadOmitted, deadletter.HeaderHeadersTruncated, HeaderRedrivenFrom:
+		deadletter.HeaderPayloadOmitted, deadletter.HeaderHeadersTruncated, HeaderRedrivenFrom, HeaderRedrivenReason:
 		return true
 	}
 	return false

@@ -3,7 +3,9 @@ package redrive_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +22,17 @@ import (
 // dead-letter stream DLQ (dlq.>).
 func setup(t *testing.T) jetstream.JetStream {
 	t.Helper()
+	return setupWith(t, 0)
+}
+
+// setupWith is setup with IN's duplicate window dup (0: the server's
+// default, 2m).
+func setupWith(t *testing.T, dup time.Duration) jetstream.JetStream {
+	t.Helper()
 	s := natstest.RunServer(t, t.TempDir())
 	_, js := natstest.Connect(t, s.ClientURL())
 	for _, sc := range []jetstream.StreamConfig{
-		{Name: "IN", Subjects: []string{"events.>"}},
+		{Name: "IN", Subjects: []string{"events.>"}, Duplicates: dup},
 		{Name: "DLQ", Subjects: []string{"dlq.>"}, MaxAge: time.Hour},
 	} {
 		if _, err := js.CreateStream(context.Background(), sc); err != nil {
@@ -115,7 +124,7 @@ func TestRedriveRepublishesTheInput(t *testing.T) {
 		t.Errorf("copy headers %v, want the input's Event-Id and both X-Trace values", c.Header)
 	}
 	for k := range c.Header {
-		if strings.HasPrefix(k, "Dedupe-") && k != redrive.HeaderRedrivenFrom {
+		if strings.HasPrefix(k, "Dedupe-") && k != redrive.HeaderRedrivenFrom && k != redrive.HeaderRedrivenReason {
 			t.Errorf("copy carries the dead letter's header %s", k)
 		}
 	}
@@ -124,6 +133,9 @@ func TestRedriveRepublishesTheInput(t *testing.T) {
 	}
 	if got := c.Header.Get(redrive.HeaderRedrivenFrom); got != "DLQ:1" {
 		t.Errorf("%s = %q, want DLQ:1", redrive.HeaderRedrivenFrom, got)
+	}
+	if got := c.Header.Get(redrive.HeaderRedrivenReason); got != string(deadletter.ReasonOutputRejected) {
+		t.Errorf("%s = %q, want output_rejected", redrive.HeaderRedrivenReason, got)
 	}
 	if r := sum.Results[0]; r.Stream != "IN" || r.StreamSeq != c.Seq || r.Reason != deadletter.ReasonOutputRejected {
 		t.Errorf("result %+v, want it stored as IN %d", r, c.Seq)
@@ -150,7 +162,9 @@ func TestRedriveRefusesWhatItCannotCopyWhole(t *testing.T) {
 	}
 	deadLetter(t, js, event("good", "y"), deadletter.ReasonOversized, false)
 
-	sum := run(t, js, opts(nil))
+	// Forced: oversized lies in the input, and is refused unless forced; a
+	// dead letter that is not whole is refused even so.
+	sum := run(t, js, opts(func(o *redrive.Options) { o.Force = true }))
 	want := map[redrive.Refusal]int{redrive.RefusedHeadersTruncated: 1, redrive.RefusedPayloadOmitted: 1,
 		redrive.RefusedNoOrigin: 1, redrive.RefusedRejected: 1}
 	for r, n := range want {
@@ -245,7 +259,7 @@ func TestRedriveSelects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sum := run(t, js, opts(func(o *redrive.Options) {
-				o.DryRun = true
+				o.DryRun, o.Force = true, true // no_key lies in the input: forced, it is selected like the others
 				if tc.edit != nil {
 					tc.edit(o)
 				}
@@ -383,5 +397,124 @@ func TestRedriveThroughAPartitionTransform(t *testing.T) {
 	}
 	if got := copies(t, js); len(got) != 1 || got[0].Subject != stored {
 		t.Errorf("copies %v, want one stored on %q", got, stored)
+	}
+}
+
+// deadLetterAgain plays the stage on copy c: it dead-letters it again for
+// reason, carrying its headers as the stage's dead letters do, and returns
+// the dead letter's sequence. Without keepReason the copy loses
+// HeaderRedrivenReason first, as a copy an older version published.
+func deadLetterAgain(t *testing.T, js jetstream.JetStream, c natstest.Message, reason deadletter.Reason, keepReason bool) uint64 {
+	t.Helper()
+	h := nats.Header(http.Header(c.Header).Clone())
+	if !keepReason {
+		h.Del(redrive.HeaderRedrivenReason)
+	}
+	in := deadletter.Input{Reason: reason, Detail: "again", Header: h, Data: c.Data, Subject: c.Subject, Stream: "IN", Sequence: c.Seq}
+	ack, err := js.PublishMsg(context.Background(), deadletter.Build(in, "dlq."+string(reason), 1<<20, deadletter.OmittedTooLarge))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// A redrive does not loop: a dead letter whose reason lies in the input is
+// refused unless forced, saying why; the dead letter of a copy,
+// dead-lettered again for the reason it was redriven for, is skipped
+// (dry runs say why), also for a copy an older version published without
+// HeaderRedrivenReason; one dead-lettered again for another reason is
+// republished. Forced, both are republished.
+func TestRedriveDoesNotLoop(t *testing.T) {
+	// A copy of a copy carries the first copy's Nats-Msg-Id: IN's duplicate
+	// window is kept short, and waited out before each run that publishes.
+	const dup = 200 * time.Millisecond
+	js := setupWith(t, dup)
+	noKey := deadLetter(t, js, event("", "no key"), deadletter.ReasonNoKey, false)
+	rejected := deadLetter(t, js, event("r1", "big"), deadletter.ReasonOutputRejected, false)
+	old := deadLetter(t, js, event("r2", "big"), deadletter.ReasonOutputRejected, false)
+	other := deadLetter(t, js, event("r3", "big"), deadletter.ReasonOutputRejected, false)
+
+	first := run(t, js, opts(nil))
+	if first.Republished != 3 || first.Refused[redrive.RefusedReasonInInput] != 1 || first.SkippedCount() != 0 {
+		t.Fatalf("first run %+v, want 3 republished and no_key refused", first)
+	}
+	if r := first.Results[0]; r.Seq != noKey || r.Outcome != redrive.Refused || !strings.Contains(r.Detail, "no_key lies in the input") ||
+		!strings.Contains(r.Detail, "--force") {
+		t.Errorf("the no_key dead letter: %+v, want refused saying why and how", r)
+	}
+	// The stage dead-letters the copies again: r1's and r2's for the reason
+	// they were redriven for (r2's copy as an older version made it), r3's
+	// for another.
+	cs := copies(t, js)
+	if len(cs) != 3 {
+		t.Fatalf("%d copies, want 3", len(cs))
+	}
+	again := deadLetterAgain(t, js, cs[0], deadletter.ReasonOutputRejected, true)
+	oldAgain := deadLetterAgain(t, js, cs[1], deadletter.ReasonOutputRejected, false)
+	otherAgain := deadLetterAgain(t, js, cs[2], deadletter.ReasonMaxDeliver, true)
+
+	dry := run(t, js, opts(func(o *redrive.Options) { o.DryRun = true }))
+	outcome := map[uint64]redrive.Result{}
+	for _, r := range dry.Results {
+		outcome[r.Seq] = r
+	}
+	for seq, want := range map[uint64]redrive.Outcome{noKey: redrive.Refused, rejected: redrive.AlreadyRedriven, old: redrive.AlreadyRedriven,
+		other: redrive.AlreadyRedriven, again: redrive.Skipped, oldAgain: redrive.Skipped, otherAgain: redrive.WouldRepublish} {
+		if got := outcome[seq]; got.Outcome != want {
+			t.Errorf("dry run: dead letter %d %s (%s), want %s", seq, got.Outcome, got.Detail, want)
+		}
+	}
+	for seq, from := range map[uint64]uint64{again: rejected, oldAgain: old} {
+		r := outcome[seq]
+		if r.Skip != redrive.SkippedDeadLetteredAgain || !strings.Contains(r.Detail, "dead-lettered again") ||
+			!strings.Contains(r.Detail, fmt.Sprintf("DLQ:%d", from)) {
+			t.Errorf("dry run: dead letter %d: %+v, want skipped, saying it is a copy of DLQ:%d dead-lettered again", seq, r, from)
+		}
+	}
+
+	time.Sleep(dup + 100*time.Millisecond) // IN's duplicate window: the copies may be published again
+	second := run(t, js, opts(nil))
+	if second.Republished != 1 || second.Skipped[redrive.SkippedDeadLetteredAgain] != 2 {
+		t.Errorf("second run %+v, want max_deliver's copy republished and two skipped", second)
+	}
+	if n := len(copies(t, js)); n != 4 {
+		t.Errorf("%d copies after the second run, want 4", n)
+	}
+	third := run(t, js, opts(nil))
+	if third.Republished != 0 || third.Skipped[redrive.SkippedDeadLetteredAgain] != 2 {
+		t.Errorf("third run %+v, want nothing republished: the loop is cut", third)
+	}
+
+	time.Sleep(dup + 100*time.Millisecond)
+	forced := run(t, js, opts(func(o *redrive.Options) { o.Force = true }))
+	if forced.Republished != 3 || forced.SkippedCount() != 0 || forced.RefusedCount() != 0 {
+		t.Errorf("forced run %+v, want no_key's and the two skipped copies republished", forced)
+	}
+}
+
+// The reasons that lie in the input are the ones docs/failures.md lists as
+// refused by a redrive, and no other.
+func TestInInputReasonsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/failures.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Redrive\n")
+	if !ok {
+		t.Fatal("docs/failures.md has no \"## Redrive\" section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	refused, _, ok := strings.Cut(section, "Republished:")
+	if !ok {
+		t.Fatal("docs/failures.md, \"Redrive\": no \"Republished:\" list after the refused one")
+	}
+	for _, r := range deadletter.Reasons() {
+		named := strings.Contains(refused, "`"+string(r)+"`")
+		if named != r.InInput() {
+			t.Errorf("%s: InInput %v, but docs/failures.md's refused list names it: %v", r, r.InInput(), named)
+		}
+		if !strings.Contains(section, "`"+string(r)+"`") {
+			t.Errorf("docs/failures.md, \"Redrive\", does not say what a redrive does with %s", r)
+		}
 	}
 }
