@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
@@ -532,12 +532,12 @@ func (e *env) outputSubjectOK(subj string) bool {
 
 // outputCounts returns how often each Nats-Msg-Id occurs in the output
 // stream, checking the subject and payload of each message. Scale-out's
-// partition fences (handover.FenceSubject) are not events and are skipped.
+// partition fences (changelog.FenceSubject) are not events and are skipped.
 func (e *env) outputCounts() map[string]int {
 	t := e.t
 	counts := map[string]int{}
 	for _, m := range natstest.ReadAll(t, e.js, outputStream) {
-		if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects("deduped"), ">")) {
+		if strings.HasPrefix(m.Subject, strings.TrimSuffix(changelog.ControlSubjects("deduped"), ">")) {
 			continue
 		}
 		k := m.Header.Get("Nats-Msg-Id")

@@ -259,8 +259,8 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		stopped.Go(func() { _ = s.last().Cmd.Process.Signal(syscall.SIGTERM); <-s.last().Exited() })
 	}
 	stopped.Wait()
-	for _, n := range cl.nodes {
-		stopped.Go(func() { n.stop(syscall.SIGTERM) })
+	for i := range cl.Nodes {
+		stopped.Go(func() { cl.stop(i, syscall.SIGTERM) })
 	}
 	stopped.Wait()
 	return first

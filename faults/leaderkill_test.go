@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,71 +13,60 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
-	"github.com/dedupe-stage/dedupe-stage/internal/testkit/proctest"
 )
 
-// natsCluster is a cluster of nats-server processes with JetStream, each
-// node restartable on its ports and store after a SIGKILL: unlike
-// natstest.Cluster's in-process nodes, whose shutdown hands the node's
-// leaderships over first, a killed process takes them down with it.
+// natsCluster is a cluster of nats-server processes with JetStream
+// (natstest.Procs), each node restartable on its ports and store after a
+// SIGKILL: unlike natstest.Cluster's in-process nodes, whose shutdown
+// hands the node's leaderships over first, a killed process takes them
+// down with it.
 type natsCluster struct {
-	nodes []*natsServer
+	*natstest.Procs
+	tb testing.TB
 }
 
-// startNATSCluster starts an n-node cluster (node i is named "n<i>") and
-// waits until a replicated stream can be placed on every node; every node
-// is stopped when the test ends.
+// startNATSCluster starts an n-node cluster (node i is named "n<i>") that
+// syncs every write, and waits until a replicated stream can be placed on
+// every node; every node is stopped when the test ends.
 func startNATSCluster(tb testing.TB, n int) *natsCluster {
 	tb.Helper()
-	routes := make([]string, n)
-	routePorts := make([]int, n)
-	for i := range n {
-		routePorts[i] = proctest.Port(tb)
-		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", routePorts[i])
-	}
-	c := &natsCluster{}
-	for i := range n {
-		dir := tb.TempDir()
-		node := &natsServer{tb: tb, port: proctest.Port(tb), storeDir: filepath.Join(dir, "js"), conf: filepath.Join(dir, "nats.conf")}
-		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n"+
-			"cluster {\n  name: dedupe-faults\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n",
-			i, node.port, node.storeDir, routePorts[i], strings.Join(routes, ", "))
-		if err := os.WriteFile(node.conf, []byte(conf), 0o644); err != nil {
-			tb.Fatal(err)
-		}
-		node.launch()
-		tb.Cleanup(func() {
-			if node.proc.Running() {
-				node.proc.signal(tb, syscall.SIGTERM, 20*time.Second)
-			}
-		})
-		c.nodes = append(c.nodes, node)
-	}
-	for _, node := range c.nodes {
-		node.waitUp()
-	}
-	// The meta leader places a replicated stream only on the peers it has
-	// heard from: create and delete one until it can.
-	js := publisherJS(tb, c.URLs())
-	natstest.Poll(tb, 60*time.Second, 200*time.Millisecond, "an R3 stream to be placed", func() (bool, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		cfg := jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}, Replicas: n, Storage: jetstream.MemoryStorage}
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return false, err
-		}
-		return true, js.DeleteStream(ctx, "PROBE")
-	})
-	return c
+	return startNATSClusterWith(tb, n, true)
 }
 
-// URLs returns every node's client URL, comma-separated.
-func (c *natsCluster) URLs() string {
-	var urls []string
-	for _, n := range c.nodes {
-		urls = append(urls, n.URL())
+// startNATSClusterWith is startNATSCluster; without syncAlways the nodes
+// keep nats-server's default sync interval, for a test that kills no node
+// (as startNATSUnsynced).
+func startNATSClusterWith(tb testing.TB, n int, syncAlways bool) *natsCluster {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := natstest.StartProcs(ctx, natstest.ProcsSpec{Bin: natsBin, Dir: tb.TempDir(), Nodes: n, SyncAlways: syncAlways})
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return strings.Join(urls, ",")
+	tb.Cleanup(func() {
+		if !c.Stop(20 * time.Second) {
+			tb.Errorf("a nats-server node still ran 20s after SIGTERM; killed")
+		}
+	})
+	return &natsCluster{Procs: c, tb: tb}
+}
+
+// stop stops node i with sig and waits for it to exit; it fails the test
+// when the node is still running 30s later.
+func (c *natsCluster) stop(i int, sig syscall.Signal) {
+	c.tb.Helper()
+	if !c.Nodes[i].Stop(sig, 30*time.Second) {
+		c.tb.Fatalf("nats-server n%d still running 30s after %v; killed", i, sig)
+	}
+}
+
+// start starts node i again and waits until JetStream answers on it.
+func (c *natsCluster) start(i int) {
+	c.tb.Helper()
+	if err := c.Nodes[i].Start(context.Background(), 30*time.Second); err != nil {
+		c.tb.Fatal(err)
+	}
 }
 
 // leaderKillDup is the output stream's duplicate window in
@@ -194,10 +181,10 @@ func TestScaleOutLeaderKills(t *testing.T) {
 			return node >= 0
 		})
 		t.Logf("round %d (%v): SIGKILL node %d, the leader of %s", round, time.Since(start).Round(time.Millisecond), node, what)
-		cl.nodes[node].stop(syscall.SIGKILL)
+		cl.stop(node, syscall.SIGKILL)
 		time.Sleep(leaderKillDup + time.Second)
 		t.Logf("round %d (%v): starting node %d again", round, time.Since(start).Round(time.Millisecond), node)
-		cl.nodes[node].start()
+		cl.start(node)
 		// How long a restarted node takes to catch up is the server's and
 		// the machine's: 30s ran out once with three test lanes on two
 		// cores. The stage's part is judged by the checks after the rounds.

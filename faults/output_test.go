@@ -18,7 +18,7 @@ import (
 func outputConfig(cfg stageConfig, maxMsgs int64) jetstream.StreamConfig {
 	sc := jetstream.StreamConfig{
 		Name:       outputStream,
-		Subjects:   []string{"deduped.>"},
+		Subjects:   []string{"deduped.>", "_dedupe.deduped.>"},
 		Storage:    jetstream.FileStorage,
 		Duplicates: cfg.DuplicateWindow,
 		MaxMsgs:    -1,

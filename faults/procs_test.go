@@ -22,9 +22,16 @@ import (
 
 // The binaries under test, built once by TestMain.
 var (
-	stageBin string // cmd/dedupe-stage
+	stageBin string // cmd/dedupe-stage, or $DEDUPE_FAULTS_STAGE_BIN
 	natsBin  string // github.com/nats-io/nats-server/v2
+	binDir   string // where TestMain builds them
 )
+
+// stageBinEnv names a dedupe-stage binary the tests run instead of
+// building cmd/dedupe-stage from this tree: an older build, to show that a
+// test fails on it. Its configuration keys must be the ones the tests
+// write.
+const stageBinEnv = "DEDUPE_FAULTS_STAGE_BIN"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
@@ -40,12 +47,25 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	binDir = dir
 	stageBin = filepath.Join(dir, "dedupe-stage")
 	natsBin = filepath.Join(dir, "nats-server")
-	for _, b := range []struct{ out, pkg string }{
+	builds := []struct{ out, pkg string }{
 		{stageBin, "github.com/dedupe-stage/dedupe-stage/cmd/dedupe-stage"},
 		{natsBin, "github.com/nats-io/nats-server/v2"},
-	} {
+	}
+	if bin := os.Getenv(stageBinEnv); bin != "" {
+		// Another build under test (an older one, to show a test fails
+		// there): run it instead of building this tree's.
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		stageBin, builds = abs, builds[1:]
+		fmt.Fprintf(os.Stderr, "faults: %s=%s: the tests run that binary\n", stageBinEnv, abs)
+	}
+	for _, b := range builds {
 		if err := gobuild.Binary(context.Background(), b.out, b.pkg); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -210,9 +230,11 @@ type stageConfig struct {
 	MemoryBudget     string
 	MaxMessageBytes  int
 	BatchSize        int
-	Publish          string // output.publish; "" keeps the default (auto)
-	KeyVersion       string // key.version's header (version-wins); "" leaves it off
-	Extra            string // YAML appended as is: sections the fields above do not cover
+	Publish          string        // output.publish; "" keeps the default (auto)
+	KeyVersion       string        // key.version's header (version-wins); "" leaves it off
+	PingInterval     time.Duration // nats.ping_interval; 0 keeps the default
+	OnDamage         string        // state.on_damage; "" keeps the default (refuse)
+	Extra            string        // YAML appended as is: sections the fields above do not cover
 }
 
 // defaultStageConfig is the configuration the fault tests start from: a 1s
@@ -241,10 +263,18 @@ func (c stageConfig) yaml() string {
 	if c.KeyVersion != "" {
 		version = fmt.Sprintf("  version: {source: header, header: %s}\n", c.KeyVersion)
 	}
+	onDamage := ""
+	if c.OnDamage != "" {
+		onDamage = fmt.Sprintf("  on_damage: %s\n", c.OnDamage)
+	}
+	ping := ""
+	if c.PingInterval > 0 {
+		ping = fmt.Sprintf("  ping_interval: %s\n", c.PingInterval)
+	}
 	return fmt.Sprintf(`nats:
   url: %s
   create_streams: true
-key:
+%skey:
   source: header
   header: Event-Id
 %sinput:
@@ -258,7 +288,7 @@ state:
   partitions: %d
   memory_budget: %s
   snapshot_interval: %s
-filter:
+%sfilter:
   expected_keys: %d
 pipeline:
   batch_size: %d
@@ -267,8 +297,8 @@ http:
   addr: %s
 log:
   format: json
-%s`, c.NATSURL, version, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
-		c.SnapshotInterval, c.ExpectedKeys, c.BatchSize, c.MaxMessageBytes, c.HTTPAddr, c.Extra)
+%s`, c.NATSURL, ping, version, c.AckWait, c.DuplicateWindow, c.RestartMargin, c.Publish, c.DataDir, c.Partitions, c.MemoryBudget,
+		c.SnapshotInterval, onDamage, c.ExpectedKeys, c.BatchSize, c.MaxMessageBytes, c.HTTPAddr, c.Extra)
 }
 
 // stage runs the dedupe-stage binary, run after run, on one configuration

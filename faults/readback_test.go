@@ -133,12 +133,12 @@ func acksOf(t *testing.T, js jetstream.JetStream) uint64 {
 	return st.CachedInfo().State.LastSeq
 }
 
-// logReadBack is the log line of a start that read the output back after
-// the store's watermark.
-const logReadBack = `"msg":"read the output back after the watermark"`
+// logReadBack is the log line of a start that restored its partitions
+// from the output after their cursors.
+const logReadBack = `"msg":"restored the partitions from the output stream after their cursors"`
 
 // restoredIn returns how many forwards the starts of runs read back from
-// the output and stored (their log's records_restored).
+// the output and stored (their log's records_stored).
 func restoredIn(runs []*process) int {
 	n := 0
 	for _, r := range runs {
@@ -147,7 +147,7 @@ func restoredIn(runs []*process) int {
 				continue
 			}
 			var l struct {
-				Restored int `json:"records_restored"`
+				Restored int `json:"records_stored"`
 			}
 			if json.Unmarshal([]byte(line), &l) == nil {
 				n += l.Restored

@@ -81,16 +81,23 @@ func scaleOutGroup(t *testing.T, n int, w *workload, extra string) (*natstest.Cl
 func scaleOutGroupWith(t *testing.T, n int, w *workload, edit func(*stageConfig)) (*natstest.Cluster, []*stage, jetstream.JetStream) {
 	t.Helper()
 	cl := natstest.StartCluster(t, 3)
+	stages, js := scaleOutGroupAt(t, cl.URLs(), n, w, edit)
+	return cl, stages, js
+}
+
+// scaleOutGroupAt is scaleOutGroupWith on the cluster at urls.
+func scaleOutGroupAt(t *testing.T, urls string, n int, w *workload, edit func(*stageConfig)) ([]*stage, jetstream.JetStream) {
+	t.Helper()
 	stages := make([]*stage, n)
 	for i := range stages {
-		c := scaleOutConfig(t, cl.URLs(), "i"+strconv.Itoa(i))
+		c := scaleOutConfig(t, urls, "i"+strconv.Itoa(i))
 		edit(&c)
 		stages[i] = newStage(t, c)
 		stages[i].startReady()
 	}
-	js := publisherJS(t, cl.URLs())
+	js := publisherJS(t, urls)
 	warmUp(t, js, stages, w)
-	return cl, stages, js
+	return stages, js
 }
 
 // takeoverWait bounds a wait that one takeover can hold up: a takeover's
@@ -426,16 +433,25 @@ func TestScaleOutZombieFenced(t *testing.T) {
 			t.Fatal(err)
 		}
 		scaleOutDrained(t, js, a.cfg.Partitions, 60*time.Second)
-		refused := a.metric("dedupe_fence_refusals_total")
-		t.Logf("attempt %d: a's batches refused by the fence: %v", attempt, refused)
-		if refused > 0 || attempt == 3 {
-			if refused == 0 {
-				t.Errorf("three pauses of a caught no batch of its in flight: the fence was never tested")
-			}
+		if pausedFenced(t, a, attempt) {
 			break
 		}
 	}
 	lateCopiesThenCheck(t, js, w, a.cfg.Partitions)
+}
+
+// pausedFenced reports whether a test that pauses instance s mid-burst may
+// stop pausing it: s, resumed, counted a batch refused by the fence, or
+// attempt was the third (an error then: a pause that catches no batch in
+// flight proves nothing about the fence).
+func pausedFenced(t *testing.T, s *stage, attempt int) bool {
+	t.Helper()
+	refused := s.metric("dedupe_fence_refusals_total")
+	t.Logf("attempt %d: the paused instance's batches refused by the fence: %v", attempt, refused)
+	if refused == 0 && attempt == 3 {
+		t.Errorf("three pauses caught no batch in flight: the fence was never tested")
+	}
+	return refused > 0 || attempt == 3
 }
 
 // TestScaleOutNodeRestart stops one node of the cluster mid-run and starts

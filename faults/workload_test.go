@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/gobuild"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/sink"
@@ -354,7 +354,7 @@ func checkOutput(tb testing.TB, js jetstream.JetStream, want map[string][]byte) 
 	got := map[string]int{}
 	wrong := 0
 	for _, m := range natstest.ReadAll(tb, js, outputStream) {
-		if strings.HasPrefix(m.Subject, strings.TrimSuffix(handover.ControlSubjects("deduped"), ">")) {
+		if strings.HasPrefix(m.Subject, strings.TrimSuffix(changelog.ControlSubjects("deduped"), ">")) {
 			continue
 		}
 		k := m.Header.Get(jetstream.MsgIDHeader)
@@ -452,7 +452,7 @@ func preloadedKey(prefix string, i int) string { return fmt.Sprintf("%s-preloade
 func preload(tb testing.TB, cfg stageConfig, w *workload, n int) {
 	tb.Helper()
 	helperOnce.Do(func() {
-		helperBin = filepath.Join(filepath.Dir(stageBin), "faults-helper.test")
+		helperBin = filepath.Join(binDir, "faults-helper.test")
 		if err := gobuild.TestBinary(context.Background(), helperBin, "."); err != nil {
 			helperErr = fmt.Errorf("building the preload helper: %w", err)
 		}

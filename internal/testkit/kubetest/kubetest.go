@@ -12,8 +12,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/dedupe-stage/dedupe-stage/config"
 )
 
 // ImageEnv returns the variables the Dockerfile's ENV instructions set (the
@@ -103,9 +101,9 @@ func (p Pod) Env(image map[string]string) (map[string]string, error) {
 }
 
 // UnknownVars returns the variables of env that the stage does not read,
-// sorted; DEDUPE_CONFIG, which names the file, is known.
-func UnknownVars(env map[string]string) []string {
-	known := config.EnvVars()
+// sorted: those not in known (config.EnvVars), but DEDUPE_CONFIG, which
+// names the file.
+func UnknownVars(env, known map[string]string) []string {
 	var unknown []string
 	for k := range env {
 		if _, ok := known[k]; !ok && k != "DEDUPE_CONFIG" {
@@ -117,10 +115,13 @@ func UnknownVars(env map[string]string) []string {
 }
 
 // Config returns the configuration the container runs with: the file
-// DEDUPE_CONFIG names, read from the ConfigMap mounted at its directory
-// (written to dir first), with env applied and validated as check-config
-// validates it. The file's text comes back too, for error messages.
-func (p Pod) Config(env map[string]string, dir string) (config.Config, string, error) {
+// DEDUPE_CONFIG names, read from the ConfigMap mounted at its directory,
+// written to dir and loaded by load with env as the process's
+// environment. load is the caller's, so that this package needs none of
+// the module's configuration: config.Load, then ApplyEnv and Validate, as
+// check-config does. The file's text comes back too, for error messages.
+func Config[C any](p Pod, env map[string]string, dir string, load func(path string, getenv func(string) string) (C, error)) (C, string, error) {
+	var zero C
 	cfgPath := env["DEDUPE_CONFIG"]
 	var vol corev1.Volume
 	found := false
@@ -130,25 +131,19 @@ func (p Pod) Config(env map[string]string, dir string) (config.Config, string, e
 		}
 	}
 	if !found || vol.ConfigMap == nil {
-		return config.Config{}, "", fmt.Errorf("DEDUPE_CONFIG %q is not in a mounted ConfigMap", cfgPath)
+		return zero, "", fmt.Errorf("DEDUPE_CONFIG %q is not in a mounted ConfigMap", cfgPath)
 	}
 	data, ok := p.ConfigMaps[vol.ConfigMap.Name].Data[filepath.Base(cfgPath)]
 	if !ok {
-		return config.Config{}, "", fmt.Errorf("ConfigMap %s has no key %s", vol.ConfigMap.Name, filepath.Base(cfgPath))
+		return zero, "", fmt.Errorf("ConfigMap %s has no key %s", vol.ConfigMap.Name, filepath.Base(cfgPath))
 	}
 	path := filepath.Join(dir, filepath.Base(cfgPath))
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
-		return config.Config{}, data, err
+		return zero, data, err
 	}
-	cfg, err := config.Load(path)
+	cfg, err := load(path, func(k string) string { return env[k] })
 	if err != nil {
-		return cfg, data, fmt.Errorf("config.Load: %w", err)
-	}
-	if err := cfg.ApplyEnv(func(k string) string { return env[k] }); err != nil {
-		return cfg, data, fmt.Errorf("ApplyEnv: %w", err)
-	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, data, fmt.Errorf("the mounted configuration is invalid:\n%w", err)
+		return cfg, data, fmt.Errorf("the mounted configuration %s: %w", filepath.Base(cfgPath), err)
 	}
 	return cfg, data, nil
 }

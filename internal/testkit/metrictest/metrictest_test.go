@@ -2,9 +2,12 @@ package metrictest
 
 import (
 	"bytes"
+	"math"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
 )
 
@@ -62,5 +65,48 @@ func TestSumValueAndTextAgree(t *testing.T) {
 	}
 	if got := Histogram(t, reg, "h").GetSampleSum(); got != 3 {
 		t.Errorf("Histogram(h) sums to %v, want 3", got)
+	}
+}
+
+// TestFamiliesOverTwoScrapes reads a histogram's count, sum and p99 bucket
+// and a counter by an escaped label from the difference of two scrapes of
+// the text a real registry serves, as the bench reads the instances'
+// /metrics over a drain.
+func TestFamiliesOverTwoScrapes(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dedupe_publish_seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 10)})
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total"}, []string{"path"})
+	reg.MustRegister(h, c)
+	scrape := func() Families {
+		rec := httptest.NewRecorder()
+		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		fs, err := Parse(rec.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fs
+	}
+	for range 50 {
+		h.Observe(0.5) // before: not part of the difference
+	}
+	c.WithLabelValues(`a"b`).Add(2)
+	before := scrape()
+	for i := range 100 {
+		h.Observe(0.003)
+		if i == 0 {
+			h.Observe(0.1)
+		}
+	}
+	c.WithLabelValues(`a"b`).Add(5)
+	c.WithLabelValues("new").Add(1)
+	d := scrape().Minus(before)
+	if count, sum, p99 := d.Histogram("dedupe_publish_seconds", 0.99); count != 101 || math.Abs(sum-(100*0.003+0.1)) > 1e-9 || p99 != 0.004 {
+		t.Errorf("count %v, sum %v, p99 bucket %v; want 101, 0.4, 0.004", count, sum, p99)
+	}
+	if got := d.Sum("c_total", map[string]string{"path": `a"b`}); got != 5 {
+		t.Errorf(`c_total{path="a\"b"} over the two scrapes %v, want 5`, got)
+	}
+	if got := d.Sum("c_total", nil); got != 6 {
+		t.Errorf("c_total over the two scrapes %v, want 6", got)
 	}
 }

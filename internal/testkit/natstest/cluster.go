@@ -28,6 +28,8 @@ type Cluster struct {
 	routes  []int // cluster (route) port of each node
 	dirs    []string
 
+	edit func(i int, o *server.Options) // StartClusterWith's, applied at every start of node i
+
 	mu      sync.Mutex
 	servers []*server.Server // nil while a node is stopped
 }
@@ -37,10 +39,19 @@ type Cluster struct {
 // current. Every node is shut down when the test ends.
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
+	return StartClusterWith(tb, n, nil)
+}
+
+// StartClusterWith is StartCluster with node i's options changed by
+// edit(i, o) before each start of the node (nil: none), for a test that
+// puts proxies in the routes or keeps clients from learning other nodes'
+// addresses. edit may be called for several nodes at once.
+func StartClusterWith(tb testing.TB, n int, edit func(i int, o *server.Options)) *Cluster {
+	tb.Helper()
 	if n < 1 {
 		tb.Fatalf("natstest: StartCluster(%d), want at least one node", n)
 	}
-	c := &Cluster{tb: tb, name: "dedupe-test", servers: make([]*server.Server, n)}
+	c := &Cluster{tb: tb, name: "dedupe-test", servers: make([]*server.Server, n), edit: edit}
 	ports, err := proctest.Ports(2 * n)
 	if err != nil {
 		tb.Fatalf("natstest: %v", err)
@@ -99,7 +110,11 @@ func (c *Cluster) options(i int) *server.Options {
 
 // start starts node i and waits until it accepts clients.
 func (c *Cluster) start(i int) error {
-	s, err := server.NewServer(c.options(i))
+	o := c.options(i)
+	if c.edit != nil {
+		c.edit(i, o)
+	}
+	s, err := server.NewServer(o)
 	if err != nil {
 		return err
 	}

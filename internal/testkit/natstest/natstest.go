@@ -152,21 +152,39 @@ func ReadAll(tb testing.TB, js jetstream.JetStream, stream string) []Message {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for {
-		var out []Message
-		_, err := Read(ctx, js, stream, func(m jetstream.Msg) {
-			md, _ := m.Metadata()
-			out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), Time: md.Timestamp})
-		})
-		if err != nil && ctx.Err() == nil {
-			tb.Logf("reading stream %s again from its start: %v", stream, err)
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
+	var out []Message
+	_, err := ReadAgain(ctx, js, stream, func(err error) {
+		out = out[:0]
 		if err != nil {
-			tb.Fatal(err)
+			tb.Logf("reading stream %s again from its start: %v", stream, err)
 		}
-		return out
+	}, func(m jetstream.Msg) {
+		md, _ := m.Metadata()
+		out = append(out, Message{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), Time: md.Timestamp})
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+// ReadAgain is Read begun again from the start while it fails and ctx
+// lasts: begin is called before each read, with the error of the read
+// before (nil before the first), so that fn's caller can reset what it
+// counted.
+func ReadAgain(ctx context.Context, js jetstream.JetStream, stream string, begin func(error), fn func(jetstream.Msg)) (int, error) {
+	var err error
+	for {
+		begin(err)
+		var n int
+		if n, err = Read(ctx, js, stream, fn); err == nil || ctx.Err() != nil {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
 
@@ -247,32 +265,66 @@ func WaitDrained(tb testing.TB, js jetstream.JetStream, stream, consumer string,
 	})
 }
 
-// PublishAll publishes msgs with JetStream, at most 256 unacknowledged at a
-// time, and fails the test unless every one is stored within a minute.
+// PublishAll publishes msgs with JetStream and fails the test unless every
+// one is stored within a minute of the last.
 func PublishAll(tb testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
 	tb.Helper()
-	const window = 256
-	futures := make([]jetstream.PubAckFuture, 0, window)
-	wait := func() {
-		for _, f := range futures {
+	if err := Publish(context.Background(), js, len(msgs), func(i int) *nats.Msg { return msgs[i] }, nil); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Publish publishes count messages, msg(i) for i in order, as fast as the
+// server acknowledges them (as many in flight as js's
+// PublishAsyncMaxPending allows, 4000 by default), and calls sent, when
+// not nil, with the count handed to js so far. It fails unless every one
+// is stored, within a minute of the last. It is the one publisher of the
+// tests and the bench.
+func Publish(ctx context.Context, js jetstream.JetStream, count int, msg func(i int) *nats.Msg, sent func(n int)) error {
+	futures := make(chan jetstream.PubAckFuture, 4096)
+	failed := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for f := range futures {
 			select {
 			case <-f.Ok():
 			case err := <-f.Err():
-				tb.Fatalf("publish to %s: %v", f.Msg().Subject, err)
-			case <-time.After(time.Minute):
-				tb.Fatalf("publish to %s: no ack in a minute", f.Msg().Subject)
+				select {
+				case failed <- fmt.Errorf("publish to %s: %w", f.Msg().Subject, err):
+				default:
+				}
 			}
 		}
-		futures = futures[:0]
-	}
-	for _, m := range msgs {
-		f, err := js.PublishMsgAsync(m)
-		if err != nil {
-			tb.Fatalf("publish to %s: %v", m.Subject, err)
+	}()
+	var err error
+	for i := range count {
+		if err = ctx.Err(); err != nil {
+			break
 		}
-		if futures = append(futures, f); len(futures) == window {
-			wait()
+		var f jetstream.PubAckFuture
+		if f, err = js.PublishMsgAsync(msg(i), jetstream.WithStallWait(30*time.Second)); err != nil {
+			err = fmt.Errorf("publish %d of %d: %w", i, count, err)
+			break
+		}
+		futures <- f
+		if sent != nil {
+			sent(i + 1)
 		}
 	}
-	wait()
+	close(futures)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		return errors.New("publishes not acknowledged within a minute")
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case err := <-failed:
+		return err
+	default:
+		return nil
+	}
 }

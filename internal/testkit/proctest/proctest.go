@@ -4,12 +4,15 @@
 package proctest
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -209,4 +212,59 @@ func Tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on Linux).
+const clockTicks = 100
+
+// CPUTime returns the user + system CPU time of every thread of process
+// pid, from /proc/<pid>/stat.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: fields count from the
+	// last ')'. utime and stime are fields 14 and 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q, stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// Status returns the kB fields of /proc/<pid>/status (VmRSS, RssAnon,
+// VmHWM, ...) in bytes, and the other numeric fields (Threads, ...) as
+// they are.
+func Status(pid int) (map[string]int64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, val, _ := strings.Cut(sc.Text(), ":")
+		val = strings.TrimSpace(val)
+		kb := strings.HasSuffix(val, " kB")
+		if n, err := strconv.ParseInt(strings.TrimSuffix(val, " kB"), 10, 64); err == nil {
+			if kb {
+				n <<= 10
+			}
+			out[name] = n
+		}
+	}
+	return out, sc.Err()
+}
+
+// OpenFiles returns how many file descriptors process pid has open.
+func OpenFiles(pid int) (int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(ents), err
 }

@@ -1,6 +1,7 @@
 package proctest
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -87,5 +88,24 @@ func TestStartFailsOnAMissingBinary(t *testing.T) {
 	_, err := Start(Spec{Name: "nothing", Bin: filepath.Join(t.TempDir(), "absent"), LogPath: filepath.Join(t.TempDir(), "log")})
 	if err == nil || !strings.Contains(err.Error(), "start nothing") {
 		t.Fatalf("err %v, want one naming the process", err)
+	}
+}
+
+// TestProcFigures reads this process's CPU time, memory and open files
+// as the bench reads a child's.
+func TestProcFigures(t *testing.T) {
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for time.Now().Before(deadline) {
+	}
+	cpu, err := CPUTime(os.Getpid())
+	if err != nil || cpu <= 0 {
+		t.Errorf("CPUTime: %v, %v; want above 0 after a busy loop", cpu, err)
+	}
+	st, err := Status(os.Getpid())
+	if err != nil || st["VmRSS"] < 1<<20 || st["Threads"] < 1 {
+		t.Errorf("Status: VmRSS %d, Threads %d, %v; want at least 1 MiB and a thread", st["VmRSS"], st["Threads"], err)
+	}
+	if n, err := OpenFiles(os.Getpid()); err != nil || n < 3 {
+		t.Errorf("OpenFiles: %d, %v; want at least stdin, stdout and stderr", n, err)
 	}
 }
