@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/boot"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // Headers the harness puts on input events.
@@ -32,32 +35,26 @@ const (
 	headerSent = "Bench-Sent"
 )
 
-// natsEnv is the server the harness runs against and how to reach it.
+// natsEnv is the compare mode's server: an in-process nats-server with
+// JetStream, as dedupe-stage run embeds it.
 type natsEnv struct {
-	srv  *server.Server // the in-process server; nil with --nats-url
+	srv  *server.Server
 	cfg  config.NATS
-	log  *slog.Logger
 	quit func()
 }
 
-// startNATS starts the embedded default (an in-process nats-server with
-// JetStream in dir, on a free loopback port) or points at url.
-func startNATS(url, dir string, syncAlways bool, log *slog.Logger) (*natsEnv, error) {
-	cfg := config.Default().NATS
-	if url != "" {
-		cfg.URL = url
-		return &natsEnv{cfg: cfg, log: log, quit: func() {}}, nil
-	}
-	cfg.Embedded.Port = -1
-	cfg.Embedded.SyncAlways = syncAlways
-	cfg.Embedded.StoreDir = dir
+// startNATS starts the embedded default with its store in dir/nats, on a
+// free loopback port.
+func startNATS(dir string, syncAlways bool) (*natsEnv, error) {
 	full := config.Default()
-	full.NATS = cfg
-	srv, err := boot.StartEmbedded(full, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	full.NATS.Embedded.Port = -1
+	full.NATS.Embedded.SyncAlways = syncAlways
+	full.NATS.Embedded.StoreDir = filepath.Join(dir, "nats")
+	srv, err := boot.StartEmbedded(full.EmbeddedServer(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return nil, err
 	}
-	return &natsEnv{srv: srv, cfg: cfg, log: log, quit: func() {
+	return &natsEnv{srv: srv, cfg: full.NATS, quit: func() {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	}}, nil
@@ -66,46 +63,37 @@ func startNATS(url, dir string, syncAlways bool, log *slog.Logger) (*natsEnv, er
 // connect opens a connection the way the stage does (in process to the
 // embedded server). Its disconnect on Close is not logged.
 func (e *natsEnv) connect() (*nats.Conn, error) {
-	return boot.Connect(e.cfg, e.srv, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return boot.Connect(e.cfg.Dial(), e.srv, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
-// embedded reports whether the server runs in this process.
-func (e *natsEnv) embedded() bool { return e.srv != nil }
-
-// streamNames are the streams and subjects of one configuration.
+// streamNames are the streams, subjects and group of one configuration of
+// the compare mode, or of one group of the modes that run processes.
 type streamNames struct {
-	token                         string // lower case, for subjects
-	input, output, dlq            string // stream names
-	inSubject, outPrefix, dlqSubj string
+	token                          string // lower case, for subjects
+	input, output, dlq, routed     string // stream names
+	inSubjects, outPrefix, dlqSubj string
+	routedSubj, group              string
 }
 
+// namesOf names the streams prefix_IN_suffix and so on, the subjects by
+// token and the group lower(prefix)+suffix.
+func namesOf(prefix, suffix, token string) streamNames {
+	return streamNames{token: token, input: prefix + "_IN_" + suffix, output: prefix + "_OUT_" + suffix, dlq: prefix + "_DLQ_" + suffix,
+		routed: prefix + "_ROUTED_" + suffix, inSubjects: "in." + token + ".*", outPrefix: "out_" + token, dlqSubj: "dlq." + token,
+		routedSubj: "routed." + token, group: strings.ToLower(prefix) + suffix}
+}
+
+// namesFor names the streams of a configuration of the compare mode.
 func namesFor(kind Kind) streamNames {
-	t := kind.token()
-	u := upper(t)
-	return streamNames{
-		token:     t,
-		input:     "BENCH_IN_" + u,
-		output:    "BENCH_OUT_" + u,
-		dlq:       "BENCH_DLQ_" + u,
-		inSubject: "in." + t + ".orders",
-		outPrefix: "out_" + t,
-		dlqSubj:   "dlq." + t,
-	}
+	t, _ := kind.info()
+	return namesOf("BENCH", strings.ToUpper(t), t)
 }
 
-func upper(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c >= 'a' && c <= 'z' {
-			b[i] = c - 'a' + 'A'
-		}
-	}
-	return string(b)
-}
-
-// deleteStreams removes the streams of n that exist.
-func deleteStreams(ctx context.Context, js jetstream.JetStream, n streamNames) {
-	for _, s := range []string{n.input, n.output, n.dlq} {
+// deleteStreams deletes the streams that exist of names.
+func deleteStreams(js jetstream.JetStream, names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, s := range names {
 		if err := js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			fmt.Fprintf(logOut, "warning: delete stream %s: %v\n", s, err)
 		}
@@ -114,32 +102,8 @@ func deleteStreams(ctx context.Context, js jetstream.JetStream, n streamNames) {
 
 // publisher publishes workload events to the input stream.
 type publisher struct {
-	js      jetstream.JetStream
-	subject string
-	keyMode string // "header" or "json"
-}
-
-func newPublisher(nc *nats.Conn, subject, keyMode string) (*publisher, error) {
-	p := &publisher{subject: subject, keyMode: keyMode}
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(4096),
-		jetstream.WithPublishAsyncTimeout(30*time.Second))
-	if err != nil {
-		return nil, err
-	}
-	p.js = js
-	return p, nil
-}
-
-// msg builds the input message of event e of wl.
-func (p *publisher) msg(wl *Workload, e Event, payloadSize int) *nats.Msg {
-	key := wl.Key(int(e.Key))
-	m := &nats.Msg{Subject: p.subject, Header: nats.Header{}, Data: Payload(key, int(e.Key), payloadSize)}
-	if p.keyMode == "header" {
-		m.Header[headerKey] = []string{key}
-	}
-	m.Header[headerAge] = []string{e.Class.String()}
-	return m
+	js               jetstream.JetStream
+	subject, keyMode string // keyMode: "header" or "json"
 }
 
 // publish publishes events of wl in order. With rate > 0 it paces them at
@@ -150,10 +114,14 @@ func (p *publisher) msg(wl *Workload, e Event, payloadSize int) *nats.Msg {
 func (p *publisher) publish(ctx context.Context, wl *Workload, events []Event, rate float64, prog *progress) (time.Duration, error) {
 	start := time.Now()
 	return publishAll(ctx, p.js, len(events), func(i int) *nats.Msg {
-		m := p.msg(wl, events[i], wl.PayloadSize)
+		e := events[i]
+		key := wl.Key(int(e.Key))
+		m := &nats.Msg{Subject: p.subject, Header: nats.Header{headerAge: {e.Class.String()}}, Data: Payload(key, int(e.Key), wl.PayloadSize)}
+		if p.keyMode == "header" {
+			m.Header[headerKey] = []string{key}
+		}
 		if rate > 0 {
-			due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
-			if d := time.Until(due); d > 0 {
+			if d := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
 				time.Sleep(d)
 			}
 			m.Header[headerSent] = []string{strconv.FormatInt(time.Now().UnixNano(), 10)}
@@ -166,54 +134,49 @@ func (p *publisher) publish(ctx context.Context, wl *Workload, events []Event, r
 // every message up to stream sequence last, calling onPoll with each
 // answer. It fails after timeout.
 func waitDrained(ctx context.Context, cons jetstream.Consumer, last uint64, every, timeout time.Duration, onPoll func(*jetstream.ConsumerInfo)) error {
-	return pollDrained(ctx, every, timeout, func() (bool, string, error) {
+	return waitUntil(ctx, timeout, every, fmt.Sprintf("consumer acknowledging up to sequence %d", last), nil, func() (bool, string) {
 		ci, err := cons.Info(ctx)
 		if err != nil {
-			return false, err.Error(), nil
+			return false, err.Error()
 		}
 		if onPoll != nil {
 			onPoll(ci)
 		}
-		return ci.AckFloor.Stream >= last && ci.NumAckPending == 0, "<nil>", nil
-	}, func(answer string) error {
-		return fmt.Errorf("consumer did not acknowledge up to sequence %d within %v (last answer: %s)", last, timeout, answer)
+		return ci.AckFloor.Stream >= last && ci.NumAckPending == 0, fmt.Sprintf("ack floor %d, %d unacknowledged", ci.AckFloor.Stream, ci.NumAckPending)
 	})
 }
 
-// pollDrained calls check every `every` until it reports the input drained
-// or fails; after timeout it returns late of check's last word. It is the
-// drain wait of both modes.
-func pollDrained(ctx context.Context, every, timeout time.Duration, check func() (done bool, last string, err error), late func(last string) error) error {
-	deadline := time.Now().Add(timeout)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		done, last, err := check()
-		if err != nil || done {
-			return err
+// waitUntil polls cond every interval until it holds, for at most
+// timeout. It fails when an instance of insts exits (with the tail of its
+// log), or when ctx ends or the timeout passes, naming what it waited for
+// and the last reason cond gave for not holding yet.
+func waitUntil(ctx context.Context, timeout, interval time.Duration, what string, insts []*instance, cond func() (bool, string)) error {
+	last := "no answer"
+	var failed error
+	ok := natstest.Until(timeout, interval, func() bool {
+		for _, in := range insts {
+			if in.proc != nil && !in.proc.Running() {
+				failed = fmt.Errorf("%s exited: %v\n%s", in.name, in.proc.Err(), in.proc.LogTail(3000))
+				return true
+			}
 		}
-		if time.Now().After(deadline) {
-			return late(last)
+		if err := ctx.Err(); err != nil {
+			failed = fmt.Errorf("%s: %w (%s)", what, err, last)
+			return true
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
+		done, why := cond()
+		if why != "" {
+			last = why
 		}
+		return done
+	})
+	switch {
+	case failed != nil:
+		return failed
+	case !ok:
+		return fmt.Errorf("%s: not within %v (%s)", what, timeout, last)
 	}
-}
-
-// consumerConfig is the durable pull consumer the stage would create with
-// the default configuration.
-func consumerConfig(cfg config.Input) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:       cfg.Consumer,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.AckWait.D(),
-		MaxAckPending: cfg.MaxAckPending,
-		MaxDeliver:    cfg.MaxDeliver,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	}
+	return nil
 }
 
 // progress prints one line to stderr every interval while a long phase
@@ -224,26 +187,24 @@ type progress struct {
 	done      atomic.Uint64
 	forwarded func() uint64 // optional
 	start     time.Time
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	end       func() // stops the lines; safe to call more than once
 }
 
 // logOut receives progress lines and warnings.
 var logOut io.Writer = os.Stderr
 
 func startProgress(label string, total uint64, every time.Duration, forwarded func() uint64) *progress {
-	p := &progress{label: label, total: total, forwarded: forwarded, start: time.Now(), stop: make(chan struct{})}
+	p := &progress{label: label, total: total, forwarded: forwarded, start: time.Now(), end: func() {}}
 	if every <= 0 {
 		return p
 	}
-	p.wg.Add(1)
+	t, quit, done := time.NewTicker(every), make(chan struct{}), make(chan struct{})
+	p.end = sync.OnceFunc(func() { close(quit); <-done; t.Stop() })
 	go func() {
-		defer p.wg.Done()
-		t := time.NewTicker(every)
-		defer t.Stop()
+		defer close(done)
 		for {
 			select {
-			case <-p.stop:
+			case <-quit:
 				return
 			case <-t.C:
 				p.print()
@@ -268,11 +229,11 @@ func (p *progress) print() {
 	fmt.Fprintf(logOut, "  %s: %d/%d%s, %.0f ev/s, %s elapsed, ~%s left\n", p.label, done, p.total, fwd, rate, el.Round(time.Second), left)
 }
 
-func (p *progress) end() {
-	select {
-	case <-p.stop:
-	default:
-		close(p.stop)
-	}
-	p.wg.Wait()
+// publishAll publishes count messages, msg(i) for i in order, as fast as
+// the server acknowledges them (natstest.Publish), counting them in prog,
+// and returns how long it took.
+func publishAll(ctx context.Context, js jetstream.JetStream, count int, msg func(i int) *nats.Msg, prog *progress) (time.Duration, error) {
+	start := time.Now()
+	err := natstest.Publish(ctx, js, count, msg, func(n int) { prog.done.Store(uint64(n)) })
+	return time.Since(start), err
 }

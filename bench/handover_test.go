@@ -8,34 +8,60 @@ import (
 	"testing"
 )
 
-func TestHandOverFlags(t *testing.T) {
+// TestModeFlags checks that each mode refuses what it cannot run and
+// keeps its own defaults.
+func TestModeFlags(t *testing.T) {
 	for _, args := range [][]string{
-		{"--handover", "--scaleout"},
-		{"--handover", "--configs", "raw"},
-		{"--handover", "--nats-url", "nats://127.0.0.1:4222"},
-		{"--handover", "--rounds", "2"},
-		{"--handover", "--handover-keys", "0"},
-		{"--handover", "--handover-partitions", "0"},
-		{"--handover", "--handover-snapshot-interval", "100ms"},
-		{"--handover", "--handover-stop", "pause"},
-		{"--handover", "--stage-env", "GOMEMLIMIT"},
-		{"--handover", "--stage-env", "=1GiB"},
-		{"--stage-env", "GOMEMLIMIT=1GiB"},
+		{"nomode"},
+		{"handover", "--keys", "0"},
+		{"handover", "--snapshot-interval", "100ms"},
+		{"handover", "--stop", "pause"},
+		{"handover", "--stage-env", "GOMEMLIMIT"},
+		{"handover", "--stage-env", "=1GiB"},
+		{"handover", "--configs", "raw"},
+		{"compare", "--stage-env", "GOMEMLIMIT=1GiB"},
+		{"compare", "--configs", "raw,nope"},
+		{"state", "--keys", "10,x"},
+		{"scaleout", "--configs", "raw"},
+		{"scaleout", "--ages", "burst=0.5,past=0.5"},
+		{"scaleout", "--instances", "9"},
+		{"scaleout", "--cpu-cap", "-1"},
+		{"scaleout", "--rows", "on"},
+		{"scaleout", "--rows", "refresh"},
+		{"scaleout", "--rows", "subject-refresh-refresh"},
+		{"scaleout", "--ack-wait", "1s"},
+		{"scaleout", "--rounds", "21"},
+		{"scaleout", "--key", "json"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v: accepted, want refused", args)
 		}
 	}
-	if _, err := parseFlags([]string{"--handover", "--stage-env", "GOMEMLIMIT=1GiB,GOGC=50"}); err != nil {
+	if _, err := parseFlags([]string{"handover", "--stage-env", "GOMEMLIMIT=1GiB,GOGC=50"}); err != nil {
 		t.Errorf("--stage-env with two pairs: %v", err)
 	}
-	f, err := parseFlags([]string{"--handover"})
+	f, err := parseFlags([]string{"handover"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(f.kinds) != 0 || f.syncAlways || f.hoKeys != 1_000_000 || f.hoPartitions != 1 {
-		t.Errorf("defaults: kinds %v, sync-always %v, keys %d, partitions %d; want no configs, no fsync, 1M keys, 1 partition",
-			f.kinds, f.syncAlways, f.hoKeys, f.hoPartitions)
+	if f.syncAlways || f.hoKeys != 1_000_000 || f.partitions != 1 {
+		t.Errorf("handover defaults: sync-always %v, keys %d, partitions %d; want no fsync, 1M keys, 1 partition", f.syncAlways, f.hoKeys, f.partitions)
+	}
+	if f, err = parseFlags([]string{"scaleout"}); err != nil {
+		t.Fatal(err)
+	}
+	if f.syncAlways || f.repeatRatio != 0.3 || f.mix[ClassNear] != 0 || f.mix[ClassPast] != 0 {
+		t.Errorf("scaleout defaults: sync-always %v, repeat-ratio %v, mix %v; want false, 0.3, no near or past copies", f.syncAlways, f.repeatRatio, f.mix)
+	}
+	rows := planRows(f.soModes, f.soInstances, f.cpuCaps, f.rounds)
+	if len(rows) != 14 || rows[0] != (soRow{mode: soOff, instances: 1}) || rows[13] != (soRow{mode: soSubject, instances: 3, cap: 0.25}) {
+		t.Errorf("default rows: %v; want off, header x1..3, subject x1..3, uncapped then capped at 0.25", rows)
+	}
+	if f, err := parseFlags([]string{"scaleout", "--sync-always", "--repeat-ratio", "0.1"}); err != nil || !f.syncAlways || f.repeatRatio != 0.1 {
+		t.Errorf("flags given: %v; want them kept", err)
+	}
+	if f, err := parseFlags([]string{"--events", "100"}); err != nil || f.mode.name != "compare" || !f.syncAlways || f.events != 100 {
+		t.Errorf("flags without a mode: %+v, %v; want the compare mode with fsync and 100 events", f, err)
 	}
 }
 
@@ -44,17 +70,22 @@ func TestHandOverRun(t *testing.T) {
 		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
 	}
 	dir := t.TempDir()
-	r := runHandOverTest(t, dir, "--handover-keys", "2000", "--handover-copies", "500", "--handover-ack-wait", "2s")
+	r := runModeTest(t, dir, "handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--ack-wait", "2s").HandOver
 	if !r.OK || r.Probes == 0 || r.Copies != 500 {
 		t.Errorf("%+v; want every probe and loaded key once, probes published, 500 copies", r)
 	}
-	if len(r.Takeovers) != 1 || r.Takeovers[0].Path != "snapshot" || r.Takeovers[0].FromSnapshot != 2000 {
-		t.Errorf("takeovers %+v; want one, from the snapshot of the 2000 keys", r.Takeovers)
+	// b takes the partition from the snapshot of the 2000 keys, or, as a
+	// warm standby that tailed the changelog (scale_out.standbys), from
+	// its local store, restoring only the tail (docs/scale-out.md §4.4).
+	warm := len(r.Takeovers) == 1 && r.Takeovers[0].Path == "local" && r.Takeovers[0].FromSnapshot == 0 && r.Takeovers[0].Restored <= 100
+	if len(r.Takeovers) != 1 || !warm && (r.Takeovers[0].Path != "snapshot" || r.Takeovers[0].FromSnapshot != 2000) {
+		t.Errorf("takeovers %+v; want one, from the snapshot of the 2000 keys or from a warm standby's local store with at most the tail restored", r.Takeovers)
 	}
-	if r.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || r.RestoreRecordsPerSec <= 0 {
+	if r.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || !warm && r.RestoreRecordsPerSec <= 0 {
 		t.Errorf("first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
 			r.FirstForwardSeconds, r.SnapshotBytesPerKey, r.RestoreRecordsPerSec)
 	}
+	t.Logf("takeover %+v, standby caught up after %.1fs", r.Takeovers, r.StandbyCatchUpSeconds)
 	if r.BAnonRSSFirstMiB <= 0 || r.BAnonRSSMaxMiB < r.BAnonRSSFirstMiB || r.BHeapInuseMaxMiB <= 0 || r.BPeakRSSMiB < r.BAnonRSSMaxMiB {
 		t.Errorf("b's anonymous RSS %.1f -> %.1f MiB, heap in use %.1f MiB, peak RSS %.1f MiB; want each sampled, the peak at least the anonymous maximum",
 			r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB, r.BHeapInuseMaxMiB, r.BPeakRSSMiB)
@@ -63,7 +94,7 @@ func TestHandOverRun(t *testing.T) {
 }
 
 // TestHandOverPlannedStop runs the hand-over with a clean stop
-// (--handover-stop term) and a pin's TTL of 20s: the new owner forwards
+// (--stop term) and a pin's TTL of 20s: the new owner forwards
 // well before the TTL, since the stopping owner unpins its partition, and
 // every probe and loaded key comes out once.
 func TestHandOverPlannedStop(t *testing.T) {
@@ -71,7 +102,7 @@ func TestHandOverPlannedStop(t *testing.T) {
 		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
 	}
 	dir := t.TempDir()
-	r := runHandOverTest(t, dir, "--handover-stop", "term", "--handover-keys", "2000", "--handover-copies", "100", "--handover-ack-wait", "20s")
+	r := runModeTest(t, dir, "handover", "--snapshot-interval", "2s", "--stop", "term", "--keys", "2000", "--copies", "100", "--ack-wait", "20s").HandOver
 	if !r.OK || r.Probes == 0 {
 		t.Errorf("%+v; want every probe and loaded key once, probes published, stop term", r)
 	}
@@ -86,22 +117,23 @@ func TestHandOverPlannedStop(t *testing.T) {
 	noneLeft(t, dir)
 }
 
-// runHandOverTest runs the hand-over mode in dir with args added to
-// --handover, snapshots every 2s and no progress lines, its log into t.
-func runHandOverTest(t *testing.T, dir string, args ...string) *HandOverRun {
+// runModeTest runs the mode of args in dir without progress lines, its
+// log into t, and fails t if the mode fails.
+func runModeTest(t *testing.T, dir string, args ...string) *Results {
 	t.Helper()
-	f, err := parseFlags(append([]string{"--handover", "--handover-snapshot-interval", "2s", "--progress", "0", "--dir", dir}, args...))
+	f, err := parseFlags(append(args, "--progress", "0", "--dir", dir))
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.workDir = dir
 	saved := logOut
 	logOut = testWriter{t}
 	defer func() { logOut = saved }()
-	r, err := runHandOver(context.Background(), f, dir)
-	if err != nil {
+	var res Results
+	if err := f.mode.run(context.Background(), f, &res); err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return &res
 }
 
 // noneLeft fails t for every process whose command line names dir.

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,211 +17,68 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/bench/loop"
 	"github.com/dedupe-stage/dedupe-stage/config"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 	"github.com/dedupe-stage/dedupe-stage/stage"
-	"github.com/dedupe-stage/dedupe-stage/state"
 	"github.com/dedupe-stage/dedupe-stage/window"
 )
 
-// Kind is one of the configurations compared.
-type Kind string
-
-// The configurations, in the order they run by default (stage-refresh only
-// when --configs names it).
-const (
-	// KindRaw is the pass-through loop without dedupe: the ceiling.
-	KindRaw Kind = "raw"
-	// KindRawAtomic is the raw loop forwarding each batch as atomic
-	// batches, one sync per batch when the server fsyncs: the ceiling of
-	// group commit.
-	KindRawAtomic Kind = "raw-atomic"
-	// KindJetStream is the same loop publishing with Nats-Msg-Id = key
-	// into an output stream whose duplicate window is W.
-	KindJetStream Kind = "jetstream"
-	// KindStageBloom is dedupe-stage with the Bloom pre-check.
-	KindStageBloom Kind = "stage-bloom"
-	// KindStageNoFilter is dedupe-stage with the pre-check off.
-	KindStageNoFilter Kind = "stage-nofilter"
-	// KindStageRefresh is stage-bloom with window.refresh_on_repeat: each
-	// repeat moves its key's window, a write in the batch's commit.
-	KindStageRefresh Kind = "stage-refresh"
-)
-
-var allKinds = []Kind{KindRaw, KindRawAtomic, KindJetStream, KindStageBloom, KindStageNoFilter, KindStageRefresh}
-
-func (k Kind) token() string {
-	switch k {
-	case KindRaw:
-		return "raw"
-	case KindRawAtomic:
-		return "rawatomic"
-	case KindJetStream:
-		return "js"
-	case KindStageBloom:
-		return "bloom"
-	case KindStageRefresh:
-		return "refresh"
-	default:
-		return "nofilter"
-	}
-}
-
-func (k Kind) isStage() bool {
-	return k == KindStageBloom || k == KindStageNoFilter || k == KindStageRefresh
-}
-
-// filtered reports whether k is a stage configuration with the Bloom
-// pre-check on.
-func (k Kind) filtered() bool { return k == KindStageBloom || k == KindStageRefresh }
-
-// isRaw reports whether k is a loop without dedupe (it forwards every copy).
-func (k Kind) isRaw() bool { return k == KindRaw || k == KindRawAtomic }
-
-func (k Kind) describe() string {
-	switch k {
-	case KindRaw:
-		return "consume -> publish -> ack, routed by key, no dedupe (the ceiling)"
-	case KindRawAtomic:
-		return "the raw loop, each batch forwarded as atomic batches (the ceiling of group commit)"
-	case KindJetStream:
-		return "the same loop, Nats-Msg-Id = key, output duplicate window = W"
-	case KindStageBloom:
-		return "dedupe-stage, Bloom pre-check on"
-	case KindStageRefresh:
-		return "dedupe-stage, Bloom pre-check on, window.refresh_on_repeat (each repeat moves its key's window)"
-	default:
-		return "dedupe-stage, pre-check off (every lookup reads Badger)"
-	}
-}
-
-// Result is what one configuration measured.
+// Result is what one configuration measured (bench/README.md, "compare",
+// says how each figure is taken).
 type Result struct {
 	Config      string `json:"config"`
 	Description string `json:"description"`
-	// Events is the number of main-phase events: the backlog whose drain
-	// is timed.
-	Events int `json:"events"`
-	// LateEvents is the number of near and past copies judged after the
-	// drain, in groups at known clock readings (untimed).
-	LateEvents int `json:"late_events"`
-	// LateGroups is how many groups they were published in.
-	LateGroups int `json:"late_groups"`
-	// PublishSeconds is how long pre-publishing the backlog took (not part
-	// of events/s).
-	PublishSeconds float64 `json:"publish_seconds"`
-	// DrainSeconds is from starting the pipeline on the backlog to the
-	// consumer having acknowledged all of it.
-	DrainSeconds float64 `json:"drain_seconds"`
-	// EventsPerSec is Events / DrainSeconds.
-	EventsPerSec float64 `json:"events_per_sec"`
-	// DrainCPU is the CPU used during the drain; CPUMicrosPerEvent is this
-	// process's CPU time per drained event, a figure other load on the
-	// machine disturbs less than events/s.
-	DrainCPU          CPUUse  `json:"drain_cpu"`
-	CPUMicrosPerEvent float64 `json:"cpu_us_per_event"`
-	// Stage is the stage's own view of its batches over the whole run
-	// (from its Prometheus histograms).
-	Stage   *StageInternals `json:"stage_internals,omitempty"`
-	Latency Latency         `json:"latency"`
-	// Round is the round (from 1) this result comes from; AllRounds
-	// holds the events/s of every round of this configuration.
-	Round     int       `json:"round"`
-	AllRounds []float64 `json:"events_per_sec_all_rounds,omitempty"`
-	// MemBefore is taken before the pipeline starts, MemAfter after all
-	// phases with the pipeline still open (idle). PeakRSS in MemAfter is
-	// the peak since the drain started.
-	MemBefore MemSnap `json:"mem_before"`
-	MemAfter  MemSnap `json:"mem_after"`
-	// TrackedKeys is the number of distinct keys the configuration
-	// remembers at the end (0 for raw).
-	TrackedKeys int `json:"tracked_keys"`
-	// DedupeHeapBytes is the Go heap that holds the dedupe memory: for the
-	// stage, the heap freed by closing the store (Badger memtables and
-	// caches, Bloom filters); for jetstream, the nats-server heap freed by
-	// deleting the purged output stream (its dedupe map); for raw the same
-	// measurement as jetstream, as a control.
-	DedupeHeapBytes int64 `json:"dedupe_heap_bytes"`
-	// RAMPerKey is DedupeHeapBytes / TrackedKeys.
-	RAMPerKey float64 `json:"ram_bytes_per_key"`
-	// FilterBytes is the Bloom filters' memory (part of DedupeHeapBytes).
-	FilterBytes uint64 `json:"filter_bytes"`
-	// DiskBytes is the state directory's allocated size (stage only).
-	DiskBytes    int64   `json:"disk_bytes"`
-	DiskApparent int64   `json:"disk_apparent_bytes"`
-	DiskPerKey   float64 `json:"disk_bytes_per_key"`
-	// Store figures (stage only), over all phases.
-	StoreReadsPerEvent float64 `json:"store_reads_per_event"`
-	SkipRatio          float64 `json:"filter_skip_ratio"`
-	FalsePositiveRate  float64 `json:"filter_false_positive_rate"`
-	EstimatedFPRate    float64 `json:"filter_estimated_fp_rate"`
-	Lookups            uint64  `json:"lookups"`
-	StoreReads         uint64  `json:"store_reads"`
-	FalsePositives     uint64  `json:"false_positives"`
-	// NearWindowEnd is the stage's count of repeats caught near the end of
-	// the window; NearExpected is the ground truth's.
-	NearWindowEnd float64 `json:"repeats_near_window_end"`
-	NearExpected  int     `json:"repeats_near_window_end_expected"`
-	// ForwardedAgain is the ground truth's count of copies past W that
-	// must be forwarded again.
-	ForwardedAgain int     `json:"forwarded_again_expected"`
-	Startup        Startup `json:"startup"`
-	Correctness    Correct `json:"correctness"`
-	// ClockLagMaxW is how far the stage's clock lagged the intended times
-	// during the drain, from the first-seen times stored for a sample of
-	// keys, as a fraction of W (informational: main-phase judgements do
-	// not depend on it).
-	ClockLagMaxW   float64  `json:"clock_lag_max_w,omitempty"`
-	ClockLagSample int      `json:"clock_lag_sample,omitempty"`
+	Round       int    `json:"round"`
+	// Events is the timed backlog; LateEvents the near and past copies
+	// judged after it in LateGroups groups at known clock readings.
+	Events, LateEvents, LateGroups int
+	PublishSeconds                 float64 `json:"publish_seconds"`
+	DrainSeconds                   float64 `json:"drain_seconds"`
+	EventsPerSec                   float64 `json:"events_per_sec"`
+	// AllRounds holds the events/s of every round of this configuration.
+	AllRounds         []float64       `json:"events_per_sec_all_rounds,omitempty"`
+	DrainCPU          CPUUse          `json:"drain_cpu"`
+	CPUMicrosPerEvent float64         `json:"cpu_us_per_event"`
+	Stage             *StageInternals `json:"stage_internals,omitempty"`
+	Latency           Latency         `json:"latency"`
+	// MemAfter is after all phases with the pipeline still open; its
+	// PeakRSS is the peak since the drain started.
+	MemAfter MemSnap `json:"mem_after"`
+	// DedupeHeapBytes is the Go heap of the dedupe memory: the stage's
+	// store, or the nats-server's output dedupe map (raw: the control).
+	TrackedKeys     int     `json:"tracked_keys"`
+	DedupeHeapBytes int64   `json:"dedupe_heap_bytes"`
+	RAMPerKey       float64 `json:"ram_bytes_per_key"`
+	FilterBytes     uint64  `json:"filter_bytes"`
+	DiskBytes       int64   `json:"disk_bytes"`
+	DiskPerKey      float64 `json:"disk_bytes_per_key"`
+	// The store's counters (stage only), over all phases.
+	StoreReadsPerEvent, SkipRatio, FalsePositiveRate, EstimatedFPRate float64
+	// NearWindowEnd is the stage's count of repeats caught near the
+	// window's end; NearExpected and ForwardedAgain (copies past W) the
+	// ground truth's.
+	NearWindowEnd  float64
+	NearExpected   int
+	ForwardedAgain int
+	StartupMs      float64  `json:"startup_empty_ms"`
+	Correctness    Correct  `json:"correctness"`
 	Notes          []string `json:"notes,omitempty"`
 }
 
-// Latency is end to end: the producer's publish (wall clock in the
-// Bench-Sent header) to the server storing the forwarded copy (the output
-// message's stream timestamp), over the forwarded events of the paced
-// latency phase.
+// Latency is the producer's publish (Bench-Sent) to the server storing the
+// forwarded copy, over the forwarded events of the paced latency phase.
 type Latency struct {
-	Events     int     `json:"events"`
-	Forwarded  int     `json:"forwarded"`
-	RatePerSec float64 `json:"rate_per_sec"`
-	P50ms      float64 `json:"p50_ms"`
-	P99ms      float64 `json:"p99_ms"`
-	P999ms     float64 `json:"p999_ms"`
-	MaxMs      float64 `json:"max_ms"`
+	Events, Forwarded                       int
+	RatePerSec, P50ms, P99ms, P999ms, MaxMs float64
 }
 
-// Startup is how long stage.New took (until every filter answers "maybe"
-// for every key in the window).
-type Startup struct {
-	EmptyMs    float64 `json:"empty_ms"`
-	SnapshotMs float64 `json:"snapshot_ms,omitempty"`
-	RebuildMs  float64 `json:"rebuild_ms,omitempty"`
-	// KeysInState is the number of records in the store at the restarts.
-	KeysInState int    `json:"keys_in_state,omitempty"`
-	Scanned     uint64 `json:"rebuild_scanned,omitempty"`
-	Added       uint64 `json:"rebuild_added,omitempty"`
-}
-
-// Correct compares what reached the output with the ground truth.
+// Correct compares the output with the ground truth: forwards Expected,
+// messages in the output, forwards its own window dropped (DroppedByOutput),
+// Lost, Duplicated, Redelivered (raw only: redelivered and so forwarded
+// again, the baseline's nature) and DeadLettered.
 type Correct struct {
-	// Expected is the number of forwards the ground truth calls for.
-	Expected int `json:"expected_forwards"`
-	// Output is the number of messages in the output stream.
-	Output int `json:"output_messages"`
-	// DroppedByOutput is forwards the output stream acknowledged as
-	// duplicates (its own window dropped them); for the stage these are
-	// the copies past W forwarded again within the output stream's
-	// duplicate window, for jetstream every repeat.
-	DroppedByOutput int `json:"dropped_by_output"`
-	// Lost is forwards the ground truth calls for that did not happen.
-	Lost int `json:"lost"`
-	// Duplicated is forwards beyond the ground truth.
-	Duplicated int `json:"duplicated"`
-	// Redelivered is, for raw only, events forwarded more than once
-	// because JetStream redelivered them: raw has no dedupe.
-	Redelivered int `json:"redelivered_forwarded_again,omitempty"`
-	// DeadLettered is messages in the dead-letter stream.
-	DeadLettered int  `json:"dead_lettered"`
-	OK           bool `json:"ok"`
+	Expected, Output, DroppedByOutput, Lost, Duplicated, Redelivered, DeadLettered int
+	OK                                                                             bool
 }
 
 // runner runs the configurations against one server and workload.
@@ -229,21 +86,20 @@ type runner struct {
 	f        *flags
 	nats     *natsEnv
 	thr, lat *Workload // the backlog (main and late phases) and the latency phase
-	dir      string
 	t0       time.Time // the stage clock's start
 	latRate  float64
 	round    int // the round running, from 1
-	log      *slog.Logger
 }
 
 // stageConfig returns the stage configuration of kind: the defaults, with
 // the bench's streams, the key source, the window and the filter sized for
 // the workload's keys per window (never below the default).
-func (r *runner) stageConfig(kind Kind, n streamNames) config.Config {
+func (r *runner) stageConfig(kind Kind) config.Config {
+	n := namesFor(kind)
 	cfg := config.Default()
 	yes := true
 	cfg.NATS = r.nats.cfg
-	if r.nats.embedded() {
+	if r.nats.srv != nil {
 		cfg.NATS.URL = r.nats.srv.ClientURL()
 	}
 	cfg.NATS.CreateStreams = &yes
@@ -255,11 +111,8 @@ func (r *runner) stageConfig(kind Kind, n streamNames) config.Config {
 	cfg.DeadLetter.Stream = n.dlq
 	cfg.DeadLetter.Subject = n.dlqSubj
 	cfg.Key = r.keyConfig()
-	if r.f.window > 0 {
-		cfg.Window.Paths = []config.Path{{Name: "bench", Max: config.Duration(r.f.window)}}
-		cfg.Window.Margin = 0
-	}
-	cfg.State.DataDir = filepath.Join(r.dir, string(kind))
+	setWindow(&cfg, r.f.window)
+	cfg.State.DataDir = filepath.Join(r.f.workDir, string(kind))
 	cfg.State.Partitions = r.f.partitions
 	cfg.State.SyncWrites = &r.f.syncWrites
 	cfg.Filter.Enabled = kind.filtered()
@@ -300,8 +153,9 @@ type sut struct {
 // verify.
 func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	n := namesFor(kind)
-	res := &Result{Config: string(kind), Description: kind.describe(), Events: len(r.thr.Main), LateEvents: len(r.thr.Late)}
-	fmt.Fprintf(logOut, "== %s: %s\n", kind, kind.describe())
+	_, what := kind.info()
+	res := &Result{Config: string(kind), Description: what, Events: len(r.thr.Main), LateEvents: len(r.thr.Late)}
+	fmt.Fprintf(logOut, "== %s: %s\n", kind, what)
 
 	hnc, err := r.nats.connect()
 	if err != nil {
@@ -312,9 +166,9 @@ func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	deleteStreams(ctx, hjs, n)
+	deleteStreams(hjs, n.input, n.output, n.dlq)
 	if !r.f.keep {
-		defer deleteStreams(context.Background(), hjs, n)
+		defer deleteStreams(hjs, n.input, n.output, n.dlq)
 	}
 	// 1. The backlog.
 	pub, last, firstSeq, err := r.publishBacklog(ctx, kind, hnc, hjs, n, res)
@@ -323,13 +177,12 @@ func (r *runner) runConfig(ctx context.Context, kind Kind) (*Result, error) {
 	}
 
 	// 2. The system under test.
-	cfg := r.stageConfig(kind, n)
+	cfg := r.stageConfig(kind)
 	snc, err := r.nats.connect()
 	if err != nil {
 		return nil, err
 	}
 	defer snc.Close()
-	res.MemBefore = readMem()
 	s, err := r.build(ctx, kind, cfg, n, hjs, snc, res)
 	if err != nil {
 		return nil, err
@@ -405,7 +258,17 @@ func (r *runner) check(ctx context.Context, kind Kind, hjs jetstream.JetStream, 
 	if kind.isStage() {
 		return nil
 	}
-	return r.dedupeHeap(ctx, kind, hjs, n, res)
+	// The heap held by the output stream's dedupe map (raw: the control).
+	h, err := serverDedupeHeap(ctx, hjs, n.output)
+	if err != nil {
+		return err
+	}
+	res.DedupeHeapBytes = h
+	if kind == KindJetStream {
+		res.TrackedKeys = r.thr.Keys + r.lat.Keys
+		res.RAMPerKey = float64(h) / float64(res.TrackedKeys)
+	}
+	return nil
 }
 
 // publishBacklog creates the input stream and publishes the backlog into
@@ -415,11 +278,12 @@ func (r *runner) publishBacklog(ctx context.Context, kind Kind, hnc *nats.Conn, 
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("create input stream: %w", err)
 	}
-	pub, err := newPublisher(hnc, n.inSubject, r.f.keyMode)
+	pjs, err := jetstream.New(hnc, jetstream.WithPublishAsyncMaxPending(4096), jetstream.WithPublishAsyncTimeout(30*time.Second))
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	prog := startProgress(string(kind)+" publish backlog", uint64(len(r.thr.Main)), r.f.progressEvery, nil)
+	pub := &publisher{js: pjs, subject: "in." + n.token + ".orders", keyMode: r.f.keyMode}
+	prog := startProgress(string(kind)+" publish backlog", uint64(len(r.thr.Main)), r.f.progressDur, nil)
 	pubTook, err := pub.publish(ctx, r.thr, r.thr.Main, 0, prog)
 	prog.end()
 	if err != nil {
@@ -452,7 +316,7 @@ func (r *runner) timeDrain(ctx context.Context, kind Kind, s *sut, hjs jetstream
 	cpu0 := readCPU()
 	t0 := time.Now()
 	go start()
-	prog := startProgress(string(kind)+" drain", uint64(len(r.thr.Main)), r.f.progressEvery, forwarded)
+	prog := startProgress(string(kind)+" drain", uint64(len(r.thr.Main)), r.f.progressDur, forwarded)
 	err := waitDrained(ctx, s.cons, last, r.f.pollEvery, r.f.timeout, func(ci *jetstream.ConsumerInfo) {
 		if s.clock != nil {
 			r.driveClock(s.clock, ci, firstSeq)
@@ -485,7 +349,7 @@ func (r *runner) latencyPhase(ctx context.Context, kind Kind, s *sut, pub *publi
 	if len(r.lat.Main) == 0 {
 		return nil
 	}
-	prog := startProgress(string(kind)+" latency phase", uint64(len(r.lat.Main)), r.f.progressEvery, nil)
+	prog := startProgress(string(kind)+" latency phase", uint64(len(r.lat.Main)), r.f.progressDur, nil)
 	_, err := pub.publish(ctx, r.lat, r.lat.Main, r.latRate, prog)
 	prog.end()
 	if err != nil {
@@ -494,25 +358,6 @@ func (r *runner) latencyPhase(ctx context.Context, kind Kind, s *sut, pub *publi
 	last += uint64(len(r.lat.Main))
 	if err := waitDrained(ctx, s.cons, last, r.f.pollEvery, r.f.timeout, nil); err != nil {
 		return fmt.Errorf("latency phase drain: %w", err)
-	}
-	return nil
-}
-
-// dedupeHeap measures the heap held by the output stream's dedupe map,
-// when the server runs in this process.
-func (r *runner) dedupeHeap(ctx context.Context, kind Kind, hjs jetstream.JetStream, n streamNames, res *Result) error {
-	if !r.nats.embedded() {
-		res.Notes = append(res.Notes, "nats-server heap not measured: the server is not in this process (--nats-url)")
-		return nil
-	}
-	h, err := serverDedupeHeap(ctx, hjs, n.output)
-	if err != nil {
-		return err
-	}
-	res.DedupeHeapBytes = h
-	if kind == KindJetStream {
-		res.TrackedKeys = r.thr.Keys + r.lat.Keys
-		res.RAMPerKey = float64(h) / float64(res.TrackedKeys)
 	}
 	return nil
 }
@@ -531,7 +376,7 @@ const lateWidth = 0.01
 func (r *runner) runLate(ctx context.Context, kind Kind, s *sut, pub *publisher, last uint64, res *Result) (uint64, error) {
 	if len(r.thr.Late) == 0 {
 		if s.st != nil {
-			s.forwards = slicesRepeat(1, r.thr.Keys)
+			s.forwards = slices.Repeat([]uint8{1}, r.thr.Keys)
 		}
 		return last, nil
 	}
@@ -565,7 +410,7 @@ func (r *runner) runLate(ctx context.Context, kind Kind, s *sut, pub *publisher,
 	}
 	groups := GroupLate(r.thr, func(k int32) time.Time { return firstSeen[k] }, time.Duration(lateWidth*float64(r.thr.W)), s.clock.Now())
 	res.LateGroups = len(groups)
-	prog := startProgress(string(kind)+" late copies", uint64(len(r.thr.Late)), r.f.progressEvery, nil)
+	prog := startProgress(string(kind)+" late copies", uint64(len(r.thr.Late)), r.f.progressDur, nil)
 	defer prog.end()
 	sent := 0
 	for _, g := range groups {
@@ -580,19 +425,9 @@ func (r *runner) runLate(ctx context.Context, kind Kind, s *sut, pub *publisher,
 		sent += len(g.Events)
 		prog.done.Store(uint64(sent))
 	}
-	s.forwards = slicesRepeat(1, r.thr.Keys)
-	res.ForwardedAgain, res.NearExpected = JudgeLate(groups, r.thr.W, r.nearFraction(), kind == KindStageRefresh, s.windowStart, s.forwards)
+	s.forwards = slices.Repeat([]uint8{1}, r.thr.Keys)
+	res.ForwardedAgain, res.NearExpected = JudgeLate(groups, r.thr.W, config.Default().Window.NearFraction, kind == KindStageRefresh, s.windowStart, s.forwards)
 	return last, nil
-}
-
-func (r *runner) nearFraction() float64 { return config.Default().Window.NearFraction }
-
-func slicesRepeat(v uint8, n int) []uint8 {
-	s := make([]uint8, n)
-	for i := range s {
-		s[i] = v
-	}
-	return s
 }
 
 // build creates the system under test for kind, not yet running.
@@ -600,11 +435,15 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 	if kind.isStage() {
 		s := &sut{reg: prometheus.NewRegistry(), clock: window.NewManualClock(r.t0.Add(r.thr.Main[0].At))}
 		start := time.Now()
-		st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: snc, Registry: s.reg, Logger: r.log, Clock: s.clock})
+		// The workload's times are intended, not the input's stored
+		// times: each message is judged at the clock's reading, which
+		// follows them (driveClock, runLate).
+		inputTime := func(jetstream.Msg, time.Time) time.Time { return s.clock.Now() }
+		st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: snc, Registry: s.reg, Logger: warnLogger(), Clock: s.clock, InputTime: inputTime})
 		if err != nil {
 			return nil, fmt.Errorf("stage.New: %w", err)
 		}
-		res.Startup.EmptyMs = ms(time.Since(start))
+		res.StartupMs = ms(time.Since(start))
 		res.Notes = append(res.Notes, "output.publish: "+cfg.Output.Publish)
 		s.st = st
 		s.run = st.Run
@@ -619,10 +458,10 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 		dup = r.thr.W
 	}
 	if _, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: n.output, Subjects: []string{n.outPrefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: dup,
-		AllowAtomicPublish: kind == KindRawAtomic}); err != nil {
+		AllowAtomicPublish: kind == KindRawAtomic, AllowBatchPublish: kind == KindRawFast}); err != nil {
 		return nil, fmt.Errorf("create output stream: %w", err)
 	}
-	if _, err := hjs.CreateOrUpdateConsumer(ctx, n.input, consumerConfig(cfg.Input)); err != nil {
+	if _, err := hjs.CreateOrUpdateConsumer(ctx, n.input, stage.ConsumerToCreate(cfg.Input)); err != nil {
 		return nil, fmt.Errorf("create consumer: %w", err)
 	}
 	sjs, err := jetstream.New(snc,
@@ -656,7 +495,7 @@ func (r *runner) build(ctx context.Context, kind Kind, cfg config.Config, n stre
 		return string(k), err
 	}
 	lo.KeyAsMsgID = kind == KindJetStream
-	lo.Atomic = kind == KindRawAtomic
+	lo.Atomic, lo.Fast = kind == KindRawAtomic, kind == KindRawFast
 	lo.BatchMax, lo.MaxBatchesInFlight = cfg.Output.BatchMax, cfg.Output.MaxBatchesInFlight
 	s.run = func(ctx context.Context) error { return loop.Run(ctx, lo, s.loopStats) }
 	return s, nil
@@ -677,31 +516,6 @@ func (r *runner) driveClock(c *window.ManualClock, ci *jetstream.ConsumerInfo, f
 	}
 }
 
-func (r *runner) startProfile(kind Kind) func() {
-	if r.f.cpuprofile == "" {
-		return func() {}
-	}
-	path := r.f.cpuprofile + "-" + string(kind) + ".pprof"
-	if r.f.rounds > 1 {
-		path = fmt.Sprintf("%s-%s-round%d.pprof", r.f.cpuprofile, kind, r.round)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
-		return func() {}
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
-		f.Close()
-		return func() {}
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-		fmt.Fprintf(logOut, "  cpu profile of the drain: %s\n", path)
-	}
-}
-
 // measureStage reads the store's counters, the clock lag, the heap the
 // store holds, its disk use, and the start-up time with the keys in state
 // (from the snapshot, then rebuilt from a full scan). It closes s.st.
@@ -709,7 +523,6 @@ func (r *runner) measureStage(ctx context.Context, res *Result, s *sut, cfg conf
 	st := s.st
 	stats := st.Store().Stats()
 	total := float64(r.thr.Events() + len(r.lat.Main))
-	res.Lookups, res.StoreReads, res.FalsePositives = stats.Lookups, stats.StoreReads+stats.ClaimStoreReads, stats.FalsePositives
 	res.StoreReadsPerEvent = float64(stats.StoreReads+stats.ClaimStoreReads) / total
 	if stats.Lookups > 0 && cfg.Filter.Enabled {
 		res.SkipRatio = float64(stats.FilterNegatives) / float64(stats.Lookups)
@@ -719,40 +532,18 @@ func (r *runner) measureStage(ctx context.Context, res *Result, s *sut, cfg conf
 	}
 	res.EstimatedFPRate = stats.FilterEstimatedFP
 	res.FilterBytes = stats.FilterBytes
-	res.NearWindowEnd = counterSum(s.reg, "dedupe_repeats_near_window_end_total", nil)
-	res.Stage = stageInternals(s.reg)
+	res.NearWindowEnd = gathered(s.reg).Sum("dedupe_repeats_near_window_end_total", nil)
+	si := stageInternals(gathered(s.reg))
+	res.Stage = &si
 	res.TrackedKeys = r.thr.Keys + r.lat.Keys
 
 	// The late copies forwarded again (or, with refresh, repeated) must
-	// have moved their key's window start to the group's clock; the
-	// others keep theirs.
-	mismatch := 0
+	// have moved their key's window start to the group's clock.
 	for k, want := range s.windowStart {
-		rec, _, found, err := st.Store().Find([]byte(r.thr.Key(int(k))))
-		if err != nil || !found || !rec.WindowStart().Equal(want) {
-			mismatch++
+		if rec, _, found, err := st.Store().Find([]byte(r.thr.Key(int(k)))); err != nil || !found || !rec.WindowStart().Equal(want) {
+			res.Notes = append(res.Notes, fmt.Sprintf("late key %d has another window start than the ground truth", k))
 		}
 	}
-	if mismatch > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d of %d late keys have another window start than the ground truth", mismatch, len(s.windowStart)))
-	}
-	// Clock lag of the drain, on keys the late phase did not touch.
-	step := max(1, r.thr.Keys/max(1, r.f.lagSample))
-	var maxLag time.Duration
-	for i := 0; i < r.thr.Keys; i += step {
-		if _, late := s.windowStart[int32(i)]; late {
-			continue
-		}
-		rec, _, found, err := st.Store().Find([]byte(r.thr.Key(i)))
-		if err != nil || !found {
-			continue // verify reports it as lost
-		}
-		lag := r.t0.Add(r.thr.First[i]).Sub(rec.FirstSeen)
-		maxLag = max(maxLag, lag, -lag)
-		res.ClockLagSample++
-	}
-	res.ClockLagMaxW = float64(maxLag) / float64(r.thr.W)
-
 	open := readMem()
 	if err := st.Close(); err != nil {
 		return fmt.Errorf("close stage: %w", err)
@@ -760,59 +551,8 @@ func (r *runner) measureStage(ctx context.Context, res *Result, s *sut, cfg conf
 	closed := readMem()
 	res.DedupeHeapBytes = open.Heap - closed.Heap
 	res.RAMPerKey = float64(res.DedupeHeapBytes) / float64(res.TrackedKeys)
-	res.DiskBytes, res.DiskApparent = diskUsage(cfg.State.Dir())
+	res.DiskBytes, _ = diskUsage(cfg.State.Dir())
 	res.DiskPerKey = float64(res.DiskBytes) / float64(res.TrackedKeys)
-	res.Startup.KeysInState = res.TrackedKeys
-	return r.restarts(ctx, res, s, cfg)
-}
-
-// restarts times stage.New on the filled state: from the snapshots, then
-// with the snapshots removed (full rebuild). Without a filter there is one
-// start-up (Badger open).
-func (r *runner) restarts(ctx context.Context, res *Result, s *sut, cfg config.Config) error {
-	nc, err := r.nats.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	open := func() (time.Duration, uint64, uint64, error) {
-		start := time.Now()
-		// The rebuild is deliberate: its warnings about missing snapshots
-		// are not shown.
-		st, err := stage.New(ctx, stage.Options{Config: cfg, Conn: nc, Registry: prometheus.NewRegistry(),
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: s.clock})
-		if err != nil {
-			return 0, 0, 0, fmt.Errorf("restart: %w", err)
-		}
-		took := time.Since(start)
-		var scanned, added uint64
-		for i := range st.Store().Partitions() {
-			b := st.Store().Partition(i).FilterBuild()
-			scanned += b.Scanned
-			added += b.Added
-		}
-		return took, scanned, added, st.Close()
-	}
-	took, _, _, err := open()
-	if err != nil {
-		return err
-	}
-	res.Startup.SnapshotMs = ms(took)
-	if !cfg.Filter.Enabled {
-		return nil
-	}
-	for i := range cfg.State.Partitions {
-		p := filepath.Join(state.PartitionDir(cfg.State.Dir(), i), state.SnapshotFile)
-		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("remove snapshot: %w", err)
-		}
-	}
-	took, scanned, added, err := open()
-	if err != nil {
-		return err
-	}
-	res.Startup.RebuildMs = ms(took)
-	res.Startup.Scanned, res.Startup.Added = scanned, added
 	return nil
 }
 
@@ -840,93 +580,45 @@ func serverDedupeHeap(ctx context.Context, js jetstream.JetStream, stream string
 
 // StageInternals summarise the stage's batch histograms.
 type StageInternals struct {
-	Batches       uint64  `json:"batches"`
+	Batches       float64 `json:"batches"`
 	MeanBatchSize float64 `json:"mean_batch_size"`
+	// NewPerBatch is the messages forwarded per batch (the output batch).
+	NewPerBatch float64 `json:"new_per_batch"`
 	// Publish is a batch's publish of its new messages until every PubAck;
 	// Commit is its state commit (one Badger transaction, fsynced with
-	// state.sync_writes).
+	// state.sync_writes): mean and the upper bound of the bucket holding
+	// p99.
 	PublishMeanMs float64 `json:"publish_mean_ms"`
 	PublishP99Ms  float64 `json:"publish_p99_ms"`
 	CommitMeanMs  float64 `json:"commit_mean_ms"`
 	CommitP99Ms   float64 `json:"commit_p99_ms"`
-	Commits       uint64  `json:"commits"`
 }
 
-func stageInternals(g prometheus.Gatherer) *StageInternals {
-	si := &StageInternals{}
-	if c, sum, _ := histogram(g, "dedupe_batch_messages", 0); c > 0 {
-		si.Batches, si.MeanBatchSize = c, sum/float64(c)
+// stageInternals reads the stage's histograms from its metrics.
+func stageInternals(fs metrictest.Families) StageInternals {
+	var si StageInternals
+	if c, sum, _ := fs.Histogram("dedupe_batch_messages", 0); c > 0 {
+		si.Batches, si.MeanBatchSize = c, sum/c
+		si.NewPerBatch = fs.Sum("dedupe_messages_total", map[string]string{"outcome": "new"}) / c
 	}
-	if c, sum, p99 := histogram(g, "dedupe_publish_seconds", 0.99); c > 0 {
-		si.PublishMeanMs, si.PublishP99Ms = 1000*sum/float64(c), 1000*p99
+	if c, sum, p99 := fs.Histogram("dedupe_publish_seconds", 0.99); c > 0 {
+		si.PublishMeanMs, si.PublishP99Ms = 1000*sum/c, 1000*p99
 	}
-	if c, sum, p99 := histogram(g, "dedupe_commit_seconds", 0.99); c > 0 {
-		si.Commits, si.CommitMeanMs, si.CommitP99Ms = c, 1000*sum/float64(c), 1000*p99
+	if c, sum, p99 := fs.Histogram("dedupe_commit_seconds", 0.99); c > 0 {
+		si.CommitMeanMs, si.CommitP99Ms = 1000*sum/c, 1000*p99
 	}
 	return si
 }
 
-// histogram returns the count and sum of histogram name and the upper
-// bound of the bucket holding quantile q (0: not computed).
-func histogram(g prometheus.Gatherer, name string, q float64) (count uint64, sum, quantile float64) {
-	mfs, err := g.Gather()
-	if err != nil {
-		return 0, 0, 0
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			h := m.GetHistogram()
-			count, sum = h.GetSampleCount(), h.GetSampleSum()
-			if q > 0 && count > 0 {
-				want := q * float64(count)
-				for _, b := range h.GetBucket() {
-					if float64(b.GetCumulativeCount()) >= want {
-						quantile = b.GetUpperBound()
-						break
-					}
-				}
-			}
-			return count, sum, quantile
-		}
-	}
-	return 0, 0, 0
+// gathered gathers the stage's registry (nothing when it cannot).
+func gathered(g prometheus.Gatherer) metrictest.Families {
+	fs, _ := metrictest.Gathered(g)
+	return fs
 }
 
-// counterSum sums the values of the counter name whose labels include
-// want.
-func counterSum(g prometheus.Gatherer, name string, want map[string]string) float64 {
-	mfs, err := g.Gather()
-	if err != nil {
-		return 0
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || (lp.GetName() == k && lp.GetValue() == v)
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
-}
-
-// warnLogger logs warnings and errors to w.
-func warnLogger(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// warnLogger logs warnings and errors to stderr.
+func warnLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 // publishMode is the stage's output.publish: --publish, where auto decides
@@ -934,7 +626,7 @@ func warnLogger(w io.Writer) *slog.Logger {
 // server stands for run's embedded one (the stage reaches it by URL, which
 // auto would otherwise read as an external server of unknown syncing).
 func (r *runner) publishMode(cfg config.Config) string {
-	if r.f.publish != config.PublishAuto || !r.nats.embedded() {
+	if r.f.publish != config.PublishAuto {
 		return r.f.publish
 	}
 	run := cfg
@@ -943,4 +635,35 @@ func (r *runner) publishMode(cfg config.Config) string {
 		return config.PublishAtomic
 	}
 	return config.PublishAsync
+}
+
+// startProfile starts a CPU profile of kind's timed drain when --cpuprofile
+// is set, and returns what stops it; a profile that cannot be written is a
+// warning, not a failed run.
+func (r *runner) startProfile(kind Kind) func() {
+	if r.f.cpuProfile == "" {
+		return func() {}
+	}
+	path := r.f.cpuProfile + "-" + string(kind) + ".pprof"
+	if r.f.rounds > 1 {
+		path = fmt.Sprintf("%s-%s-round%d.pprof", r.f.cpuProfile, kind, r.round)
+	}
+	f, err := os.Create(path) //nolint:gosec // the path is the operator's flag
+	if err != nil {
+		fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
+		_ = f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
+			return
+		}
+		fmt.Fprintf(logOut, "  cpu profile of the drain: %s\n", path)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,11 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
-	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/handover"
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
@@ -28,7 +25,7 @@ import (
 // processes, for the parts of a row that need none.
 func testScaleOutEnv(t *testing.T, events int, badRatio float64) *soEnv {
 	t.Helper()
-	f, err := parseFlags([]string{"--scaleout", "--events", strconv.Itoa(events), "--bad-ratio", strconv.FormatFloat(badRatio, 'g', -1, 64)})
+	f, err := parseFlags([]string{"scaleout", "--events", strconv.Itoa(events), "--bad-ratio", strconv.FormatFloat(badRatio, 'g', -1, 64)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +36,22 @@ func testScaleOutEnv(t *testing.T, events int, badRatio float64) *soEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &soEnv{f: f, thr: thr, bad: bad, dir: t.TempDir(), cl: &natsCluster{clients: []int{4222, 4223, 4224}}}
+	cl := &natstest.Procs{Nodes: []*natstest.ProcNode{{Port: 4222}, {Port: 4223}, {Port: 4224}}}
+	return &soEnv{procEnv: &procEnv{f: f, dir: t.TempDir(), cl: cl}, thr: thr, bad: bad}
+}
+
+// instanceConfig is the valid configuration of an instance of a row of
+// mode on e, with refresh_on_repeat as refresh.
+func instanceConfig(t *testing.T, e *soEnv, mode string, refresh bool) config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(e.instanceYAML(mode, refresh, namesForRow(0), "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1", 0, "")))
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatalf("%s (refresh %v): the instance's configuration is invalid: %v", mode, refresh, err)
+	}
+	return cfg
 }
 
 // TestScaleOutBacklog checks the backlog each mode publishes against the
@@ -51,19 +63,12 @@ func TestScaleOutBacklog(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			e := testScaleOutEnv(t, 10_000, 0.01)
 			n := namesForRow(0)
-			cfg, err := config.Parse([]byte(e.yaml(soRow{mode: mode, instances: 1}, n, "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cfg.Validate(); err != nil {
-				t.Fatalf("the instance's configuration is invalid: %v", err)
-			}
-			kf, err := keys.NewKeyFunc(cfg.Key)
+			kf, err := keys.NewKeyFunc(instanceConfig(t, e, mode, false).Key)
 			if err != nil {
 				t.Fatal(err)
 			}
 			total := len(e.thr.Main) + e.bad
-			msg := e.backlogMsg(soRow{mode: mode}, n)
+			msg := e.backlogMsg(mode, n)
 			var badAt []int
 			k := 0
 			for i := range total {
@@ -98,101 +103,6 @@ func TestScaleOutBacklog(t *testing.T) {
 	}
 }
 
-// TestScaleOutFlags checks the mode's defaults and refusals.
-func TestScaleOutFlags(t *testing.T) {
-	f, err := parseFlags([]string{"--scaleout"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f.syncAlways || f.repeatRatio != 0.3 || f.mix[ClassNear] != 0 || f.mix[ClassPast] != 0 || len(f.kinds) != 0 {
-		t.Errorf("defaults: sync-always %v, repeat-ratio %v, mix %v, configs %v; want false, 0.3, no near or past copies, none",
-			f.syncAlways, f.repeatRatio, f.mix, f.kinds)
-	}
-	rows := planRows(f.soModes, f.soInstances, f.cpuCaps, f.rounds)
-	if len(rows) != 14 || rows[0] != (soRow{mode: soOff, instances: 1}) || rows[13] != (soRow{mode: soSubject, instances: 3, cap: 0.25}) {
-		t.Errorf("default rows: %v; want off, header x1..3, subject x1..3, uncapped then capped at 0.25", rows)
-	}
-	if f, err := parseFlags([]string{"--scaleout", "--sync-always", "--repeat-ratio", "0.1"}); err != nil || !f.syncAlways || f.repeatRatio != 0.1 {
-		t.Errorf("flags given: sync-always %v, repeat-ratio %v, err %v; want them kept", f.syncAlways, f.repeatRatio, err)
-	}
-	for _, args := range [][]string{
-		{"--scaleout", "--configs", "raw"},
-		{"--scaleout", "--ages", "burst=0.5,past=0.5"},
-		{"--scaleout", "--scaleout-instances", "9"},
-		{"--scaleout", "--cpu-cap", "-1"},
-		{"--scaleout", "--scaleout-rows", "on"},
-		{"--scaleout", "--scaleout-rows", "refresh"},
-		{"--scaleout", "--scaleout-rows", "subject-refresh-refresh"},
-		{"--scaleout", "--scaleout-ack-wait", "1s"},
-		{"--scaleout", "--rounds", "21"},
-		{"--scaleout", "--key", "json"},
-	} {
-		if _, err := parseFlags(args); err == nil {
-			t.Errorf("%v: accepted, want an error", args)
-		}
-	}
-}
-
-// TestSeriesHistogram reads a histogram's mean and p99 bucket back from
-// the text a real registry serves (promhttp, as the stage's /metrics), as the scale-out mode reads the
-// instances' /metrics, over the difference of two scrapes.
-func TestSeriesHistogram(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "dedupe_publish_seconds", Buckets: prometheus.ExponentialBuckets(0.001, 2, 10)})
-	reg.MustRegister(h)
-	expose := func() series {
-		rec := httptest.NewRecorder()
-		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		s, err := parseSeries(rec.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	for range 50 {
-		h.Observe(0.5) // before: not part of the difference
-	}
-	before := expose()
-	for i := range 100 {
-		h.Observe(0.003)
-		if i == 0 {
-			h.Observe(0.1)
-		}
-	}
-	count, sum, p99 := expose().minus(before).histogram("dedupe_publish_seconds", 0.99)
-	if count != 101 || math.Abs(sum-(100*0.003+0.1)) > 1e-9 || p99 != 0.004 {
-		t.Errorf("count %v, sum %v, p99 bucket %v; want 101, 0.4, 0.004", count, sum, p99)
-	}
-}
-
-// TestSeriesTimestampAndLabels reads a sample that carries a timestamp by
-// its value, not its timestamp, and sums series by a label whose value the
-// text format escapes.
-func TestSeriesTimestampAndLabels(t *testing.T) {
-	body := `# TYPE dedupe_route_messages_total counter
-dedupe_route_messages_total{outcome="routed",path="a\"b"} 7 1700000000000
-dedupe_route_messages_total{outcome="dead"} 2
-# TYPE dedupe_partitions_owned gauge
-dedupe_partitions_owned 3
-`
-	s, err := parseSeries(strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := s.sum("dedupe_route_messages_total", `outcome="routed"`); got != 7 {
-		t.Errorf("routed %v, want 7", got)
-	}
-	if got := s.sum("dedupe_route_messages_total"); got != 9 {
-		t.Errorf("all outcomes %v, want 9", got)
-	}
-	if got := s.sum("dedupe_partitions_owned"); got != 3 {
-		t.Errorf("owned %v, want 3", got)
-	}
-	if got := s.sum("dedupe_route_messages_total", `path="a\"b"`); got != 7 {
-		t.Errorf("escaped label %v, want 7", got)
-	}
-}
-
 // TestScaleOutVerify feeds the ground-truth check of a row an output with
 // a key missing, a key twice, a message of no workload key and a fence
 // message, and a dead-letter stream with one bad input missing, one twice
@@ -206,7 +116,7 @@ func TestScaleOutVerify(t *testing.T) {
 	n := namesForRow(0)
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
-		{Name: n.output, Subjects: []string{n.outPrefix + ".>", handover.ControlSubjects(n.outPrefix)}},
+		{Name: n.output, Subjects: []string{n.outPrefix + ".>", changelog.ControlSubjects(n.outPrefix)}},
 		{Name: n.dlq, Subjects: []string{n.dlqSubj}},
 	} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {
@@ -230,12 +140,12 @@ func TestScaleOutVerify(t *testing.T) {
 	for i := range 5 {
 		msgs = append(msgs, out(KeyString("wup", e.f.seed, i), i))
 	}
-	msgs = append(msgs, &nats.Msg{Subject: handover.FenceSubject(n.outPrefix, 1), Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
+	msgs = append(msgs, &nats.Msg{Subject: changelog.FenceSubject(n.outPrefix, 1), Data: []byte("fence")}, out(KeyString("zzz", 1, 3), 3))
 	// Two key-state records, as a group with window.refresh_on_repeat
 	// writes them: counted apart, not forwards.
 	for _, i := range []int{2, 3} {
-		msgs = append(msgs, handover.RefreshMsg(handover.KeyStateSubject(n.outPrefix, 1),
-			handover.Record{Key: []byte(e.thr.Key(i)), FirstSeen: time.Now()}, time.Now()))
+		msgs = append(msgs, changelog.RefreshMsg(changelog.KeyStateSubject(n.outPrefix, 1),
+			changelog.Record{Key: []byte(e.thr.Key(i)), FirstSeen: time.Now()}, time.Now()))
 	}
 	for j := range e.bad {
 		dl := &nats.Msg{Subject: n.dlqSubj, Header: nats.Header{headerBad: []string{strconv.Itoa(j)}}}
@@ -274,18 +184,7 @@ func TestScaleOutRow(t *testing.T) {
 		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 30s); not with -short")
 	}
 	dir := t.TempDir()
-	f, err := parseFlags([]string{"--scaleout", "--events", "2000", "--scaleout-rows", "subject", "--scaleout-instances", "2",
-		"--cpu-cap", "0.5", "--scaleout-ack-wait", "2s", "--progress", "0", "--dir", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saved := logOut
-	logOut = testWriter{t}
-	defer func() { logOut = saved }()
-	so, err := runScaleOut(context.Background(), f, 70*time.Minute, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	so := runModeTest(t, dir, "scaleout", "--events", "2000", "--rows", "subject", "--instances", "2", "--cpu-cap", "0.5", "--ack-wait", "2s").ScaleOut
 	if len(so.Rows) != 1 {
 		t.Fatalf("%d rows, want 1", len(so.Rows))
 	}
@@ -306,12 +205,7 @@ func TestScaleOutRow(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(cgroupRoot, "dedupe-bench-"+strconv.Itoa(os.Getpid())+"-*")); len(left) > 0 {
 		t.Errorf("cgroups left behind: %v", left)
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
-			t.Errorf("process left behind: %s", strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
+	noneLeft(t, dir)
 }
 
 // testWriter writes the harness's progress lines to the test log.
@@ -326,7 +220,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // the order rotated, and reports each round's ratios, from that round's rows alone, and their
 // medians.
 func TestScaleOutRounds(t *testing.T) {
-	f, err := parseFlags([]string{"--scaleout", "--scaleout-rows", "header", "--cpu-cap", "0.1", "--rounds", "3"})
+	f, err := parseFlags([]string{"scaleout", "--rows", "header", "--cpu-cap", "0.1", "--rounds", "3"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,28 +242,28 @@ func TestScaleOutRounds(t *testing.T) {
 		t.Fatalf("%d ratios, want one per round and the medians: %+v", len(got), got)
 	}
 	for i, want := range [][2]float64{{1.5, 2}, {2, 3}, {1.6, 2.5}} {
-		if r := got[i]; r.Round != i+1 || math.Abs(r.Header2v1-want[0]) > 1e-9 || math.Abs(r.Header3v1-want[1]) > 1e-9 {
+		if r := got[i]; r.Round != i+1 || math.Abs(r.Ratios["header 2/1"]-want[0]) > 1e-9 || math.Abs(r.Ratios["header 3/1"]-want[1]) > 1e-9 {
 			t.Errorf("round %d: %+v, want 2/1 %v and 3/1 %v", i+1, r, want[0], want[1])
 		}
 	}
-	if m := got[3]; m.MedianOf != 3 || m.Round != 0 || math.Abs(m.Header2v1-1.6) > 1e-9 || math.Abs(m.Header3v1-2.5) > 1e-9 || m.HeaderVsOff != 0 {
+	if m := got[3]; m.MedianOf != 3 || m.Round != 0 || math.Abs(m.Ratios["header 2/1"]-1.6) > 1e-9 || math.Abs(m.Ratios["header 3/1"]-2.5) > 1e-9 || len(m.Ratios) != 2 {
 		t.Errorf("medians: %+v, want of 3 rounds, 2/1 1.6, 3/1 2.5, no off row", m)
 	}
 	var out strings.Builder
 	printScaleOut(&out, &ScaleOutRun{Rows: res, Ratios: got})
-	if !strings.Contains(out.String(), "ratios (cap 0.1 core, MEDIANS of 3 rounds): on/off 1 instance: header - (target >= 0.5), subject - (>= 0.8); header 2/1 1.60, 3/1 2.50") {
+	if !strings.Contains(out.String(), "ratios (cap 0.1 core, MEDIANS of 3 rounds): header 2/1 1.60; header 3/1 2.50;") {
 		t.Errorf("the report does not give the medians:\n%s", out.String())
 	}
 }
 
-// TestScaleOutRefreshRows checks the refresh rows: --scaleout-rows takes
+// TestScaleOutRefreshRows checks the refresh rows: --rows takes
 // a mode followed by -refresh, plans it right after the same row without
 // refresh, configures the instances with window.refresh_on_repeat (W
 // left as it was), leaves it out of the ratios of the rows without, and
 // reports each refresh row against the same row without in the same
 // round, and the medians over the rounds.
 func TestScaleOutRefreshRows(t *testing.T) {
-	f, err := parseFlags([]string{"--scaleout", "--scaleout-rows", "subject,subject-refresh,header-refresh,off-refresh", "--scaleout-instances", "1,2",
+	f, err := parseFlags([]string{"scaleout", "--rows", "subject,subject-refresh,header-refresh,off-refresh", "--instances", "1,2",
 		"--cpu-cap", "0", "--rounds", "3"})
 	if err != nil {
 		t.Fatal(err)
@@ -385,13 +279,7 @@ func TestScaleOutRefreshRows(t *testing.T) {
 
 	e := testScaleOutEnv(t, 1000, 0.01)
 	for _, row := range []soRow{{mode: soSubject, instances: 2}, {mode: soSubject, refresh: true, instances: 2}} {
-		cfg, err := config.Parse([]byte(e.yaml(row, namesForRow(0), "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cfg.Validate(); err != nil {
-			t.Fatalf("%s: the instance's configuration is invalid: %v", row, err)
-		}
+		cfg := instanceConfig(t, e, row.mode, row.refresh)
 		if cfg.Window.RefreshOnRepeat != row.refresh || !cfg.ScaleOut.Enabled {
 			t.Errorf("%s: refresh_on_repeat %v, scale_out %v; want %v, true", row, cfg.Window.RefreshOnRepeat, cfg.ScaleOut.Enabled, row.refresh)
 		}

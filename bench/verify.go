@@ -3,29 +3,33 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
 // verifyStage fills res.Correctness for a stage configuration from the
-// output's counts oc and the total it holds.
-func (r *runner) verifyStage(s *sut, oc outputCounts, total int, res *Result) {
+// output's counts per key of the backlog (thr) and of the latency phase
+// (lat), and the total it holds.
+func (r *runner) verifyStage(s *sut, thr, lat []uint16, total int, res *Result) {
 	c := &res.Correctness
 	// The ground truth: each key forwarded Forwards times. The output
 	// stream's own duplicate window (output.duplicate_window, on the
 	// wall clock) drops a second forward of a key that arrives within
 	// it; the stage counts those (dedupe_republish_duplicates_total).
-	latForwards := slicesRepeat(1, r.lat.Keys)
+	latForwards := slices.Repeat([]uint8{1}, r.lat.Keys)
 	c.Expected = r.lat.Keys
 	for _, f := range s.forwards {
 		c.Expected += int(f)
 	}
-	c.DroppedByOutput = int(counterSum(s.reg, "dedupe_republish_duplicates_total", nil))
+	c.DroppedByOutput = int(gathered(s.reg).Sum("dedupe_republish_duplicates_total", nil))
 	var lostZero, deficit, extra int
 	tally := func(got []uint16, want []uint8) {
 		for i, g := range got {
@@ -40,24 +44,17 @@ func (r *runner) verifyStage(s *sut, oc outputCounts, total int, res *Result) {
 			}
 		}
 	}
-	tally(oc.thr, s.forwards)
-	tally(oc.lat, latForwards)
+	tally(thr, s.forwards)
+	tally(lat, latForwards)
 	// A dropped forward can only make up for a key the stream holds
 	// fewer times than the ground truth says; beyond that it is a
 	// duplicate the output's window hid.
 	c.Lost = lostZero + max(0, deficit-c.DroppedByOutput)
 	c.Duplicated = extra + max(0, c.DroppedByOutput-deficit)
-	newCount := int(counterSum(s.reg, "dedupe_messages_total", map[string]string{"outcome": "new"}))
+	newCount := int(gathered(s.reg).Sum("dedupe_messages_total", map[string]string{"outcome": "new"}))
 	if newCount != total+c.DroppedByOutput {
 		res.Notes = append(res.Notes, fmt.Sprintf("stage counted %d new, output holds %d and dropped %d", newCount, total, c.DroppedByOutput))
 	}
-}
-
-// outputCounts are the output stream's messages per key of each workload.
-type outputCounts struct {
-	thr, lat []uint16
-	foreign  int // messages whose key is of neither workload
-	lats     []time.Duration
 }
 
 // verify reads the output and the dead-letter streams and fills
@@ -67,30 +64,27 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	oc := outputCounts{thr: make([]uint16, r.thr.Keys), lat: make([]uint16, r.lat.Keys)}
-	total, err := natstest.Read(ctx, js, n.output, func(m jetstream.Msg) {
-		k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
-		if err != nil {
-			oc.foreign++
-			return
-		}
-		prefix, i, ok := ParseKey(string(k))
-		switch {
-		case ok && prefix == r.thr.Prefix && i < r.thr.Keys:
-			oc.thr[i]++
-		case ok && prefix == r.lat.Prefix && i < r.lat.Keys:
-			oc.lat[i]++
-			if sent, err := strconv.ParseInt(m.Headers().Get(headerSent), 10, 64); err == nil {
-				if md, err := m.Metadata(); err == nil {
-					oc.lats = append(oc.lats, md.Timestamp.Sub(time.Unix(0, sent)))
-				}
+	// The stage's output also holds its partitions' key-state records (a
+	// repeat's moved window, with window.refresh_on_repeat): counted apart.
+	control := ""
+	if kind.isStage() {
+		control = n.outPrefix
+	}
+	var lats []time.Duration
+	t, err := readTally(ctx, js, n.output, byKey(kf), map[string]int{r.thr.Prefix: r.thr.Keys, r.lat.Prefix: r.lat.Keys}, control, func(prefix string, _ int, m jetstream.Msg) {
+		if sent, err := strconv.ParseInt(m.Headers().Get(headerSent), 10, 64); err == nil && prefix == r.lat.Prefix {
+			if md, err := m.Metadata(); err == nil {
+				lats = append(lats, md.Timestamp.Sub(time.Unix(0, sent)))
 			}
-		default:
-			oc.foreign++
 		}
 	})
 	if err != nil {
 		return err
+	}
+	thr, lat := t.counts[r.thr.Prefix], t.counts[r.lat.Prefix]
+	total := t.total - t.fences - t.keyState
+	if t.fences+t.keyState > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("the output also holds %d key-state records and %d fence messages, not counted as forwards", t.keyState, t.fences))
 	}
 	c := &res.Correctness
 	c.Output = total
@@ -100,42 +94,42 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 		}
 	}
 
-	switch kind {
-	case KindRaw, KindRawAtomic:
+	switch {
+	case kind.isRaw():
 		// Every input event is forwarded once. Raw has no dedupe: a
 		// message JetStream redelivers (AckWait passed before its batch
 		// was acked) is forwarded again. That is the baseline's nature,
 		// not a fault of the harness, so it is counted apart.
 		c.Expected = r.thr.Events() + r.lat.Events()
 		c.DroppedByOutput = int(s.loopStats.Duplicates.Load())
-		c.Lost, c.Redelivered = exact(oc.thr, func(i int) int { return int(r.thr.Copies[i]) })
-		l, d := exact(oc.lat, func(i int) int { return int(r.lat.Copies[i]) })
+		c.Lost, c.Redelivered = exact(thr, func(i int) int { return int(r.thr.Copies[i]) })
+		l, d := exact(lat, func(i int) int { return int(r.lat.Copies[i]) })
 		c.Lost, c.Redelivered = c.Lost+l, c.Redelivered+d
 		if c.Redelivered > 0 {
 			res.Notes = append(res.Notes, fmt.Sprintf("%d events were redelivered (AckWait passed) and forwarded twice: raw has no dedupe; not counted as duplicated", c.Redelivered))
 		}
-	case KindJetStream:
+	case kind == KindJetStream:
 		// Every key once: the output stream's window (W, on the server's
 		// wall clock) covers the whole run, so copies past the logical W
 		// are inside it and dropped too.
 		c.Expected = r.thr.Keys + r.lat.Keys
 		c.DroppedByOutput = int(s.loopStats.Duplicates.Load())
 		one := func(int) int { return 1 }
-		c.Lost, c.Duplicated = exact(oc.thr, one)
-		l, d := exact(oc.lat, one)
+		c.Lost, c.Duplicated = exact(thr, one)
+		l, d := exact(lat, one)
 		c.Lost, c.Duplicated = c.Lost+l, c.Duplicated+d
 		res.Notes = append(res.Notes, "JetStream's window runs on the server's wall clock, so the copies placed past W in logical time are inside it and dropped: expected = one message per key")
 	default:
-		r.verifyStage(s, oc, total, res)
+		r.verifyStage(s, thr, lat, total, res)
 	}
-	if oc.foreign > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d output messages carry no workload key", oc.foreign))
-		c.Duplicated += oc.foreign
+	if t.foreign > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d output messages carry no workload key", t.foreign))
+		c.Duplicated += t.foreign
 	}
 	c.OK = c.Lost == 0 && c.Duplicated == 0 && c.DeadLettered == 0
 
-	res.Latency.Forwarded = len(oc.lats)
-	p := percentiles(oc.lats, 0.5, 0.99, 0.999, 1)
+	res.Latency.Forwarded = len(lats)
+	p := percentiles(lats, 0.5, 0.99, 0.999, 1)
 	res.Latency.P50ms, res.Latency.P99ms, res.Latency.P999ms, res.Latency.MaxMs = ms(p[0]), ms(p[1]), ms(p[2]), ms(p[3])
 	return nil
 }
@@ -152,4 +146,88 @@ func exact(got []uint16, want func(int) int) (lost, dup int) {
 		}
 	}
 	return lost, dup
+}
+
+// tally is what a stream holds, counted per key of each workload.
+type tally struct {
+	// counts holds, per key prefix asked for, the messages of each key.
+	counts map[string][]uint16
+	// Fences and KeyState are the group's control messages
+	// (changelog.ControlSubjects): fences, and key-state records (with a
+	// changelog.HeaderOp), counted apart; foreign is messages with no key
+	// of the workloads.
+	total, fences, keyState, foreign int
+}
+
+// readTally reads stream (again from the start while a read fails, for a
+// minute) and counts its messages by key: keyOf names a message's key by
+// its workload's prefix and index, sizes names the prefixes counted and
+// their key counts, control is the subject prefix of the stream's group
+// control messages (changelog.ControlSubjects; "" for none), and each, when not nil, sees every counted message.
+func readTally(ctx context.Context, js jetstream.JetStream, stream string, keyOf func(jetstream.Msg) (string, int, bool), sizes map[string]int, control string, each func(prefix string, i int, m jetstream.Msg)) (*tally, error) {
+	if control != "" {
+		control = strings.TrimSuffix(changelog.ControlSubjects(control), ">")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var t *tally
+	n, err := natstest.ReadAgain(ctx, js, stream, func(err error) {
+		if err != nil {
+			fmt.Fprintf(logOut, "warning: reading %s again: %v\n", stream, err)
+		}
+		t = &tally{counts: map[string][]uint16{}}
+		for p, n := range sizes {
+			t.counts[p] = make([]uint16, n)
+		}
+	}, func(m jetstream.Msg) {
+		if control != "" && strings.HasPrefix(m.Subject(), control) {
+			if m.Headers().Get(changelog.HeaderOp) != "" {
+				t.keyState++
+			} else {
+				t.fences++
+			}
+			return
+		}
+		prefix, i, ok := keyOf(m)
+		if c := t.counts[prefix]; !ok || i >= len(c) {
+			t.foreign++
+			return
+		}
+		t.counts[prefix][i]++
+		if each != nil {
+			each(prefix, i, m)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", stream, err)
+	}
+	t.total = n
+	return t, nil
+}
+
+// tallyOutput reads the output stream of group n by the payload's keys
+// (readTally), keeping its control messages apart.
+func (e *procEnv) tallyOutput(ctx context.Context, n streamNames, sizes map[string]int) (*tally, error) {
+	return readTally(ctx, e.js, n.output, byKey(payloadKeys()), sizes, n.outPrefix, nil)
+}
+
+// byKey names a message by the workload key kf reads from it.
+func byKey(kf *keys.KeyFunc) func(jetstream.Msg) (string, int, bool) {
+	return func(m jetstream.Msg) (string, int, bool) {
+		k, err := kf.Key(m.Subject(), m.Headers(), m.Data())
+		if err != nil {
+			return "", 0, false
+		}
+		return ParseKey(string(k))
+	}
+}
+
+// payloadKeys reads a message's key from the payload's "id", as every
+// workload carries it.
+func payloadKeys() *keys.KeyFunc {
+	kf, err := keys.NewKeyFunc(keys.KeyConfig{Field: keys.FieldSpec{Source: keys.SourceJSON, JSONPath: "id"}})
+	if err != nil {
+		panic(err) // a constant configuration
+	}
+	return kf
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/internal/batcher"
 	"github.com/dedupe-stage/dedupe-stage/internal/forward"
@@ -78,6 +79,13 @@ type Options struct {
 	// MaxBatchesInFlight bounds the atomic batches open at once across
 	// the workers. Default 32, the stage's default.
 	MaxBatchesInFlight int
+	// Fast forwards each batch as one fast batch (nats-server 2.14's
+	// flow-controlled batch publish, jetstreamext.NewFastPublisher): the
+	// server stores each message as it comes, acknowledges every Flow
+	// messages and the commit, and stops the batch at a gap. The output
+	// stream must allow batch publish. A fast batch carries no PubAck per
+	// message: Stats.Duplicates is not counted. Default false.
+	Fast bool
 }
 
 // DefaultOptions returns options with the stage's batching defaults: 8
@@ -118,6 +126,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: PullMax is %d, want >= 1", ErrBadOptions, o.PullMax)
 	case o.Atomic && o.BatchMax < 1:
 		return fmt.Errorf("%w: BatchMax is %d, want >= 1", ErrBadOptions, o.BatchMax)
+	case o.Atomic && o.Fast:
+		return fmt.Errorf("%w: Atomic and Fast are both set", ErrBadOptions)
 	case o.Atomic && o.MaxBatchesInFlight < 1:
 		return fmt.Errorf("%w: MaxBatchesInFlight is %d, want >= 1", ErrBadOptions, o.MaxBatchesInFlight)
 	}
@@ -233,6 +243,10 @@ func worker(ctx context.Context, opts Options, fo forward.Options, in <-chan ite
 			out = append(out, outMsg(opts, &batch[i]))
 		}
 		res = append(res, make([]forward.Result, len(out))...)
+		if opts.Fast {
+			forwardFast(ctx, opts.JS, batch, out, stats)
+			return
+		}
 		forwardBatch(ctx, opts.JS, fo, batch, out, res, stats)
 	})
 }
@@ -260,6 +274,40 @@ func forwardBatch(ctx context.Context, js jetstream.JetStream, fo forward.Option
 	for _, it := range batch {
 		_ = it.msg.Ack()
 	}
+}
+
+// forwardFast publishes the batch as one fast batch and acks it once the
+// server has committed it; a batch that fails is published again whole
+// (the same messages: with ids, the output's duplicate window drops what
+// landed) while ctx lasts, and left unacked when ctx is done.
+func forwardFast(ctx context.Context, js jetstream.JetStream, batch []item, out []*nats.Msg, stats *Stats) {
+	for ctx.Err() == nil {
+		if err := fastBatch(ctx, js, out); err != nil {
+			stats.PublishErrors.Add(uint64(len(out)))
+			continue
+		}
+		stats.Forwarded.Add(uint64(len(out)))
+		for _, it := range batch {
+			_ = it.msg.Ack()
+		}
+		return
+	}
+}
+
+// fastBatch publishes out as one fast batch, out's last message the
+// commit.
+func fastBatch(ctx context.Context, js jetstream.JetStream, out []*nats.Msg) error {
+	fp, err := jetstreamext.NewFastPublisher(js)
+	if err != nil {
+		return err
+	}
+	for _, m := range out[:len(out)-1] {
+		if _, err := fp.AddMsg(m); err != nil {
+			return err
+		}
+	}
+	_, err = fp.CommitMsg(ctx, out[len(out)-1])
+	return err
 }
 
 // outMsg copies the message's headers (without Nats-Expected-*) and payload to the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/dedupe-stage/dedupe-stage/bench/loop"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
@@ -51,6 +52,22 @@ func setup(t *testing.T, n, keys int, dup time.Duration) (jetstream.JetStream, l
 	return js, loop.DefaultOptions(cons, rjs, func(s string) string { return "out." + s })
 }
 
+// allow changes the output stream's configuration with edit, and returns
+// the stream.
+func allow(t *testing.T, js jetstream.JetStream, edit func(*jetstream.StreamConfig)) jetstream.Stream {
+	t.Helper()
+	st, err := js.Stream(context.Background(), "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	edit(&cfg)
+	if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // drain runs the loop until the consumer has acked n messages, stops it
 // and returns the output stream's messages.
 func drain(t *testing.T, js jetstream.JetStream, opts loop.Options, n int, stats *loop.Stats) []natstest.Message {
@@ -78,26 +95,40 @@ func drain(t *testing.T, js jetstream.JetStream, opts loop.Options, n int, stats
 	return natstest.ReadAll(t, js, "OUT")
 }
 
+// TestForwardsEveryMessage forwards one message at a time, and with
+// atomic batches of at most 64 into an output stream that allows them:
+// every message once, on the output subject, with the input's headers but
+// Nats-Expected-* and no id, and no batch refused.
 func TestForwardsEveryMessage(t *testing.T) {
 	const n = 500
-	js, opts := setup(t, n, 50, 0)
-	var stats loop.Stats
-	out := drain(t, js, opts, n, &stats)
-	if len(out) != n || stats.Forwarded.Load() != n {
-		t.Fatalf("output %d, forwarded %d; want %d each", len(out), stats.Forwarded.Load(), n)
-	}
-	seen := map[byte]bool{}
-	for _, m := range out {
-		if m.Subject != "out.in.a" {
-			t.Fatalf("subject %q, want out.in.a", m.Subject)
-		}
-		if m.Header.Get("Key") == "" || m.Header.Get("Nats-Expected-Stream") != "" || m.Header.Get(jetstream.MsgIDHeader) != "" {
-			t.Fatalf("headers %v: want Key kept, Nats-Expected-* dropped, no id", m.Header)
-		}
-		seen[m.Data[0]] = true
-	}
-	if len(seen) != 256 {
-		t.Fatalf("%d distinct payload bytes, want 256", len(seen))
+	for _, atomic := range []bool{false, true} {
+		t.Run(fmt.Sprint("atomic=", atomic), func(t *testing.T) {
+			js, opts := setup(t, n, 50, 0)
+			if atomic {
+				allow(t, js, func(c *jetstream.StreamConfig) { c.AllowAtomicPublish = true })
+				opts.Atomic, opts.BatchMax = true, 64
+			}
+			var stats loop.Stats
+			out := drain(t, js, opts, n, &stats)
+			if len(out) != n || stats.Forwarded.Load() != n || stats.BatchesRefused.Load() != 0 {
+				t.Fatalf("output %d, forwarded %d, batches refused %d; want %d, %d, 0", len(out), stats.Forwarded.Load(), stats.BatchesRefused.Load(), n, n)
+			}
+			seen := map[byte]int{}
+			for _, m := range out {
+				if m.Subject != "out.in.a" {
+					t.Fatalf("subject %q, want out.in.a", m.Subject)
+				}
+				if m.Header.Get("Key") == "" || m.Header.Get("Nats-Expected-Stream") != "" || m.Header.Get(jetstream.MsgIDHeader) != "" {
+					t.Fatalf("headers %v: want Key kept, Nats-Expected-* dropped, no id", m.Header)
+				}
+				seen[m.Data[0]]++
+			}
+			for b := range 256 {
+				if c, want := seen[byte(b)], n/256; c < want || c > want+1 {
+					t.Fatalf("payload byte %d forwarded %d times", b, c)
+				}
+			}
+		})
 	}
 }
 
@@ -127,36 +158,48 @@ func TestMsgIDDedupesInTheOutputStream(t *testing.T) {
 	}
 }
 
-// TestAtomicForwardsEveryMessage forwards with atomic batches of at most
-// 64 into an output stream that allows them: every message once, no batch
-// refused.
-func TestAtomicForwardsEveryMessage(t *testing.T) {
+// TestFastForwardsEveryMessageOnceByID forwards with fast batches into an
+// output stream that allows them, each forward carrying its key as
+// Nats-Msg-Id, then publishes the whole output again as fast batches:
+// every key is stored once, with its id, and the re-publish is dropped by
+// the ids.
+func TestFastForwardsEveryMessageOnceByID(t *testing.T) {
 	const n = 500
-	js, opts := setup(t, n, 50, 0)
+	js, opts := setup(t, n, n, time.Hour)
 	ctx := context.Background()
-	st, err := js.Stream(ctx, "OUT")
+	st := allow(t, js, func(c *jetstream.StreamConfig) { c.AllowBatchPublish = true })
+	opts.Fast, opts.KeyAsMsgID = true, true
+	opts.Key = func(m jetstream.Msg) (string, error) { return m.Headers().Get("Key"), nil }
+	var stats loop.Stats
+	out := drain(t, js, opts, n, &stats)
+	if len(out) != n || stats.Forwarded.Load() != n {
+		t.Fatalf("output %d, forwarded %d; want %d each", len(out), stats.Forwarded.Load(), n)
+	}
+	again := make([]*nats.Msg, 0, n)
+	for _, m := range out {
+		if m.Header.Get(jetstream.MsgIDHeader) != m.Header.Get("Key") {
+			t.Fatalf("id %q for key %q: want the key carried as the id", m.Header.Get(jetstream.MsgIDHeader), m.Header.Get("Key"))
+		}
+		again = append(again, &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+	}
+	fp, err := jetstreamext.NewFastPublisher(js)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := st.CachedInfo().Config
-	cfg.AllowAtomicPublish = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+	for _, m := range again[:n-1] {
+		if _, err := fp.AddMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := fp.CommitMsg(ctx, again[n-1]); err != nil {
+		t.Fatalf("commit of the re-publish: %v", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Atomic, opts.BatchMax = true, 64
-	var stats loop.Stats
-	out := drain(t, js, opts, n, &stats)
-	if len(out) != n || stats.Forwarded.Load() != n || stats.BatchesRefused.Load() != 0 {
-		t.Fatalf("output %d, forwarded %d, batches refused %d; want %d, %d, 0", len(out), stats.Forwarded.Load(), stats.BatchesRefused.Load(), n, n)
-	}
-	seen := map[byte]int{}
-	for _, m := range out {
-		seen[m.Data[0]]++
-	}
-	for b, c := range seen {
-		if want := n / 256; c < want || c > want+1 {
-			t.Fatalf("payload byte %d forwarded %d times", b, c)
-		}
+	if info.State.Msgs != n {
+		t.Fatalf("output holds %d messages after the re-publish, want %d: a re-publish is dropped by its id", info.State.Msgs, n)
 	}
 }
 
@@ -174,6 +217,7 @@ func TestValidate(t *testing.T) {
 		{"linger", func(o *loop.Options) { o.Linger = -1 }},
 		{"pull", func(o *loop.Options) { o.PullMax = 0 }},
 		{"id without key", func(o *loop.Options) { o.KeyAsMsgID, o.Key = true, nil }},
+		{"atomic and fast", func(o *loop.Options) { o.Atomic, o.Fast = true, true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := base
