@@ -4,14 +4,15 @@
 # image needs no base image from a registry (FROM scratch only). Two steps,
 # which deploy/build-images.sh runs for you:
 #
-#   1. CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(git describe --tags --always --dirty) -X main.revision=$(git rev-parse HEAD)" \
-#          -o deploy/build/dedupe-stage ./cmd/dedupe-stage
+#   1. CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o deploy/build/dedupe-stage ./cmd/dedupe-stage
 #      mkdir -p deploy/build/rootfs/data          # empty; becomes the /data volume, owned by 65532
 #      mkdir -p deploy/build/rootfs/licenses && cp LICENSE NOTICE deploy/build/rootfs/licenses/
 #   2. docker build -f Dockerfile -t dedupe-stage:local deploy/build
 #
 # The build context is deploy/build (git-ignored), not the repository root, so
-# the context holds only what the image needs.
+# the context holds only what the image needs. A release's image is built
+# without Docker by go run ./internal/release, with the labels below (a test
+# keeps the two lists and the version equal).
 #
 # Run it in front of an existing NATS server:
 #
@@ -39,6 +40,15 @@ COPY dedupe-stage /dedupe-stage
 # has no shell to chown at build or run time. A named volume mounted on /data
 # starts with this owner.
 COPY --chown=65532:65532 rootfs/ /
+
+# The OCI labels of the release (internal/version.Release). build-images.sh
+# sets version to the binary's own (with -dev off a release tag) and adds
+# the revision.
+LABEL org.opencontainers.image.title="dedupe-stage" \
+      org.opencontainers.image.description="A NATS JetStream stage that forwards each intent once" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.source="https://github.com/dedupe-stage/dedupe-stage" \
+      org.opencontainers.image.licenses="Apache-2.0"
 
 USER 65532:65532
 # /inspect tells whoever reaches the port whether a key was seen: off in the

@@ -11,7 +11,8 @@
 #   STAGE_IMAGE  stage image name (default dedupe-stage)
 #   NATS_IMAGE   nats-server image name (default dedupe-stage-nats)
 #   BUILD_DIR    where binaries and the build context go (default deploy/build, git-ignored)
-#   VERSION      version stamped into the binary (default: git describe, else "unknown")
+#   VERSION      version stamped into the binary and the image's label (default: the
+#                release, internal/version.Release, with -dev unless HEAD is its tag)
 #   REVISION     VCS revision stamped into the binary (default: git rev-parse HEAD)
 #   GOARCH       target architecture (default: the Docker engine's)
 #   ONLY         "stage" or "nats" to build one image
@@ -24,7 +25,14 @@ tag=${TAG:-local}
 stage_image=${STAGE_IMAGE:-dedupe-stage}
 nats_image=${NATS_IMAGE:-dedupe-stage-nats}
 build_dir=${BUILD_DIR:-$root/deploy/build}
-version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo unknown)}
+release=$(sed -n 's/^const Release = "\(.*\)"$/\1/p' internal/version/version.go)
+if [ -z "${VERSION:-}" ]; then
+  VERSION=$release-dev
+  if [ "$(git describe --tags --exact-match 2>/dev/null)" = "v$release" ] && git diff --quiet HEAD 2>/dev/null; then
+    VERSION=$release
+  fi
+fi
+version=$VERSION
 revision=${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 only=${ONLY:-}
 
@@ -47,7 +55,8 @@ if [ "$only" != "nats" ]; then
   go build -trimpath -ldflags "-s -w -X main.version=$version -X main.revision=$revision" -o "$build_dir/dedupe-stage" ./cmd/dedupe-stage
   echo "--- docker build $stage_image:$tag"
   docker build -q -f "$root/Dockerfile" -t "$stage_image:$tag" \
-    --label "org.opencontainers.image.version=$version" "$build_dir"
+    --label "org.opencontainers.image.version=$version" \
+    --label "org.opencontainers.image.revision=$revision" "$build_dir"
 fi
 
 if [ "$only" != "stage" ]; then

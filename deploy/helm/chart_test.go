@@ -40,6 +40,7 @@ import (
 	psapolicy "k8s.io/pod-security-admission/policy"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/kubetest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -468,10 +469,10 @@ func checkInstall(t *testing.T, o objects, replicas, partitions int, group bool,
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range kubetest.UnknownVars(env) {
+	for _, k := range kubetest.UnknownVars(env, config.EnvVars()) {
 		t.Errorf("env %s: the stage reads no such variable", k)
 	}
-	cfg, data, err := kp.Config(env, t.TempDir())
+	cfg, data, err := kubetest.Config(kp, env, t.TempDir(), loadPodConfig)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, data)
 	}
@@ -740,4 +741,20 @@ func TestRenderRefuses(t *testing.T) {
 	if _, err := render(t, "dedupe-stage", parseValues(t, "group: {enabled: true, replicas: 5, allowUnevenPartitions: true}")); err != nil {
 		t.Errorf("group.allowUnevenPartitions: %v", err)
 	}
+}
+
+// loadPodConfig loads the file at path as the stage does with the
+// environment getenv: config.Load, ApplyEnv, Validate (kubetest.Config).
+func loadPodConfig(path string, getenv func(string) string) (config.Config, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return cfg, fmt.Errorf("config.Load: %w", err)
+	}
+	if err := cfg.ApplyEnv(getenv); err != nil {
+		return cfg, fmt.Errorf("ApplyEnv: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid:\n%w", err)
+	}
+	return cfg, nil
 }

@@ -11,6 +11,7 @@ package kubernetes_test
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/kubetest"
 	"github.com/dedupe-stage/dedupe-stage/stage"
 )
@@ -195,10 +197,10 @@ func TestManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range kubetest.UnknownVars(env) {
+	for _, k := range kubetest.UnknownVars(env, config.EnvVars()) {
 		t.Errorf("env %s: the stage reads no such variable", k)
 	}
-	cfg, _, err := kp.Config(env, t.TempDir())
+	cfg, _, err := kubetest.Config(kp, env, t.TempDir(), loadPodConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,4 +272,20 @@ func TestManifests(t *testing.T) {
 	if c.StartupProbe != nil && c.StartupProbe.HTTPGet != nil && c.StartupProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("startup probe on %s, want /readyz", c.StartupProbe.HTTPGet.Path)
 	}
+}
+
+// loadPodConfig loads the file at path as the stage does with the
+// environment getenv: config.Load, ApplyEnv, Validate (kubetest.Config).
+func loadPodConfig(path string, getenv func(string) string) (config.Config, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return cfg, fmt.Errorf("config.Load: %w", err)
+	}
+	if err := cfg.ApplyEnv(getenv); err != nil {
+		return cfg, fmt.Errorf("ApplyEnv: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid:\n%w", err)
+	}
+	return cfg, nil
 }
