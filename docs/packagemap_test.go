@@ -41,6 +41,21 @@ func TestPackageMap(t *testing.T) {
 	t.Logf("the map as the code has it:\n```mermaid\ngraph TD\n%s```", mermaid(want))
 }
 
+// TestInternalImportsNeitherStageNorConfig checks the rule
+// architecture.md states: no package under internal/ imports the
+// module's stage or config packages (in its non-test code). The code under
+// internal/ takes plain values of its own (scaleout.Options,
+// status.Target, boot.Dial, the admin.Stage interface), which stage and
+// config fill, so that the pipeline and the configuration sit above it.
+func TestInternalImportsNeitherStageNorConfig(t *testing.T) {
+	for _, e := range codeEdges(t, "..") {
+		from, to, _ := strings.Cut(e, " --> ")
+		if strings.HasPrefix(from, "internal/") && (to == "stage" || to == "config") {
+			t.Errorf("%s imports %s%s: a package under internal/ takes plain values, never the module's stage or config package (docs/architecture.md, \"Packages\")", from, module, to)
+		}
+	}
+}
+
 // codeEdges returns "from --> to" for every import from one of the
 // module's packages to another in the non-test Go files under root,
 // sorted. The deploy/helm module and testdata are left out.
