@@ -24,7 +24,11 @@ import (
 const groupStartRounds = 10
 
 // groupStartBound is how long after the last instance of a group is ready
-// every partition with waiting input must have an owner.
+// every partition with waiting input must have an owner, and how long
+// after its release for balance a partition must have its next one: in
+// the median round. A round is the cluster's first minute, whose leader
+// elections may leave a request unanswered for a while; one slow round is
+// the cluster's, a slow median the group's.
 const groupStartBound = 2 * time.Second
 
 // groupStartWatch is how long after the last instance of a group is
@@ -40,8 +44,9 @@ const groupStartReady = 4 * time.Second
 // moment on a fresh 3-node cluster (R3 streams, the buckets and streams
 // created by the instances at once) with input waiting in every
 // partition, round after round (groupStartRounds): every instance is ready within
-// groupStartReady, every partition is taken within groupStartBound of the
-// last instance being ready, and no instance exits.
+// groupStartReady, every partition is taken within groupStartWatch of the
+// last instance being ready (and again after a release for balance), in
+// the median round within groupStartBound, and no instance exits.
 // It logs the time from the start to the first forwarded message of each
 // round, and their median and maximum.
 func TestScaleOutGroupStart(t *testing.T) {
@@ -54,10 +59,11 @@ func TestScaleOutGroupStart(t *testing.T) {
 		rounds = n
 	}
 	t.Logf("%d rounds (%d by default; DEDUPE_FAULTS_GROUPSTART_ROUNDS sets another count)", rounds, groupStartRounds)
-	var firsts []time.Duration
+	var firsts, slowest []time.Duration
 	for round := range rounds {
 		t.Run("round"+strconv.Itoa(round), func(t *testing.T) {
-			firsts = append(firsts, groupStartRound(t, round))
+			first, slow := groupStartRound(t, round)
+			firsts, slowest = append(firsts, first), append(slowest, slow)
 		})
 		if t.Failed() && testing.Short() {
 			break
@@ -66,14 +72,21 @@ func TestScaleOutGroupStart(t *testing.T) {
 	if len(firsts) == 0 {
 		return
 	}
+	slices.Sort(slowest)
+	if median := slowest[len(slowest)/2]; median > groupStartBound {
+		t.Errorf("the slowest take of the median round came %v after the last ready or its release, want within %v (each round's slowest: %v)",
+			median.Round(time.Millisecond), groupStartBound, slowest)
+	}
 	slices.Sort(firsts)
 	t.Logf("start to first forward over %d rounds: median %v, max %v (all %v)", len(firsts),
 		firsts[len(firsts)/2].Round(time.Millisecond), firsts[len(firsts)-1].Round(time.Millisecond), firsts)
 }
 
 // groupStartRound runs one round of TestScaleOutGroupStart and returns the
-// time from the instances' start to the first message in the output.
-func groupStartRound(t *testing.T, round int) time.Duration {
+// time from the instances' start to the first message in the output, and
+// the round's slowest take: of a partition after the last instance was
+// ready, or after its release for balance.
+func groupStartRound(t *testing.T, round int) (time.Duration, time.Duration) {
 	cl := startNATSCluster(t, 3)
 	js := publisherJS(t, cl.URLs())
 	cl0 := scaleOutConfig(t, cl.URLs(), "i0")
@@ -170,6 +183,7 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		}
 	}
 	var late []string
+	var slowest time.Duration
 	for i := range ready {
 		// One instance alone is ready in about a second; a start that
 		// waits on a request the cluster left unanswered takes 5 to 10 s
@@ -183,8 +197,11 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		switch {
 		case !ok:
 			late = append(late, fmt.Sprintf("partition %d not taken %v after the last instance was ready", p, end.Sub(last).Round(time.Millisecond)))
-		case at.Sub(last) > groupStartBound:
-			late = append(late, fmt.Sprintf("partition %d taken %v after the last instance was ready", p, at.Sub(last).Round(time.Millisecond)))
+		default:
+			slowest = max(slowest, at.Sub(last))
+			if d := at.Sub(last); d > groupStartBound {
+				t.Logf("partition %d taken %v after the last instance was ready (the bound, %v, applies to the median round)", p, d.Round(time.Millisecond), groupStartBound)
+			}
 		}
 	}
 	var moves []string
@@ -205,9 +222,7 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		case next >= 0:
 			d := max(events[from+1+next].at.Sub(e.at), 0)
 			moves = append(moves, fmt.Sprintf("p%d %v", e.partition, d.Round(time.Millisecond)))
-			if d > groupStartBound {
-				late = append(late, fmt.Sprintf("partition %d taken %v after %s released it for balance, want within %v", e.partition, d.Round(time.Millisecond), e.instance, groupStartBound))
-			}
+			slowest = max(slowest, d)
 		case end.Sub(e.at) > groupStartBound:
 			late = append(late, fmt.Sprintf("partition %d not taken %v after %s released it for balance", e.partition, end.Sub(e.at).Round(time.Millisecond), e.instance))
 		}
@@ -263,7 +278,7 @@ func groupStartRound(t *testing.T, round int) time.Duration {
 		stopped.Go(func() { cl.stop(i, syscall.SIGTERM) })
 	}
 	stopped.Wait()
-	return first
+	return first, slowest
 }
 
 // settled reports whether events say that every one of n partitions is
