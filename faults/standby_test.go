@@ -2,6 +2,7 @@ package faults
 
 import (
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -72,6 +73,7 @@ func TestScaleOutStandbyRestoresTheTail(t *testing.T) {
 			restored := b.metric("dedupe_restore_records_total")
 			takeovers := b.metric("dedupe_partition_takeovers_total")
 			t.Logf("standbys applied %v records; i0 owns %d partitions; %s i0", applied, owned, how)
+			from := len(b.last().Log())
 			if how == "kill" {
 				a.last().kill(t)
 			} else {
@@ -91,6 +93,12 @@ func TestScaleOutStandbyRestoresTheTail(t *testing.T) {
 			t.Logf("i1 took %v partitions, %v of them from its local store, restoring %v records", took, tookLocal, tail)
 			if took < float64(owned) || tookLocal != took {
 				t.Errorf("i1 took %v partitions, %v by path local; want i0's %d, all local", took, tookLocal, owned)
+			}
+			// A warm standby's cursor is close to the output's last sequence,
+			// so no snapshot can be past it: its takeover does not open the
+			// snapshot, whose transfer it would wait for.
+			if n := strings.Count(b.last().Log()[from:], "not opened: the output's last sequence"); n < int(took) {
+				t.Errorf("i1 left the snapshot unopened in %d of its %v takeovers; want all", n, took)
 			}
 			// Only the tail: the load was drained and the standbys caught
 			// up before the stop, so what is left is what i0 forwarded
