@@ -526,11 +526,14 @@ func TestScaleOutBalances(t *testing.T) {
 	}
 	b := eb.start()
 	round := 0
-	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "a and b to own 2 partitions each", func() (bool, error) {
+	// A release is counted once it is done: after the hand-off watch
+	// (up to 2 s) that follows the partition leaving a's owned set.
+	natstest.Poll(t, 60*time.Second, 200*time.Millisecond, "a and b to own 2 partitions each, a's releases done", func() (bool, error) {
 		round++
 		batch(round)
 		owned := [2]float64{gauge(t, a.reg, "dedupe_partitions_owned"), gauge(t, b.reg, "dedupe_partitions_owned")}
-		return owned == [2]float64{2, 2}, fmt.Errorf("a owns %v, b owns %v", owned[0], owned[1])
+		released := counter(t, a.reg, "dedupe_partition_releases_total", nil)
+		return owned == [2]float64{2, 2} && released >= 2, fmt.Errorf("a owns %v, b owns %v, a released %v", owned[0], owned[1], released)
 	})
 	if got := counter(t, a.reg, "dedupe_partition_releases_total", nil); got != 2 {
 		t.Errorf("a released %v partitions, want 2", got)
