@@ -3,6 +3,8 @@ package changelog_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +118,79 @@ func TestRestoreReadsKeyState(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("restored %q, want %q", got, want)
 		}
+	}
+}
+
+// TestReadShortSpanWhole: a read of a span shorter than Span.ReadAllUnder
+// reads every subject of the stream and leaves out other partitions'
+// forwards and key-state records, and fences, itself: it passes on what a
+// filtered read of the span does, ends at the fence, and its reader has no
+// filter (the server's pass over the subjects a filter matches is what it
+// saves). A span as long as ReadAllUnder is read filtered.
+func TestReadShortSpanWhole(t *testing.T) {
+	js := outStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	publish := func(m *nats.Msg) {
+		t.Helper()
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs := publishRecords(t, js, 1, 0, 3)
+	at := recs[0].firstSeen.Add(time.Minute)
+	if _, err := changelog.Take(ctx, js, "OUT", changelog.FenceSubject(prefix, 2), "A"); err != nil {
+		t.Fatal(err)
+	}
+	publishRecords(t, js, 2, 0, 2)
+	publish(changelog.RefreshMsg(changelog.KeyStateSubject(prefix, 1), changelog.Record{Key: []byte(recs[0].key), FirstSeen: recs[0].firstSeen, Fingerprint: recs[0].fp}, at))
+	publish(changelog.ForgetMsg(changelog.KeyStateSubject(prefix, 2), changelog.Record{Key: []byte("2-0"), FirstSeen: at, Fingerprint: 1}, at))
+	publishRecords(t, js, 1, 3, 2)
+	publishRecords(t, js, 2, 2, 1)
+	f, err := changelog.Take(ctx, js, "OUT", changelog.FenceSubject(prefix, 1), "B")
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishRecords(t, js, 1, 5, 1) // past the fence
+	st, err := js.Stream(ctx, "OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	from := recs[1].seq
+	span := f - from + 1
+	read := func(readAllUnder uint64) (got []string, filters []string) {
+		t.Helper()
+		sp := changelog.Span{Stream: "OUT", Forwards: []string{changelog.PartitionFilter(prefix, 1)}, KeyState: changelog.KeyStateSubject(prefix, 1),
+			Fence: changelog.FenceSubject(prefix, 1), From: from, UpTo: f, ReadAllUnder: readAllUnder}
+		_, err := changelog.Read(ctx, js, sp, func(r changelog.Record, subject string, seq uint64) error {
+			if filters == nil {
+				for info := range st.ListConsumers(ctx).Info() {
+					filters = append(append(filters, info.Config.FilterSubject), info.Config.FilterSubjects...)
+				}
+			}
+			what := subject + " " + string(r.Key)
+			if !r.WindowStart.IsZero() {
+				what += " refresh"
+			}
+			got = append(got, what)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("read with ReadAllUnder %d: %v", readAllUnder, err)
+		}
+		return got, filters
+	}
+	filtered, withFilters := read(span)
+	whole, withoutFilters := read(span + 1)
+	want := []string{"out.1.events.x 1-1", "out.1.events.x 1-2", "_dedupe.out.key.1 1-0 refresh", "out.1.events.x 1-3", "out.1.events.x 1-4"}
+	if fmt.Sprint(filtered) != fmt.Sprint(want) || fmt.Sprint(whole) != fmt.Sprint(want) {
+		t.Errorf("read filtered %q, whole %q; want %q", filtered, whole, want)
+	}
+	if len(strings.Join(withFilters, "")) == 0 {
+		t.Errorf("a span of %d sequences with ReadAllUnder %d was read without a filter", span, span)
+	}
+	if got := strings.Join(withoutFilters, ""); got != "" {
+		t.Errorf("a span of %d sequences with ReadAllUnder %d was read with filters %q, want none", span, span+1, withoutFilters)
 	}
 }

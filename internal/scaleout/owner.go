@@ -321,10 +321,17 @@ type restoreRun struct {
 // unless the output's leader holds none of the partition's forwards and
 // key-state records: then there is nothing to restore, and the takeover
 // of an empty partition costs the fence and one request per subject
-// instead of a snapshot lookup and a reader (path restoreEmpty).
+// instead of a snapshot lookup and a reader (path restoreEmpty). A
+// partition whose records this instance holds (cursor > 0: a warm
+// standby's, or its own from an earlier tenure) is restored without the
+// question, which costs the server a pass over the partition's subjects
+// (30-90 ms at a million).
 func (o *Owner) restoreUpTo(ctx context.Context, keepAlive func(), out *jetstream.StreamInfo, cursor, from uint64, since time.Time, f uint64) (restoreRun, error) {
 	g := o.g
 	p := o.p.Index()
+	if cursor > 0 {
+		return o.restore(ctx, keepAlive, out, cursor, from, since, f)
+	}
 	holds, err := changelog.Holds(ctx, g.js, g.outStream, changelog.PartitionFilter(g.prefix, p), changelog.KeyStateSubject(g.prefix, p))
 	if err != nil {
 		return restoreRun{}, err
@@ -374,7 +381,8 @@ func (o *Owner) restore(ctx context.Context, keepAlive func(), out *jetstream.St
 	}
 	g.snaps.metrics.paths.WithLabelValues(r.path).Inc()
 	sp := changelog.Span{Stream: g.outStream, Forwards: []string{changelog.PartitionFilter(g.prefix, p)},
-		KeyState: changelog.KeyStateSubject(g.prefix, p), Fence: changelog.FenceSubject(g.prefix, p), From: r.from, Since: since, UpTo: f}
+		KeyState: changelog.KeyStateSubject(g.prefix, p), Fence: changelog.FenceSubject(g.prefix, p), From: r.from, Since: since, UpTo: f,
+		ReadAllUnder: changelog.ReadAllUnderFor(out.State.NumSubjects)}
 	st, err := changelog.Apply(ctx, g.js, sp, []changelog.Target{{P: o.p, Cursor: r.cursor}}, changelog.ApplyOptions{
 		Route: func(*changelog.Record, string) int { return 0 },
 		Progress: func(_, n int) {
