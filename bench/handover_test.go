@@ -21,6 +21,11 @@ func TestModeFlags(t *testing.T) {
 		{"handover", "--configs", "raw"},
 		{"compare", "--stage-env", "GOMEMLIMIT=1GiB"},
 		{"compare", "--configs", "raw,nope"},
+		{"compare", "--ages", "first=1"},
+		{"compare", "--ages", "burst=-1"},
+		{"compare", "--ages", "burst"},
+		{"compare", "--ages", "bogus=1"},
+		{"compare", "--ages", "burst=0,near=0"},
 		{"state", "--keys", "10,x"},
 		{"scaleout", "--configs", "raw"},
 		{"scaleout", "--ages", "burst=0.5,past=0.5"},
@@ -60,61 +65,63 @@ func TestModeFlags(t *testing.T) {
 	if f, err := parseFlags([]string{"scaleout", "--sync-always", "--repeat-ratio", "0.1"}); err != nil || !f.syncAlways || f.repeatRatio != 0.1 {
 		t.Errorf("flags given: %v; want them kept", err)
 	}
-	if f, err := parseFlags([]string{"--events", "100"}); err != nil || f.mode.name != "compare" || !f.syncAlways || f.events != 100 {
-		t.Errorf("flags without a mode: %+v, %v; want the compare mode with fsync and 100 events", f, err)
+	if f, err := parseFlags([]string{"--events", "100", "--ages", "near=2,past=2"}); err != nil || f.mode.name != "compare" || !f.syncAlways || f.events != 100 ||
+		f.mix[ClassNear] != 0.5 || f.mix[ClassPast] != 0.5 {
+		t.Errorf("flags without a mode: %+v, %v; want the compare mode with fsync, 100 events, near and past copies half each", f, err)
 	}
 }
 
+// TestHandOverRun runs the mode end to end after a crash (--stop kill)
+// and after a planned stop (--stop term, a pin's TTL of 20s): every probe
+// and loaded key comes out once, b takes the partition from the snapshot
+// or as a warm standby, and after a planned stop b forwards well before
+// the TTL, since the stopping owner unpins its partition.
 func TestHandOverRun(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
+		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s each); not with -short")
 	}
-	dir := t.TempDir()
-	r := runModeTest(t, dir, "handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--ack-wait", "2s").HandOver
-	if !r.OK || r.Probes == 0 || r.Copies != 500 {
-		t.Errorf("%+v; want every probe and loaded key once, probes published, 500 copies", r)
+	for _, stop := range []string{"kill", "term"} {
+		t.Run(stop, func(t *testing.T) {
+			dir := t.TempDir()
+			args := []string{"handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--stop", stop, "--ack-wait", "2s"}
+			if stop == "term" {
+				args[len(args)-1] = "20s"
+			}
+			r := runModeTest(t, dir, args...).HandOver
+			if !r.OK || r.Probes == 0 || r.Copies != 500 || r.Stop != stop {
+				t.Errorf("%+v; want every probe and loaded key once, probes published, 500 copies, stop %s", r, stop)
+			}
+			t.Logf("%s -> a exited %.2fs, -> first forward %.2fs (pin TTL %gs); takeovers %+v, standby caught up after %.1fs",
+				stop, r.AExitSeconds, r.FirstForwardSeconds, r.PinTTLSeconds, r.Takeovers, r.StandbyCatchUpSeconds)
+			if stop == "term" {
+				// After a crash the first forward waits for the pin's TTL,
+				// which runs from the owner's last pull: half the TTL tells
+				// the two apart.
+				if r.FirstForwardSeconds <= 0 || r.FirstForwardSeconds >= r.PinTTLSeconds/2 || r.AExitSeconds <= 0 {
+					t.Errorf("stop -> first forward %.2fs, a exited after %.2fs; want a forward within half the pin's TTL of %gs: the stop unpins",
+						r.FirstForwardSeconds, r.AExitSeconds, r.PinTTLSeconds)
+				}
+				noneLeft(t, dir)
+				return
+			}
+			// b takes the partition from the snapshot of the 2000 keys, or, as
+			// a warm standby that tailed the changelog (scale_out.standbys),
+			// from its local store, restoring only the tail (docs/scale-out.md §4.4).
+			warm := len(r.Takeovers) == 1 && r.Takeovers[0].Path == "local" && r.Takeovers[0].FromSnapshot == 0 && r.Takeovers[0].Restored <= 100
+			if len(r.Takeovers) != 1 || !warm && (r.Takeovers[0].Path != "snapshot" || r.Takeovers[0].FromSnapshot != 2000) {
+				t.Errorf("takeovers %+v; want one, from the snapshot of the 2000 keys or from a warm standby's local store with at most the tail restored", r.Takeovers)
+			}
+			if r.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || !warm && r.RestoreRecordsPerSec <= 0 {
+				t.Errorf("first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
+					r.FirstForwardSeconds, r.SnapshotBytesPerKey, r.RestoreRecordsPerSec)
+			}
+			if r.BAnonRSSFirstMiB <= 0 || r.BAnonRSSMaxMiB < r.BAnonRSSFirstMiB || r.BHeapInuseMaxMiB <= 0 || r.BPeakRSSMiB < r.BAnonRSSMaxMiB {
+				t.Errorf("b's anonymous RSS %.1f -> %.1f MiB, heap in use %.1f MiB, peak RSS %.1f MiB; want each sampled, the peak at least the anonymous maximum",
+					r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB, r.BHeapInuseMaxMiB, r.BPeakRSSMiB)
+			}
+			noneLeft(t, dir)
+		})
 	}
-	// b takes the partition from the snapshot of the 2000 keys, or, as a
-	// warm standby that tailed the changelog (scale_out.standbys), from
-	// its local store, restoring only the tail (docs/scale-out.md §4.4).
-	warm := len(r.Takeovers) == 1 && r.Takeovers[0].Path == "local" && r.Takeovers[0].FromSnapshot == 0 && r.Takeovers[0].Restored <= 100
-	if len(r.Takeovers) != 1 || !warm && (r.Takeovers[0].Path != "snapshot" || r.Takeovers[0].FromSnapshot != 2000) {
-		t.Errorf("takeovers %+v; want one, from the snapshot of the 2000 keys or from a warm standby's local store with at most the tail restored", r.Takeovers)
-	}
-	if r.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || !warm && r.RestoreRecordsPerSec <= 0 {
-		t.Errorf("first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
-			r.FirstForwardSeconds, r.SnapshotBytesPerKey, r.RestoreRecordsPerSec)
-	}
-	t.Logf("takeover %+v, standby caught up after %.1fs", r.Takeovers, r.StandbyCatchUpSeconds)
-	if r.BAnonRSSFirstMiB <= 0 || r.BAnonRSSMaxMiB < r.BAnonRSSFirstMiB || r.BHeapInuseMaxMiB <= 0 || r.BPeakRSSMiB < r.BAnonRSSMaxMiB {
-		t.Errorf("b's anonymous RSS %.1f -> %.1f MiB, heap in use %.1f MiB, peak RSS %.1f MiB; want each sampled, the peak at least the anonymous maximum",
-			r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB, r.BHeapInuseMaxMiB, r.BPeakRSSMiB)
-	}
-	noneLeft(t, dir)
-}
-
-// TestHandOverPlannedStop runs the hand-over with a clean stop
-// (--stop term) and a pin's TTL of 20s: the new owner forwards
-// well before the TTL, since the stopping owner unpins its partition, and
-// every probe and loaded key comes out once.
-func TestHandOverPlannedStop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s); not with -short")
-	}
-	dir := t.TempDir()
-	r := runModeTest(t, dir, "handover", "--snapshot-interval", "2s", "--stop", "term", "--keys", "2000", "--copies", "100", "--ack-wait", "20s").HandOver
-	if !r.OK || r.Probes == 0 {
-		t.Errorf("%+v; want every probe and loaded key once, probes published, stop term", r)
-	}
-	// After a crash the first forward waits for the pin's TTL, which runs
-	// from the owner's last pull: 16.8s after a SIGKILL in this test's
-	// setting. Half the TTL tells the two apart.
-	if r.FirstForwardSeconds <= 0 || r.FirstForwardSeconds >= r.PinTTLSeconds/2 || r.AExitSeconds <= 0 {
-		t.Errorf("stop -> first forward %.2fs, a exited after %.2fs; want a forward within half the pin's TTL of %gs: the stop unpins",
-			r.FirstForwardSeconds, r.AExitSeconds, r.PinTTLSeconds)
-	}
-	t.Logf("stop -> a exited %.2fs, -> first forward %.2fs (pin TTL %gs)", r.AExitSeconds, r.FirstForwardSeconds, r.PinTTLSeconds)
-	noneLeft(t, dir)
 }
 
 // runModeTest runs the mode of args in dir without progress lines, its

@@ -107,37 +107,6 @@ func TestKeyRoundTrip(t *testing.T) {
 	}
 }
 
-func TestParseMix(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		wantErr bool
-	}{
-		{"burst=1", false},
-		{"near=2,past=2", false},
-		{"", true},
-		{"first=1", true},
-		{"burst=-1", true},
-		{"burst", true},
-		{"bogus=1", true},
-	} {
-		t.Run(tc.in, func(t *testing.T) {
-			m, err := ParseMix(tc.in)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("ParseMix(%q) error = %v, want error %v", tc.in, err, tc.wantErr)
-			}
-			if err == nil {
-				sum := 0.0
-				for _, v := range m {
-					sum += v
-				}
-				if math.Abs(sum-1) > 1e-9 {
-					t.Fatalf("shares sum to %v", sum)
-				}
-			}
-		})
-	}
-}
-
 // TestLateGroundTruth checks the late phase's grouping and judgement,
 // with and without window.refresh_on_repeat, on the same copies: the
 // groups are judged at the store's first-seen time (recorded 2m late)

@@ -202,29 +202,3 @@ func TestFastForwardsEveryMessageOnceByID(t *testing.T) {
 		t.Fatalf("output holds %d messages after the re-publish, want %d: a re-publish is dropped by its id", info.State.Msgs, n)
 	}
 }
-
-func TestValidate(t *testing.T) {
-	_, base := setup(t, 0, 1, 0)
-	for _, tc := range []struct {
-		name string
-		edit func(*loop.Options)
-	}{
-		{"no consumer", func(o *loop.Options) { o.Consumer = nil }},
-		{"no js", func(o *loop.Options) { o.JS = nil }},
-		{"no subject", func(o *loop.Options) { o.Subject = nil }},
-		{"workers", func(o *loop.Options) { o.Workers = 0 }},
-		{"batch", func(o *loop.Options) { o.BatchSize = 0 }},
-		{"linger", func(o *loop.Options) { o.Linger = -1 }},
-		{"pull", func(o *loop.Options) { o.PullMax = 0 }},
-		{"id without key", func(o *loop.Options) { o.KeyAsMsgID, o.Key = true, nil }},
-		{"atomic and fast", func(o *loop.Options) { o.Atomic, o.Fast = true, true }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			opts := base
-			tc.edit(&opts)
-			if err := loop.Run(context.Background(), opts, nil); !errors.Is(err, loop.ErrBadOptions) {
-				t.Fatalf("Run = %v, want ErrBadOptions", err)
-			}
-		})
-	}
-}
