@@ -159,6 +159,21 @@ func (e *procEnv) release(n streamNames, cfg config.Config, insts []*instance) {
 	}
 }
 
+// startAll starts insts, each in a CPU cgroup prefix+name capped at cores
+// (> 0), and waits up to timeout until each is ready; it reports whether
+// every cap was applied.
+func (e *procEnv) startAll(ctx context.Context, insts []*instance, prefix string, cores float64, timeout time.Duration) (bool, error) {
+	all := cores > 0
+	for _, in := range insts {
+		capped, err := e.start(ctx, in, prefix+in.name, cores)
+		if err != nil {
+			return false, err
+		}
+		all = all && capped
+	}
+	return all, waitReady(ctx, timeout, insts...)
+}
+
 // start starts in, its log next to its configuration, in a CPU cgroup
 // named cgroup with cores > 0; it reports whether the cap was applied.
 func (e *procEnv) start(ctx context.Context, in *instance, cgroup string, cores float64) (bool, error) {

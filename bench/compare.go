@@ -20,27 +20,15 @@ import (
 type Kind string
 
 // The configurations, in the order they run by default (stage-refresh only
-// when --configs names it).
+// when --configs names it); kinds describes each.
 const (
-	// KindRaw is the pass-through loop without dedupe, one publish per
-	// message: the ceiling of that way to publish.
-	KindRaw Kind = "raw"
-	// KindRawAtomic is the raw loop forwarding each batch as atomic
-	// batches: one sync per batch when the server fsyncs.
-	KindRawAtomic Kind = "raw-atomic"
-	// KindRawFast is the raw loop forwarding each batch as one fast batch
-	// (flow-controlled, not atomic).
-	KindRawFast Kind = "raw-fast"
-	// KindJetStream is the raw loop with Nats-Msg-Id = key into an output
-	// stream whose duplicate window is W: JetStream's own dedupe.
-	KindJetStream Kind = "jetstream"
-	// KindStageBloom is dedupe-stage with the Bloom pre-check.
-	KindStageBloom Kind = "stage-bloom"
-	// KindStageNoFilter is dedupe-stage with the pre-check off.
+	KindRaw           Kind = "raw"
+	KindRawAtomic     Kind = "raw-atomic"
+	KindRawFast       Kind = "raw-fast"
+	KindJetStream     Kind = "jetstream"
+	KindStageBloom    Kind = "stage-bloom"
 	KindStageNoFilter Kind = "stage-nofilter"
-	// KindStageRefresh is stage-bloom with window.refresh_on_repeat: each
-	// repeat moves its key's window, a write in the batch's commit.
-	KindStageRefresh Kind = "stage-refresh"
+	KindStageRefresh  Kind = "stage-refresh"
 )
 
 // kinds are the configurations with their stream token and description.

@@ -169,7 +169,7 @@ func (h *hoRun) configure(ctx context.Context) error {
 // it.
 func (h *hoRun) load(ctx context.Context) error {
 	f, a, run := h.f, h.a, h.run
-	if err := h.startReady(ctx, a); err != nil {
+	if _, err := h.startAll(ctx, []*instance{a}, "", 0, time.Minute); err != nil {
 		return err
 	}
 	fmt.Fprintf(logOut, "loading %d keys through instance a\n", f.hoKeys)
@@ -225,7 +225,7 @@ func (h *hoRun) standBy(ctx context.Context) error {
 	f, run := h.f, h.run
 	run.BStartedAtKill = f.partitions > 1
 	if !run.BStartedAtKill {
-		if err := h.startReady(ctx, h.b); err != nil {
+		if _, err := h.startAll(ctx, []*instance{h.b}, "", 0, time.Minute); err != nil {
 			return err
 		}
 		time.Sleep(time.Second) // B's presence is seen by A; nothing moves
@@ -308,7 +308,7 @@ func (h *hoRun) kill(ctx context.Context) error {
 		// b's start refuses to run while messages arrive during its check
 		// of the input stream (see the README), so the probes start once b
 		// is ready: well inside the pin's TTL, before which nothing moves.
-		if err := h.startReady(ctx, b); err != nil {
+		if _, err := h.startAll(ctx, []*instance{b}, "", 0, time.Minute); err != nil {
 			return err
 		}
 		run.BReadySeconds = time.Since(t0).Seconds()
@@ -526,9 +526,8 @@ func (e *soEnv) verifyHandOver(ctx context.Context, n streamNames, run *HandOver
 	if err != nil {
 		return err
 	}
-	once := func(int) int { return 1 }
-	run.LoadedLost, run.LoadedDuplicated = exact(t.counts[hoLoadPrefix], once)
-	run.ProbesLost, run.ProbesDuplicated = exact(t.counts[hoProbePrefix], once)
+	run.LoadedLost, run.LoadedDuplicated = t.exact(map[string]func(int) int{hoLoadPrefix: once})
+	run.ProbesLost, run.ProbesDuplicated = t.exact(map[string]func(int) int{hoProbePrefix: once})
 	run.Foreign = t.foreign
 	return nil
 }
@@ -571,12 +570,4 @@ func printHandOver(w io.Writer, r *HandOverRun) {
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
 	}
-}
-
-// startReady starts in and waits until it is ready.
-func (h *hoRun) startReady(ctx context.Context, in *instance) error {
-	if _, err := h.start(ctx, in, "", 0); err != nil {
-		return err
-	}
-	return waitReady(ctx, 60*time.Second, in)
 }

@@ -168,15 +168,8 @@ func (e *procEnv) partitionPoint(ctx context.Context, idx, parts int, run *Parti
 	}
 	// Every instance at once, as a deployment of a group starts them.
 	t0 := time.Now()
-	run.Capped = e.f.ptCap > 0
-	for _, in := range insts {
-		capped, err := e.start(ctx, in, fmt.Sprintf("p%d-%s", idx, in.name), e.f.ptCap)
-		if err != nil {
-			return pt, err
-		}
-		run.Capped = run.Capped && capped
-	}
-	if err := waitReady(ctx, e.f.timeout, insts...); err != nil {
+	run.Capped, err = e.startAll(ctx, insts, fmt.Sprintf("p%d-", idx), e.f.ptCap, e.f.timeout)
+	if err != nil {
 		return pt, err
 	}
 	pt.ReadySeconds = time.Since(t0).Seconds()
@@ -242,9 +235,8 @@ func (e *procEnv) verifyPoint(ctx context.Context, n streamNames, pt *PartitionP
 	if err != nil {
 		return err
 	}
-	lost, dup := exact(t.counts[ptPinPrefix], func(i int) int { return wantPin[i] })
-	pt.Lost, pt.Duplicated = exact(t.counts[ptLoadPrefix], func(int) int { return 1 })
-	pt.Lost, pt.Duplicated, pt.Foreign = pt.Lost+lost, pt.Duplicated+dup, t.foreign
+	pt.Lost, pt.Duplicated = t.exact(map[string]func(int) int{ptPinPrefix: func(i int) int { return wantPin[i] }, ptLoadPrefix: once})
+	pt.Foreign = t.foreign
 	return nil
 }
 

@@ -456,19 +456,16 @@ func (r *soRowRun) configure(ctx context.Context) error {
 
 // start starts the instances: the first alone, then the others.
 func (r *soRowRun) start(ctx context.Context) error {
-	r.res.Capped = r.row.cap > 0
-	for k, in := range r.insts {
-		capped, err := r.procEnv.start(ctx, in, fmt.Sprintf("r%d-%s", r.idx, in.name), r.row.cap)
-		if err != nil {
-			return err
-		}
-		r.res.Capped = r.res.Capped && capped
-		if k == 0 || k == len(r.insts)-1 {
-			if err := waitReady(ctx, 60*time.Second, r.insts[:k+1]...); err != nil {
-				return err
-			}
-		}
+	prefix := fmt.Sprintf("r%d-", r.idx)
+	first, err := r.startAll(ctx, r.insts[:1], prefix, r.row.cap, time.Minute)
+	if err != nil {
+		return err
 	}
+	rest, err := r.startAll(ctx, r.insts[1:], prefix, r.row.cap, time.Minute)
+	if err != nil {
+		return err
+	}
+	r.res.Capped = first && rest
 	if r.row.cap > 0 && !r.res.Capped && r.capErr != nil {
 		r.res.Notes = append(r.res.Notes, "not capped: "+r.capErr.Error())
 	}
@@ -744,9 +741,7 @@ func (e *soEnv) verify(ctx context.Context, n streamNames, warmFrom int, res *Sc
 	}
 	c := &res.Correct
 	*c = ScaleOutCorrect{Output: t.total - t.fences - t.keyState, Fences: t.fences, KeyState: t.keyState, Expected: e.thr.Keys + e.warmKeys - warmFrom}
-	c.Lost, c.Duplicated = exact(t.counts[e.thr.Prefix], func(int) int { return 1 })
-	lost, dup := exact(t.counts["wup"], func(i int) int { return boolInt(i >= warmFrom) })
-	c.Lost, c.Duplicated = c.Lost+lost, c.Duplicated+dup
+	c.Lost, c.Duplicated = t.exact(map[string]func(int) int{e.thr.Prefix: once, "wup": func(i int) int { return boolInt(i >= warmFrom) }})
 	if t.foreign > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("%d output messages carry no key of the workload", t.foreign))
 		c.Duplicated += t.foreign
@@ -769,7 +764,7 @@ func (e *soEnv) verify(ctx context.Context, n streamNames, warmFrom int, res *Sc
 		return err
 	}
 	c.DeadLetterWant, c.DeadLettered = e.bad, dl.total-dl.fences
-	c.DeadLetterLost, c.DeadLetterExtra = exact(dl.counts["bad"], func(int) int { return 1 })
+	c.DeadLetterLost, c.DeadLetterExtra = dl.exact(map[string]func(int) int{"bad": once})
 	c.DeadLetterExtra += dl.foreign
 	c.OK = c.Lost == 0 && c.Duplicated == 0 && c.DeadLetterLost == 0 && c.DeadLetterExtra == 0
 	return nil

@@ -102,9 +102,8 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 		// not a fault of the harness, so it is counted apart.
 		c.Expected = r.thr.Events() + r.lat.Events()
 		c.DroppedByOutput = int(s.loopStats.Duplicates.Load())
-		c.Lost, c.Redelivered = exact(thr, func(i int) int { return int(r.thr.Copies[i]) })
-		l, d := exact(lat, func(i int) int { return int(r.lat.Copies[i]) })
-		c.Lost, c.Redelivered = c.Lost+l, c.Redelivered+d
+		c.Lost, c.Redelivered = t.exact(map[string]func(int) int{
+			r.thr.Prefix: func(i int) int { return int(r.thr.Copies[i]) }, r.lat.Prefix: func(i int) int { return int(r.lat.Copies[i]) }})
 		if c.Redelivered > 0 {
 			res.Notes = append(res.Notes, fmt.Sprintf("%d events were redelivered (AckWait passed) and forwarded twice: raw has no dedupe; not counted as duplicated", c.Redelivered))
 		}
@@ -114,10 +113,7 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 		// are inside it and dropped too.
 		c.Expected = r.thr.Keys + r.lat.Keys
 		c.DroppedByOutput = int(s.loopStats.Duplicates.Load())
-		one := func(int) int { return 1 }
-		c.Lost, c.Duplicated = exact(thr, one)
-		l, d := exact(lat, one)
-		c.Lost, c.Duplicated = c.Lost+l, c.Duplicated+d
+		c.Lost, c.Duplicated = t.exact(map[string]func(int) int{r.thr.Prefix: once, r.lat.Prefix: once})
 		res.Notes = append(res.Notes, "JetStream's window runs on the server's wall clock, so the copies placed past W in logical time are inside it and dropped: expected = one message per key")
 	default:
 		r.verifyStage(s, thr, lat, total, res)
@@ -134,19 +130,23 @@ func (r *runner) verify(ctx context.Context, kind Kind, js jetstream.JetStream, 
 	return nil
 }
 
-// exact compares per-key counts with want(i) and returns the shortfall and
-// the excess.
-func exact(got []uint16, want func(int) int) (lost, dup int) {
-	for i, g := range got {
-		w := want(i)
-		if int(g) < w {
-			lost += w - int(g)
-		} else {
-			dup += int(g) - w
+// exact compares the counts of the keys of each prefix of want with
+// want[prefix](i), and returns the shortfall and the excess, summed.
+func (t *tally) exact(want map[string]func(i int) int) (lost, dup int) {
+	for prefix, w := range want {
+		for i, g := range t.counts[prefix] {
+			if n := w(i); int(g) < n {
+				lost += n - int(g)
+			} else {
+				dup += int(g) - n
+			}
 		}
 	}
 	return lost, dup
 }
+
+// once is the ground truth of a key forwarded once.
+func once(int) int { return 1 }
 
 // tally is what a stream holds, counted per key of each workload.
 type tally struct {
