@@ -121,9 +121,7 @@ func (p *publisher) publish(ctx context.Context, wl *Workload, events []Event, r
 			m.Header[headerKey] = []string{key}
 		}
 		if rate > 0 {
-			if d := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
-				time.Sleep(d)
-			}
+			pace(start, i, rate)
 			m.Header[headerSent] = []string{strconv.FormatInt(time.Now().UnixNano(), 10)}
 		}
 		return m
@@ -227,6 +225,12 @@ func (p *progress) print() {
 		fwd = fmt.Sprintf(", %d forwarded", p.forwarded())
 	}
 	fmt.Fprintf(logOut, "  %s: %d/%d%s, %.0f ev/s, %s elapsed, ~%s left\n", p.label, done, p.total, fwd, rate, el.Round(time.Second), left)
+}
+
+// pace sleeps until message i of a publish paced at rate messages a second
+// from start is due.
+func pace(start time.Time, i int, rate float64) {
+	time.Sleep(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
 }
 
 // publishAll publishes count messages, msg(i) for i in order, as fast as

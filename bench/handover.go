@@ -21,6 +21,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 // The handover mode measures how long a partition, or a whole group,
@@ -421,33 +422,15 @@ func (e *soEnv) lastSeq(ctx context.Context, stream string) (uint64, error) {
 }
 
 // publishProbes publishes new probe keys at hoProbeRate until ctx is done
-// and returns how many were stored.
+// and returns how many it published: one the stream did not store is lost
+// in the ground truth.
 func (e *soEnv) publishProbes(ctx context.Context, n streamNames) int {
-	tick := time.NewTicker(time.Second / hoProbeRate)
-	defer tick.Stop()
-	var futures []jetstream.PubAckFuture
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-			f, err := e.js.PublishMsgAsync(n.msg(soSubject, KeyString(hoProbePrefix, e.f.seed, i), i, e.f.payloadSize))
-			if err == nil {
-				futures = append(futures, f)
-			}
-			continue
-		}
-		break
-	}
-	stored := 0
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-			stored++
-		case <-f.Err():
-		case <-time.After(30 * time.Second):
-		}
-	}
-	return stored
+	start, sent := time.Now(), 0
+	_ = natstest.Publish(ctx, e.js, int(hoProbeRate*hoProbeFor/time.Second), func(i int) *nats.Msg {
+		pace(start, i, hoProbeRate)
+		return n.msg(soSubject, KeyString(hoProbePrefix, e.f.seed, i), i, e.f.payloadSize)
+	}, func(n int) { sent = n })
+	return sent
 }
 
 // firstForward polls the output stream after sequence last until it holds

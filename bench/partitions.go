@@ -206,9 +206,7 @@ func (e *procEnv) partitionPoint(ctx context.Context, idx, parts int, run *Parti
 	if pt.Load, err = e.window(ctx, insts, cons, e.f.ptLoad, func(wctx context.Context) error {
 		start := time.Now()
 		return natstest.Publish(wctx, e.js, events, func(i int) *nats.Msg {
-			if d := time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(e.f.ptRate))); d > 0 {
-				time.Sleep(d)
-			}
+			pace(start, i, float64(e.f.ptRate))
 			return n.msg(soSubject, KeyString(ptLoadPrefix, e.f.seed, i), i, e.f.payloadSize)
 		}, nil)
 	}); err != nil {
