@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/dedupe-stage/dedupe-stage/config"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/gobuild"
@@ -118,10 +120,11 @@ func (e *procEnv) close() {
 }
 
 // configureGroup writes the configurations of the instances names of a
-// group of mode into dir, checks them and creates the group's streams; it
-// returns the instances, not started, and the last one's configuration
-// (they differ by name, data dir and address only).
-func (e *procEnv) configureGroup(ctx context.Context, dir string, n streamNames, names []string, mode string, refresh bool, expectedKeys int, extra string) ([]*instance, config.Config, error) {
+// group of mode into dir (instanceConfig, with edit), checks them and
+// creates the group's streams; it returns the instances, not started, and
+// the last one's configuration (they differ by name, data dir and address
+// only).
+func (e *procEnv) configureGroup(ctx context.Context, dir string, n streamNames, names []string, mode string, refresh bool, expectedKeys int, edit func(*config.Config)) ([]*instance, config.Config, error) {
 	var cfg config.Config
 	ports, err := proctest.Ports(len(names))
 	if err == nil {
@@ -133,12 +136,13 @@ func (e *procEnv) configureGroup(ctx context.Context, dir string, n streamNames,
 	insts := make([]*instance, len(names))
 	for k, name := range names {
 		in := &instance{name: name, cfgPath: filepath.Join(dir, name+".yaml"), addr: fmt.Sprintf("127.0.0.1:%d", ports[k])}
-		y := e.instanceYAML(mode, refresh, n, name, filepath.Join(dir, name+"-data"), in.addr, expectedKeys, extra)
-		if err := os.WriteFile(in.cfgPath, []byte(y), 0o644); err != nil {
-			return nil, cfg, err
-		}
-		if cfg, err = config.Parse([]byte(y)); err == nil {
+		cfg = e.instanceConfig(mode, refresh, n, name, filepath.Join(dir, name+"-data"), in.addr, expectedKeys, edit)
+		y, err := yaml.Marshal(cfg)
+		if err == nil {
 			err = cfg.Validate()
+		}
+		if err == nil {
+			err = os.WriteFile(in.cfgPath, y, 0o644)
 		}
 		if err != nil {
 			return nil, cfg, fmt.Errorf("%s: %w", in.cfgPath, err)
@@ -236,9 +240,15 @@ func waitReady(ctx context.Context, timeout time.Duration, insts ...*instance) e
 
 // ready asks in's /readyz.
 func ready(ctx context.Context, in *instance) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	return get(ctx, "http://"+in.addr+"/readyz", nil)
+}
+
+// get reads url within 5 seconds and hands its body to read (nil: none);
+// an answer other than 200 is an error.
+func get(ctx context.Context, url string, read func(io.Reader) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+in.addr+"/readyz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
@@ -246,9 +256,12 @@ func ready(ctx context.Context, in *instance) error {
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode != http.StatusOK:
 		return errors.New(resp.Status)
+	case read != nil:
+		return read(io.LimitReader(resp.Body, 1<<20))
 	}
 	return nil
 }

@@ -83,6 +83,25 @@ func namesOf(prefix, suffix, token string) streamNames {
 		routedSubj: "routed." + token, group: strings.ToLower(prefix) + suffix}
 }
 
+// stageConfig returns the stage's configuration on nc for the streams n:
+// the defaults with n's streams, --window (and refresh_on_repeat as
+// refresh), the state's partitions and sync_writes, and the filter sized
+// for expectedKeys (never below the default).
+func (f *flags) stageConfig(nc config.NATS, n streamNames, refresh bool, expectedKeys int) config.Config {
+	cfg := config.Default()
+	yes := true
+	cfg.NATS = nc
+	cfg.NATS.CreateStreams = &yes
+	cfg.Input.Stream, cfg.Input.Subjects = n.input, []string{n.inSubjects}
+	cfg.Output.Stream, cfg.Output.SubjectPrefix = n.output, n.outPrefix
+	cfg.DeadLetter.Stream, cfg.DeadLetter.Subject = n.dlq, n.dlqSubj
+	setWindow(&cfg, f.window)
+	cfg.Window.RefreshOnRepeat = refresh
+	cfg.State.Partitions, cfg.State.SyncWrites = f.partitions, &f.syncWrites
+	cfg.Filter.ExpectedKeys = max(cfg.Filter.ExpectedKeys, uint64(expectedKeys))
+	return cfg
+}
+
 // namesFor names the streams of a configuration of the compare mode.
 func namesFor(kind Kind) streamNames {
 	t, _ := kind.info()

@@ -155,7 +155,7 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 // 0, so b stands by.
 func (h *hoRun) configure(ctx context.Context) error {
 	insts, cfg, err := h.configureGroup(ctx, h.hoDir, h.n, []string{"a", "b"}, soSubject, false, h.f.hoKeys+100_000,
-		fmt.Sprintf("  snapshot_interval: %s\n", h.f.hoSnapshotInterval))
+		func(c *config.Config) { c.ScaleOut.SnapshotInterval = config.Duration(h.f.hoSnapshotInterval) })
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -161,7 +160,7 @@ func (e *procEnv) partitionPoint(ctx context.Context, idx, parts int, run *Parti
 	for k := range names {
 		names[k] = fmt.Sprintf("i%02d", k)
 	}
-	insts, cfg, err := e.configureGroup(ctx, filepath.Join(e.dir, fmt.Sprintf("partitions-%d", parts)), n, names, soSubject, false, 0, "")
+	insts, cfg, err := e.configureGroup(ctx, filepath.Join(e.dir, fmt.Sprintf("partitions-%d", parts)), n, names, soSubject, false, 0, nil)
 	defer func() { e.release(n, cfg, insts) }()
 	if err != nil {
 		return nil, err
@@ -314,20 +313,10 @@ func (e *procEnv) window(ctx context.Context, insts []*instance, cons []consumer
 func (e *procEnv) jsz(ctx context.Context) ([2]float64, error) {
 	var sum [2]float64
 	for _, n := range e.cl.Nodes {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/jsz", n.MonitorPort), nil)
-		if err != nil {
-			return sum, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return sum, fmt.Errorf("jsz of %s: %w", n.Name, err)
-		}
 		var v struct {
 			API struct{ Total, Errors float64 } `json:"api"`
 		}
-		err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&v)
-		resp.Body.Close()
-		if err != nil {
+		if err := get(ctx, fmt.Sprintf("http://127.0.0.1:%d/jsz", n.MonitorPort), func(r io.Reader) error { return json.NewDecoder(r).Decode(&v) }); err != nil {
 			return sum, fmt.Errorf("jsz of %s: %w", n.Name, err)
 		}
 		sum[0], sum[1] = sum[0]+v.API.Total, sum[1]+v.API.Errors

@@ -91,33 +91,20 @@ type runner struct {
 	round    int // the round running, from 1
 }
 
-// stageConfig returns the stage configuration of kind: the defaults, with
-// the bench's streams, the key source, the window and the filter sized for
-// the workload's keys per window (never below the default).
+// stageConfig returns the stage configuration of kind: the bench's
+// streams on the in-process server (f.stageConfig), the key source, and
+// the filter on or off.
 func (r *runner) stageConfig(kind Kind) config.Config {
 	n := namesFor(kind)
-	cfg := config.Default()
-	yes := true
-	cfg.NATS = r.nats.cfg
+	nc := r.nats.cfg
 	if r.nats.srv != nil {
-		cfg.NATS.URL = r.nats.srv.ClientURL()
+		nc.URL = r.nats.srv.ClientURL()
 	}
-	cfg.NATS.CreateStreams = &yes
-	cfg.Input.Stream = n.input
-	cfg.Input.Subjects = []string{"in." + n.token + ".>"}
-	cfg.Input.Consumer = "bench-" + n.token
-	cfg.Output.Stream = n.output
-	cfg.Output.SubjectPrefix = n.outPrefix
-	cfg.DeadLetter.Stream = n.dlq
-	cfg.DeadLetter.Subject = n.dlqSubj
+	cfg := r.f.stageConfig(nc, n, kind == KindStageRefresh, r.thr.Keys+r.lat.Keys)
+	cfg.Input.Subjects, cfg.Input.Consumer = []string{"in." + n.token + ".>"}, "bench-"+n.token
 	cfg.Key = r.keyConfig()
-	setWindow(&cfg, r.f.window)
 	cfg.State.DataDir = filepath.Join(r.f.workDir, string(kind))
-	cfg.State.Partitions = r.f.partitions
-	cfg.State.SyncWrites = &r.f.syncWrites
 	cfg.Filter.Enabled = kind.filtered()
-	cfg.Window.RefreshOnRepeat = kind == KindStageRefresh
-	cfg.Filter.ExpectedKeys = max(cfg.Filter.ExpectedKeys, uint64(r.thr.Keys+r.lat.Keys))
 	cfg.HTTP.Addr = ""
 	cfg.Output.Publish = r.publishMode(cfg)
 	return cfg

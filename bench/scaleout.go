@@ -19,6 +19,7 @@ import (
 	"github.com/dedupe-stage/dedupe-stage/internal/scaleout/layout"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/metrictest"
 	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
+	"github.com/dedupe-stage/dedupe-stage/keys"
 )
 
 // The scaleout mode measures dedupe-stage as users run it with scale_out
@@ -329,48 +330,32 @@ func (n streamNames) streams(cfg config.Config) []string {
 	return []string{n.input, n.output, n.dlq, n.routed, "KV_" + bucket, "KV_" + layout.HandOverBucket(cfg.ScaleOut.Group), "OBJ_" + layout.SnapshotBucket(cfg.ScaleOut.Group)}
 }
 
-// instanceYAML returns the configuration of instance name of a row of
-// mode on e's cluster, with extra appended to its scale_out section.
-func (e *procEnv) instanceYAML(mode string, refresh bool, n streamNames, name, dataDir, addr string, expectedKeys int, extra string) string {
-	key := fmt.Sprintf("  source: header\n  header: %s\n", headerKey)
-	if mode == soSubject {
-		key = "  source: subject\n  subject_token: 3\n"
-	}
+// instanceConfig returns the configuration of instance name of a group of
+// mode on e's cluster; edit, when not nil, changes it further.
+func (e *procEnv) instanceConfig(mode string, refresh bool, n streamNames, name, dataDir, addr string, expectedKeys int, edit func(*config.Config)) config.Config {
+	nc := config.Default().NATS
+	nc.URL = e.cl.URLs()
 	// The ground truth is the same with window.refresh_on_repeat: every
 	// copy is judged during the drain, within the drain's time of its
 	// key's first copy, so while the drain is shorter than W (noted when
 	// it is not) no copy reaches a window end, the one thing refresh moves.
-	window := ""
-	if e.f.window > 0 {
-		window = fmt.Sprintf("  paths: [{name: bench, max: %s}]\n  margin: 0s\n", e.f.window)
+	cfg := e.f.stageConfig(nc, n, refresh, expectedKeys)
+	if mode == soSubject {
+		cfg.Key.Field = keys.FieldSpec{Source: keys.SourceSubject, SubjectToken: 3}
+	} else {
+		cfg.Key.Field.Header = headerKey
 	}
-	if refresh {
-		window += "  refresh_on_repeat: true\n"
+	cfg.Key.MaxLength = soMaxKeyLength
+	cfg.Input.Consumer, cfg.Input.AckWait = n.group, config.Duration(e.f.ackWait)
+	cfg.Output.Publish = e.f.publish
+	cfg.State.DataDir, cfg.HTTP.Addr = dataDir, addr
+	so := &cfg.ScaleOut
+	so.Enabled, so.Group, so.Instance, so.Replicas = mode != soOff, n.group, name, e.f.replicas
+	so.RoutedStream, so.RoutedSubject, so.RouteBundleMax = n.routed, n.routedSubj, e.f.soBundleMax
+	if edit != nil {
+		edit(&cfg)
 	}
-	if window != "" {
-		window = "window:\n" + window
-	}
-	return fmt.Sprintf(`nats: {url: %q, create_streams: true}
-key:
-%s  max_length: %d
-input: {stream: %s, subjects: [%q], consumer: %s, ack_wait: %s}
-output: {stream: %s, subject_prefix: %s, publish: %s}
-dead_letter: {stream: %s, subject: %s}
-%sstate: {data_dir: %q, partitions: %d, sync_writes: %v}
-filter: {expected_keys: %d}
-http: {addr: %q}
-log: {level: info, format: text}
-scale_out:
-  enabled: %v
-  group: %s
-  instance: %s
-  replicas: %d
-  routed_stream: %s
-  routed_subject: %s
-  route_bundle_max: %d
-%s`, e.cl.URLs(), key, soMaxKeyLength, n.input, n.inSubjects, n.group, e.f.ackWait, n.output, n.outPrefix, e.f.publish, n.dlq, n.dlqSubj,
-		window, dataDir, e.f.partitions, e.f.syncWrites, max(config.Default().Filter.ExpectedKeys, uint64(expectedKeys)), addr,
-		mode != soOff, n.group, name, e.f.replicas, n.routed, n.routedSubj, e.f.soBundleMax, extra)
+	return cfg
 }
 
 // msg returns the input message of key (index i).
@@ -440,7 +425,7 @@ func (r *soRowRun) configure(ctx context.Context) error {
 		names[k] = "i" + strconv.Itoa(k)
 	}
 	var err error
-	r.insts, r.cfg, err = r.configureGroup(ctx, dir, r.n, names, r.row.mode, r.row.refresh, r.thr.Keys+r.warmKeys+100_000, fmt.Sprintf("  standbys: %d\n", r.f.soStandbys))
+	r.insts, r.cfg, err = r.configureGroup(ctx, dir, r.n, names, r.row.mode, r.row.refresh, r.thr.Keys+r.warmKeys+100_000, func(c *config.Config) { c.ScaleOut.Standbys = r.f.soStandbys })
 	if routed, why := r.cfg.ScaleOutPartitioning().Routed(); err == nil && r.cfg.ScaleOut.Enabled {
 		r.res.RouteStep = routed
 		if routed != (r.row.mode == soHeader) {

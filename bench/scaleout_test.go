@@ -44,11 +44,8 @@ func testScaleOutEnv(t *testing.T, events int, badRatio float64) *soEnv {
 // mode on e, with refresh_on_repeat as refresh.
 func instanceConfig(t *testing.T, e *soEnv, mode string, refresh bool) config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(e.instanceYAML(mode, refresh, namesForRow(0), "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1", 0, "")))
-	if err == nil {
-		err = cfg.Validate()
-	}
-	if err != nil {
+	cfg := e.instanceConfig(mode, refresh, namesForRow(0), "i0", filepath.Join(e.dir, "data"), "127.0.0.1:1", 0, nil)
+	if err := cfg.Validate(); err != nil {
 		t.Fatalf("%s (refresh %v): the instance's configuration is invalid: %v", mode, refresh, err)
 	}
 	return cfg
