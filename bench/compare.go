@@ -345,8 +345,10 @@ func printCompare(w io.Writer, res *CompareRun) {
 		fmt.Fprintf(w, "latency phase: %s events (%s keys) paced at %.0f events/s after each drain\n\n", itoa(wi.LatencyEvents), itoa(wi.LatencyKeys), wi.LatencyRatePerSec)
 	}
 	var raw float64
-	if r := resultFor(res.Results, KindRaw); r != nil {
-		raw = r.EventsPerSec
+	for _, r := range res.Results {
+		if r.Config == string(KindRaw) {
+			raw = r.EventsPerSec
+		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "config\tevents/s\tvs raw\tdrain s\tCPU µs/event\tother load\tp50 ms\tp99 ms\tp99.9 ms\tRSS MiB\theap MiB\tpeak RSS MiB\texpected\toutput\tlost\tduplicated\tdead-lettered\t")

@@ -364,15 +364,10 @@ func writeJSON(path string, res *Results) error {
 	return nil
 }
 
-// itoa formats n with thousands separators.
-func itoa[T int | int64 | uint64](n T) string {
-	s := strconv.FormatInt(int64(n), 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
+// itoa formats a count with thousands separators.
+func itoa[T int | uint64](n T) string {
+	s := strconv.FormatUint(uint64(n), 10)
 	var b strings.Builder
-	if neg {
-		b.WriteByte('-')
-	}
 	for i, c := range s {
 		if i > 0 && (len(s)-i)%3 == 0 {
 			b.WriteByte(',')
@@ -402,17 +397,6 @@ func printTables(w io.Writer, res *Results) {
 	if res.Partitions != nil {
 		printPartitions(w, res.Partitions)
 	}
-}
-
-// resultFor returns the last of results of configuration k, nil when none is.
-func resultFor(results []*Result, k Kind) *Result {
-	var found *Result
-	for _, r := range results {
-		if r.Config == string(k) {
-			found = r
-		}
-	}
-	return found
 }
 
 func boolInt(b bool) int {

@@ -503,9 +503,9 @@ func (r *runner) driveClock(c *window.ManualClock, ci *jetstream.ConsumerInfo, f
 	}
 }
 
-// measureStage reads the store's counters, the clock lag, the heap the
-// store holds, its disk use, and the start-up time with the keys in state
-// (from the snapshot, then rebuilt from a full scan). It closes s.st.
+// measureStage reads the store's counters and metrics, checks the late
+// keys' window starts, and measures the heap the store holds and its disk
+// use. It closes s.st.
 func (r *runner) measureStage(ctx context.Context, res *Result, s *sut, cfg config.Config) error {
 	st := s.st
 	stats := st.Store().Stats()
@@ -636,13 +636,13 @@ func (r *runner) startProfile(kind Kind) func() {
 		path = fmt.Sprintf("%s-%s-round%d.pprof", r.f.cpuProfile, kind, r.round)
 	}
 	f, err := os.Create(path) //nolint:gosec // the path is the operator's flag
+	if err == nil {
+		if err = pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
-		return func() {}
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		fmt.Fprintf(logOut, "warning: cpuprofile: %v\n", err)
-		_ = f.Close()
 		return func() {}
 	}
 	return func() {
