@@ -133,13 +133,10 @@ func refreshCosts(rows []*ScaleOutRow, repeats, rounds int) []ScaleOutRefresh {
 		if !rf.Refresh {
 			continue
 		}
-		i := slices.IndexFunc(rows, func(r *ScaleOutRow) bool {
-			return !r.Refresh && r.Mode == rf.Mode && r.Instances == rf.Instances && r.CPUCap == rf.CPUCap && r.Round == rf.Round
-		})
-		if i < 0 || rows[i].EventsPerSec <= 0 {
+		base := findRow(rows, soRow{mode: rf.Mode, instances: rf.Instances}, rf.CPUCap, rf.Round)
+		if base == nil || base.EventsPerSec <= 0 {
 			continue
 		}
-		base := rows[i]
 		c := ScaleOutRefresh{Mode: rf.Mode, Instances: rf.Instances, CPUCap: rf.CPUCap, Round: rf.Round,
 			EventsVsWithout: rf.EventsPerSec / base.EventsPerSec}
 		if repeats > 0 {
