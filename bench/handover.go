@@ -74,6 +74,9 @@ type HandOverTake struct {
 	Path                   string
 	FromSnapshot, Restored int64
 	TookSeconds, AtSeconds float64
+	// FencedSeconds is how much of TookSeconds came before the restore:
+	// the stream's state, the checks and the fences.
+	FencedSeconds float64
 }
 
 // defineHandOver defines the handover mode's flags: no fsync per message
@@ -495,6 +498,9 @@ func takeovers(path string, t0 time.Time) []HandOverTake {
 			case "took":
 				d, _ := time.ParseDuration(v)
 				t.TookSeconds = d.Seconds()
+			case "fenced_after":
+				d, _ := time.ParseDuration(v)
+				t.FencedSeconds = d.Seconds()
 			}
 		}
 		out = append(out, t)
@@ -547,8 +553,8 @@ func printHandOver(w io.Writer, r *HandOverRun) {
 	row("foreign output", strconv.Itoa(r.Foreign))
 	row("ground truth", map[bool]string{true: "ok", false: "VIOLATED"}[r.OK])
 	for _, t := range r.Takeovers {
-		fmt.Fprintf(w, "  p%d taken at +%.2fs: path %s, %d from snapshot + %d restored in %.3fs\n",
-			t.Partition, t.AtSeconds, t.Path, t.FromSnapshot, t.Restored, t.TookSeconds)
+		fmt.Fprintf(w, "  p%d taken at +%.2fs: path %s, %d from snapshot + %d restored in %.3fs (fenced after %.3fs)\n",
+			t.Partition, t.AtSeconds, t.Path, t.FromSnapshot, t.Restored, t.TookSeconds, t.FencedSeconds)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)

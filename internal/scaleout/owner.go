@@ -284,6 +284,7 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	if err != nil {
 		return nil, fmt.Errorf("take the dead-letter fence: %w", err)
 	}
+	fenced := time.Since(start) // the stream's state, the checks and both fences
 	restoring := g.metrics.restoring.WithLabelValues(o.label)
 	restoring.Set(1)
 	defer restoring.Set(0)
@@ -297,7 +298,8 @@ func (o *Owner) takeOver(ctx context.Context, keepAlive func(), pin string) (*te
 	g.metrics.takeovers.WithLabelValues(o.label).Inc()
 	g.metrics.restoreDur.WithLabelValues(r.path).Observe(took.Seconds())
 	g.log.Info("scale-out: partition taken", "partition", p, "path", r.path, "fence", f, "cursor", r.cursor, "from_sequence", r.from,
-		"from_snapshot", r.loaded, "restored", r.total, "readers_replaced", r.reopens, "took", took.Round(time.Millisecond))
+		"from_snapshot", r.loaded, "restored", r.total, "readers_replaced", r.reopens, "took", took.Round(time.Millisecond),
+		"fenced_after", fenced.Round(time.Millisecond))
 	g.recordHandOver(ctx, p, changelog.HandOver{Instance: g.instance, At: start.UTC(), Fence: f, Path: r.path,
 		Records: r.loaded + r.total, RestoreSeconds: took.Seconds()})
 	return &tenure{pin: pin, pins: map[string]bool{pin: true}, fence: forward.Fence{Subject: fenceSubj, Seq: f},
