@@ -32,6 +32,10 @@ func TestScaleOutRoutedDeadLetterNamesTheInput(t *testing.T) {
 	// The input without a key is dead-lettered by the route step and never
 	// routed, so input and routed sequences differ.
 	e.publish([]event{{key: "", payload: []byte("no key")}, {key: "order-1", payload: []byte(`{"id":"order-1","at":1}`)}})
+	// Routed first, then judged: the members are drained before the route
+	// step has routed anything too, and the route step's batches in flight
+	// may land out of order, so the next copy could be judged first.
+	natstest.WaitDrained(t, e.js, e.cfg.Input.Stream, "dedupe-route", 30*time.Second)
 	e.scaleOutDrained(60 * time.Second)
 
 	m := &nats.Msg{Subject: "events.orders", Header: nats.Header{}, Data: []byte(`{"id":"order-1","at":2}`)}
