@@ -284,8 +284,13 @@ func (g *Group) tailStep(ctx context.Context, sp *state.Partition) (more bool, e
 	if g.tailedUpTo(p, 0) == out.State.LastSeq && cursor > 0 {
 		return false, nil // the output has not moved since this partition's last check
 	}
+	// A step of a stream of many subjects reads without the server's
+	// filters, as a takeover's tail does: at 10M subjects the server's
+	// pass over them to start a filtered reader outlasted every attempt,
+	// and a standby started empty never caught up.
 	span := changelog.Span{Stream: g.outStream, Forwards: []string{changelog.PartitionFilter(g.prefix, p)},
-		KeyState: changelog.KeyStateSubject(g.prefix, p), Fence: changelog.FenceSubject(g.prefix, p)}
+		KeyState: changelog.KeyStateSubject(g.prefix, p), Fence: changelog.FenceSubject(g.prefix, p),
+		ReadAllUnder: changelog.ReadAllUnderFor(out.State.NumSubjects)}
 	last, err := g.lastOn(ctx, span.Forwards[0], span.KeyState, span.Fence)
 	if err != nil {
 		return false, err
