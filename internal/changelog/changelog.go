@@ -455,16 +455,21 @@ type RestoreStats struct {
 	Skipped int
 }
 
-// firstSince returns the sequence at which a restore of the records on
-// filter stored at or after since starts. A consumer of filter alone,
-// delivering by start time, starts there (its delivered stream sequence is
-// one less before it delivers anything); Restore's own consumer also reads
-// the fence subject, and nats-server 2.15 starts a consumer of several
-// filters by time at the first message of whichever filter begins after
-// that time, skipping the records of filter in between. The consumer runs
-// on any replica: one that is behind answers an earlier sequence (the next
-// one it would store), from which the restore reads more, never less.
-func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time) (uint64, error) {
+// firstSince returns the sequence of the first message of stream stored
+// at or after since (one past the last when there is none): every record,
+// on any subject, stored at or after since is at or after it. A consumer
+// of no filter, delivering by start time, starts there (its delivered
+// stream sequence is one less before it delivers anything); the server
+// finds it by time alone. A consumer filtered on a partition's wildcard
+// would start at the partition's first record instead, but the server
+// starts it with a pass over every subject the filter matches, which at
+// 10M subjects outlasted every attempt; and nats-server 2.15 starts a
+// consumer of several filters by time at the first message of whichever
+// filter begins after that time, skipping the others' records in between.
+// The consumer runs on any replica: one that is behind answers an earlier
+// sequence (the next one it would store), from which the restore reads
+// more, never less.
+func firstSince(ctx context.Context, js jetstream.JetStream, stream string, since time.Time) (uint64, error) {
 	ctx, cancel := boundStep(ctx)
 	defer cancel()
 	var from uint64
@@ -472,7 +477,7 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		ctx, cancel := Request(ctx)
 		defer cancel()
 		c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
+			DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
 		if err != nil {
 			return err
 		}
@@ -488,18 +493,12 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 }
 
 // startSince returns the sequence at which a restore of the records on
-// each of filters stored at or after since starts: the earliest of each
-// subject's own start (firstSince).
+// filters stored at or after since starts: the stream's first message
+// stored at or after since (firstSince), whatever its subject.
 func startSince(ctx context.Context, js jetstream.JetStream, stream string, filters []string, since time.Time) (uint64, error) {
-	var from uint64
-	for i, f := range filters {
-		fs, err := firstSince(ctx, js, stream, f, since)
-		if err != nil {
-			return 0, fmt.Errorf("changelog: restore %s from stream %s: %w", f, stream, err)
-		}
-		if i == 0 || fs < from {
-			from = fs
-		}
+	from, err := firstSince(ctx, js, stream, since)
+	if err != nil {
+		return 0, fmt.Errorf("changelog: restore %s from stream %s: %w", strings.Join(filters, ","), stream, err)
 	}
 	return from, nil
 }
