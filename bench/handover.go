@@ -246,12 +246,19 @@ func (h *hoRun) standBy(ctx context.Context) error {
 }
 
 // standbyCatchUpWait bounds how long standBy waits for b, a warm
-// standby, to tail the changelog up to the output's end.
+// standby, to tail the changelog up to the output's end: at least this,
+// and a second per 10,000 keys loaded (a standby tailed 30-45k records/s
+// at 10M keys; a 5-minute bound stopped it at 9.55M of 10M).
 const standbyCatchUpWait = 5 * time.Minute
+
+// catchUpWait is standbyCatchUpWait for the keys loaded.
+func (h *hoRun) catchUpWait() time.Duration {
+	return max(standbyCatchUpWait, time.Duration(h.f.hoKeys/10_000)*time.Second)
+}
 
 // standbyCaughtUp waits, when b is a warm standby of a's partitions
 // (dedupe_standby_partitions), until its cursors reach the output's last
-// sequence on the partitions' subjects, bounded by standbyCatchUpWait.
+// sequence on the partitions' subjects, bounded by catchUpWait.
 // An instance without warm standbys (or a version before them) is not
 // waited for.
 func (h *hoRun) standbyCaughtUp(ctx context.Context) error {
@@ -261,7 +268,7 @@ func (h *hoRun) standbyCaughtUp(ctx context.Context) error {
 		return err
 	}
 	var fs metrictest.Families
-	if err := waitUntil(ctx, standbyCatchUpWait, 200*time.Millisecond, fmt.Sprintf("b, a warm standby, catching up with the output's sequence %d", last), nil, func() (bool, string) {
+	if err := waitUntil(ctx, h.catchUpWait(), 200*time.Millisecond, fmt.Sprintf("b, a warm standby, catching up with the output's sequence %d", last), nil, func() (bool, string) {
 		if fs, err = metrictest.Scrape(ctx, h.b.addr); err != nil {
 			return false, err.Error()
 		}
