@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,7 +40,8 @@ const (
 )
 
 // HandOverRun is what the handover mode measured; bench/README.md says how
-// each figure is taken. "The kill" is a's signal (Stop: kill or term).
+// each figure is taken. Each of Rounds is one stop of the partitions'
+// owner and their hand-over to the other instance.
 type HandOverRun struct {
 	Keys, Partitions                     int
 	PinTTLSeconds                        float64
@@ -49,23 +51,34 @@ type HandOverRun struct {
 	SnapshotBytes, SnapshotRecords       int64
 	SnapshotBytesPerKey                  float64
 	BStartedAtKill                       bool
-	BReadySeconds, AExitSeconds          float64
-	FirstForwardSeconds                  float64 `json:"kill_to_first_forward_seconds"`
-	BeyondTTLSeconds                     float64 `json:"beyond_ttl_seconds"`
-	LastTakenSeconds                     float64 `json:"kill_to_last_partition_taken_seconds"`
-	Takeovers                            []HandOverTake
-	RestoreRecordsPerSec                 float64
-	BAnonRSSFirstMiB, BAnonRSSMaxMiB     float64
-	BHeapInuseMaxMiB, BPeakRSSMiB        float64
+	Rounds                               []HandOverRound
 	Probes, ProbesLost, ProbesDuplicated int
 	Copies, LoadedLost, LoadedDuplicated int
 	Foreign                              int
 	OK                                   bool
 	Notes                                []string `json:",omitempty"`
+}
+
+// HandOverRound is one hand-over: a, the owner, is stopped ("the kill":
+// Stop's signal) and b takes its partitions. Before each later round a
+// is started again on its data dir and takes them back, and b stands by.
+type HandOverRound struct {
+	AExitSeconds                     float64 `json:"from_exit_seconds"`
+	FirstForwardSeconds              float64 `json:"kill_to_first_forward_seconds"`
+	BeyondTTLSeconds                 float64 `json:"beyond_ttl_seconds"`
+	LastTakenSeconds                 float64 `json:"kill_to_last_partition_taken_seconds"`
+	Takeovers                        []HandOverTake
+	RestoreRecordsPerSec             float64
+	BAnonRSSFirstMiB, BAnonRSSMaxMiB float64
+	BHeapInuseMaxMiB, BPeakRSSMiB    float64
+	// BReadySeconds is how long after the kill b was ready, when it
+	// was started at the kill (BStartedAtKill).
+	BReadySeconds float64
 	// StandbyCatchUpSeconds is how long b, a warm standby
 	// (scale_out.standbys), took after its start to hold the changelog up
 	// to the output's last sequence; 0 when it stands by for nothing.
 	StandbyCatchUpSeconds float64 `json:"standby_catch_up_seconds,omitempty"`
+	Probes                int
 }
 
 // HandOverTake is one "scale-out: partition taken" line of the new owner.
@@ -92,6 +105,7 @@ func defineHandOver(fs *flag.FlagSet, f *flags) {
 	fs.DurationVar(&f.hoSnapshotInterval, "snapshot-interval", 30*time.Second, "scale_out.snapshot_interval of the instances")
 	fs.DurationVar(&f.hoLoadTimeout, "load-timeout", 20*time.Minute, "bound on loading the keys (publish and drain)")
 	fs.StringVar(&f.hoStop, "stop", "kill", "how instance a stops: kill (SIGKILL, a crash: its partitions move after the pin's TTL) or term (SIGTERM, a planned stop: it gives back and unpins them)")
+	fs.IntVar(&f.rounds, "rounds", 1, "hand-overs on one load (at most 20; more than one with one partition only): before each later one, a starts again on its data dir and takes the partitions back")
 }
 
 // checkHandOver checks the handover flags.
@@ -103,6 +117,8 @@ func checkHandOver(f *flags) error {
 		return fmt.Errorf("--snapshot-interval %v: want >= %v", f.hoSnapshotInterval, config.MinSnapshotInterval.D())
 	case f.hoStop != "kill" && f.hoStop != "term":
 		return fmt.Errorf("--stop %q: want kill or term", f.hoStop)
+	case f.rounds < 1 || f.rounds > 20 || f.rounds > 1 && f.partitions > 1:
+		return fmt.Errorf("--rounds %d with --partitions %d: want 1 to 20 rounds, more than one only with one partition", f.rounds, f.partitions)
 	}
 	return nil
 }
@@ -121,20 +137,49 @@ func runHandOverMode(ctx context.Context, f *flags, res *Results) error {
 	e := &soEnv{procEnv: pe, thr: &Workload{Spec: Spec{Prefix: hoLoadPrefix, Keys: f.hoKeys}}}
 	err = e.handOver(ctx, run)
 	run.OK = err == nil && run.ProbesLost == 0 && run.ProbesDuplicated == 0 && run.LoadedLost == 0 &&
-		run.LoadedDuplicated == 0 && run.Foreign == 0 && run.Probes > 0
+		run.LoadedDuplicated == 0 && run.Foreign == 0 && len(run.Rounds) == f.rounds
+	for _, r := range run.Rounds {
+		run.OK = run.OK && r.Probes > 0
+	}
 	return err
 }
 
 // hoRun is a hand-over run on a cluster: what its phases share.
 type hoRun struct {
 	*soEnv
-	run    *HandOverRun
-	n      streamNames
-	hoDir  string
-	cfg    config.Config
-	a, b   *instance
-	loaded time.Time // when the load was drained
-	last   uint64    // the output stream's last sequence before the kill
+	run      *HandOverRun
+	n        streamNames
+	hoDir    string
+	cfg      config.Config
+	a, b     *instance // a owns the partitions until each round stops it; b takes them
+	loaded   time.Time // when the load was drained
+	last     uint64    // the output stream's last sequence before the kill
+	caughtUp float64   // seconds b took to catch up as a warm standby
+}
+
+// back starts a, stopped in the last round, again on its data dir and
+// waits until it owns the partitions again (it sorts first: the group's
+// balance gives them back to it in a planned hand-over) and b, their
+// owner in between, has caught up as a warm standby; it then notes the
+// output's last sequence. The next round stops a again.
+func (h *hoRun) back(ctx context.Context) error {
+	f := h.f
+	fmt.Fprintf(logOut, "starting instance a again on its data dir; the group's balance gives it the partitions back\n")
+	if _, err := h.startAll(ctx, []*instance{h.a}, "", 0, h.catchUpWait()); err != nil {
+		return err
+	}
+	if err := waitUntil(ctx, h.catchUpWait(), 200*time.Millisecond, fmt.Sprintf("a owning %d partitions again", f.partitions), []*instance{h.a, h.b}, func() (bool, string) {
+		o := owned(ctx, []*instance{h.a, h.b})
+		return o[0] == f.partitions && o[1] == 0, fmt.Sprintf("a owns %d, b %d", o[0], o[1])
+	}); err != nil {
+		return err
+	}
+	var err error
+	if h.caughtUp, err = h.standbyCaughtUp(ctx, h.b); err != nil {
+		return err
+	}
+	h.last, err = h.lastSeq(ctx, h.n.output)
+	return err
 }
 
 // handOver runs the phases of the mode on e's cluster.
@@ -145,10 +190,23 @@ func (e *soEnv) handOver(ctx context.Context, run *HandOverRun) error {
 	if err != nil {
 		return err
 	}
-	for _, phase := range []func(context.Context) error{h.load, h.snapshotted, h.standBy, h.kill, h.copies} {
+	for _, phase := range []func(context.Context) error{h.load, h.snapshotted, h.standBy} {
 		if err := phase(ctx); err != nil {
 			return err
 		}
+	}
+	for i := range h.f.rounds {
+		if i > 0 {
+			if err := h.back(ctx); err != nil {
+				return err
+			}
+		}
+		if err := h.kill(ctx); err != nil {
+			return err
+		}
+	}
+	if err := h.copies(ctx); err != nil {
+		return err
 	}
 	return e.verifyHandOver(ctx, h.n, run)
 }
@@ -233,11 +291,12 @@ func (h *hoRun) standBy(ctx context.Context) error {
 			return err
 		}
 		time.Sleep(time.Second) // B's presence is seen by A; nothing moves
-		if err := h.standbyCaughtUp(ctx); err != nil {
+		var err error
+		if h.caughtUp, err = h.standbyCaughtUp(ctx, h.b); err != nil {
 			return err
 		}
 		if o := owned(ctx, []*instance{h.a, h.b}); o[0] != f.partitions || o[1] != 0 {
-			run.Notes = append(run.Notes, fmt.Sprintf("before the kill a owned %d partitions and b %d", o[0], o[1]))
+			run.Notes = append(run.Notes, fmt.Sprintf("before stop 1 a owned %d partitions and b %d", o[0], o[1]))
 		}
 	}
 	var err error
@@ -258,18 +317,18 @@ func (h *hoRun) catchUpWait() time.Duration {
 
 // standbyCaughtUp waits, when b is a warm standby of a's partitions
 // (dedupe_standby_partitions), until its cursors reach the output's last
-// sequence on the partitions' subjects, bounded by catchUpWait.
-// An instance without warm standbys (or a version before them) is not
-// waited for.
-func (h *hoRun) standbyCaughtUp(ctx context.Context) error {
+// sequence on the partitions' subjects, bounded by catchUpWait, and
+// returns how long that took: 0 for an instance without warm standbys
+// (or a version before them), which is not waited for.
+func (h *hoRun) standbyCaughtUp(ctx context.Context, b *instance) (float64, error) {
 	start := time.Now()
 	last, err := h.lastSeq(ctx, h.n.output)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var fs metrictest.Families
-	if err := waitUntil(ctx, h.catchUpWait(), 200*time.Millisecond, fmt.Sprintf("b, a warm standby, catching up with the output's sequence %d", last), nil, func() (bool, string) {
-		if fs, err = metrictest.Scrape(ctx, h.b.addr); err != nil {
+	if err := waitUntil(ctx, h.catchUpWait(), 200*time.Millisecond, fmt.Sprintf("%s, a warm standby, catching up with the output's sequence %d", b.name, last), nil, func() (bool, string) {
+		if fs, err = metrictest.Scrape(ctx, b.addr); err != nil {
 			return false, err.Error()
 		}
 		if fs.Sum("dedupe_standby_partitions", nil) == 0 {
@@ -289,24 +348,26 @@ func (h *hoRun) standbyCaughtUp(ctx context.Context) error {
 		// the partitions': a cursor within a few sequences is there.
 		return low > 0 && uint64(low)+16 >= last, fmt.Sprintf("lowest cursor %.0f", low)
 	}); err != nil {
-		return err
+		return 0, err
 	}
-	if fs != nil && fs.Sum("dedupe_standby_partitions", nil) > 0 {
-		h.run.StandbyCatchUpSeconds = time.Since(start).Seconds()
-		fmt.Fprintf(logOut, "b, a warm standby, caught up with the changelog in %.1fs\n", h.run.StandbyCatchUpSeconds)
+	if fs == nil || fs.Sum("dedupe_standby_partitions", nil) == 0 {
+		return 0, nil
 	}
-	return nil
+	took := time.Since(start).Seconds()
+	fmt.Fprintf(logOut, "%s, a warm standby, caught up with the changelog in %.1fs\n", b.name, took)
+	return took, nil
 }
 
-// kill kills A, publishes probes, finds the first forward and waits until
-// B has taken every partition.
+// kill stops a, publishes probes, finds the first forward and waits
+// until b has taken every partition: one round.
 func (h *hoRun) kill(ctx context.Context) error {
 	f, b, run := h.f, h.b, h.run
-	sig, how := os.Signal(syscall.SIGKILL), "killed instance a (SIGKILL)"
+	sig, how := os.Signal(syscall.SIGKILL), "killed instance %s (SIGKILL)"
 	if f.hoStop == "term" {
-		sig, how = syscall.SIGTERM, "stopping instance a (SIGTERM: it finishes, gives back and unpins its partitions)"
+		sig, how = syscall.SIGTERM, "stopping instance %s (SIGTERM: it finishes, gives back and unpins its partitions)"
 	}
 	run.Stop = f.hoStop
+	r := &HandOverRound{StandbyCatchUpSeconds: h.caughtUp}
 	_ = h.a.proc.Cmd.Process.Signal(sig)
 	t0 := time.Now()
 	aExit := make(chan time.Duration, 1)
@@ -314,7 +375,7 @@ func (h *hoRun) kill(ctx context.Context) error {
 		<-h.a.proc.Exited()
 		aExit <- time.Since(t0)
 	}()
-	fmt.Fprintf(logOut, "%s; publishing probes at %d/s\n", how, hoProbeRate)
+	fmt.Fprintf(logOut, "round %d: "+how+"; publishing probes at %d/s\n", len(run.Rounds)+1, "a", hoProbeRate)
 	if run.BStartedAtKill {
 		// b's start refuses to run while messages arrive during its check
 		// of the input stream (see the README), so the probes start once b
@@ -322,49 +383,51 @@ func (h *hoRun) kill(ctx context.Context) error {
 		if _, err := h.startAll(ctx, []*instance{b}, "", 0, time.Minute); err != nil {
 			return err
 		}
-		run.BReadySeconds = time.Since(t0).Seconds()
+		r.BReadySeconds = time.Since(t0).Seconds()
 	}
 	endWatch := watchMem(ctx, b.proc.Pid(), b.addr, 100*time.Millisecond)
 	pctx, stopProbes := context.WithTimeout(ctx, hoProbeFor)
 	defer stopProbes()
 	probes := make(chan int, 1)
-	go func() { probes <- h.publishProbes(pctx, h.n) }()
+	go func() { probes <- h.publishProbes(pctx, h.n, run.Probes) }()
 	t1, err := h.firstForward(pctx, h.n, h.last, b)
 	if err == nil {
-		run.FirstForwardSeconds = t1.Sub(t0).Seconds()
+		r.FirstForwardSeconds = t1.Sub(t0).Seconds()
 		if f.hoStop == "kill" {
-			run.BeyondTTLSeconds = run.FirstForwardSeconds - f.ackWait.Seconds()
+			r.BeyondTTLSeconds = r.FirstForwardSeconds - f.ackWait.Seconds()
 		}
 		err = waitUntil(pctx, hoProbeFor, 100*time.Millisecond, fmt.Sprintf("b taking %d partitions after the kill", f.partitions), []*instance{b}, func() (bool, string) {
-			got := len(takeovers(b.proc.LogPath, time.Time{}))
+			got := len(takeovers(b.proc.LogPath, t0))
 			return got >= f.partitions, fmt.Sprintf("%d taken", got)
 		})
 	}
 	m := endWatch()
-	run.BAnonRSSFirstMiB, run.BAnonRSSMaxMiB = float64(m.AnonFirst)/(1<<20), float64(m.AnonMax)/(1<<20)
-	run.BHeapInuseMaxMiB, run.BPeakRSSMiB = float64(m.HeapMax)/(1<<20), float64(m.PeakRSS)/(1<<20)
+	r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB = float64(m.AnonFirst)/(1<<20), float64(m.AnonMax)/(1<<20)
+	r.BHeapInuseMaxMiB, r.BPeakRSSMiB = float64(m.HeapMax)/(1<<20), float64(m.PeakRSS)/(1<<20)
 	select {
 	case d := <-aExit:
-		run.AExitSeconds = d.Seconds()
+		r.AExitSeconds = d.Seconds()
 	case <-time.After(time.Minute):
-		run.Notes = append(run.Notes, "instance a had not exited a minute after its signal")
+		run.Notes = append(run.Notes, fmt.Sprintf("round %d: instance a had not exited a minute after its signal", len(run.Rounds)+1))
 	}
 	time.Sleep(time.Second) // a few more probes after the last takeover
 	stopProbes()
-	run.Probes = <-probes
+	r.Probes = <-probes
+	run.Probes += r.Probes
 	if err != nil {
-		return fmt.Errorf("hand-over: %w", err)
+		return fmt.Errorf("hand-over %d: %w", len(run.Rounds)+1, err)
 	}
-	run.Takeovers = takeovers(b.proc.LogPath, t0)
+	r.Takeovers = takeovers(b.proc.LogPath, t0)
 	var recs, took float64
-	for _, t := range run.Takeovers {
-		run.LastTakenSeconds = max(run.LastTakenSeconds, t.AtSeconds)
+	for _, t := range r.Takeovers {
+		r.LastTakenSeconds = max(r.LastTakenSeconds, t.AtSeconds)
 		recs += float64(t.FromSnapshot + t.Restored)
 		took = max(took, t.TookSeconds)
 	}
 	if took > 0 {
-		run.RestoreRecordsPerSec = recs / took
+		r.RestoreRecordsPerSec = recs / took
 	}
+	run.Rounds = append(run.Rounds, *r)
 	return nil
 }
 
@@ -431,14 +494,14 @@ func (e *soEnv) lastSeq(ctx context.Context, stream string) (uint64, error) {
 	return st.CachedInfo().State.LastSeq, nil
 }
 
-// publishProbes publishes new probe keys at hoProbeRate until ctx is done
-// and returns how many it published: one the stream did not store is lost
-// in the ground truth.
-func (e *soEnv) publishProbes(ctx context.Context, n streamNames) int {
+// publishProbes publishes new probe keys, numbered from from on, at
+// hoProbeRate until ctx is done and returns how many it published: one
+// the stream did not store is lost in the ground truth.
+func (e *soEnv) publishProbes(ctx context.Context, n streamNames, from int) int {
 	start, sent := time.Now(), 0
 	_ = natstest.Publish(ctx, e.js, int(hoProbeRate*hoProbeFor/time.Second), func(i int) *nats.Msg {
 		pace(start, i, hoProbeRate)
-		return n.msg(soSubject, KeyString(hoProbePrefix, e.f.seed, i), i, e.f.payloadSize)
+		return n.msg(soSubject, KeyString(hoProbePrefix, e.f.seed, from+i), from+i, e.f.payloadSize)
 	}, func(n int) { sent = n })
 	return sent
 }
@@ -478,10 +541,11 @@ func (e *soEnv) firstForward(ctx context.Context, n streamNames, last uint64, b 
 var logField = regexp.MustCompile(`(\w+)=("(?:[^"\\]|\\.)*"|\S+)`)
 
 // takeovers parses the "scale-out: partition taken" lines of a log, with
-// their time after t0.
+// their time after t0: those before t0 are skipped unless t0 is zero.
 func takeovers(path string, t0 time.Time) []HandOverTake {
 	b, _ := os.ReadFile(path)
 	var out []HandOverTake
+lines:
 	for line := range strings.SplitSeq(string(b), "\n") {
 		if !strings.Contains(line, `msg="scale-out: partition taken"`) {
 			continue
@@ -493,6 +557,9 @@ func takeovers(path string, t0 time.Time) []HandOverTake {
 			case "time":
 				if at, err := time.Parse(time.RFC3339Nano, v); err == nil && !t0.IsZero() {
 					t.AtSeconds = at.Sub(t0).Seconds()
+				}
+				if t.AtSeconds < 0 {
+					continue lines // an earlier round's
 				}
 			case "partition":
 				t.Partition, _ = strconv.Atoi(v)
@@ -528,40 +595,46 @@ func (e *soEnv) verifyHandOver(ctx context.Context, n streamNames, run *HandOver
 	return nil
 }
 
-// printHandOver prints the hand-over table.
+// printHandOver prints the hand-over tables: one row per round, the
+// median and maximum of the rounds, and the ground truth.
 func printHandOver(w io.Writer, r *HandOverRun) {
 	fmt.Fprintf(w, "\nhand-over: keys %d, partitions %d, pin TTL (input.ack_wait) %gs, snapshot_interval %s; load %.1fs (%.0f keys/s), snapshot after %.1fs\n",
 		r.Keys, r.Partitions, r.PinTTLSeconds, r.SnapshotInterval, r.LoadSeconds, r.LoadPerSec, r.SnapshotWaitSeconds)
 	what := map[string]string{"kill": "kill", "term": "stop"}[r.Stop]
 	when := "standing by before the " + what
-	if r.BStartedAtKill {
-		when = fmt.Sprintf("started at the %s, ready %.2fs after it (the probes start then)", what, r.BReadySeconds)
+	if r.BStartedAtKill && len(r.Rounds) > 0 {
+		when = fmt.Sprintf("started at the %s, ready %.2fs after it (the probes start then)", what, r.Rounds[0].BReadySeconds)
 	}
-	fmt.Fprintf(w, "new owner b (empty data dir) %s\n\n", when)
-	fmt.Fprintf(w, "| %-28s | %12s |\n|%s|%s|\n", "measure", "value", strings.Repeat("-", 30), strings.Repeat("-", 14))
+	fmt.Fprintf(w, "new owner b (empty data dir in round 1) %s; before each later round a starts again on its data dir and takes the partitions back\n\n", when)
+	fmt.Fprintf(w, "| round | %8s | %13s | %10s | %10s | %9s | %10s | %13s |\n", what+" ->", "first forward", "beyond TTL", "last taken", "restore/s", "b caught up", "b peak RSS")
+	fmt.Fprintf(w, "|-------|----------|---------------|------------|------------|-----------|-------------|---------------|\n")
+	var firsts []float64
+	for i, o := range r.Rounds {
+		beyond := "-"
+		if r.Stop == "kill" {
+			beyond = fmt.Sprintf("%.2f s", o.BeyondTTLSeconds)
+		}
+		fmt.Fprintf(w, "| %5d | %6.2f s | %11.2f s | %10s | %8.2f s | %9.0f | %9.1f s | %9.1f MiB |\n", i+1,
+			o.AExitSeconds, o.FirstForwardSeconds, beyond, o.LastTakenSeconds, o.RestoreRecordsPerSec, o.StandbyCatchUpSeconds, o.BPeakRSSMiB)
+		firsts = append(firsts, o.FirstForwardSeconds)
+	}
+	if len(firsts) > 0 {
+		fmt.Fprintf(w, "\n%s -> first forward over %d rounds: median %.2f s, max %.2f s\n", what, len(firsts), median(firsts), slices.Max(firsts))
+	}
+	fmt.Fprintf(w, "\n| %-28s | %12s |\n|%s|%s|\n", "measure", "value", strings.Repeat("-", 30), strings.Repeat("-", 14))
 	row := func(k, v string) { fmt.Fprintf(w, "| %-28s | %12s |\n", k, v) }
-	row(what+" -> a exited", fmt.Sprintf("%.2f s", r.AExitSeconds))
-	row(what+" -> first forward", fmt.Sprintf("%.2f s", r.FirstForwardSeconds))
-	if r.Stop == "kill" {
-		row("  beyond the pin's TTL", fmt.Sprintf("%.2f s", r.BeyondTTLSeconds))
-	}
-	row(what+" -> last partition taken", fmt.Sprintf("%.2f s", r.LastTakenSeconds))
-	row("restore records/s", fmt.Sprintf("%.0f", r.RestoreRecordsPerSec))
-	if r.StandbyCatchUpSeconds > 0 {
-		row("b standby caught up after", fmt.Sprintf("%.1f s", r.StandbyCatchUpSeconds))
-	}
-	row("b anon RSS first -> max", fmt.Sprintf("%.1f -> %.1f MiB", r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB))
-	row("b max Go heap in use", fmt.Sprintf("%.1f MiB", r.BHeapInuseMaxMiB))
-	row("b peak RSS", fmt.Sprintf("%.1f MiB", r.BPeakRSSMiB))
 	row("snapshot bytes/key", fmt.Sprintf("%.1f", r.SnapshotBytesPerKey))
 	row("probes (lost/dup)", fmt.Sprintf("%d (%d/%d)", r.Probes, r.ProbesLost, r.ProbesDuplicated))
 	row("copies of loaded keys", strconv.Itoa(r.Copies))
 	row("loaded keys (lost/dup)", fmt.Sprintf("%d/%d", r.LoadedLost, r.LoadedDuplicated))
 	row("foreign output", strconv.Itoa(r.Foreign))
 	row("ground truth", map[bool]string{true: "ok", false: "VIOLATED"}[r.OK])
-	for _, t := range r.Takeovers {
-		fmt.Fprintf(w, "  p%d taken at +%.2fs: path %s, %d from snapshot + %d restored in %.3fs (fenced after %.3fs)\n",
-			t.Partition, t.AtSeconds, t.Path, t.FromSnapshot, t.Restored, t.TookSeconds, t.FencedSeconds)
+	for i, o := range r.Rounds {
+		fmt.Fprintf(w, "  round %d: b anon RSS %.1f -> %.1f MiB, max Go heap in use %.1f MiB\n", i+1, o.BAnonRSSFirstMiB, o.BAnonRSSMaxMiB, o.BHeapInuseMaxMiB)
+		for _, t := range o.Takeovers {
+			fmt.Fprintf(w, "    p%d taken at +%.2fs: path %s, %d from snapshot + %d restored in %.3fs (fenced after %.3fs)\n",
+				t.Partition, t.AtSeconds, t.Path, t.FromSnapshot, t.Restored, t.TookSeconds, t.FencedSeconds)
+		}
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)

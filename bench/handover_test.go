@@ -16,6 +16,8 @@ func TestModeFlags(t *testing.T) {
 		{"handover", "--keys", "0"},
 		{"handover", "--snapshot-interval", "100ms"},
 		{"handover", "--stop", "pause"},
+		{"handover", "--rounds", "0"},
+		{"handover", "--rounds", "2", "--partitions", "2"},
 		{"handover", "--stage-env", "GOMEMLIMIT"},
 		{"handover", "--stage-env", "=1GiB"},
 		{"handover", "--configs", "raw"},
@@ -71,11 +73,12 @@ func TestModeFlags(t *testing.T) {
 	}
 }
 
-// TestHandOverRun runs the mode end to end after a crash (--stop kill)
-// and after a planned stop (--stop term, a pin's TTL of 20s): every probe
-// and loaded key comes out once, b takes the partition from the snapshot
-// or as a warm standby, and after a planned stop b forwards well before
-// the TTL, since the stopping owner unpins its partition.
+// TestHandOverRun runs the mode end to end after crashes (--stop kill,
+// two rounds, a started again on its data dir between them) and
+// after a planned stop (--stop term, a pin's TTL of 20s): every probe and
+// loaded key comes out once, each new owner takes the partition from the
+// snapshot or as a warm standby, and after a planned stop b forwards well
+// before the TTL, since the stopping owner unpins its partition.
 func TestHandOverRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds dedupe-stage and nats-server and starts a 3-node cluster (about 40s each); not with -short")
@@ -83,41 +86,49 @@ func TestHandOverRun(t *testing.T) {
 	for _, stop := range []string{"kill", "term"} {
 		t.Run(stop, func(t *testing.T) {
 			dir := t.TempDir()
-			args := []string{"handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--stop", stop, "--ack-wait", "2s"}
+			args := []string{"handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--stop", stop, "--rounds", "2", "--ack-wait", "2s"}
 			if stop == "term" {
-				args[len(args)-1] = "20s"
+				args[len(args)-1], args[len(args)-3] = "20s", "1"
 			}
 			r := runModeTest(t, dir, args...).HandOver
-			if !r.OK || r.Probes == 0 || r.Copies != 500 || r.Stop != stop {
-				t.Errorf("%+v; want every probe and loaded key once, probes published, 500 copies, stop %s", r, stop)
+			rounds := map[string]int{"kill": 2, "term": 1}[stop]
+			if !r.OK || r.Probes == 0 || r.Copies != 500 || r.Stop != stop || len(r.Rounds) != rounds {
+				t.Fatalf("%+v; want every probe and loaded key once, probes published, 500 copies, stop %s, %d rounds", r, stop, rounds)
 			}
-			t.Logf("%s -> a exited %.2fs, -> first forward %.2fs (pin TTL %gs); takeovers %+v, standby caught up after %.1fs",
-				stop, r.AExitSeconds, r.FirstForwardSeconds, r.PinTTLSeconds, r.Takeovers, r.StandbyCatchUpSeconds)
-			if stop == "term" {
-				// After a crash the first forward waits for the pin's TTL,
-				// which runs from the owner's last pull: half the TTL tells
-				// the two apart.
-				if r.FirstForwardSeconds <= 0 || r.FirstForwardSeconds >= r.PinTTLSeconds/2 || r.AExitSeconds <= 0 {
-					t.Errorf("stop -> first forward %.2fs, a exited after %.2fs; want a forward within half the pin's TTL of %gs: the stop unpins",
-						r.FirstForwardSeconds, r.AExitSeconds, r.PinTTLSeconds)
+			for i, o := range r.Rounds {
+				t.Logf("round %d: %s -> a exited %.2fs, -> first forward %.2fs (pin TTL %gs); takeovers %+v, standby caught up after %.1fs",
+					i+1, stop, o.AExitSeconds, o.FirstForwardSeconds, r.PinTTLSeconds, o.Takeovers, o.StandbyCatchUpSeconds)
+				if o.Probes == 0 {
+					t.Errorf("round %d: no probe published", i+1)
 				}
-				noneLeft(t, dir)
-				return
-			}
-			// b takes the partition from the snapshot of the 2000 keys, or, as
-			// a warm standby that tailed the changelog (scale_out.standbys),
-			// from its local store, restoring only the tail (docs/scale-out.md §4.4).
-			warm := len(r.Takeovers) == 1 && r.Takeovers[0].Path == "local" && r.Takeovers[0].FromSnapshot == 0 && r.Takeovers[0].Restored <= 100
-			if len(r.Takeovers) != 1 || !warm && (r.Takeovers[0].Path != "snapshot" || r.Takeovers[0].FromSnapshot != 2000) {
-				t.Errorf("takeovers %+v; want one, from the snapshot of the 2000 keys or from a warm standby's local store with at most the tail restored", r.Takeovers)
-			}
-			if r.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || !warm && r.RestoreRecordsPerSec <= 0 {
-				t.Errorf("first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
-					r.FirstForwardSeconds, r.SnapshotBytesPerKey, r.RestoreRecordsPerSec)
-			}
-			if r.BAnonRSSFirstMiB <= 0 || r.BAnonRSSMaxMiB < r.BAnonRSSFirstMiB || r.BHeapInuseMaxMiB <= 0 || r.BPeakRSSMiB < r.BAnonRSSMaxMiB {
-				t.Errorf("b's anonymous RSS %.1f -> %.1f MiB, heap in use %.1f MiB, peak RSS %.1f MiB; want each sampled, the peak at least the anonymous maximum",
-					r.BAnonRSSFirstMiB, r.BAnonRSSMaxMiB, r.BHeapInuseMaxMiB, r.BPeakRSSMiB)
+				if stop == "term" {
+					// After a crash the first forward waits for the pin's
+					// TTL, which runs from the owner's last pull: half the
+					// TTL tells the two apart.
+					if o.FirstForwardSeconds <= 0 || o.FirstForwardSeconds >= r.PinTTLSeconds/2 || o.AExitSeconds <= 0 {
+						t.Errorf("stop -> first forward %.2fs, a exited after %.2fs; want a forward within half the pin's TTL of %gs: the stop unpins",
+							o.FirstForwardSeconds, o.AExitSeconds, r.PinTTLSeconds)
+					}
+					continue
+				}
+				// The new owner takes the partition from the snapshot of the
+				// 2000 keys, or, as a warm standby that tailed the changelog
+				// (scale_out.standbys), from its local store, restoring only
+				// the tail (docs/scale-out.md §4.4). Before round 2 b owned
+				// every key: it stands by warm.
+				tk := o.Takeovers
+				warm := len(tk) == 1 && tk[0].Path == "local" && tk[0].FromSnapshot == 0 && tk[0].Restored <= 100
+				if len(tk) != 1 || !warm && (i > 0 || tk[0].Path != "snapshot" || tk[0].FromSnapshot != 2000) {
+					t.Errorf("round %d: takeovers %+v; want one, from the snapshot of the 2000 keys (round 1 only) or from a warm standby's local store with at most the tail restored", i+1, tk)
+				}
+				if o.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || !warm && o.RestoreRecordsPerSec <= 0 {
+					t.Errorf("round %d: first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",
+						i+1, o.FirstForwardSeconds, r.SnapshotBytesPerKey, o.RestoreRecordsPerSec)
+				}
+				if o.BAnonRSSFirstMiB <= 0 || o.BAnonRSSMaxMiB < o.BAnonRSSFirstMiB || o.BHeapInuseMaxMiB <= 0 || o.BPeakRSSMiB < o.BAnonRSSMaxMiB {
+					t.Errorf("round %d: new owner's anonymous RSS %.1f -> %.1f MiB, heap in use %.1f MiB, peak RSS %.1f MiB; want each sampled, the peak at least the anonymous maximum",
+						i+1, o.BAnonRSSFirstMiB, o.BAnonRSSMaxMiB, o.BHeapInuseMaxMiB, o.BPeakRSSMiB)
+				}
 			}
 			noneLeft(t, dir)
 		})
