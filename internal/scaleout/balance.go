@@ -107,7 +107,7 @@ type presence struct {
 	seen     map[string]time.Time // instance -> when its key was last put (the server's time)
 	heard    map[string]time.Time // instance -> when the watch delivered its last put (this clock)
 	forms    map[string][]int     // instance -> the bundle forms its key says it reads
-	joined   chan struct{}        // signalled when another instance's key appears, and once synced
+	changed  chan struct{}        // signalled when another instance's key appears or is deleted, and once synced
 }
 
 // presenceValue is what an instance puts under its key: when, and the
@@ -197,7 +197,7 @@ func openPresence(ctx context.Context, js jetstream.JetStream, o Options, self s
 		return nil, err
 	}
 	return &presence{kv: kv, self: self, every: every, ttl: ttl, seen: map[string]time.Time{}, heard: map[string]time.Time{},
-		forms: map[string][]int{}, joined: make(chan struct{}, 1)}, nil
+		forms: map[string][]int{}, changed: make(chan struct{}, 1)}, nil
 }
 
 // watch follows the bucket's keys until ctx is done, so that the count
@@ -237,19 +237,22 @@ func (pr *presence) follow(ctx context.Context, w jetstream.KeyWatcher) {
 				pr.mu.Lock()
 				pr.synced = true
 				pr.mu.Unlock()
-				pr.signalJoined() // balance counts again, and the bundle gate opens now if it may
+				pr.signalChanged() // balance counts again, and the bundle gate opens now if it may
 				continue
 			}
 			if pr.apply(e) {
-				pr.signalJoined()
+				pr.signalChanged()
 			}
 		}
 	}
 }
 
 // apply records one key's put or delete, and reports whether it is another
-// instance joining.
-func (pr *presence) apply(e jetstream.KeyValueEntry) (joined bool) {
+// instance joining or leaving (a clean stop deletes its key): balance
+// then runs at once, not at its next refresh, so that the instance
+// assigned a leaving one's partitions pulls on them before they are
+// unpinned.
+func (pr *presence) apply(e jetstream.KeyValueEntry) (changed bool) {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	_, had := pr.seen[e.Key()]
@@ -257,7 +260,7 @@ func (pr *presence) apply(e jetstream.KeyValueEntry) (joined bool) {
 		delete(pr.seen, e.Key())
 		delete(pr.heard, e.Key())
 		delete(pr.forms, e.Key())
-		return false
+		return had && e.Key() != pr.self
 	}
 	pr.seen[e.Key()] = e.Created()
 	heard := time.Now()
@@ -269,10 +272,10 @@ func (pr *presence) apply(e jetstream.KeyValueEntry) (joined bool) {
 	return !had && e.Key() != pr.self
 }
 
-// signalJoined wakes whoever waits on joined, without blocking.
-func (pr *presence) signalJoined() {
+// signalChanged wakes whoever waits on changed, without blocking.
+func (pr *presence) signalChanged() {
 	select {
-	case pr.joined <- struct{}{}:
+	case pr.changed <- struct{}{}:
 	default:
 	}
 }
@@ -393,7 +396,7 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 			asked[p] = true
 			g.releaseForBalance(ctx, m, p, "asked")
 			continue
-		case <-pr.joined:
+		case <-pr.changed:
 		case <-t.C:
 		case <-settle.C:
 		}

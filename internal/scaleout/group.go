@@ -424,6 +424,14 @@ func (g *Group) Run(ctx context.Context, store *state.Store, deliver func(msg je
 		g.balance(ctx, pr, m, store)
 	})
 	<-ctx.Done()
+	// A clean stop leaves the presence bucket first: the others count one
+	// less at once, so the instance each partition is assigned to next
+	// pulls on it by the time it is unpinned below, whether or not it
+	// stood by for it (docs/scale-out.md §7). The second leave, at the
+	// end, deletes a put of the heartbeat that ran meanwhile.
+	if pr := g.presence.Load(); pr != nil {
+		pr.leave()
+	}
 	g.giveBackAll(m)
 	gate.Lock()
 	stopped = true
