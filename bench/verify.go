@@ -168,7 +168,7 @@ func readTally(ctx context.Context, js jetstream.JetStream, stream string, keyOf
 	if control != "" {
 		control = strings.TrimSuffix(changelog.ControlSubjects(control), ">")
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, readBound(ctx, js, stream))
 	defer cancel()
 	var t *tally
 	n, err := natstest.ReadAgain(ctx, js, stream, func(err error) {
@@ -203,6 +203,21 @@ func readTally(ctx context.Context, js jetstream.JetStream, stream string, keyOf
 	}
 	t.total = n
 	return t, nil
+}
+
+// readTallyRate is the slowest read of a stream readTally allows for,
+// in messages a second: over loopback it reads 60k or more.
+const readTallyRate = 20_000
+
+// readBound bounds readTally's read of stream: a minute, and a second
+// more per readTallyRate messages the stream holds (a 10M-message output
+// took longer than a minute).
+func readBound(ctx context.Context, js jetstream.JetStream, stream string) time.Duration {
+	bound := time.Minute
+	if st, err := js.Stream(ctx, stream); err == nil {
+		bound += time.Duration(st.CachedInfo().State.Msgs/readTallyRate) * time.Second
+	}
+	return bound
 }
 
 // tallyOutput reads the output stream of group n by the payload's keys
