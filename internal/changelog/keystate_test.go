@@ -12,6 +12,7 @@ import (
 
 	"github.com/dedupe-stage/dedupe-stage/internal/changelog"
 	"github.com/dedupe-stage/dedupe-stage/internal/retry"
+	"github.com/dedupe-stage/dedupe-stage/internal/testkit/natstest"
 )
 
 func TestKeyStateSubject(t *testing.T) {
@@ -182,6 +183,15 @@ func TestReadShortSpanWhole(t *testing.T) {
 		return got, filters
 	}
 	filtered, withFilters := read(span)
+	// A reader deletes its consumer in the background once it closes:
+	// the second read lists only its own.
+	natstest.Poll(t, 10*time.Second, 20*time.Millisecond, "the first reader's consumer deleted", func() (bool, error) {
+		n := 0
+		for range st.ListConsumers(ctx).Info() {
+			n++
+		}
+		return n == 0, fmt.Errorf("%d consumers left", n)
+	})
 	whole, withoutFilters := read(span + 1)
 	want := []string{"out.1.events.x 1-1", "out.1.events.x 1-2", "_dedupe.out.key.1 1-0 refresh", "out.1.events.x 1-3", "out.1.events.x 1-4"}
 	if fmt.Sprint(filtered) != fmt.Sprint(want) || fmt.Sprint(whole) != fmt.Sprint(want) {
