@@ -255,7 +255,8 @@ func (c *Cluster) shutdownAll() {
 	wg.Wait()
 }
 
-// CreateStream creates a stream on the cluster and returns it. A request
+// CreateStream creates a stream on the cluster and returns it once the
+// stream has a leader (publishes before that find no responder). A request
 // the cluster leaves unanswered (a meta leader that steps down before it
 // replies) is asked again, with cfg unchanged, for up to a minute: the
 // create is idempotent.
@@ -266,8 +267,16 @@ func (c *Cluster) CreateStream(js jetstream.JetStream, cfg jetstream.StreamConfi
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var err error
-		st, err = js.CreateOrUpdateStream(ctx, cfg)
-		return err == nil, err
+		if st, err = js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return false, err
+		}
+		// Created is not yet served: a publish before the stream's first
+		// leader is elected finds no responder.
+		info, err := st.Info(ctx)
+		if err != nil {
+			return false, err
+		}
+		return info.Cluster != nil && info.Cluster.Leader != "", fmt.Errorf("stream %s has no leader yet", cfg.Name)
 	})
 	return st
 }
