@@ -75,11 +75,12 @@ func TestModeFlags(t *testing.T) {
 
 // TestHandOverRun runs the mode end to end, two rounds each (a started
 // again on its data dir between them, taking the partition back), after
-// crashes (--stop kill) and after planned stops (--stop term, a pin's TTL
-// of 20s): every probe and loaded key comes out once, each new owner takes
-// the partition from the snapshot or as a warm standby, and after a
-// planned stop b forwards well before the TTL, since the stopping owner
-// unpins its partition. In the second round a is stopped right after it
+// crashes (--stop kill, the default pin TTL of 10s) and after planned stops
+// (--stop term, a pin's TTL of 20s): every probe and loaded key comes out
+// once, each new owner takes the partition from the snapshot or as a warm
+// standby, after a crash b forwards before the TTL (its detection), and
+// after a planned stop well before it, since the stopping owner unpins its
+// partition. In the second round a is stopped right after it
 // took the partition back, before b, which just released it, stands by
 // for it again: the stop's leave of the presence bucket has b pull on it
 // before a unpins it.
@@ -90,7 +91,9 @@ func TestHandOverRun(t *testing.T) {
 	for _, stop := range []string{"kill", "term"} {
 		t.Run(stop, func(t *testing.T) {
 			dir := t.TempDir()
-			args := []string{"handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--stop", stop, "--rounds", "2", "--ack-wait", "2s"}
+			// The default pin TTL after a kill, which detection beats;
+			// twice it for a planned stop, which beats both.
+			args := []string{"handover", "--snapshot-interval", "2s", "--keys", "2000", "--copies", "500", "--stop", stop, "--rounds", "2", "--ack-wait", "10s"}
 			if stop == "term" {
 				args[len(args)-1] = "20s"
 			}
@@ -124,6 +127,12 @@ func TestHandOverRun(t *testing.T) {
 				warm := len(tk) == 1 && tk[0].Path == "local" && tk[0].FromSnapshot == 0 && tk[0].Restored <= 100
 				if len(tk) != 1 || !warm && (i > 0 || tk[0].Path != "snapshot" || tk[0].FromSnapshot != 2000) {
 					t.Errorf("round %d: takeovers %+v; want one, from the snapshot of the 2000 keys (round 1 only) or from a warm standby's local store with at most the tail restored", i+1, tk)
+				}
+				// Detection (docs/scale-out.md §4.3) unpins after 3 s of
+				// the owner's silence, well before the TTL: also in round
+				// 2, whose kill comes right after a balance move.
+				if o.FirstForwardSeconds >= r.PinTTLSeconds {
+					t.Errorf("round %d: kill -> first forward %.2fs; want it before the pin's TTL of %gs: the standby detects the owner gone", i+1, o.FirstForwardSeconds, r.PinTTLSeconds)
 				}
 				if o.FirstForwardSeconds <= 0 || r.SnapshotBytesPerKey <= 0 || !warm && o.RestoreRecordsPerSec <= 0 {
 					t.Errorf("round %d: first forward %vs, snapshot %v B/key, restore %v records/s; want all measured",

@@ -37,10 +37,8 @@ func TestScaleOutPausedOwnerFenced(t *testing.T) {
 	a, b := stages[0], stages[1]
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
-			// The last attempt's partitions go back to i0 first: one
-			// released to i0 but not yet taken has i1 as its fence's
-			// holder, which detection does not find gone, so pausing i0
-			// then would leave it to the pin's TTL.
+			// The last attempt's partitions go back to i0 first, so
+			// that the pause catches i0 owning them and judging a batch.
 			waitSpread(t, js, w, stages, takeoverWait)
 		}
 		unpins := b.metric("dedupe_gone_owner_unpins_total")

@@ -386,6 +386,14 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 	defer beats.Wait()
 	beats.Go(func() { g.heartbeat(ctx, pr, m) })
 	asked := map[int]bool{} // released on request (Release): left to the others until one is pinned
+	// Partitions released for balance that this instance succeeds but
+	// does not pull on yet, with when: passes follow every rejoinEvery
+	// until it does, so that it stands by once the new owner holds the
+	// fence rather than at the next refresh (a kill right after a move).
+	rejoin := map[int]time.Time{}
+	follow := time.NewTimer(time.Hour)
+	follow.Stop()
+	defer follow.Stop()
 	var last []string
 	var changed time.Time
 	for {
@@ -399,6 +407,7 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 		case <-pr.changed:
 		case <-t.C:
 		case <-settle.C:
+		case <-follow.C:
 		}
 		if !pr.ready() {
 			continue
@@ -426,23 +435,46 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 		settled := now.Sub(changed) >= balanceSettle
 		owned := g.stillOwned(ctx)
 		if settled {
-			counted := pr.forRelease(live, g.lastTake())
-			// Side by side: each release watches its hand-off for a
-			// moment (awaitHandOff).
-			var releases sync.WaitGroup
-			for _, p := range owned {
-				if to := want[p]; to != g.instance && slices.Contains(counted, to) {
-					releases.Go(func() {
-						g.releaseForBalance(ctx, m, p, "balance")
-						g.log.Info("scale-out: partition released for balance", "partition", p, "to", to, "owned", len(owned), "live_instances", len(live))
-					})
-				}
+			for _, p := range g.releaseAssigned(ctx, m, pr.forRelease(live, g.lastTake()), want, owned, len(live)) {
+				rejoin[p] = now
 			}
-			releases.Wait()
 		}
 		g.consume(ctx, m, store, want, asked, settled)
+		for p, at := range rejoin {
+			if m.consuming(p) || !g.successorOf(p) || time.Since(at) > pr.every {
+				delete(rejoin, p)
+			}
+		}
+		if len(rejoin) > 0 {
+			follow.Reset(rejoinEvery)
+		}
 	}
 }
+
+// releaseAssigned releases for balance each partition of owned that want
+// assigns to another instance counted (presence.forRelease), side by
+// side, since each release watches its hand-off for a moment
+// (awaitHandOff), and returns the partitions released.
+func (g *Group) releaseAssigned(ctx context.Context, m *members, counted, want []string, owned []int, live int) []int {
+	var released []int
+	var releases sync.WaitGroup
+	for _, p := range owned {
+		if to := want[p]; to != g.instance && slices.Contains(counted, to) {
+			released = append(released, p)
+			releases.Go(func() {
+				g.releaseForBalance(ctx, m, p, "balance")
+				g.log.Info("scale-out: partition released for balance", "partition", p, "to", to, "owned", len(owned), "live_instances", live)
+			})
+		}
+	}
+	releases.Wait()
+	return released
+}
+
+// rejoinEvery is how often balance passes follow a release for balance
+// while the releasing instance, a successor of the partition, does not
+// pull on it yet (at most a presence refresh).
+const rejoinEvery = time.Second
 
 // fenceHeldBy reports whether instance holds partition p's fence, as the
 // output stream's leader has it.
@@ -527,8 +559,13 @@ func (g *Group) releaseForBalance(ctx context.Context, m *members, p int, why st
 		g.log.Warn("scale-out: unpin for balance failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
 	}
 	g.busy[p].Unlock()
-	g.awaitHandOff(ctx, p, pins, why)
-	m.leave(p)
+	// A successor whose partition went to another pin keeps pulling on
+	// it, as it would from its next balance pass on: should the new
+	// owner die now, its pull is the one the server pins after the
+	// detection's unpin (docs/scale-out.md §4.3), not one it joins then.
+	if held := g.awaitHandOff(ctx, p, pins, why); held == "" || why != "balance" || !g.successorOf(p) {
+		m.leave(p)
+	}
 	g.mu.Lock()
 	kept := g.diverted[p]
 	delete(g.diverted, p)
@@ -558,9 +595,9 @@ const (
 // which may pin it after it stopped: the partition would then wait for
 // the pin's TTL. Unpinning a pin that is another instance's would cost
 // that instance its pull's expiry, so a pin is unpinned only on evidence.
-func (g *Group) awaitHandOff(ctx context.Context, p int, pins map[string]bool, why string) {
+// It returns the other instance's pin that held, "" when none did.
+func (g *Group) awaitHandOff(ctx context.Context, p int, pins map[string]bool, why string) (held string) {
 	deadline := time.Now().Add(handOffWait)
-	var held string
 	var since time.Time
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(handOffQuiet / 3)
@@ -576,15 +613,16 @@ func (g *Group) awaitHandOff(ctx context.Context, p int, pins map[string]bool, w
 		case now != "" && pins[now]:
 			if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
 				g.log.Warn("scale-out: unpin failed; the partition moves after the pin's TTL", "partition", p, "why", why, "err", err)
-				return
+				return ""
 			}
 			held, since = "", time.Time{}
 		case since.IsZero() || now != held:
 			held, since = now, time.Now()
 		case time.Since(since) >= handOffQuiet:
-			return
+			return held
 		}
 	}
+	return ""
 }
 
 // stillOwned returns the partitions this instance owns after asking the

@@ -89,18 +89,34 @@ func (g *Group) unpinGone(ctx context.Context, pr *presence, m *members, unpinne
 		}
 		// Only the partitions assigned to this instance, or to a gone
 		// one that this instance succeeds, are asked about.
-		if to := g.assignedTo(p); to != g.instance {
+		to := g.assignedTo(p)
+		if to != g.instance {
 			if _, isGone := gone[to]; !isGone || !g.successorOf(p) {
 				continue
 			}
 		}
 		holder, err := changelog.FenceHolder(ctx, g.js, g.outStream, changelog.FenceSubject(g.prefix, p))
+		if err != nil {
+			continue
+		}
 		last, isGone := gone[holder]
-		if err != nil || !isGone {
+		if !isGone && holder == g.instance {
+			// Released here for balance, and the instance it went to
+			// died before it took the fence: the pin, if any, is that
+			// instance's.
+			last, isGone = gone[to]
+		}
+		if !isGone {
 			continue
 		}
 		pin, at, age, err := g.pinSince(ctx, p)
-		if err != nil || pin == "" || at.After(last.Add(heartbeatEvery)) && age < repinAfter {
+		if err == nil && pin == "" {
+			// Nobody is pinned: the first pull is, so this instance
+			// pulls (a successor that released it for balance may not).
+			m.ensure(ctx, p)
+			continue
+		}
+		if err != nil || at.After(last.Add(heartbeatEvery)) && age < repinAfter {
 			continue
 		}
 		// This instance pulls on p before the unpin, so that the server

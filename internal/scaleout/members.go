@@ -45,6 +45,13 @@ func (m *members) ensure(ctx context.Context, p int) {
 	m.join(ctx, p)
 }
 
+// consuming reports whether partition p's member is consumed.
+func (m *members) consuming(p int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.running[p] != nil
+}
+
 // member is one running consumer of a group member.
 type member struct {
 	consuming pcgroups.ConsumerGroupConsumeContext
