@@ -387,10 +387,11 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 	beats.Go(func() { g.heartbeat(ctx, pr, m) })
 	asked := map[int]bool{} // released on request (Release): left to the others until one is pinned
 	// Partitions released for balance that this instance succeeds but
-	// does not pull on yet, with when: passes follow every rejoinEvery
-	// until it does, so that it stands by once the new owner holds the
-	// fence rather than at the next refresh (a kill right after a move).
-	rejoin := map[int]time.Time{}
+	// does not pull on yet, with when: they are asked about every
+	// rejoinEvery until it does (rejoin), so that it stands by once the
+	// new owner holds the fence rather than at the next refresh (a kill
+	// right after a move).
+	released := map[int]time.Time{}
 	follow := time.NewTimer(time.Hour)
 	follow.Stop()
 	defer follow.Stop()
@@ -408,6 +409,10 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 		case <-t.C:
 		case <-settle.C:
 		case <-follow.C:
+			if g.rejoin(ctx, m, released, pr.every, true) {
+				follow.Reset(rejoinEvery)
+			}
+			continue
 		}
 		if !pr.ready() {
 			continue
@@ -436,19 +441,34 @@ func (g *Group) balance(ctx context.Context, pr *presence, m *members, store *st
 		owned := g.stillOwned(ctx)
 		if settled {
 			for _, p := range g.releaseAssigned(ctx, m, pr.forRelease(live, g.lastTake()), want, owned, len(live)) {
-				rejoin[p] = now
+				released[p] = now
 			}
 		}
 		g.consume(ctx, m, store, want, asked, settled)
-		for p, at := range rejoin {
-			if m.consuming(p) || !g.successorOf(p) || time.Since(at) > pr.every {
-				delete(rejoin, p)
-			}
-		}
-		if len(rejoin) > 0 {
+		if g.rejoin(ctx, m, released, pr.every, false) {
 			follow.Reset(rejoinEvery)
 		}
 	}
+}
+
+// rejoin forgets the partitions of released (released for balance, with
+// when) that this instance pulls on, no longer succeeds, or released
+// longer than within ago; with ask, it first pulls on each other one whose
+// assigned owner is pinned and holds its fence, as consume does for a
+// settled successor. It reports whether any is left.
+func (g *Group) rejoin(ctx context.Context, m *members, released map[int]time.Time, within time.Duration, ask bool) bool {
+	for p, at := range released {
+		if ask && g.successorOf(p) && !m.consuming(p) {
+			to := g.assignedTo(p)
+			if pin, err := g.pinOf(ctx, p); err == nil && pin != "" && to != "" && to != g.instance && g.fenceHeldBy(ctx, p, to) {
+				m.ensure(ctx, p)
+			}
+		}
+		if m.consuming(p) || !g.successorOf(p) || time.Since(at) > within {
+			delete(released, p)
+		}
+	}
+	return len(released) > 0
 }
 
 // releaseAssigned releases for balance each partition of owned that want
@@ -471,9 +491,10 @@ func (g *Group) releaseAssigned(ctx context.Context, m *members, counted, want [
 	return released
 }
 
-// rejoinEvery is how often balance passes follow a release for balance
-// while the releasing instance, a successor of the partition, does not
-// pull on it yet (at most a presence refresh).
+// rejoinEvery is how often balance asks about a partition it released
+// for balance while this instance, one of its successors, does not pull
+// on it yet (rejoin; for at most a presence refresh): only those
+// partitions, not a whole pass.
 const rejoinEvery = time.Second
 
 // fenceHeldBy reports whether instance holds partition p's fence, as the
