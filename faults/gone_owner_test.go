@@ -26,7 +26,7 @@ const gonePause = 7 * time.Second
 // refused by the fence. Nothing
 // reaches the output twice, nothing is lost. As in TestScaleOutZombieFenced
 // a pause that catches no batch in flight proves nothing about the fence,
-// so it is tried up to three times.
+// so it is tried up to pauseAttempts times.
 func TestScaleOutPausedOwnerFenced(t *testing.T) {
 	t.Parallel()
 	w := newWorkload(66, "gone", 4096)

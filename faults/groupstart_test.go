@@ -40,13 +40,22 @@ const groupStartWatch = 4 * time.Second
 // started together must be ready.
 const groupStartReady = 4 * time.Second
 
+// groupStartOrphan is how long after its release for balance a partition
+// not taken by the end of the watch is waited for: a take within it
+// counts toward the median round's bound like any slow one (a partition
+// whose input stalls for a while, as when the cluster's elections stall
+// the route step's pulls, is taken only once a message comes); none
+// within it is a partition left without an owner.
+const groupStartOrphan = 15 * time.Second
+
 // TestScaleOutGroupStart starts three instances of a group at the same
 // moment on a fresh 3-node cluster (R3 streams, the buckets and streams
 // created by the instances at once) with input waiting in every
 // partition, round after round (groupStartRounds): every instance is ready within
 // groupStartReady, every partition is taken within groupStartWatch of the
-// last instance being ready (and again after a release for balance), in
-// the median round within groupStartBound, and no instance exits.
+// last instance being ready, and again within groupStartOrphan of a
+// release for balance, in the median round within groupStartBound, and no
+// instance exits.
 // It logs the time from the start to the first forwarded message of each
 // round, and their median and maximum.
 func TestScaleOutGroupStart(t *testing.T) {
@@ -209,22 +218,31 @@ func groupStartRound(t *testing.T, round int) (time.Duration, time.Duration) {
 		if e.taken {
 			continue
 		}
-		// The next owner: the first other instance to take the partition
-		// after the releaser took it (its take can be logged before the
-		// release is, which is logged once the release has finished).
-		from := slices.IndexFunc(events[:i], func(n takeEvent) bool {
-			return n.taken && n.partition == e.partition && n.instance == e.instance
-		})
-		next := slices.IndexFunc(events[from+1:], func(n takeEvent) bool {
-			return n.taken && n.partition == e.partition && n.instance != e.instance
-		})
-		switch {
-		case next >= 0:
-			d := max(events[from+1+next].at.Sub(e.at), 0)
+		next, ok := nextOwner(events, i)
+		if !ok && end.Sub(e.at) > groupStartBound {
+			// Not taken by the end of the watch: waited for a while
+			// longer (groupStartOrphan), the wait counted.
+			natstest.Until(time.Until(e.at.Add(groupStartOrphan)), 50*time.Millisecond, func() bool {
+				all := takeEvents(stages)
+				j := slices.IndexFunc(all, func(n takeEvent) bool {
+					return !n.taken && n.partition == e.partition && n.instance == e.instance && n.at.Equal(e.at)
+				})
+				if j >= 0 {
+					next, ok = nextOwner(all, j)
+				}
+				return ok
+			})
+			if !ok {
+				late = append(late, fmt.Sprintf("partition %d not taken %v after %s released it for balance", e.partition, time.Since(e.at).Round(time.Millisecond), e.instance))
+				continue
+			}
+			t.Logf("partition %d taken %v after %s released it for balance, after the watch (the bound applies to the median round)",
+				e.partition, next.at.Sub(e.at).Round(time.Millisecond), e.instance)
+		}
+		if ok {
+			d := max(next.at.Sub(e.at), 0)
 			moves = append(moves, fmt.Sprintf("p%d %v", e.partition, d.Round(time.Millisecond)))
 			slowest = max(slowest, d)
-		case end.Sub(e.at) > groupStartBound:
-			late = append(late, fmt.Sprintf("partition %d not taken %v after %s released it for balance", e.partition, end.Sub(e.at).Round(time.Millisecond), e.instance))
 		}
 	}
 	var first time.Duration
@@ -279,6 +297,24 @@ func groupStartRound(t *testing.T, round int) (time.Duration, time.Duration) {
 	}
 	stopped.Wait()
 	return first, slowest
+}
+
+// nextOwner returns the take that follows the release events[i]: the
+// first take of the partition by another instance after the releaser
+// took it (its take can be logged before the release is, which is logged
+// once the release has finished).
+func nextOwner(events []takeEvent, i int) (takeEvent, bool) {
+	e := events[i]
+	from := slices.IndexFunc(events[:i], func(n takeEvent) bool {
+		return n.taken && n.partition == e.partition && n.instance == e.instance
+	})
+	next := slices.IndexFunc(events[from+1:], func(n takeEvent) bool {
+		return n.taken && n.partition == e.partition && n.instance != e.instance
+	})
+	if next < 0 {
+		return takeEvent{}, false
+	}
+	return events[from+1+next], true
 }
 
 // settled reports whether events say that every one of n partitions is
