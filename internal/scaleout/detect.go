@@ -99,24 +99,21 @@ func (g *Group) unpinGone(ctx context.Context, pr *presence, m *members, unpinne
 		if err != nil {
 			continue
 		}
-		last, isGone := gone[holder]
-		if !isGone && holder == g.instance {
-			// Released here for balance, and the instance it went to
-			// died before it took the fence: the pin, if any, is that
-			// instance's.
-			last, isGone = gone[to]
-		}
+		owner, last, isGone := goneOwner(g.instance, to, holder, gone)
 		if !isGone {
 			continue
 		}
 		pin, at, age, err := g.pinSince(ctx, p)
-		if err == nil && pin == "" {
+		if err != nil {
+			continue
+		}
+		switch onPin(pin, at, age, last) {
+		case pinLeave:
+			continue
+		case pinPull:
 			// Nobody is pinned: the first pull is, so this instance
 			// pulls (a successor that released it for balance may not).
 			m.ensure(ctx, p)
-			continue
-		}
-		if err != nil || at.After(last.Add(heartbeatEvery)) && age < repinAfter {
 			continue
 		}
 		// This instance pulls on p before the unpin, so that the server
@@ -124,13 +121,54 @@ func (g *Group) unpinGone(ctx context.Context, pr *presence, m *members, unpinne
 		// its next pass, which may be up to a refresh after a release.
 		m.ensure(ctx, p)
 		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
-			g.logs.Warn("gone_unpin_failed", "scale-out: unpinning the partition of a gone owner failed; it moves after the pin's TTL", "partition", p, "owner", holder, "err", err)
+			g.logs.Warn("gone_unpin_failed", "scale-out: unpinning the partition of a gone owner failed; it moves after the pin's TTL", "partition", p, "owner", owner, "err", err)
 			continue
 		}
 		unpinned[p] = now
 		g.metrics.goneUnpins.WithLabelValues(strconv.Itoa(p)).Inc()
-		g.log.Info("scale-out: partition unpinned: its owner is gone", "partition", p, "owner", holder,
-			"silent_for", now.Sub(pr.heardOf(holder)).Round(time.Millisecond), "pin_ttl", g.pinTTL())
+		g.log.Info("scale-out: partition unpinned: its owner is gone", "partition", p, "owner", owner,
+			"silent_for", now.Sub(pr.heardOf(owner)).Round(time.Millisecond), "pin_ttl", g.pinTTL())
+	}
+}
+
+// goneOwner returns the owner of a partition whose fence holder is
+// holder and whose assigned owner (balance's) is to, when it was last
+// heard (gone's time), and whether it is gone. The holder is the owner;
+// but where this instance (self) holds the fence, it released the
+// partition for balance and the owner is the instance it went to, which
+// may have died before it took the fence: the pin, if any, is that one's.
+func goneOwner(self, to, holder string, gone map[string]time.Time) (string, time.Time, bool) {
+	owner := holder
+	if holder == self {
+		owner = to
+	}
+	last, ok := gone[owner]
+	return owner, last, ok
+}
+
+// pinAction is what unpinGone does with the pin of a partition whose
+// owner is gone (onPin).
+type pinAction int
+
+const (
+	pinLeave pinAction = iota // the pin is the next owner's: left alone
+	pinPull                   // nobody is pinned: pulling is enough
+	pinUnpin                  // the gone owner's pin: pull, then unpin
+)
+
+// onPin decides what to do with a partition's pin (pin, "" for none,
+// given at at, age old on the server's clock) when its owner, gone, was
+// last heard at last: a pin given after the owner's last put (a
+// heartbeat's slack allowed) is the next owner's until it has held
+// repinAfter without the fence moving.
+func onPin(pin string, at time.Time, age time.Duration, last time.Time) pinAction {
+	switch {
+	case pin == "":
+		return pinPull
+	case at.After(last.Add(heartbeatEvery)) && age < repinAfter:
+		return pinLeave
+	default:
+		return pinUnpin
 	}
 }
 

@@ -42,3 +42,53 @@ func TestDetects(t *testing.T) {
 		}
 	}
 }
+
+// TestGoneOwner checks whose silence unpins a partition: its fence
+// holder's; but where this instance holds the fence, it released the
+// partition for balance, and the instance it went to, gone before it took
+// the fence, is the owner (docs/scale-out.md §4.3).
+func TestGoneOwner(t *testing.T) {
+	heard := time.Now().Add(-5 * time.Second)
+	gone := map[string]time.Time{"c": heard}
+	for _, c := range []struct {
+		name, to, holder, owner string
+		gone                    bool
+	}{
+		{"the fence holder gone", "a", "c", "c", true},
+		{"the fence holder alive", "a", "b", "b", false},
+		{"released here to a gone instance", "c", "a", "c", true},
+		{"released here to a live instance", "b", "a", "b", false},
+		{"released here, assigned back here", "a", "a", "a", false},
+	} {
+		owner, last, ok := goneOwner("a", c.to, c.holder, gone)
+		if owner != c.owner || ok != c.gone || ok && !last.Equal(heard) {
+			t.Errorf("%s: goneOwner = %s, %v, %v; want %s, gone %v (last heard %v)", c.name, owner, last, ok, c.owner, c.gone, heard)
+		}
+	}
+}
+
+// TestOnPin checks what detection does with the pin of a partition whose
+// owner is gone: nobody pinned, it pulls (the server pins the first pull;
+// an unpin would do nothing); a pin older than the owner's last put is
+// the owner's and is unpinned; a pin given after it is the next owner's,
+// until it has held repinAfter without the fence moving.
+func TestOnPin(t *testing.T) {
+	last := time.Now().Add(-4 * time.Second)
+	for _, c := range []struct {
+		name string
+		pin  string
+		at   time.Time
+		age  time.Duration
+		want pinAction
+	}{
+		{"nobody pinned", "", time.Time{}, 0, pinPull},
+		{"pinned before the owner's last put", "p1", last.Add(-time.Minute), time.Minute, pinUnpin},
+		{"pinned within a heartbeat of it", "p1", last.Add(heartbeatEvery / 2), 3 * time.Second, pinUnpin},
+		{"pinned after it, lately", "p2", last.Add(3 * time.Second), repinAfter / 2, pinLeave},
+		{"pinned after it, held repinAfter", "p2", last.Add(time.Second + time.Millisecond), repinAfter, pinUnpin},
+	} {
+		if got := onPin(c.pin, c.at, c.age, last); got != c.want {
+			t.Errorf("%s: onPin = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
