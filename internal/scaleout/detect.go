@@ -84,7 +84,9 @@ func (g *Group) unpinGone(ctx context.Context, pr *presence, m *members, unpinne
 	}
 	now := time.Now()
 	for p := range g.opts.Partitions {
-		if g.holds(p) || now.Sub(unpinned[p]) < repinAfter {
+		// A partition this instance owns, or is taking (its fence may be
+		// this instance's already, its pin is), is left alone.
+		if g.holds(p) || g.takingOver(p) || now.Sub(unpinned[p]) < repinAfter {
 			continue
 		}
 		// Only the partitions assigned to this instance, or to a gone
@@ -120,6 +122,9 @@ func (g *Group) unpinGone(ctx context.Context, pr *presence, m *members, unpinne
 		// has its pull to pin: balance joins a standby's member only at
 		// its next pass, which may be up to a refresh after a release.
 		m.ensure(ctx, p)
+		if g.holds(p) || g.takingOver(p) {
+			continue // taken here meanwhile: the pin is this instance's
+		}
 		if err := pcgroups.StaticMemberStepDown(ctx, g.js, g.inStream, g.name, layout.Member(p)); err != nil {
 			g.logs.Warn("gone_unpin_failed", "scale-out: unpinning the partition of a gone owner failed; it moves after the pin's TTL", "partition", p, "owner", owner, "err", err)
 			continue

@@ -1,6 +1,7 @@
 package scaleout
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -90,5 +91,33 @@ func TestOnPin(t *testing.T) {
 		if got := onPin(c.pin, c.at, c.age, last); got != c.want {
 			t.Errorf("%s: onPin = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestUnpinGoneLeavesATakeAlone: a successor taking a gone owner's
+// partition holds its fence before the take ends, while balance still
+// assigns the partition to the gone owner; detection must not read that
+// as a release to a gone instance and unpin its own pin. The group here
+// has no server (js nil): a partition asked about would panic.
+func TestUnpinGoneLeavesATakeAlone(t *testing.T) {
+	now := time.Now()
+	pr := &presence{self: "i1", ttl: 30 * time.Second, watching: true, synced: true,
+		heard: map[string]time.Time{"i1": now, "i0": now.Add(-5 * time.Second)},
+		seen:  map[string]time.Time{"i1": now, "i0": now.Add(-5 * time.Second)},
+	}
+	g := &Group{instance: "i1", opts: Options{Partitions: 1}, assigned: []string{"i0"},
+		successor: map[int]bool{0: true}, owned: map[int]string{}}
+	done := g.startTake(0)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Errorf("detection asked about a partition this instance is taking: %v", r)
+			}
+		}()
+		g.unpinGone(context.Background(), pr, nil, map[int]time.Time{})
+	}()
+	done()
+	if g.takingOver(0) {
+		t.Error("a take that ended still counts as in flight")
 	}
 }

@@ -209,6 +209,10 @@ type Group struct {
 	// before whom no tail step starts (preemptTail).
 	tails  map[int]context.CancelFunc
 	taking map[int]int
+	// takes: partition -> the takeovers of it in flight here, until the
+	// partition is owned or the take failed (startTake); detection
+	// leaves their pins alone.
+	takes map[int]int
 	// tailSeen: partition -> the output's last sequence when its tail
 	// last found nothing new (tailedUpTo)
 	tailSeen map[int]uint64
@@ -335,6 +339,34 @@ func (m *scaleOutMetrics) zeroPartitions(partitions int) {
 			m.refused.WithLabelValues(label, r)
 		}
 	}
+}
+
+// startTake counts a takeover of partition p in flight until done is
+// called, once the partition is owned or the take failed: meanwhile the
+// pin it came under is this instance's, though it does not hold the
+// partition yet (taking reports it).
+func (g *Group) startTake(p int) (done func()) {
+	g.mu.Lock()
+	if g.takes == nil {
+		g.takes = map[int]int{}
+	}
+	g.takes[p]++
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		if g.takes[p]--; g.takes[p] <= 0 {
+			delete(g.takes, p)
+		}
+		g.mu.Unlock()
+	}
+}
+
+// takingOver reports whether a takeover of partition p is in flight here
+// (startTake).
+func (g *Group) takingOver(p int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.takes[p] > 0
 }
 
 // holds reports whether this instance owns partition p now.

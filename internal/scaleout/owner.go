@@ -189,6 +189,7 @@ func (o *Owner) own(ctx context.Context, pin string, n int, keepAlive func()) ow
 		g.metrics.stale.WithLabelValues(o.label).Add(float64(n))
 		return ownership.GiveBack
 	}
+	defer g.startTake(o.p.Index())() // until the partition is owned, or the take failed
 	t, err := o.takeOver(ctx, keepAlive, pin)
 	if err != nil {
 		if r := refusedReason(err); r != "" {

@@ -44,6 +44,7 @@ func (g *Group) pretake(ctx context.Context, store *state.Store, p int) {
 			return
 		}
 		o := &Owner{g: g, p: store.Partition(p), label: strconv.Itoa(p)}
+		defer g.startTake(p)() // until the partition is owned, or the take failed
 		t, err := o.takeOver(ctx, func() {}, pretakePin)
 		if err != nil {
 			if ctx.Err() == nil {
