@@ -160,12 +160,22 @@ func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
 	const w = 8 * time.Second
 	ea, eb := slidingGroup(t, w)
 	a := ea.start()
-	first := time.Now()
-	ea.publishOrder("s1", nil)
+	// Each copy's publish is timed: the input stored it in between. The
+	// stage judges on the input's clock, so what the test asks depends on
+	// when the copies were stored, not on when b judged the last one.
+	type sent struct{ before, after time.Time }
+	publish := func(e *env) sent {
+		s := sent{before: time.Now()}
+		e.publishOrder("s1", nil)
+		s.after = time.Now()
+		return s
+	}
+	first := publish(ea)
 	ea.judgedBy(a, 1)
+	var last sent
 	for i, at := range []time.Duration{w / 3, 2 * w / 3, w - w/8} {
-		time.Sleep(time.Until(first.Add(at)))
-		ea.publishOrder("s1", nil)
+		time.Sleep(time.Until(first.before.Add(at)))
+		last = publish(ea)
 		ea.judgedBy(a, float64(2+i))
 	}
 	if got := counter(t, a.reg, "dedupe_messages_total", map[string]string{"outcome": "repeat"}); got != 3 {
@@ -174,11 +184,11 @@ func TestScaleOutRefreshAcrossHandOver(t *testing.T) {
 	a.kill(t, ea.nc)
 
 	b := eb.start()
-	time.Sleep(time.Until(first.Add(w + time.Second))) // past first-seen + W, inside the window the last repeat moved
-	eb.publishOrder("s1", nil)
+	time.Sleep(time.Until(first.after.Add(w + time.Second))) // past first-seen + W, inside the window the last repeat moved
+	copied := publish(eb)
 	eb.judgedBy(b, 1)
-	if time.Since(first) > w+w-w/8 {
-		t.Fatalf("the copy was judged %v after the first, past the last repeat's window: the test ran too slowly to tell", time.Since(first))
+	if d := copied.after.Sub(last.before); d >= w {
+		t.Fatalf("the copy was published up to %v after the last repeat, past the window it moved: the test published too slowly to tell", d)
 	}
 	if ids := eb.forwardIDs(); len(ids) != 1 {
 		t.Errorf("output ids %q, want s1 once", ids)
