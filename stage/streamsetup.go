@@ -207,27 +207,29 @@ func warnStreams(ctx context.Context, js jetstream.JetStream, cfg config.Config,
 }
 
 // ensureConsumer binds to the stage's durable pull consumer, creating it when
-// missing. An existing consumer is used as it is.
+// missing (ensure.Open: a lookup or create the cluster leaves unanswered
+// for a while, as while a node that just came back catches up, is asked
+// again, for up to streams.SetUpTimeout). An existing consumer is used as
+// it is.
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg config.Input, log *slog.Logger) (jetstream.Consumer, error) {
-	st, err := js.Stream(ctx, cfg.Stream)
+	ctx, cancel := context.WithTimeout(ctx, streams.SetUpTimeout)
+	defer cancel()
+	consumerCfg := ConsumerToCreate(cfg)
+	c, created, err := ensure.Open(ctx, fmt.Sprintf("consumer %s on stream %s", cfg.Consumer, cfg.Stream),
+		func(ctx context.Context) (jetstream.Consumer, error) {
+			return js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+		}, func(ctx context.Context) (jetstream.Consumer, error) {
+			return js.CreateConsumer(ctx, cfg.Stream, consumerCfg)
+		}, ensure.Options{Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("input stream %s: %w", cfg.Stream, err)
+		return nil, err
 	}
-	c, err := st.Consumer(ctx, cfg.Consumer)
-	if err == nil {
+	if created {
+		log.Info("consumer created", "stream", cfg.Stream, "consumer", cfg.Consumer, "ack_wait", consumerCfg.AckWait, "max_ack_pending", consumerCfg.MaxAckPending)
+	} else {
 		log.Info("consumer exists, used as it is", "stream", cfg.Stream, "consumer", cfg.Consumer,
 			"ack_wait", c.CachedInfo().Config.AckWait, "max_deliver", c.CachedInfo().Config.MaxDeliver)
-		return c, nil
 	}
-	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, fmt.Errorf("look up consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
-	}
-	consumerCfg := ConsumerToCreate(cfg)
-	c, err = st.CreateConsumer(ctx, consumerCfg)
-	if err != nil {
-		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Consumer, cfg.Stream, err)
-	}
-	log.Info("consumer created", "stream", cfg.Stream, "consumer", cfg.Consumer, "ack_wait", consumerCfg.AckWait, "max_ack_pending", consumerCfg.MaxAckPending)
 	return c, nil
 }
 

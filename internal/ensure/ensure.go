@@ -1,5 +1,5 @@
-// Package ensure opens a JetStream stream, key-value bucket or object
-// store the stage needs at start, creating it when it is missing, from any
+// Package ensure opens a JetStream stream, consumer, key-value bucket or
+// object store the stage needs at start, creating it when it is missing, from any
 // number of instances at once, without waiting on a request the cluster
 // leaves unanswered.
 //
@@ -164,7 +164,7 @@ func lookupWait(lerr error, canCreate bool) error {
 	case errors.Is(lerr, nats.ErrNoResponders):
 		return fmt.Errorf("lookup: no JetStream answered (a server still starting, or another JetStream domain): %w", lerr)
 	case unanswered(lerr):
-		return fmt.Errorf("lookup not answered in %v (a stream being created has no leader yet): %w", LookupTimeout, lerr)
+		return fmt.Errorf("lookup not answered in %v (a stream or consumer being created or catching up has no leader yet): %w", LookupTimeout, lerr)
 	case !canCreate:
 		return fmt.Errorf("lookup: %w (a stream just created can be reported missing for a moment)", lerr)
 	}
@@ -176,7 +176,7 @@ func lookupWait(lerr error, canCreate bool) error {
 // anything else is asked again.
 func (p *progress) createFailed(err error) (bind bool, end error) {
 	switch {
-	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists):
+	case inUse(err):
 		p.wait(fmt.Errorf("create: in use with another configuration; binding to it: %w", err))
 		return true, nil
 	case permanent(err):
@@ -243,9 +243,18 @@ func timed[T any](ctx context.Context, d time.Duration, f func(context.Context) 
 	return f(ctx)
 }
 
-// missing reports whether err says the stream or bucket does not exist.
+// missing reports whether err says the stream, consumer or bucket does
+// not exist.
 func missing(err error) bool {
-	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound)
+}
+
+// inUse reports whether err says a create's name is taken with another
+// configuration.
+func inUse(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(err, jetstream.ErrBucketExists) ||
+		errors.Is(err, jetstream.ErrConsumerExists)
 }
 
 // unanswered reports whether err says the request got no answer.
@@ -257,6 +266,5 @@ func unanswered(err error) bool {
 // permanent reports whether no retry changes err's answer.
 func permanent(err error) bool {
 	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) ||
-		(!missing(err) && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && !errors.Is(err, jetstream.ErrBucketExists) &&
-			retry.Classify(err) == retry.Permanent)
+		(!missing(err) && !inUse(err) && retry.Classify(err) == retry.Permanent)
 }

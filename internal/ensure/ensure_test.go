@@ -169,3 +169,47 @@ func TestLookupOutlivesAMomentaryNotFound(t *testing.T) {
 		t.Errorf("stream T, missing: %v after %v, want not found after %v", err, time.Since(start), ensure.MissingGrace)
 	}
 }
+
+// TestOpenConsumer: a durable consumer is created when missing, found when
+// it exists, and one that exists with another configuration (an
+// operator's) is bound to as it is, also when a lookup went unanswered
+// and a create was asked.
+func TestOpenConsumer(t *testing.T) {
+	srv := natstest.RunServer(t, "")
+	_, js := natstest.Connect(t, srv.ClientURL())
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	want := jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Second}
+	unanswered := false
+	open := func() (jetstream.Consumer, bool, error) {
+		return ensure.Open(ctx, "consumer C", func(ctx context.Context) (jetstream.Consumer, error) {
+			if unanswered { // as while a node that just came back catches up
+				unanswered = false
+				return nil, context.DeadlineExceeded
+			}
+			return js.Consumer(ctx, "S", "C")
+		}, func(ctx context.Context) (jetstream.Consumer, error) {
+			return js.CreateConsumer(ctx, "S", want)
+		}, ensure.Options{})
+	}
+	c, created, err := open()
+	if err != nil || !created || c.CachedInfo().Config.AckWait != want.AckWait {
+		t.Fatalf("open of a missing consumer: created %v, err %v; want it created", created, err)
+	}
+	if _, created, err := open(); err != nil || created {
+		t.Fatalf("open of the consumer just created: created %v, err %v; want it found", created, err)
+	}
+	if err := js.DeleteConsumer(ctx, "S", "C"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	unanswered = true
+	c, created, err = open()
+	if err != nil || created || c.CachedInfo().Config.AckWait != time.Minute {
+		t.Errorf("open of an operator's consumer after an unanswered lookup: created %v, err %v; want it bound to as it is (ack wait 1m)", created, err)
+	}
+}
