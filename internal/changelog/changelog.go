@@ -427,8 +427,11 @@ func StreamState(ctx context.Context, js jetstream.JetStream, stream string) (*j
 const restoreBuffer = 4096
 
 // RestoreReopenAfter is how long Restore's reader may deliver nothing
-// before Restore replaces it with a new one.
-const RestoreReopenAfter = 10 * time.Second
+// before Restore replaces it with a new one: well under the pin's TTL
+// (10 s by default), which a takeover after detection must beat. A
+// replacement costs a consumer's create and delete; a reader that is
+// merely slow loses nothing by it.
+const RestoreReopenAfter = 3 * time.Second
 
 // How long Restore waits (variables for the package's tests).
 var (
