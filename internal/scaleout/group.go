@@ -344,18 +344,25 @@ func (m *scaleOutMetrics) zeroPartitions(partitions int) {
 // startTake counts a takeover of partition p in flight until done is
 // called, once the partition is owned or the take failed: meanwhile the
 // pin it came under is this instance's, though it does not hold the
-// partition yet (taking reports it).
-func (g *Group) startTake(p int) (done func()) {
+// partition yet (takingOver reports it).
+func (g *Group) startTake(p int) (done func()) { return g.countIn(&g.takes, p, nil) }
+
+// countIn counts partition p once more in *m, under g.mu together with
+// then (when not nil), and returns what counts it off again.
+func (g *Group) countIn(m *map[int]int, p int, then func()) (done func()) {
 	g.mu.Lock()
-	if g.takes == nil {
-		g.takes = map[int]int{}
+	if *m == nil {
+		*m = map[int]int{}
 	}
-	g.takes[p]++
+	(*m)[p]++
+	if then != nil {
+		then()
+	}
 	g.mu.Unlock()
 	return func() {
 		g.mu.Lock()
-		if g.takes[p]--; g.takes[p] <= 0 {
-			delete(g.takes, p)
+		if (*m)[p]--; (*m)[p] <= 0 {
+			delete(*m, p)
 		}
 		g.mu.Unlock()
 	}

@@ -364,22 +364,11 @@ func (g *Group) endTail(p int) {
 // until done is called, once the token is held. So a takeover waits for
 // no tail.
 func (g *Group) preemptTail(p int) (done func()) {
-	g.mu.Lock()
-	if g.taking == nil {
-		g.taking = map[int]int{}
-	}
-	g.taking[p]++
-	if cancel := g.tails[p]; cancel != nil {
-		cancel()
-	}
-	g.mu.Unlock()
-	return func() {
-		g.mu.Lock()
-		if g.taking[p]--; g.taking[p] <= 0 {
-			delete(g.taking, p)
+	return g.countIn(&g.taking, p, func() {
+		if cancel := g.tails[p]; cancel != nil {
+			cancel()
 		}
-		g.mu.Unlock()
-	}
+	})
 }
 
 // holdBusy waits for partition p's busy token, cancelling a warm
